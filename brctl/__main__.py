@@ -1,0 +1,5 @@
+"""``python -m brctl``."""
+
+from brctl.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Pure functions on typed data: no I/O, no clock, no screen."""

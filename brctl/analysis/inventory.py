@@ -1,0 +1,267 @@
+"""The inventory model: raw YAML sections → resolved, frozen ``Inventory``.
+
+The raw dataclasses mirror the YAML keys one to one (DESIGN.md, "Inventory"), so
+``from_mapping`` rejects unknown keys and wrong types with the key path. ``build``
+then expands node sets, applies per-entry ssh overrides and checks cross-references
+(job nodes exist, address counts match, no machine listed twice).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, Optional, Union
+
+from brctl.analysis import nodeset
+from brctl.analysis.schema import SchemaError, at_least_one, from_mapping, positive
+from brctl.analysis.schema import field as sfield
+from brctl.config.ckpt import CkptSection
+from brctl.config.daemon import DaemonSection
+from brctl.config.diagnose import DiagnoseSection
+from brctl.config.health import HealthSection
+from brctl.config.update import UpdateSection
+from brctl.remote.transport import Node
+
+Template = Union[str, list[str]]
+ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class SshSection:
+    """``ssh:`` defaults for every node (each key may be overridden per node entry)."""
+
+    user: str = "root"
+    port: int = sfield(22, check=at_least_one)
+    identity_file: Optional[str] = None
+    known_hosts: Optional[str] = "~/.ssh/known_hosts"
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    connect_timeout: float = sfield(10.0, check=positive)
+    command_timeout: float = sfield(600.0, check=positive)
+    fanout: int = sfield(64, check=at_least_one)  # concurrent connections
+    connect_rate: float = sfield(100.0, check=positive)  # new connections per second, at most
+    proxy_jump: Optional[str] = None
+    python: str = "python3"
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """One entry of ``nodes:`` or ``standby:``; ``name`` is a node set."""
+
+    name: str
+    address: Optional[str] = None
+    gpus: int = sfield(8, check=at_least_one)
+    connection: Literal["ssh", "local"] = "ssh"
+    env: dict[str, str] = sfield(factory=dict)
+    labels: dict[str, str] = sfield(factory=dict)  # e.g. {rack: r12}: failure domains
+    user: Optional[str] = None
+    port: Optional[int] = None
+    identity_file: Optional[str] = None
+    known_hosts: Optional[str] = None
+    host_key_policy: Optional[Literal["strict", "accept-new"]] = None
+    connect_timeout: Optional[float] = None
+    command_timeout: Optional[float] = None
+    proxy_jump: Optional[str] = None
+    python: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class JobSection:
+    """``job:`` the training job: its machines, parallel shape and hooks."""
+
+    nodes: str
+    name: str = "job"
+    tp: int = sfield(1, check=at_least_one)
+    pp: int = sfield(1, check=at_least_one)
+    cp: int = sfield(1, check=at_least_one)
+    ep: int = sfield(1, check=at_least_one)
+    order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
+    process_match: str = sfield("pretrain", check=_regex)
+    log_paths: list[str] = sfield(factory=list)
+    restart_command: Optional[Template] = None
+    stop_command: Optional[Template] = None
+    status_command: Optional[Template] = None
+    evict_command: Optional[Template] = None
+
+
+@dataclass(frozen=True)
+class RawInventory:
+    """The whole file as written."""
+
+    nodes: list[NodeEntry]
+    ssh: SshSection = sfield(factory=SshSection)
+    standby: list[NodeEntry] = sfield(factory=list)
+    job: Optional[JobSection] = None
+    health: HealthSection = sfield(factory=HealthSection)
+    diagnose: DiagnoseSection = sfield(factory=DiagnoseSection)
+    update: UpdateSection = sfield(factory=UpdateSection)
+    ckpt: CkptSection = sfield(factory=CkptSection)
+    daemon: DaemonSection = sfield(factory=DaemonSection)
+
+
+@dataclass(frozen=True)
+class Job:
+    """The resolved job: machines in machine order and the parallel sizes."""
+
+    name: str
+    nodes: tuple[str, ...]
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    order: str
+    process_match: str
+    log_paths: tuple[str, ...]
+    restart_command: Optional[Template]
+    stop_command: Optional[Template]
+    status_command: Optional[Template]
+    evict_command: Optional[Template]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The resolved inventory every command receives (never raw dicts)."""
+
+    source: str
+    nodes: Mapping[str, Node]  # every machine, job and standby, in file order
+    standby: tuple[str, ...]
+    job: Optional[Job]
+    ssh: SshSection
+    health: HealthSection = field(default_factory=HealthSection)
+    diagnose: DiagnoseSection = field(default_factory=DiagnoseSection)
+    update: UpdateSection = field(default_factory=UpdateSection)
+    ckpt: CkptSection = field(default_factory=CkptSection)
+    daemon: DaemonSection = field(default_factory=DaemonSection)
+
+    def node(self, name: str) -> Node:
+        """The machine called ``name``."""
+        return self.nodes[name]
+
+    def select(self, include: str | None = None, exclude: str | None = None) -> list[Node]:
+        """Machines picked by ``-w`` / ``-x`` (all when neither is given), in file order."""
+        return [self.nodes[n] for n in nodeset.select(list(self.nodes), include, exclude)]
+
+    def job_nodes(self) -> list[Node]:
+        """The job's machines in machine order (empty without a job)."""
+        return [self.nodes[n] for n in self.job.nodes] if self.job else []
+
+
+_SSH_KEYS = tuple(f.name for f in fields(SshSection) if f.name not in ("fanout", "connect_rate"))
+
+
+def _resolve_entries(
+    entries: list[NodeEntry], ssh: SshSection, source: str, section: str
+) -> list[Node]:
+    out: list[Node] = []
+    for i, entry in enumerate(entries):
+        path = f"{section}[{i}]"
+        try:
+            names = nodeset.expand(entry.name)
+        except Exception as exc:
+            raise SchemaError(source, f"{path}.name", str(exc)) from None
+        addresses = names
+        if entry.address is not None:
+            try:
+                addresses = nodeset.expand(entry.address)
+            except Exception as exc:
+                raise SchemaError(source, f"{path}.address", str(exc)) from None
+            if len(addresses) != len(names):
+                raise SchemaError(
+                    source,
+                    f"{path}.address",
+                    f"{len(addresses)} addresses for {len(names)} names",
+                    hint="address must expand to as many entries as name",
+                )
+        overrides: dict[str, Any] = {k: getattr(ssh, k) for k in _SSH_KEYS}
+        overrides.update({k: getattr(entry, k) for k in _SSH_KEYS if getattr(entry, k) is not None})
+        for name, address in zip(names, addresses):
+            out.append(
+                Node(
+                    name=name,
+                    address=address,
+                    gpus=entry.gpus,
+                    connection=entry.connection,
+                    env=dict(entry.env),
+                    labels=dict(entry.labels),
+                    **overrides,
+                )
+            )
+    return out
+
+
+def build(raw: RawInventory, source: str) -> Inventory:
+    """Resolve node sets, per-entry overrides and cross-references.
+
+    Raises:
+        SchemaError: a name repeated, a job node missing, an address count mismatch.
+    """
+    main = _resolve_entries(raw.nodes, raw.ssh, source, "nodes")
+    spare = _resolve_entries(raw.standby, raw.ssh, source, "standby")
+    nodes: dict[str, Node] = {}
+    for section, group in (("nodes", main), ("standby", spare)):
+        for node in group:
+            if node.name in nodes:
+                raise SchemaError(source, section, f"machine {node.name!r} is listed twice")
+            nodes[node.name] = node
+    job = None
+    if raw.job is not None:
+        try:
+            job_names = nodeset.expand(raw.job.nodes)
+        except Exception as exc:
+            raise SchemaError(source, "job.nodes", str(exc)) from None
+        missing = [n for n in job_names if n not in nodes]
+        if missing:
+            raise SchemaError(
+                source,
+                "job.nodes",
+                f"not defined under nodes: {nodeset.fold(missing)}",
+                hint="every job machine needs an entry under nodes:",
+            )
+        j = raw.job
+        job = Job(
+            name=j.name,
+            nodes=tuple(job_names),
+            tp=j.tp,
+            pp=j.pp,
+            cp=j.cp,
+            ep=j.ep,
+            order=j.order,
+            process_match=j.process_match,
+            log_paths=tuple(j.log_paths),
+            restart_command=j.restart_command,
+            stop_command=j.stop_command,
+            status_command=j.status_command,
+            evict_command=j.evict_command,
+        )
+    return Inventory(
+        source=source,
+        nodes=nodes,
+        standby=tuple(n.name for n in spare),
+        job=job,
+        ssh=raw.ssh,
+        health=raw.health,
+        diagnose=raw.diagnose,
+        update=raw.update,
+        ckpt=raw.ckpt,
+        daemon=raw.daemon,
+    )
+
+
+def from_document(data: Any, source: str) -> Inventory:
+    """Validate a parsed YAML document and resolve it."""
+    if not isinstance(data, dict):
+        raise SchemaError(source, "", "expected a mapping at the top level (ssh:, nodes:, job: …)")
+    return build(from_mapping(RawInventory, data, source), source)
+
+
+def with_nodes(inv: Inventory, extra: Mapping[str, Node]) -> Inventory:
+    """A copy of ``inv`` with more machines (used by tests and the daemon's pool swaps)."""
+    return replace(inv, nodes={**inv.nodes, **extra})

@@ -1,0 +1,198 @@
+"""Node-set syntax (ClusterShell/Slurm style): expand ``gpu[001-016]``, fold names back.
+
+Accepted: ranges and lists in brackets (``a[1-3,7]``), several bracket groups
+(``r[1-2]n[01-04]``), comma lists at the top level (``a[1-2],b9``), zero padding
+taken from the range's first bound and pdsh-lenient (``n[01-128]`` gives n01..n99,
+n100..n128). Order is kept as written: machine order in ``job.nodes`` matters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from brctl.errors import InputError
+
+_MAX_EXPANSION = 1_000_000  # a typo like n[1-99999999] must fail fast, not eat memory
+_TOKEN = re.compile(r"(\d+)")
+
+
+def _split_top(pattern: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(pattern):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise InputError(f"node set {pattern!r}: nested '[' at position {i + 1}")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise InputError(f"node set {pattern!r}: unmatched ']' at position {i + 1}")
+        elif ch == "," and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+    if depth != 0:
+        raise InputError(f"node set {pattern!r}: unclosed '['", hint="close every range: gpu[001-016]")
+    parts.append(pattern[start:])
+    return parts
+
+
+def _expand_range(body: str, pattern: str) -> list[str]:
+    out: list[str] = []
+    for item in body.split(","):
+        item = item.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if not m:
+            raise InputError(
+                f"node set {pattern!r}: bad range item {item!r}",
+                hint="ranges look like [1-8], [001-128] or [1-3,7]",
+            )
+        lo_s, hi_s = m.group(1), m.group(2)
+        lo, hi = int(lo_s), int(hi_s) if hi_s is not None else int(lo_s)
+        if hi < lo:
+            raise InputError(f"node set {pattern!r}: range {item!r} runs backwards")
+        if hi - lo + 1 > _MAX_EXPANSION:
+            raise InputError(f"node set {pattern!r}: range {item!r} is larger than {_MAX_EXPANSION}")
+        width = len(lo_s) if lo_s.startswith("0") and len(lo_s) > 1 else 0
+        out.extend(str(n).zfill(width) for n in range(lo, hi + 1))
+    return out
+
+
+def _expand_one(part: str, pattern: str) -> list[str]:
+    pieces = re.split(r"(\[[^\]]*\])", part)
+    names = [""]
+    for piece in pieces:
+        if piece.startswith("["):
+            values = _expand_range(piece[1:-1], pattern)
+            names = [n + v for n in names for v in values]
+            if len(names) > _MAX_EXPANSION:
+                raise InputError(f"node set {pattern!r} expands to more than {_MAX_EXPANSION} names")
+        else:
+            if not re.fullmatch(r"[A-Za-z0-9._:@\-]*", piece):
+                raise InputError(
+                    f"node set {pattern!r}: unexpected character in {piece!r}",
+                    hint="names use letters, digits, '.', '-', '_' and ranges in [ ]",
+                )
+            names = [n + piece for n in names]
+    return names
+
+
+def expand(pattern: str) -> list[str]:
+    """Expand a node-set pattern into names, in written order, without duplicates.
+
+    Raises:
+        InputError: the pattern is malformed (the message says where).
+    """
+    pattern = pattern.strip()
+    if not pattern:
+        raise InputError("node set is empty", hint="give names like gpu[001-016]")
+    seen: dict[str, None] = {}
+    for part in _split_top(pattern):
+        part = part.strip()
+        if not part:
+            raise InputError(f"node set {pattern!r}: empty item between commas")
+        for name in _expand_one(part, pattern):
+            seen.setdefault(name, None)
+    return list(seen)
+
+
+def _format_ranges(values: Iterable[int], width: int) -> str:
+    nums = sorted(set(values))
+    runs: list[str] = []
+    start = prev = nums[0]
+    for n in nums[1:] + [None]:  # type: ignore[list-item]
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        lo, hi = str(start).zfill(width), str(prev).zfill(width)
+        runs.append(lo if start == prev else f"{lo}-{hi}")
+        if n is not None:
+            start = prev = n
+    return ",".join(runs)
+
+
+def _width_groups(tokens: Iterable[str]) -> dict[int, set[int]]:
+    """Split numeric tokens into padding classes (0 = natural width)."""
+    toks = set(tokens)
+    padded = {len(t) for t in toks if t.startswith("0") and len(t) > 1}
+    groups: dict[int, set[int]] = defaultdict(set)
+    for t in toks:
+        if t.startswith("0") and len(t) > 1:
+            groups[len(t)].add(int(t))
+            continue
+        # An unpadded token joins a padded class it would print identically in.
+        home = max((w for w in padded if w <= len(t)), default=0)
+        groups[home].add(int(t))
+    return groups
+
+
+def _fold_group(rows: list[tuple[str, ...]], texts: tuple[str, ...]) -> list[str]:
+    """Fold names of one shape; rows are their numeric tokens, texts the text around them."""
+    ndim = len(texts) - 1
+    if ndim == 0:
+        return [texts[0]]
+    # Fold the last dimension, then merge prefixes whose folded tails are equal.
+    by_prefix: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for row in rows:
+        by_prefix[row[:-1]].append(row[-1])
+    by_tail: dict[str, list[tuple[str, ...]]] = defaultdict(list)
+    for prefix, lasts in by_prefix.items():
+        for width, nums in sorted(_width_groups(lasts).items()):
+            rng = _format_ranges(nums, width)
+            tail = f"[{rng}]" if ("," in rng or "-" in rng) else rng
+            by_tail[tail + texts[-1]].append(prefix)
+    out: list[str] = []
+    for tail, prefixes in by_tail.items():
+        head_texts = (*texts[:-2], texts[-2])
+        if ndim == 1:
+            out.append(texts[0] + tail)
+            continue
+        for head in _fold_group(prefixes, head_texts):
+            out.append(head + tail)
+    return out
+
+
+def fold(names: Iterable[str]) -> str:
+    """Fold names into a compact node set (``gpu[001-003,005]``), sorted canonically."""
+    shapes: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
+    for name in dict.fromkeys(names):
+        parts = _TOKEN.split(name)
+        texts, nums = tuple(parts[0::2]), tuple(parts[1::2])
+        shapes[texts].append(nums)
+    folded: list[str] = []
+    for texts in sorted(shapes):
+        folded.extend(_fold_group(shapes[texts], texts))
+    return ",".join(sorted(folded, key=lambda f: _natural_key(f.replace("[", ""))))
+
+
+def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in _TOKEN.split(name) if t)
+
+
+def natural_sorted(names: Iterable[str]) -> list[str]:
+    """Names in human order (gpu2 before gpu10)."""
+    return sorted(names, key=_natural_key)
+
+
+def select(available: Sequence[str], include: str | None, exclude: str | None) -> list[str]:
+    """Names of ``available`` (in its order) picked by ``-w`` and not dropped by ``-x``.
+
+    Raises:
+        InputError: ``include`` names machines that are not in ``available``.
+    """
+    chosen = list(available)
+    if include:
+        wanted = expand(include)
+        unknown = [n for n in wanted if n not in set(available)]
+        if unknown:
+            raise InputError(
+                f"-w {include!r}: not in the inventory: {fold(unknown)}",
+                hint="brctl nodes lists the inventory's machines",
+            )
+        keep = set(wanted)
+        chosen = [n for n in chosen if n in keep]
+    if exclude:
+        drop = set(expand(exclude))
+        chosen = [n for n in chosen if n not in drop]
+    return chosen

@@ -1,0 +1,228 @@
+"""Ranks ↔ machines ↔ parallel groups, following Megatron-LM's rank generator.
+
+With the order string ``tp-cp-ep-dp-pp`` the first axis has stride 1, so
+``rank = tp + TP·(cp + CP·(dp + DP·pp))`` for the dense layers (EP = 1 there); the
+order ``tp-cp-ep-pp-dp`` swaps dp and pp. A group of kind K is the set of ranks that
+agree on every other coordinate. Expert layers use a second generator over the
+same ranks (tp = TP, ep = EP, dp = expert-DP = CP·DP/EP, pp = PP, cp = 1), giving
+the ``ep`` and ``edp`` kinds (reference/algorithms.md §4). Group ids are numbered
+as Megatron enumerates them (unmasked coordinates, first axis fastest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from brctl.errors import InputError
+
+KINDS = ("tp", "cp", "ep", "dp", "edp", "pp")  # every parallel-group kind, smallest first
+DENSE_KINDS = ("tp", "cp", "dp", "pp")
+
+
+class TopologyError(InputError):
+    """The parallel sizes do not fit the machines (names the sizes and what divides what)."""
+
+
+@dataclass(frozen=True)
+class _Generator:
+    axes: tuple[str, ...]  # axis names in order (stride 1 first)
+    sizes: tuple[int, ...]
+
+    @cached_property
+    def strides(self) -> tuple[int, ...]:
+        out, acc = [], 1
+        for s in self.sizes:
+            out.append(acc)
+            acc *= s
+        return tuple(out)
+
+    def coord(self, rank: int, axis: str) -> int:
+        i = self.axes.index(axis)
+        return (rank // self.strides[i]) % self.sizes[i]
+
+    def group_id(self, rank: int, axis: str) -> int:
+        gid, mult = 0, 1
+        for name, size, stride in zip(self.axes, self.sizes, self.strides):
+            if name == axis:
+                continue
+            gid += ((rank // stride) % size) * mult
+            mult *= size
+        return gid
+
+    def group_ranks(self, axis: str, gid: int) -> list[int]:
+        base = 0
+        for name, size, stride in zip(self.axes, self.sizes, self.strides):
+            if name == axis:
+                continue
+            base += (gid % size) * stride
+            gid //= size
+        i = self.axes.index(axis)
+        return [base + k * self.strides[i] for k in range(self.sizes[i])]
+
+    def n_groups(self, axis: str) -> int:
+        total = 1
+        for size in self.sizes:
+            total *= size
+        return total // self.sizes[self.axes.index(axis)]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A job's parallel layout over its machines.
+
+    Build it with ``Topology.build``; ``rank_machines`` (rank → machine) comes from
+    the live processes' RANK when known, else from the inventory's machine order.
+    """
+
+    machines: tuple[str, ...]
+    rank_machines: tuple[str, ...]
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+    order: str
+
+    @classmethod
+    def build(
+        cls,
+        machines: Sequence[str],
+        gpus: int | Sequence[int],
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        order: str = "tp-cp-ep-dp-pp",
+        rank_machines: Sequence[str] | None = None,
+    ) -> Topology:
+        """Derive DP and check that every size divides.
+
+        Raises:
+            TopologyError: sizes that do not divide, an unknown order string.
+        """
+        if order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
+            raise TopologyError(
+                f"job.order: {order!r} is not supported",
+                hint="use tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp",
+            )
+        if not machines:
+            raise TopologyError("job.nodes: the job has no machines")
+        per = [gpus] * len(machines) if isinstance(gpus, int) else list(gpus)
+        if len(per) != len(machines):
+            raise TopologyError("gpus: one count per machine expected")
+        world = sum(per)
+        if rank_machines is None:
+            rank_machines = [m for m, n in zip(machines, per) for _ in range(n)]
+        elif len(rank_machines) != world:
+            raise TopologyError(f"live ranks: {len(rank_machines)} ranks found, {world} expected")
+        model = tp * cp * pp
+        if world % model:
+            raise TopologyError(
+                f"job: {world} GPUs cannot be split into tp={tp} × cp={cp} × pp={pp} "
+                f"(= {model}) blocks",
+                hint="tp·cp·pp must divide the job's GPU count (machines × gpus)",
+            )
+        dp = world // model
+        if (cp * dp) % ep:
+            raise TopologyError(
+                f"job.ep: ep={ep} must divide cp×dp = {cp}×{dp} = {cp * dp}",
+                hint="expert parallelism is carved out of the data-parallel ranks",
+            )
+        return cls(tuple(machines), tuple(rank_machines), tp, cp, ep, dp, pp, order)
+
+    # -- generators ---------------------------------------------------------------
+    @cached_property
+    def _dense(self) -> _Generator:
+        sizes = {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
+        axes = tuple(self.order.split("-"))
+        return _Generator(axes, tuple(sizes[a] for a in axes))
+
+    @cached_property
+    def _expert(self) -> _Generator:
+        edp = self.cp * self.dp // self.ep
+        sizes = {"tp": self.tp, "cp": 1, "ep": self.ep, "dp": edp, "pp": self.pp}
+        axes = tuple(self.order.split("-"))
+        return _Generator(tuple("edp" if a == "dp" else a for a in axes),
+                          tuple(sizes[a] for a in axes))
+
+    def _gen(self, kind: str) -> _Generator:
+        if kind in DENSE_KINDS:
+            return self._dense
+        if kind in ("ep", "edp"):
+            return self._expert
+        raise ValueError(f"unknown group kind {kind!r}; expected one of {KINDS}")
+
+    # -- queries -------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        """TP·CP·DP·PP."""
+        return len(self.rank_machines)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size."""
+        return self.cp * self.dp // self.ep
+
+    def size(self, kind: str) -> int:
+        """Ranks in one group of ``kind``."""
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp,
+                "edp": self.edp, "pp": self.pp}[kind]
+
+    def coord(self, rank: int, kind: str) -> int:
+        """The rank's coordinate along ``kind`` (e.g. its pipeline stage for ``pp``)."""
+        return self._gen(kind).coord(rank, kind)
+
+    def group_id(self, rank: int, kind: str) -> int:
+        """Which group of ``kind`` the rank belongs to."""
+        return self._gen(kind).group_id(rank, kind)
+
+    def group_ranks(self, kind: str, gid: int) -> list[int]:
+        """The ranks of group ``gid`` of ``kind``, in group-rank order."""
+        return self._gen(kind).group_ranks(kind, gid)
+
+    def n_groups(self, kind: str) -> int:
+        """How many groups of ``kind`` there are."""
+        return self._gen(kind).n_groups(kind)
+
+    def groups(self, kind: str) -> list[list[int]]:
+        """Every group of ``kind`` (index = group id)."""
+        return [self.group_ranks(kind, g) for g in range(self.n_groups(kind))]
+
+    def machine_of(self, rank: int) -> str:
+        """The machine that runs ``rank``."""
+        return self.rank_machines[rank]
+
+    def group_machines(self, kind: str, gid: int) -> list[str]:
+        """The machines of one group, in machine order, without repeats."""
+        return self.machines_of(self.group_ranks(kind, gid))
+
+    def machines_of(self, ranks: Sequence[int]) -> list[str]:
+        """Machines running ``ranks``, in machine order."""
+        wanted = {self.rank_machines[r] for r in ranks}
+        return [m for m in self.machines if m in wanted]
+
+    @cached_property
+    def _machine_ranks(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {m: [] for m in self.machines}
+        for rank, machine in enumerate(self.rank_machines):
+            out.setdefault(machine, []).append(rank)
+        return out
+
+    def ranks_on(self, machine: str) -> list[int]:
+        """The ranks that run on ``machine``."""
+        return self._machine_ranks.get(machine, [])
+
+    def machine_group_ids(self, machine: str, kind: str) -> set[int]:
+        """Ids of the groups of ``kind`` that have a rank on ``machine``."""
+        return {self.group_id(r, kind) for r in self.ranks_on(machine)}
+
+
+def stage_of_machine(topo: Topology, machine: str) -> int | None:
+    """The pipeline stage of a machine when all its ranks share one (else None)."""
+    stages = {topo.coord(r, "pp") for r in topo.ranks_on(machine)}
+    return stages.pop() if len(stages) == 1 else None
+
+

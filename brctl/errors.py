@@ -1,0 +1,57 @@
+"""One exception root and the exit-code contract (DESIGN.md, "Output and exit codes")."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """The only exit codes brctl uses; they never depend on counts."""
+
+    OK = 0
+    FINDINGS = 1
+    USAGE = 2
+    INCOMPLETE = 3
+    REFUSED = 4
+    INTERNAL = 70
+    INTERRUPTED = 130
+
+
+class BrctlError(Exception):
+    """An expected failure; the CLI prints ``brctl: error: <message>`` and exits with ``code``.
+
+    Args:
+        message: what went wrong, naming what and where.
+        hint: optional next step for the user.
+    """
+
+    code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(BrctlError):
+    """Bad options or arguments."""
+
+
+class InputError(BrctlError):
+    """A bad inventory, playbook, node set or other input (file, key path and expected form)."""
+
+
+class RemoteDataError(BrctlError):
+    """A node returned something brctl cannot use (garbage, wrong schema)."""
+
+
+class IncompleteError(BrctlError):
+    """No verdict could be reached: nodes unreachable or groups that could not run."""
+
+    code = ExitCode.INCOMPLETE
+
+
+class RefusedError(BrctlError):
+    """A safety limit stopped an action (eviction cap, live job, another daemon's lease)."""
+
+    code = ExitCode.REFUSED
