@@ -1,0 +1,27 @@
+"""The job's ``Topology`` from the inventory (the glue every job-aware command uses)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from brctl.analysis.inventory import Inventory
+from brctl.analysis.topology import Topology
+from brctl.errors import InputError
+
+
+def job_topology(inv: Inventory, rank_machines: Sequence[str] | None = None) -> Topology:
+    """The topology of ``inv.job`` (machine order from ``job.nodes``, GPUs from each node).
+
+    Args:
+        inv: the inventory.
+        rank_machines: live rank → machine mapping read from the processes, if known.
+
+    Raises:
+        InputError: the inventory has no job, or its sizes do not divide.
+    """
+    if inv.job is None:
+        raise InputError(f"{inv.source}: no job: section", hint="add job: nodes/tp/pp (see inventory.example.yaml)")
+    job = inv.job
+    gpus = [inv.nodes[n].gpus for n in job.nodes]
+    return Topology.build(job.nodes, gpus, tp=job.tp, pp=job.pp, cp=job.cp, ep=job.ep,
+                          order=job.order, rank_machines=rank_machines)

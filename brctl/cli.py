@@ -1,0 +1,130 @@
+"""The ``brctl`` command line: global options, subcommand discovery, one error boundary.
+
+Each module in ``brctl/commands/`` defines ``register(app)``; they are found with
+pkgutil so adding a subcommand touches nothing here. Command modules import only
+typer and brctl's light modules at top level, so ``brctl --help`` stays fast.
+``main`` is the only place exceptions become exit codes (DESIGN.md's table).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+from typing import Optional
+
+import typer
+
+import brctl
+from brctl.env import Env
+from brctl.errors import BrctlError, ExitCode
+from brctl.render import Output
+
+HELP = """Find the machines that must leave a large training job, with evidence, fast.
+
+Fans out over SSH to the job's GPU machines (see brctl-inventory(5) for the
+inventory), runs the right checks there and says which machines must go and
+what to do next. Every command has --json (one document on stdout) and exits
+0 ok, 1 findings, 2 usage or input error, 3 incomplete (nodes unreachable),
+4 refused by a safety limit, 70 internal error, 130 interrupted.
+"""
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"brctl {brctl.__version__}")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    """The root typer app with every subcommand registered."""
+    app = typer.Typer(
+        name="brctl",
+        help=HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        rich_markup_mode=None,
+    )
+
+    @app.callback()
+    def root(
+        ctx: typer.Context,
+        inventory: Optional[str] = typer.Option(
+            None, "-i", "--inventory", metavar="FILE",
+            help="Inventory file (default: $BRCTL_INVENTORY, then ./inventory.yaml).",
+            show_default=False,
+        ),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="More detail on stderr."),
+        debug: bool = typer.Option(False, "--debug", help="Show tracebacks of internal errors."),
+        version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                     help="Print the version and exit."),
+    ) -> None:
+        env = Env(inventory_path=inventory, output=Output(json=json_out, verbose=verbose),
+                  debug=debug)
+        ctx.obj = env
+        ctx.call_on_close(env.close)
+
+    import brctl.commands as commands
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"brctl.commands.{info.name}")
+        module.register(app)
+    return app
+
+
+def _print_error(message: str, hint: str | None) -> None:
+    sys.stderr.write(f"brctl: error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+
+
+def run(argv: list[str]) -> int:
+    """Run the CLI on ``argv``; return the exit code (never raises, never exits)."""
+    debug = "--debug" in argv
+    try:
+        result = build_app()(args=argv, prog_name="brctl", standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("brctl: interrupted\n")
+        return ExitCode.INTERRUPTED
+    except typer.TyperException as exc:  # bad options or arguments
+        _print_error(exc.format_message(), "run 'brctl --help' (or 'brctl COMMAND --help')")
+        return ExitCode.USAGE
+    except BrctlError as exc:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        _print_error(exc.message, exc.hint)
+        return int(exc.code)
+    except KeyboardInterrupt:
+        sys.stderr.write("brctl: interrupted\n")
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # the last line of defence: a bug, not a user error
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        _print_error(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "this is a bug in brctl; please report it with the output of --debug",
+        )
+        return ExitCode.INTERNAL
+    return int(result or 0)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    code = run(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == ExitCode.INTERRUPTED:
+        os._exit(code)  # worker threads may still wait on hung nodes: do not join them
+    sys.exit(code)

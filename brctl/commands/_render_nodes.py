@@ -1,0 +1,65 @@
+"""Rendering of ``brctl nodes``."""
+
+from __future__ import annotations
+
+from brctl.analysis.nodeset import fold
+from brctl.errors import UsageError
+from brctl.operations.nodes import NodesReport
+from brctl.render import Output, fold_by, table
+
+
+def render(out: Output, report: NodesReport, kinds: str) -> None:
+    """Table or JSON."""
+    inv = report.inventory
+    wanted = list(report.groups) if kinds == "all" else [k.strip() for k in kinds.split(",") if k.strip()]
+    unknown = [k for k in wanted if k not in report.groups and k not in ("ep", "edp")]
+    if unknown and report.topology is not None:
+        raise UsageError(f"--groups: unknown kind {unknown[0]!r}", hint="kinds: tp,cp,ep,dp,edp,pp or all")
+    if out.json:
+        topo = report.topology
+        out.emit_json("nodes", {
+            "inventory": inv.source,
+            "nodes": [
+                {"name": n.name, "address": n.address, "port": n.port, "user": n.user,
+                 "connection": n.connection, "gpus": n.gpus, "labels": dict(n.labels),
+                 "role": report.role(n.name)}
+                for n in (inv.nodes[s] for s in report.selected)
+            ],
+            "job": None if topo is None or inv.job is None else {
+                "name": inv.job.name, "nodes": list(topo.machines), "world": topo.world,
+                "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
+                "order": topo.order},
+            "groups": {k: [g.to_json() for g in rows] for k, rows in report.groups.items()},
+        })
+        return
+    keyed = {
+        s: (n.address if n.address == s else "via address", n.connection, n.gpus,
+            ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())), report.role(s))
+        for s in report.selected
+        for n in [inv.nodes[s]]
+    }
+    rows = [(nodes, *key) for nodes, key, _ in fold_by(keyed)]
+    out.console.print(table(["nodes", "address", "connection", "gpus", "labels", "role"], rows,
+                            title=f"{len(report.selected)} machines in {inv.source}"))
+    topo = report.topology
+    if topo is None or inv.job is None:
+        return
+    out.console.print(
+        f"\njob {inv.job.name}: {len(topo.machines)} machines, world {topo.world} = "
+        f"tp {topo.tp} × cp {topo.cp} × dp {topo.dp} × pp {topo.pp}"
+        + (f", ep {topo.ep} (expert dp {topo.edp})" if topo.ep > 1 else "")
+        + f", order {topo.order}"
+    )
+    for kind in wanted:
+        rows_k = report.groups.get(kind, [])
+        if not rows_k:
+            continue
+        by_nodes: dict[str, list[int]] = {}
+        for g in rows_k:
+            by_nodes.setdefault(fold(g.nodes), []).append(g.index)
+        out.console.print(table(
+            [f"{kind} groups", "machines", "count"],
+            [(fold([f"{i}" for i in idx]) if len(idx) > 1 else str(idx[0]), nodes, len(g_nodes))
+             for nodes, idx in by_nodes.items()
+             for g_nodes in [next(g.nodes for g in rows_k if g.index == idx[0])]],
+        ))

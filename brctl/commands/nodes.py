@@ -1,0 +1,38 @@
+"""``brctl nodes``: show the inventory, node sets and the job's groups by machine."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the root app."""
+    app.command("nodes")(nodes)
+
+
+def nodes(
+    ctx: typer.Context,
+    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
+                                         help="Only these machines, e.g. gpu[001-004]."),
+    exclude: Optional[str] = typer.Option(None, "-x", "--exclude", metavar="NODESET",
+                                          help="Leave these machines out."),
+    kinds: str = typer.Option("pp,dp", "--groups", metavar="KINDS",
+                              help="Group kinds to tabulate: tp,cp,ep,dp,edp,pp or 'all'."),
+) -> int:
+    """Show the inventory's machines and, when a job is defined, its parallel groups.
+
+    The table lists each machine's address, connection, GPUs, labels and role (job,
+    standby). With a job it also shows which machines form each group of the chosen
+    kinds (default PP and DP), so you can see what an over-eviction would take.
+    """
+    from brctl.commands._render_nodes import render
+    from brctl.operations.nodes import describe
+
+    env: Env = ctx.obj
+    report = describe(env.inventory(), select, exclude)
+    render(env.output, report, kinds)
+    return 0

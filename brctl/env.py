@@ -1,0 +1,85 @@
+"""The one context object a command receives (no hidden globals).
+
+The root CLI callback builds an ``Env`` from the global options; commands ask it
+for the inventory, a transport and the state directory, each created on first use.
+Tests build one with a fake transport and string buffers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from brctl.render import Output
+
+if TYPE_CHECKING:
+    from brctl.analysis.inventory import Inventory
+    from brctl.remote.transport import Transport
+
+
+def state_dir(environ: Mapping[str, str]) -> Path:
+    """``$BRCTL_STATE``, else ``$XDG_STATE_HOME/brctl``, else ``~/.local/state/brctl``."""
+    if environ.get("BRCTL_STATE"):
+        return Path(environ["BRCTL_STATE"]).expanduser()
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "brctl"
+
+
+def timeout_scale(environ: Mapping[str, str]) -> float:
+    """``$BRCTL_TIMEOUT_SCALE`` (default 1): lets slow CI machines stretch timeouts."""
+    raw = environ.get("BRCTL_TIMEOUT_SCALE", "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        from brctl.errors import UsageError
+
+        raise UsageError(f"$BRCTL_TIMEOUT_SCALE={raw!r}: expected a number greater than 0")
+    return value
+
+
+@dataclass
+class Env:
+    """Global options plus lazily created inventory, transport and state location."""
+
+    inventory_path: str | None = None
+    output: Output = field(default_factory=Output)
+    debug: bool = False
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    _inventory: Inventory | None = None
+    _transport: Transport | None = None
+
+    def inventory(self) -> Inventory:
+        """The validated inventory (exit 2 with a hint when there is none)."""
+        if self._inventory is None:
+            from brctl.inventory import find_inventory, load_inventory
+
+            self._inventory = load_inventory(find_inventory(self.inventory_path, dict(self.environ)))
+        return self._inventory
+
+    def transport(self) -> Transport:
+        """The transport for this run (ssh opened lazily, only for ssh nodes)."""
+        if self._transport is None:
+            from brctl.remote.factory import RoutingTransport
+
+            inv = self.inventory()
+            self._transport = RoutingTransport(connect_rate=inv.ssh.connect_rate)
+        return self._transport
+
+    def state_dir(self) -> Path:
+        """Where the SQLite database and small state files live."""
+        return state_dir(self.environ)
+
+    def timeout_scale(self) -> float:
+        """Multiplier for timeouts tests depend on."""
+        return timeout_scale(self.environ)
+
+    def close(self) -> None:
+        """Close connections opened during the command."""
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None

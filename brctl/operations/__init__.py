@@ -1,0 +1,1 @@
+"""I/O orchestration of each subcommand; returns dataclasses and never prints."""

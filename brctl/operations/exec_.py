@@ -1,0 +1,41 @@
+"""``brctl exec``: one command on many nodes, folded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from brctl.errors import ExitCode
+from brctl.remote.fanout import run_all
+from brctl.remote.transport import Node, NodeState, RunResult, Transport
+
+
+@dataclass(frozen=True)
+class ExecReport:
+    """Per-node results of one command."""
+
+    argv: tuple[str, ...]
+    results: dict[str, RunResult]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 if any node gave no answer, else 1 if any non-zero exit, else 0."""
+        states = {r.state for r in self.results.values()}
+        if any(not s.ran for s in states):
+            return ExitCode.INCOMPLETE
+        return ExitCode.FINDINGS if NodeState.FAILED in states else ExitCode.OK
+
+
+def execute(
+    transport: Transport,
+    nodes: Sequence[Node],
+    argv: Sequence[str],
+    *,
+    timeout: float | None,
+    concurrency: int,
+    on_done: Callable[[RunResult], None] | None = None,
+) -> ExecReport:
+    """Run ``argv`` on ``nodes`` and collect every node's result."""
+    results = run_all(transport, nodes, argv, timeout=timeout, concurrency=concurrency,
+                      on_done=on_done)
+    return ExecReport(tuple(argv), results)

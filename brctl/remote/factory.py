@@ -1,0 +1,54 @@
+"""Pick the backend per node: ``connection: local`` → LocalTransport, else SshTransport.
+
+paramiko is imported only when an ssh node is actually contacted, so commands that
+touch only local nodes (and ``--help``) never pay for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from brctl.remote.local import LocalTransport
+from brctl.remote.transport import Node, RunResult, Transport
+
+
+class RoutingTransport:
+    """One Transport over mixed nodes; the ssh backend is created on first use."""
+
+    def __init__(self, *, connect_rate: float = 100.0, ssh_config: str | None = None) -> None:
+        """Args: connect_rate: new ssh connections per second; ssh_config: path to an ssh config."""
+        self._local = LocalTransport()
+        self._ssh: Transport | None = None
+        self._connect_rate = connect_rate
+        self._ssh_config = ssh_config
+        self._lock = threading.Lock()
+
+    def _backend(self, node: Node) -> Transport:
+        if node.connection == "local":
+            return self._local
+        with self._lock:
+            if self._ssh is None:
+                from brctl.remote.ssh import SshTransport
+
+                self._ssh = SshTransport(connect_rate=self._connect_rate, ssh_config=self._ssh_config)
+            return self._ssh
+
+    def run(
+        self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
+    ) -> RunResult:
+        """Run on the node's backend."""
+        return self._backend(node).run(node, argv, timeout=timeout, stdin=stdin)
+
+    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
+        """Copy to the node."""
+        return self._backend(node).put(node, local_path, remote_path, timeout=timeout)
+
+    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
+        """Copy from the node."""
+        return self._backend(node).get(node, remote_path, local_path, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the ssh connections, if any were opened."""
+        if self._ssh is not None:
+            self._ssh.close()

@@ -1,0 +1,78 @@
+"""A scripted transport for unit tests: no sockets, no processes.
+
+``FakeTransport(handler)`` calls ``handler(node, argv, stdin)`` for every run and
+records every call; the handler returns a ``Reply`` (or raises ``FakeTimeout``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from brctl.remote.transport import Node, NodeState, RunResult, state_for_exit
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a fake node answers; ``state`` overrides the exit-code mapping (e.g. unreachable)."""
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = 0
+    state: NodeState | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One recorded call."""
+
+    node: str
+    argv: tuple[str, ...]
+    stdin: bytes | None
+
+
+Handler = Callable[[Node, Sequence[str], "bytes | None"], Reply]
+
+
+class FakeTransport:
+    """Answers from ``handler``; ``calls`` lists what was asked, ``files`` what was put."""
+
+    def __init__(self, handler: Handler) -> None:
+        """Args: handler: computes each node's reply."""
+        self.handler = handler
+        self.calls: list[Call] = []
+        self.files: dict[tuple[str, str], bytes] = {}
+        self._lock = threading.Lock()
+
+    def run(
+        self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
+    ) -> RunResult:
+        """Record the call and answer with the handler's reply."""
+        with self._lock:
+            self.calls.append(Call(node.name, tuple(argv), stdin))
+        reply = self.handler(node, argv, stdin)
+        if reply.state is not None:
+            state = reply.state
+        else:
+            state = state_for_exit(reply.exit_code if reply.exit_code is not None else 1)
+        code = reply.exit_code if state.ran else None
+        return RunResult(node.name, state, code, reply.stdout, reply.stderr, 0.0)
+
+    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
+        """Remember the file's bytes under (node, remote_path)."""
+        with open(local_path, "rb") as fh:
+            self.files[(node.name, remote_path)] = fh.read()
+        return RunResult(node.name, NodeState.OK, 0, "", "", 0.0)
+
+    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
+        """Write back a file put earlier, or fail."""
+        data = self.files.get((node.name, remote_path))
+        if data is None:
+            return RunResult(node.name, NodeState.FAILED, 1, "", f"{remote_path}: no such file", 0.0)
+        with open(local_path, "wb") as fh:
+            fh.write(data)
+        return RunResult(node.name, NodeState.OK, 0, "", "", 0.0)
+
+    def close(self) -> None:
+        """Nothing to close."""

@@ -1,0 +1,75 @@
+"""Run one command on many nodes, bounded, never raising midway.
+
+A fixed pool of ``concurrency`` workers; each node costs at most its own timeout;
+an overall ``deadline`` (seconds from the start) turns nodes that never started
+into ``timeout`` results. Results come back in the order of ``nodes``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Union
+
+from brctl.remote.transport import Node, NodeState, RunResult, Transport
+
+ArgvFor = Union[Sequence[str], Callable[[Node], Sequence[str]]]
+StdinFor = Union[bytes, None, Callable[[Node], Union[bytes, None]]]
+
+
+def _resolve(value: ArgvFor | StdinFor, node: Node) -> object:
+    return value(node) if callable(value) else value
+
+
+def run_all(
+    transport: Transport,
+    nodes: Iterable[Node],
+    argv: ArgvFor,
+    *,
+    timeout: float | None = None,
+    stdin: StdinFor = None,
+    concurrency: int = 64,
+    deadline: float | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
+) -> dict[str, RunResult]:
+    """Run ``argv`` (or ``argv(node)``) on every node; one result per node.
+
+    Args:
+        transport: the backend.
+        nodes: where to run.
+        argv: the argv list, or a function of the node returning one.
+        timeout: per-node command timeout; None uses each node's ``command_timeout``.
+        stdin: bytes for every node, or a function of the node.
+        concurrency: nodes in flight at once.
+        deadline: seconds for the whole fan-out; later nodes get what is left.
+        on_done: called (in the caller's thread) as each node finishes, e.g. progress.
+
+    Returns:
+        ``{node name: RunResult}`` in the order of ``nodes``.
+    """
+    todo = list(nodes)
+    start = time.monotonic()
+    results: dict[str, RunResult] = {}
+
+    def one(node: Node) -> RunResult:
+        limit = node.command_timeout if timeout is None else timeout
+        if deadline is not None:
+            left = deadline - (time.monotonic() - start)
+            if left <= 0:
+                return RunResult(node.name, NodeState.TIMEOUT, None, "", "deadline passed before start", 0.0)
+            limit = min(limit, left)
+        cmd = _resolve(argv, node)
+        data = _resolve(stdin, node)
+        return transport.run(node, list(cmd), timeout=limit, stdin=data)  # type: ignore[call-overload, arg-type]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo) or 1))) as pool:
+        pending: set[Future[RunResult]] = {pool.submit(one, n) for n in todo}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                res = fut.result()
+                results[res.node] = res
+                if on_done is not None:
+                    on_done(res)
+    return {n.name: results[n.name] for n in todo}

@@ -1,0 +1,253 @@
+"""Run brctl's node-side probes on nodes that have only ``python3``.
+
+The probe code (``brctl/__init__.py`` and ``brctl/diagnostics/``) is packed into a
+deterministic zip named by its sha256. On the node, a bootstrap (``python -c``)
+uses ``~/.cache/brctl/<sha256>/brctl.zip`` when its hash matches, else an installed
+brctl of exactly the controller's version, else answers "missing"; the controller
+then ships the zip once over the same connection (written to a temp name, checked,
+renamed: atomic) and runs the probe again. ``bytes_shipped`` counts what was sent.
+Other files (e.g. a py-spy binary) are shipped and cached the same way with
+``ensure_file``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import brctl
+from brctl.remote.fanout import run_all
+from brctl.remote.transport import Node, NodeState, RunResult, Transport
+
+MISSING_EXIT = 97  # the bootstrap's "ship me the bundle" answer
+MISSING_MARK = "brctl-bundle-missing"
+
+_BOOTSTRAP = r"""
+import hashlib, os, runpy, sys
+digest, version, module = sys.argv[1:4]
+zpath = os.path.join(os.path.expanduser("~"), ".cache", "brctl", digest, "brctl.zip")
+def _matches(path):
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest() == digest
+    except OSError:
+        return False
+if _matches(zpath):
+    sys.path.insert(0, zpath)
+else:
+    try:
+        import brctl
+        usable = getattr(brctl, "__version__", None) == version
+    except ImportError:
+        usable = False
+    if not usable:
+        sys.stdout.write("%s\n" % "MARK")
+        sys.exit(CODE)
+sys.argv = [module]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+""".replace("MARK", MISSING_MARK).replace("CODE", str(MISSING_EXIT))
+
+_INSTALLER = r"""
+import hashlib, os, sys, tempfile
+digest, name, mode = sys.argv[1], sys.argv[2], int(sys.argv[3], 8)
+data = sys.stdin.buffer.read()
+if hashlib.sha256(data).hexdigest() != digest:
+    sys.stderr.write("brctl: shipped %s arrived corrupted (sha256 mismatch)\n" % name)
+    sys.exit(1)
+base = os.path.join(os.path.expanduser("~"), ".cache", "brctl", digest)
+os.makedirs(base, exist_ok=True)
+fd, tmp = tempfile.mkstemp(dir=base, prefix=".partial-")
+with os.fdopen(fd, "wb") as fh:
+    fh.write(data)
+    fh.flush()
+    os.fsync(fh.fileno())
+os.chmod(tmp, mode)
+os.replace(tmp, os.path.join(base, name))
+sys.stdout.write(os.path.join(base, name) + "\n")
+"""
+
+_CHECK_FILE = r"""
+import hashlib, os, sys
+digest, name = sys.argv[1], sys.argv[2]
+path = os.path.join(os.path.expanduser("~"), ".cache", "brctl", digest, name)
+try:
+    with open(path, "rb") as fh:
+        ok = hashlib.sha256(fh.read()).hexdigest() == digest
+except OSError:
+    ok = False
+sys.stdout.write((path if ok else "") + "\n")
+"""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Bytes to cache on nodes under ``~/.cache/brctl/<digest>/<name>``."""
+
+    name: str
+    data: bytes
+    mode: int = 0o644
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the content: the cache key."""
+        return hashlib.sha256(self.data).hexdigest()
+
+
+def probe_bundle(package_dir: Path | None = None) -> Bundle:
+    """A deterministic zip of the node-side code (same bytes for the same sources)."""
+    root = package_dir or Path(brctl.__file__).parent
+    files = [root / "__init__.py", *sorted((root / "diagnostics").rglob("*.py"))]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in files:
+            arcname = "brctl/" + path.relative_to(root).as_posix()
+            info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, path.read_bytes())
+    return Bundle("brctl.zip", buf.getvalue())
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One node's probe outcome: the transport result and the parsed document (or why not)."""
+
+    node: str
+    run: RunResult
+    document: dict[str, Any] | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        """A document came back."""
+        return self.document is not None
+
+
+Request = Union[Mapping[str, Any], Callable[[Node], Mapping[str, Any]]]
+
+
+def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None]:
+    """The probe's JSON document from its stdout, or a one-line reason it is unusable."""
+    if not result.state.ran:
+        return None, f"{result.state.value}: {result.stderr.strip()[-300:]}"
+    lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+    if not lines:
+        tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+        return None, f"probe printed nothing (exit {result.exit_code}): {tail[0][:300]}"
+    try:
+        doc = json.loads(lines[-1])
+    except ValueError:
+        return None, f"probe output is not JSON: {lines[-1][:200]!r}"
+    if not isinstance(doc, dict):
+        return None, "probe output is not a JSON object"
+    if "probe_error" in doc:
+        return None, f"probe failed on the node: {doc['probe_error']}"
+    return doc, None
+
+
+class ProbeRunner:
+    """Runs probe modules over a transport, shipping the code once per node and version."""
+
+    def __init__(self, transport: Transport, bundle: Bundle | None = None) -> None:
+        """Args: transport: the backend; bundle: the code to ship (default: this brctl)."""
+        self.transport = transport
+        self.bundle = bundle or probe_bundle()
+        self.bytes_shipped = 0
+        self._lock = threading.Lock()
+
+    def _argv(self, node: Node, module: str) -> list[str]:
+        return [node.python, "-c", _BOOTSTRAP, self.bundle.digest, brctl.__version__, module]
+
+    def run(
+        self,
+        nodes: Iterable[Node],
+        module: str,
+        request: Request,
+        *,
+        timeout: float | None = None,
+        concurrency: int = 64,
+        on_done: Callable[[RunResult], None] | None = None,
+    ) -> dict[str, ProbeResult]:
+        """Run probe ``module`` (e.g. ``brctl.diagnostics.sysinfo``) on every node.
+
+        Returns:
+            ``{node: ProbeResult}``; a node's garbage or failure is in ``error``, never raised.
+        """
+        todo = list(nodes)
+
+        def stdin_for(node: Node) -> bytes:
+            req = request(node) if callable(request) else request
+            return json.dumps(dict(req)).encode()
+
+        def argv_for(node: Node) -> list[str]:
+            return self._argv(node, module)
+
+        results = run_all(self.transport, todo, argv_for, timeout=timeout, stdin=stdin_for,
+                          concurrency=concurrency)
+        missing = [n for n in todo if _is_missing(results[n.name])]
+        if missing:
+            shipped = self.ship(missing, self.bundle, timeout=timeout, concurrency=concurrency)
+            retry = [n for n in missing if shipped[n.name].state is NodeState.OK]
+            for n in missing:
+                if shipped[n.name].state is not NodeState.OK:
+                    results[n.name] = shipped[n.name]
+            results.update(run_all(self.transport, retry, argv_for, timeout=timeout,
+                                   stdin=stdin_for, concurrency=concurrency))
+        out: dict[str, ProbeResult] = {}
+        for node in todo:
+            res = results[node.name]
+            if on_done is not None:
+                on_done(res)
+            doc, err = parse_document(res)
+            out[node.name] = ProbeResult(node.name, res, doc, err)
+        return out
+
+    def ship(
+        self,
+        nodes: list[Node],
+        bundle: Bundle,
+        *,
+        timeout: float | None = None,
+        concurrency: int = 64,
+    ) -> dict[str, RunResult]:
+        """Install ``bundle`` into each node's cache (atomic, checked); counts bytes sent."""
+        argv = lambda node: [node.python, "-c", _INSTALLER, bundle.digest, bundle.name,  # noqa: E731
+                             oct(bundle.mode)[2:]]
+        results = run_all(self.transport, nodes, argv, timeout=timeout, stdin=bundle.data,
+                          concurrency=concurrency)
+        with self._lock:
+            self.bytes_shipped += len(bundle.data) * len(nodes)
+        return results
+
+    def ensure_file(
+        self, nodes: list[Node], bundle: Bundle, *, timeout: float | None = None
+    ) -> dict[str, str | RunResult]:
+        """Make ``bundle`` present on each node; returns its path there, or the failed result."""
+        argv = lambda node: [node.python, "-c", _CHECK_FILE, bundle.digest, bundle.name]  # noqa: E731
+        checked = run_all(self.transport, nodes, argv, timeout=timeout)
+        out: dict[str, str | RunResult] = {}
+        need = []
+        for node in nodes:
+            res = checked[node.name]
+            path = res.stdout.strip()
+            if res.state is NodeState.OK and path:
+                out[node.name] = path
+            elif res.state.ran:
+                need.append(node)
+            else:
+                out[node.name] = res
+        if need:
+            for name, res in self.ship(need, bundle, timeout=timeout).items():
+                out[name] = res.stdout.strip() if res.state is NodeState.OK else res
+        return out
+
+
+def _is_missing(res: RunResult) -> bool:
+    return res.exit_code == MISSING_EXIT and MISSING_MARK in res.stdout

@@ -1,0 +1,124 @@
+"""Rendering: JSON on stdout, rich tables and folded node output, progress on stderr.
+
+Every command renders the same result dataclasses either way: ``--json`` prints
+exactly one document with ``"schema": "brctl.<command>/1"``; humans get tables.
+Progress, warnings and errors go to stderr only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from brctl.analysis.nodeset import fold
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+K = TypeVar("K", bound=Hashable)
+
+
+def fold_by(items: Mapping[str, K]) -> list[tuple[str, K, int]]:
+    """Group node names by an equal key: ``[(folded node set, key, count)]``, largest first."""
+    groups: dict[K, list[str]] = defaultdict(list)
+    for name, key in items.items():
+        groups[key].append(name)
+    rows = [(fold(names), key, len(names)) for key, names in groups.items()]
+    return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+
+def json_document(schema: str, payload: Mapping[str, Any]) -> str:
+    """The one JSON document a command prints with ``--json``."""
+    return json.dumps({"schema": f"brctl.{schema}/1", **payload}, indent=2, default=_jsonable)
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "to_json"):
+        return obj.to_json()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if hasattr(obj, "value"):
+        return obj.value
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+@dataclass
+class Output:
+    """Where a command writes: stdout for results, stderr for everything else."""
+
+    json: bool = False
+    verbose: int = 0
+    stdout: Any = field(default_factory=lambda: sys.stdout)
+    stderr: Any = field(default_factory=lambda: sys.stderr)
+    _console: Console | None = None
+    _err: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        """Rich console on stdout (created on first use: keeps --help light)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.stdout, highlight=False, soft_wrap=True)
+        return self._console
+
+    @property
+    def err(self) -> Console:
+        """Rich console on stderr."""
+        if self._err is None:
+            from rich.console import Console
+
+            self._err = Console(file=self.stderr, highlight=False, stderr=True, soft_wrap=True)
+        return self._err
+
+    def emit_json(self, schema: str, payload: Mapping[str, Any]) -> None:
+        """Print the command's JSON document on stdout."""
+        self.stdout.write(json_document(schema, payload) + "\n")
+        self.stdout.flush()
+
+    def warn(self, message: str) -> None:
+        """A one-line warning on stderr."""
+        self.err.print(f"[yellow]brctl: warning:[/] {escape(message)}")
+
+    def info(self, message: str) -> None:
+        """A progress or context line on stderr (only with -v)."""
+        if self.verbose:
+            self.err.print(escape(message), style="dim")
+
+    @contextmanager
+    def progress(self, label: str, total: int) -> Iterator[Callable[[Any], None]]:
+        """A progress bar on stderr when it is a terminal; yields a per-item ``advance``."""
+        if total < 2 or not self.err.is_terminal:
+            yield lambda _item=None: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=self.err,
+                      transient=True) as bar:
+            task = bar.add_task(label, total=total)
+            yield lambda _item=None: bar.advance(task)
+
+
+def escape(text: str) -> str:
+    """Escape rich markup in text that came from nodes or users."""
+    return text.replace("[", r"\[")
+
+
+def table(columns: Iterable[str], rows: Iterable[Iterable[Any]], title: str | None = None) -> Any:
+    """A rich Table with plain text cells (node output is escaped, never markup)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    tbl = Table(title=title, show_edge=False, header_style="bold", pad_edge=False)
+    for col in columns:
+        tbl.add_column(col)
+    for row in rows:
+        tbl.add_row(*(c if hasattr(c, "__rich__") or isinstance(c, Text) else Text(str(c))
+                      for c in row))
+    return tbl

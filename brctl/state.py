@@ -1,0 +1,98 @@
+"""The state store: one SQLite database (WAL) in the state directory.
+
+Each feature owns its tables and declares them as a ``Component`` with an ordered
+list of migrations; ``Store.migrate`` applies the ones not yet applied, recorded
+per component in ``schema_versions``. Migrations never change once released: add
+a new step instead. Writes are short transactions; many processes may share the
+file (the daemon, cron-run commands), so a busy timeout is set.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from brctl.errors import InputError
+
+DB_NAME = "brctl.db"
+_BUSY_TIMEOUT_MS = 30_000  # the daemon and a cron job may write at the same moment
+
+
+@dataclass(frozen=True)
+class Component:
+    """A feature's tables: ``name`` and its migrations, applied in order, each once."""
+
+    name: str
+    migrations: Sequence[str]
+
+
+class Store:
+    """A connection to ``<state dir>/brctl.db``; thread-safe for short transactions."""
+
+    def __init__(self, directory: Path) -> None:
+        """Open (creating) the database under ``directory``."""
+        self.path = directory / DB_NAME
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000,
+                                       isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS schema_versions ("
+                " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise InputError(f"state database {self.path}: {exc}",
+                             hint="set $BRCTL_STATE to a writable directory") from None
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+
+    def migrate(self, component: Component) -> None:
+        """Apply ``component``'s migrations that this database has not seen yet."""
+        with self.transaction() as db:
+            row = db.execute("SELECT version FROM schema_versions WHERE component = ?",
+                             (component.name,)).fetchone()
+            have = row[0] if row else 0
+            if have > len(component.migrations):
+                raise InputError(
+                    f"state database {self.path}: {component.name} schema v{have} is newer "
+                    f"than this brctl (v{len(component.migrations)})",
+                    hint="upgrade brctl or point $BRCTL_STATE elsewhere")
+            for sql in component.migrations[have:]:
+                for statement in _statements(sql):
+                    db.execute(statement)
+            db.execute("INSERT INTO schema_versions(component, version) VALUES(?, ?) "
+                       "ON CONFLICT(component) DO UPDATE SET version = excluded.version",
+                       (component.name, len(component.migrations)))
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on error)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def query(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
+        """Run a read query."""
+        with self._lock:
+            return list(self._db.execute(sql, params))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration script on ';' (migrations hold no ';' inside literals)."""
+    return [s.strip() for s in sql.split(";") if s.strip()]

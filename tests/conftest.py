@@ -1,0 +1,89 @@
+"""Test tiers: tests/unit (pure, no sockets) and tests/integration (real sshd on loopback).
+
+Tests are marked by folder. Unit tests get sockets disabled, so a unit test that
+reaches the network fails loudly instead of silently depending on it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        tier = parts[0] if len(parts) > 1 else "unit"
+        if tier == "integration":
+            item.add_marker(pytest.mark.integration)
+        elif tier == "gpu":
+            item.add_marker(pytest.mark.gpu)
+        elif tier != "unit":
+            raise pytest.UsageError(f"test outside a known tier: {item.nodeid} (unit/integration/gpu)")
+
+
+class _NoSockets(socket.socket):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("unit tests must not open sockets (use FakeTransport)")
+
+
+@pytest.fixture(autouse=True)
+def _no_sockets_in_unit_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    if "tests/unit" not in str(request.node.fspath).replace("\\", "/"):
+        yield
+        return
+    original = socket.socket
+    socket.socket = _NoSockets  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        socket.socket = original  # type: ignore[misc]
+
+
+@dataclass
+class CliResult:
+    """What one ``brctl`` invocation produced."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def brctl(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """Run brctl in-process: ``brctl("-i", inv, "nodes")`` → CliResult."""
+    from brctl.cli import run
+
+    def invoke(*args: str, env: dict[str, str] | None = None) -> CliResult:
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        code = run([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return invoke
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private $BRCTL_STATE for the test."""
+    path = tmp_path / "state"
+    monkeypatch.setenv("BRCTL_STATE", str(path))
+    return path
+
+
+PYTHON = sys.executable
