@@ -94,7 +94,7 @@ class Output:
     def progress(self, label: str, total: int) -> Iterator[Callable[[Any], None]]:
         """A progress bar on stderr when it is a terminal; yields a per-item ``advance``."""
         if total < 2 or not self.err.is_terminal:
-            yield lambda _item=None: None
+            yield _ignore
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -102,7 +102,15 @@ class Output:
                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.err,
                       transient=True) as bar:
             task = bar.add_task(label, total=total)
-            yield lambda _item=None: bar.advance(task)
+
+            def advance(_item: Any = None) -> None:
+                bar.advance(task)
+
+            yield advance
+
+
+def _ignore(_item: Any = None) -> None:
+    """Progress callback when no bar is shown."""
 
 
 def escape(text: str) -> str:

@@ -20,7 +20,8 @@ def job_topology(inv: Inventory, rank_machines: Sequence[str] | None = None) -> 
         InputError: the inventory has no job, or its sizes do not divide.
     """
     if inv.job is None:
-        raise InputError(f"{inv.source}: no job: section", hint="add job: nodes/tp/pp (see inventory.example.yaml)")
+        raise InputError(f"{inv.source}: no job: section",
+                         hint="add job: nodes/tp/pp (see inventory.example.yaml)")
     job = inv.job
     gpus = [inv.nodes[n].gpus for n in job.nodes]
     return Topology.build(job.nodes, gpus, tp=job.tp, pp=job.pp, cp=job.cp, ep=job.ep,

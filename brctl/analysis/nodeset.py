@@ -101,7 +101,7 @@ def _format_ranges(values: Iterable[int], width: int) -> str:
     nums = sorted(set(values))
     runs: list[str] = []
     start = prev = nums[0]
-    for n in nums[1:] + [None]:  # type: ignore[list-item]
+    for n in [*nums[1:], None]:
         if n is not None and n == prev + 1:
             prev = n
             continue

@@ -67,14 +67,18 @@ def _convert(value: Any, tp: Any, source: str, path: str) -> Any:  # noqa: C901 
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
+        errors: list[tuple[Any, SchemaError]] = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _convert(value, arg, source, path)
-            except SchemaError as exc:
-                errors.append(exc)
+            except SchemaError as err:
+                errors.append((arg, err))
+        # Report the arm the value was clearly meant for (a mapping for a section, …).
+        for arg, arm_error in errors:
+            if len(errors) == 1 or _same_shape(value, arg):
+                raise arm_error
         raise SchemaError(source, path, f"got {value!r}, expected {_describe(tp)}")
     if origin in (list, tuple):
         if not isinstance(value, list):
@@ -85,7 +89,7 @@ def _convert(value: Any, tp: Any, source: str, path: str) -> Any:  # noqa: C901 
     if origin in (dict, Mapping):
         if not isinstance(value, dict):
             raise SchemaError(source, path, f"got {_typename(value)}, expected {_describe(tp)}")
-        key_tp, val_tp = get_args(tp)
+        _, val_tp = get_args(tp)
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
@@ -113,10 +117,20 @@ def _convert(value: Any, tp: Any, source: str, path: str) -> Any:  # noqa: C901 
     raise TypeError(f"schema: unsupported field type {tp!r}")  # a bug in brctl, not in input
 
 
+def _same_shape(value: Any, tp: Any) -> bool:
+    origin = get_origin(tp)
+    if isinstance(value, dict):
+        return origin in (dict, Mapping) or dataclasses.is_dataclass(tp)
+    if isinstance(value, list):
+        return origin in (list, tuple)
+    return False
+
+
 def _typename(value: Any) -> str:
     if value is None:
         return "null"
-    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), repr(value))
+    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+    return names.get(type(value), repr(value))
 
 
 def from_mapping(cls: type[T], data: Any, source: str, path: str = "") -> T:

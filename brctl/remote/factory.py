@@ -29,7 +29,7 @@ class RoutingTransport:
             return self._local
         with self._lock:
             if self._ssh is None:
-                from brctl.remote.ssh import SshTransport
+                from brctl.remote.ssh import SshTransport  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
                 self._ssh = SshTransport(connect_rate=self._connect_rate, ssh_config=self._ssh_config)
             return self._ssh

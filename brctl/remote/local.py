@@ -6,6 +6,7 @@ everything it started, as the ssh backend does on a node.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -66,10 +67,8 @@ class LocalTransport:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _copy(node: Node, src: str, dst: str) -> RunResult:

@@ -1,0 +1,136 @@
+"""The CLI contract: exit codes, --json, errors without tracebacks, a light --help."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "examples" / "local.yaml"
+
+
+def write(tmp_path: Path, doc: Any) -> Path:
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_nodes_json_lists_machines_and_groups(brctl: Any) -> None:
+    res = brctl("-i", LOCAL, "--json", "nodes")
+    assert res.exit_code == 0, res.stderr
+    doc = res.json
+    assert doc["schema"] == "brctl.nodes/1"
+    assert [n["name"] for n in doc["nodes"]] == ["local1", "local2", "local3", "local4", "spare1"]
+    assert doc["job"]["dp"] == 2 and doc["job"]["world"] == 8
+    assert [g["nodes"] for g in doc["groups"]["pp"]] == [["local1", "local3"]] * 2 + [
+        ["local2", "local4"]] * 2
+
+
+def test_nodes_table_folds_identical_machines(brctl: Any) -> None:
+    res = brctl("-i", LOCAL, "nodes", "-w", "local[1-4]")
+    assert res.exit_code == 0
+    assert "pp groups" in res.stdout and "local[1,3]" in res.stdout
+
+
+def test_exec_folds_output_and_exit_codes(brctl: Any, tmp_path: Path) -> None:
+    inv = write(tmp_path, {"nodes": [
+        {"name": "ok[1-3]", "connection": "local", "env": {"RC": "0"}},
+        {"name": "bad1", "connection": "local", "env": {"RC": "5"}},
+    ]})
+    res = brctl("-i", inv, "exec", "--", "sh", "-c", 'echo same; exit "$RC"')
+    assert res.exit_code == 1
+    assert "ok[1-3] (3) ok" in res.stdout and "bad1 (1) exit 5" in res.stdout
+    assert res.stdout.count("same") == 2  # folded: printed once per distinct outcome
+    ok = brctl("-i", inv, "--json", "exec", "-w", "ok[1-3]", "true")
+    assert ok.exit_code == 0
+    assert set(ok.json["nodes"]) == {"ok1", "ok2", "ok3"}
+    assert ok.json["nodes"]["ok1"] == {"state": "ok", "exit_code": 0, "stdout": "", "stderr": "",
+                                       "seconds": ok.json["nodes"]["ok1"]["seconds"]}
+
+
+def test_exec_timeout_is_incomplete(brctl: Any, tmp_path: Path) -> None:
+    inv = write(tmp_path, {"nodes": [{"name": "n[1-2]", "connection": "local"}]})
+    res = brctl("-i", inv, "--json", "exec", "-t", "0.3", "-x", "n2", "sleep", "10")
+    assert res.exit_code == 3
+    assert res.json["nodes"]["n1"]["state"] == "timeout"
+    assert res.json["nodes"]["n1"]["exit_code"] is None
+
+
+def test_exec_single_string_is_split_without_a_shell(brctl: Any, tmp_path: Path) -> None:
+    inv = write(tmp_path, {"nodes": [{"name": "n1", "connection": "local"}]})
+    res = brctl("-i", inv, "--json", "exec", "echo 'a b' $HOME;")
+    assert res.json["nodes"]["n1"]["stdout"] == "a b $HOME;\n"
+
+
+def test_no_inventory_exits_2_with_hint(brctl: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BRCTL_INVENTORY", raising=False)
+    res = brctl("nodes")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "no inventory" in res.stderr and "hint:" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_inventory_exits_2_naming_file_and_key(brctl: Any, tmp_path: Path) -> None:
+    inv = write(tmp_path, {"nodes": [{"name": "a1", "gpus": -1}]})
+    res = brctl("-i", inv, "nodes")
+    assert res.exit_code == 2
+    assert f"{inv}: nodes[0].gpus" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bad_node_set_and_unknown_option_exit_2(brctl: Any) -> None:
+    assert brctl("-i", LOCAL, "exec", "-w", "local[9", "true").exit_code == 2
+    assert brctl("-i", LOCAL, "exec", "-w", "nosuch1", "true").exit_code == 2
+    res = brctl("-i", LOCAL, "nodes", "--bogus")
+    assert res.exit_code == 2 and "No such option" in res.stderr
+
+
+def test_version(brctl: Any) -> None:
+    import brctl as pkg
+
+    res = brctl("--version")
+    assert res.exit_code == 0 and res.stdout.strip() == f"brctl {pkg.__version__}"
+
+
+def test_internal_error_is_70_without_traceback_unless_debug(brctl: Any, monkeypatch: Any) -> None:
+    import brctl.operations.nodes as ops
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise ZeroDivisionError("bug")
+
+    monkeypatch.setattr(ops, "describe", boom)
+    res = brctl("-i", LOCAL, "nodes")
+    assert res.exit_code == 70 and "internal error" in res.stderr and "Traceback" not in res.stderr
+    res = brctl("-i", LOCAL, "--debug", "nodes")
+    assert res.exit_code == 70 and "Traceback" in res.stderr
+
+
+def test_help_imports_nothing_heavy() -> None:
+    code = (
+        "import sys; from brctl.cli import run; run(['--help']);"
+        "sys.stderr.write(','.join(sorted(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    loaded = set(proc.stderr.split(","))
+    heavy = {"paramiko", "torch", "yaml", "cryptography", "sqlite3", "pynvml", "prometheus_client"}
+    assert not loaded & heavy, loaded & heavy
+    assert "Usage: brctl" in proc.stdout
+
+
+def test_commands_never_import_paramiko_or_yaml() -> None:
+    for path in (ROOT / "brctl" / "commands").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(("paramiko", "yaml")), f"{path.name} imports {name}"

@@ -1,0 +1,136 @@
+"""Inventory loading: every documented key works; every mistake names file, key path, form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from brctl.analysis.inventory import from_document
+from brctl.errors import InputError
+from brctl.inventory import find_inventory, load_inventory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_design_example_keys_all_work(tmp_path: Path) -> None:
+    text = """
+ssh:
+  user: root
+  port: 22
+  identity_file: ~/.ssh/id_ed25519
+  known_hosts: ~/.ssh/known_hosts
+  host_key_policy: strict
+  connect_timeout: 10
+  command_timeout: 600
+  fanout: 64
+  proxy_jump: null
+  python: python3
+nodes:
+  - name: gpu[001-016]
+    address: 10.0.1.[1-16]
+    port: 22
+    gpus: 8
+    connection: ssh
+    env: {}
+standby:
+  - name: spare[01-02]
+    gpus: 8
+job:
+  name: llm-pretrain
+  nodes: gpu[001-016]
+  tp: 8
+  pp: 2
+  cp: 1
+  ep: 1
+  order: tp-cp-ep-dp-pp
+  process_match: pretrain
+  log_paths: [/var/log/train/*.log]
+  restart_command: null
+  evict_command: null
+health: {}
+diagnose: {}
+update: {root: /opt/train}
+ckpt: {dir: /local/ckpt, glob: "step_*"}
+daemon: {}
+"""
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    inv = load_inventory(path)
+    assert len(inv.nodes) == 18 and inv.standby == ("spare01", "spare02")
+    assert inv.nodes["gpu016"].address == "10.0.1.16"
+    assert inv.job is not None and inv.job.nodes[0] == "gpu001" and inv.job.tp == 8
+    assert inv.update.root == "/opt/train" and inv.ckpt.glob == "step_*"
+
+
+def test_repository_examples_load() -> None:
+    for path in [ROOT / "examples" / "local.yaml", ROOT / "inventory.example.yaml"]:
+        if path.exists():
+            assert load_inventory(path).nodes
+
+
+def test_per_entry_ssh_overrides_win() -> None:
+    inv = from_document({
+        "ssh": {"user": "ops", "port": 2200, "python": "/opt/py/bin/python"},
+        "nodes": [{"name": "a[1-2]"}, {"name": "b1", "user": "root", "port": 22}],
+    }, "x.yaml")
+    assert (inv.nodes["a1"].user, inv.nodes["a1"].port) == ("ops", 2200)
+    assert (inv.nodes["b1"].user, inv.nodes["b1"].port, inv.nodes["b1"].python) == (
+        "root", 22, "/opt/py/bin/python")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"nodes": [{"name": "a1", "gpuz": 2}]}, "x.yaml: nodes[0].gpuz: unknown key"),
+        ({"nodes": [{"name": "a1", "gpus": "two"}]}, "x.yaml: nodes[0].gpus: got 'two', expected a whole number"),
+        ({"nodes": [{"name": "a1", "gpus": 0}]}, "x.yaml: nodes[0].gpus: got 0, expected a whole number >= 1"),
+        ({"nodes": [{"name": "a[1-"}]}, "x.yaml: nodes[0].name: node set"),
+        ({"nodes": [{"name": "a[1-3]", "address": "10.0.0.[1-2]"}]}, "3 names"),
+        ({"nodes": [{"name": "a1"}, {"name": "a1"}]}, "listed twice"),
+        ({"nodes": [{"name": "a1"}], "job": {"nodes": "a[1-2]"}}, "job.nodes: not defined under nodes: a2"),
+        ({"nodes": [{"name": "a1"}], "job": {"tp": 2}}, "job.nodes: required key is missing"),
+        ({"nodes": [{"name": "a1", "connection": "telnet"}]}, "expected one of 'ssh' | 'local'"),
+        ({"nodes": [{"name": "a1"}], "ssh": {"host_key_policy": "yolo"}}, "ssh.host_key_policy"),
+        ({"nodes": [{"name": "a1"}], "job": {"nodes": "a1", "process_match": "("}}, "job.process_match: not a valid regular expression"),
+        ({"nodes": "a1"}, "nodes: got a string, expected a list"),
+        ({"nodes": [{"name": "a1", "env": {"A": [1]}}]}, "nodes[0].env.A"),
+        ({"nodes": [{"name": "a1"}], "update": {"rooot": "/x"}}, "update.rooot: unknown key"),
+        ([1, 2], "expected a mapping at the top level"),
+        ({}, "nodes: required key is missing"),
+    ],
+)
+def test_errors_name_file_key_and_form(doc: object, message: str) -> None:
+    with pytest.raises(InputError) as err:
+        from_document(doc, "x.yaml")
+    assert message in err.value.message
+
+
+def test_malformed_yaml_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("nodes:\n  - name: a1\n   gpus: 2\n")
+    with pytest.raises(InputError, match=r"bad.yaml: line 3, column \d+: malformed YAML"):
+        load_inventory(path)
+
+
+def test_unsafe_yaml_is_not_executed(tmp_path: Path) -> None:
+    path = tmp_path / "evil.yaml"
+    path.write_text("nodes: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(InputError, match="malformed YAML"):
+        load_inventory(path)
+
+
+def test_inventory_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"nodes": [{"name": "a1"}]}))
+    b.write_text(yaml.safe_dump({"nodes": [{"name": "b1"}]}))
+    monkeypatch.chdir(tmp_path)
+    assert find_inventory(str(a), {"BRCTL_INVENTORY": str(b)}) == a
+    assert find_inventory(None, {"BRCTL_INVENTORY": str(b)}) == b
+    with pytest.raises(InputError, match="no inventory"):
+        find_inventory(None, {})
+    (tmp_path / "inventory.yaml").write_text(a.read_text())
+    assert find_inventory(None, {}) == Path("inventory.yaml")
+    with pytest.raises(InputError, match="BRCTL_INVENTORY"):
+        find_inventory(None, {"BRCTL_INVENTORY": str(tmp_path / "missing.yaml")})

@@ -1,0 +1,91 @@
+"""Node-set expansion and folding (ClusterShell/Slurm syntax, pdsh-lenient padding)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from brctl.analysis.nodeset import expand, fold, natural_sorted, select
+from brctl.errors import InputError
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("gpu[001-003]", ["gpu001", "gpu002", "gpu003"]),
+        ("a[1-3,7],b9", ["a1", "a2", "a3", "a7", "b9"]),
+        ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+        ("10.0.1.[1-3]", ["10.0.1.1", "10.0.1.2", "10.0.1.3"]),
+        ("n[08-11]", ["n08", "n09", "n10", "n11"]),
+        ("n[98-101]", ["n98", "n99", "n100", "n101"]),
+        ("single", ["single"]),
+        ("a1, a2 ,a1", ["a1", "a2"]),
+        ("x[3,1-2]", ["x3", "x1", "x2"]),
+    ],
+)
+def test_expand(pattern: str, expected: list[str]) -> None:
+    assert expand(pattern) == expected
+
+
+def test_pdsh_lenient_padding_crosses_width() -> None:
+    names = expand("n[01-128]")
+    assert names[0] == "n01" and names[98] == "n99" and names[99] == "n100" and len(names) == 128
+
+
+@pytest.mark.parametrize(
+    ("pattern", "needle"),
+    [
+        ("gpu[1-", "unclosed"),
+        ("gpu1-]", "unmatched"),
+        ("gpu[[1-2]]", "nested"),
+        ("gpu[5-1]", "backwards"),
+        ("gpu[a-b]", "bad range item"),
+        ("a,,b", "empty item"),
+        ("", "empty"),
+        ("gpu 1", "unexpected character"),
+        ("n[1-99999999]", "larger than"),
+    ],
+)
+def test_expand_errors_name_the_problem(pattern: str, needle: str) -> None:
+    with pytest.raises(InputError) as err:
+        expand(pattern)
+    assert needle in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("names", "folded"),
+    [
+        (["gpu001", "gpu002", "gpu003", "gpu005"], "gpu[001-003,005]"),
+        (expand("gpu[001-128]"), "gpu[001-128]"),
+        (expand("node[1-10]"), "node[1-10]"),
+        (expand("n[01-128]"), "n[01-128]"),
+        (expand("r[1-2]n[01-04]"), "r[1-2]n[01-04]"),
+        (["b", "a", "a1"], "a,a1,b"),
+        (["x7"], "x7"),
+        (["10.0.0.1", "10.0.0.2"], "10.0.0.[1-2]"),
+    ],
+)
+def test_fold(names: list[str], folded: str) -> None:
+    assert fold(names) == folded
+
+
+def test_fold_then_expand_round_trips_random_sets() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        width = rng.choice([0, 2, 3])
+        names = {f"{rng.choice(['gpu', 'n', 'r1n'])}{str(rng.randrange(1, 300)).zfill(width)}"
+                 for _ in range(rng.randrange(1, 40))}
+        assert set(expand(fold(names))) == names
+
+
+def test_natural_sort() -> None:
+    assert natural_sorted(["gpu10", "gpu2", "gpu1"]) == ["gpu1", "gpu2", "gpu10"]
+
+
+def test_select_include_exclude_keeps_inventory_order() -> None:
+    available = expand("gpu[01-08]")
+    assert select(available, "gpu[07,02-03]", None) == ["gpu02", "gpu03", "gpu07"]
+    assert select(available, None, "gpu[02-07]") == ["gpu01", "gpu08"]
+    with pytest.raises(InputError, match="not in the inventory: gpu09"):
+        select(available, "gpu09", None)

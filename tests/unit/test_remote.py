@@ -1,0 +1,161 @@
+"""Fan-out, the local backend and probe shipping (no sockets: local subprocesses only)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from brctl.remote.fake import FakeTransport, Reply
+from brctl.remote.fanout import run_all
+from brctl.remote.local import LocalTransport
+from brctl.remote.probes import ProbeRunner, probe_bundle
+from brctl.remote.transport import Node, NodeState, with_env
+
+
+def local(name: str, **kw: object) -> Node:
+    return Node(name=name, address=name, connection="local", **kw)  # type: ignore[arg-type]
+
+
+def test_fanout_bounds_concurrency_and_keeps_order() -> None:
+    live, peak, lock = 0, 0, threading.Lock()
+
+    def handler(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        nonlocal live, peak
+        with lock:
+            live += 1
+            peak = max(peak, live)
+        time.sleep(0.02)
+        with lock:
+            live -= 1
+        return Reply(stdout=node.name)
+
+    nodes = [local(f"n{i:02d}") for i in range(20)]
+    results = run_all(FakeTransport(handler), nodes, ["true"], concurrency=4)
+    assert list(results) == [n.name for n in nodes]
+    assert peak == 4
+    assert all(r.stdout == r.node for r in results.values())
+
+
+def test_fanout_never_raises_and_keeps_states_distinct() -> None:
+    states = {"a": NodeState.UNREACHABLE, "b": NodeState.AUTH, "c": NodeState.HOSTKEY}
+
+    def handler(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        if node.name in states:
+            return Reply(state=states[node.name], exit_code=None)
+        return Reply(exit_code=3 if node.name == "d" else 0)
+
+    res = run_all(FakeTransport(handler), [local(n) for n in "abcde"], ["x"])
+    assert [r.state for r in res.values()] == [NodeState.UNREACHABLE, NodeState.AUTH,
+                                              NodeState.HOSTKEY, NodeState.FAILED, NodeState.OK]
+    assert res["a"].exit_code is None and res["d"].exit_code == 3
+
+
+def test_fanout_deadline_times_out_nodes_never_started() -> None:
+    def handler(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        time.sleep(0.3)
+        return Reply()
+
+    res = run_all(FakeTransport(handler), [local("a"), local("b")], ["x"], concurrency=1,
+                  deadline=0.1)
+    assert res["b"].state is NodeState.TIMEOUT and "deadline" in res["b"].stderr
+
+
+def test_local_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    script = f"sleep 30 & echo $! > {pidfile}; wait"
+    start = time.monotonic()
+    res = LocalTransport().run(local("a"), ["sh", "-c", script], timeout=0.5)
+    assert res.state is NodeState.TIMEOUT and res.exit_code is None
+    assert time.monotonic() - start < 5
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"background child {child} survived the timeout")
+
+
+def test_local_env_stdin_and_exit_codes() -> None:
+    node = local("a", env={"BRCTL_T": "v1"})
+    t = LocalTransport()
+    res = t.run(node, ["sh", "-c", 'read x; echo "$BRCTL_T $x"; exit 4'], timeout=5, stdin=b"in\n")
+    assert (res.state, res.exit_code, res.stdout) == (NodeState.FAILED, 4, "v1 in\n")
+    missing = t.run(node, ["/nonexistent/tool"], timeout=5)
+    assert missing.state is NodeState.FAILED and missing.exit_code == 127
+
+
+def test_with_env_prefixes_without_shell() -> None:
+    assert with_env(["a b"], {"K": "v w"}) == ["env", "K=v w", "a b"]
+    assert with_env(["x"], {}) == ["x"]
+
+
+def test_bundle_is_deterministic_and_holds_only_node_code() -> None:
+    import zipfile
+    from io import BytesIO
+
+    a, b = probe_bundle(), probe_bundle()
+    assert a.data == b.data and a.digest == b.digest
+    names = zipfile.ZipFile(BytesIO(a.data)).namelist()
+    assert "brctl/__init__.py" in names and "brctl/diagnostics/sysinfo.py" in names
+    assert all(n == "brctl/__init__.py" or n.startswith("brctl/diagnostics/") for n in names)
+
+
+@pytest.fixture
+def bare_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
+    """A local node whose python has no brctl: HOME is private, cwd is not the checkout."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    return local("bare", python=sys.executable, env={"PYTHONPATH": ""})
+
+
+def test_probe_ships_once_then_runs_from_cache(bare_node: Node, tmp_path: Path) -> None:
+    runner = ProbeRunner(LocalTransport())
+    first = runner.run([bare_node], "brctl.diagnostics.sysinfo", {"echo": 1})["bare"]
+    assert first.ok, first.error
+    assert first.document is not None and first.document["echo"] == 1
+    shipped = runner.bytes_shipped
+    assert shipped == len(runner.bundle.data) > 0
+    assert ".cache/brctl/" + runner.bundle.digest in first.document["brctl_path"]
+    second = runner.run([bare_node], "brctl.diagnostics.sysinfo", {"echo": 2})["bare"]
+    assert second.document is not None and second.document["echo"] == 2
+    assert runner.bytes_shipped == shipped  # the second run shipped nothing
+
+
+def test_probe_reships_when_the_cached_copy_is_corrupt(bare_node: Node, tmp_path: Path) -> None:
+    runner = ProbeRunner(LocalTransport())
+    assert runner.run([bare_node], "brctl.diagnostics.sysinfo", {})["bare"].ok
+    cached = tmp_path / "home/.cache/brctl" / runner.bundle.digest / "brctl.zip"
+    cached.write_bytes(b"garbage")
+    again = runner.run([bare_node], "brctl.diagnostics.sysinfo", {})["bare"]
+    assert again.ok and runner.bytes_shipped == 2 * len(runner.bundle.data)
+
+
+def test_probe_garbage_and_failures_become_per_node_errors() -> None:
+    replies = {
+        "garbage": Reply(stdout="Segmentation fault\n"),
+        "silent": Reply(stdout="", stderr="Killed", exit_code=137),
+        "down": Reply(state=NodeState.UNREACHABLE, exit_code=None, stderr="connection refused"),
+        "error": Reply(stdout='{"probe_error": "ValueError: x"}\n', exit_code=1),
+        "array": Reply(stdout="[1, 2]\n"),
+    }
+    fake = FakeTransport(lambda node, argv, stdin: replies[node.name])
+    out = ProbeRunner(fake).run([local(n) for n in replies], "brctl.diagnostics.sysinfo", {})
+    assert "not JSON" in (out["garbage"].error or "")
+    assert "printed nothing" in (out["silent"].error or "") and "Killed" in (out["silent"].error or "")
+    assert (out["down"].error or "").startswith("unreachable")
+    assert "ValueError: x" in (out["error"].error or "")
+    assert "not a JSON object" in (out["array"].error or "")
+    assert not any(r.ok for r in out.values())
