@@ -1,0 +1,167 @@
+"""Generate brctl's man pages from the CLI: ``python -m brctl.manpages [--check] [DIR]``.
+
+Writes ``brctl.1`` (global options, commands, exit status) and ``brctl-<cmd>.1`` for
+every subcommand (a command group such as ``ckpt`` gets one page listing its
+subcommands). Output is deterministic (no dates), so a test can regenerate the
+pages and fail on drift. ``brctl-inventory.5`` is written by hand.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import brctl
+
+EXIT_STATUS = [
+    ("0", "ran; nothing wrong found"),
+    ("1", "ran; findings: faulty machines, failed checks, non-zero remote exits, an eviction "
+          "proposed, replay found/ambiguous/not_reproduced"),
+    ("2", "usage, inventory, playbook or input error (the message names what and where)"),
+    ("3", "incomplete: some nodes unreachable, timed out, auth or host key refused, or replay "
+          "groups could not run; no verdict on them (takes precedence over 1)"),
+    ("4", "refused: a safety limit stopped an action (eviction cap, a live job under a stop-time "
+          "check without --force, another daemon holds the job's lease)"),
+    ("70", "internal error (a bug; --debug shows the traceback)"),
+    ("130", "interrupted"),
+]
+
+
+def _roff(text: str) -> str:
+    out = []
+    for line in text.splitlines():
+        line = line.replace("\\", "\\e").replace("-", "\\-")
+        if line.startswith((".", "'")):
+            line = "\\&" + line
+        out.append(line)
+    return "\n".join(out)
+
+
+def _paragraphs(text: str) -> str:
+    paras = [p.strip() for p in (text or "").split("\n\n") if p.strip()]
+    return "\n.PP\n".join(_roff(" ".join(p.split())) for p in paras)
+
+
+def _header(name: str, section: int, summary: str) -> list[str]:
+    return [
+        f'.TH {name.upper()} {section} "" "brctl {brctl.__version__}" "brctl manual"',
+        ".SH NAME",
+        f"{_roff(name)} \\- {_roff(summary)}",
+    ]
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().split("\n")[0].rstrip(".")
+
+
+def _options(params: list[Any]) -> list[str]:
+    lines: list[str] = []
+    for p in params:
+        if getattr(p, "hidden", False) or p.name == "help":
+            continue
+        if type(p).__name__.endswith("Argument"):
+            label = f"\\fI{_roff(p.metavar or p.name.upper())}\\fR"
+        else:
+            flags = ", ".join(f"\\fB{_roff(o)}\\fR" for o in [*p.opts, *p.secondary_opts])
+            takes = not (getattr(p, "is_flag", False) or getattr(p, "count", False))
+            label = flags + (f" \\fI{_roff(p.metavar or 'VALUE')}\\fR" if takes else "")
+        lines += [".TP", label, _roff(" ".join((getattr(p, "help", None) or "").split()))]
+    return lines
+
+
+def _synopsis(path: str, cmd: Any) -> str:
+    args = " ".join(_roff(p.metavar or p.name.upper()) for p in cmd.params
+                    if type(p).__name__.endswith("Argument"))
+    sub = " COMMAND" if hasattr(cmd, "commands") else ""
+    return f"\\fB{_roff(path)}\\fR [OPTIONS]{sub} {args}".rstrip()
+
+
+def _exit_status() -> list[str]:
+    lines = [".SH EXIT STATUS"]
+    for code, meaning in EXIT_STATUS:
+        lines += [".TP", f"\\fB{code}\\fR", _roff(meaning)]
+    return lines
+
+
+def _command_page(name: str, cmd: Any) -> str:
+    path = f"brctl {name}"
+    lines = _header(f"brctl-{name}", 1, _first_line(cmd.help))
+    lines += [".SH SYNOPSIS", _synopsis(path, cmd), ".SH DESCRIPTION", _paragraphs(cmd.help or "")]
+    opts = _options(cmd.params)
+    if opts:
+        lines += [".SH OPTIONS", *opts]
+    for sub_name, sub in sorted(getattr(cmd, "commands", {}).items()):
+        lines += [f".SH {_roff(path.upper())} {_roff(sub_name.upper())}",
+                  _synopsis(f"{path} {sub_name}", sub), ".PP", _paragraphs(sub.help or "")]
+        sub_opts = _options(sub.params)
+        if sub_opts:
+            lines += [".PP", "Options:", *sub_opts]
+    lines += _exit_status()
+    lines += [".SH SEE ALSO", "\\fBbrctl\\fR(1), \\fBbrctl\\-inventory\\fR(5)"]
+    return "\n".join(lines) + "\n"
+
+
+def _root_page(root: Any) -> str:
+    lines = _header("brctl", 1, _first_line(root.help))
+    lines += [".SH SYNOPSIS", "\\fBbrctl\\fR [GLOBAL OPTIONS] COMMAND [OPTIONS] [ARGS]",
+              ".SH DESCRIPTION", _paragraphs(root.help or ""),
+              ".SH GLOBAL OPTIONS", *_options(root.params), ".SH COMMANDS"]
+    for name, cmd in sorted(root.commands.items()):
+        lines += [".TP", f"\\fBbrctl\\-{_roff(name)}\\fR(1)", _roff(_first_line(cmd.help))]
+    lines += [
+        ".SH ENVIRONMENT",
+        ".TP", "\\fBBRCTL_INVENTORY\\fR", "Inventory file when \\-i is not given.",
+        ".TP", "\\fBBRCTL_STATE\\fR",
+        "State directory (SQLite database brctl.db and small state files); default "
+        "$XDG_STATE_HOME/brctl or ~/.local/state/brctl.",
+        ".TP", "\\fBBRCTL_PLAYBOOKS\\fR", "Extra playbook directory for diagnose.",
+        ".TP", "\\fBBRCTL_TIMEOUT_SCALE\\fR", "Multiplies test-relevant timeouts (default 1).",
+        ".TP", "\\fBNO_COLOR\\fR", "Disables colour.",
+    ]
+    lines += _exit_status()
+    lines += [".SH SEE ALSO", "\\fBbrctl\\-inventory\\fR(5), \\fBclush\\fR(1), \\fBdcgmi\\fR(1)"]
+    return "\n".join(lines) + "\n"
+
+
+def render_pages() -> dict[str, str]:
+    """Every generated page: ``{file name: roff text}``."""
+    import typer.main
+
+    from brctl.cli import build_app
+
+    root = typer.main.get_command(build_app())
+    pages = {"brctl.1": _root_page(root)}
+    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+        pages[f"brctl-{name}.1"] = _command_page(name, cmd)
+    return pages
+
+
+def main(argv: list[str]) -> int:
+    """Write the pages into DIR (default ./man); with --check, report drift and exit 1."""
+    check = "--check" in argv
+    args = [a for a in argv if a != "--check"]
+    target = Path(args[0]) if args else Path("man")
+    pages = render_pages()
+    stale = []
+    for name, text in pages.items():
+        path = target / name
+        current = path.read_text() if path.exists() else None
+        if current != text:
+            stale.append(name)
+            if not check:
+                target.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    generated = {p.name for p in target.glob("brctl*.1")}
+    orphans = sorted(generated - set(pages))
+    if check:
+        for name in stale + orphans:
+            print(f"man/{name} is stale: run python -m brctl.manpages", file=sys.stderr)
+        return 1 if stale or orphans else 0
+    for name in orphans:
+        (target / name).unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,36 @@
+"""The committed man pages are what the CLI generates (drift check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from brctl.manpages import main, render_pages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_man_pages_match_the_cli(tmp_path: Path) -> None:
+    stale = [name for name, text in render_pages().items()
+             if not (ROOT / "man" / name).exists() or (ROOT / "man" / name).read_text() != text]
+    assert not stale, f"stale man pages {stale}: run python -m brctl.manpages"
+    assert main(["--check", str(ROOT / "man")]) == 0
+
+
+def test_every_command_has_a_page_and_exit_codes() -> None:
+    pages = render_pages()
+    assert "brctl.1" in pages and "brctl-exec.1" in pages and "brctl-nodes.1" in pages
+    assert all(".SH EXIT STATUS" in text for text in pages.values())
+
+
+def test_check_reports_drift(tmp_path: Path) -> None:
+    assert main([str(tmp_path)]) == 0
+    (tmp_path / "brctl-exec.1").write_text("old\n")
+    (tmp_path / "brctl-gone.1").write_text("removed command\n")
+    assert main(["--check", str(tmp_path)]) == 1
+    assert main([str(tmp_path)]) == 0 and not (tmp_path / "brctl-gone.1").exists()
+    assert main(["--check", str(tmp_path)]) == 0
+
+
+def test_inventory_page_is_present() -> None:
+    text = (ROOT / "man" / "brctl-inventory.5").read_text()
+    assert text.startswith(".TH BRCTL-INVENTORY 5")
