@@ -55,3 +55,9 @@ class RefusedError(BrctlError):
     """A safety limit stopped an action (eviction cap, live job, another daemon's lease)."""
 
     code = ExitCode.REFUSED
+
+
+class InterruptedRun(BrctlError):
+    """Ctrl-C during a fan-out; the message names the nodes that had not finished."""
+
+    code = ExitCode.INTERRUPTED

@@ -16,11 +16,13 @@ from typing import Any, Literal, Optional, Union
 from brctl.analysis import nodeset
 from brctl.analysis.schema import SchemaError, at_least_one, from_mapping, positive
 from brctl.analysis.schema import field as sfield
+from brctl.analysis.templates import check_template
 from brctl.config.ckpt import CkptSection
 from brctl.config.daemon import DaemonSection
 from brctl.config.diagnose import DiagnoseSection
 from brctl.config.health import HealthSection
 from brctl.config.update import UpdateSection
+from brctl.errors import InputError
 from brctl.remote.transport import Node
 
 Template = Union[str, list[str]]
@@ -32,6 +34,16 @@ def _regex(value: str) -> str:
         re.compile(value)
     except re.error as exc:
         raise ValueError(f"not a valid regular expression: {exc}") from None
+    return value
+
+
+def _template(value: Template | None) -> Template | None:
+    if value is None:
+        return None
+    try:
+        check_template(value, "command template")
+    except InputError as exc:
+        raise ValueError(exc.message.removeprefix("command template: ")) from None
     return value
 
 
@@ -86,10 +98,10 @@ class JobSection:
     order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
     process_match: str = sfield("pretrain", check=_regex)
     log_paths: list[str] = sfield(factory=list)
-    restart_command: Optional[Template] = None
-    stop_command: Optional[Template] = None
-    status_command: Optional[Template] = None
-    evict_command: Optional[Template] = None
+    restart_command: Optional[Template] = sfield(None, check=_template)
+    stop_command: Optional[Template] = sfield(None, check=_template)
+    status_command: Optional[Template] = sfield(None, check=_template)
+    evict_command: Optional[Template] = sfield(None, check=_template)
 
 
 @dataclass(frozen=True)

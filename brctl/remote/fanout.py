@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Union
 
+from brctl.analysis.nodeset import fold
+from brctl.errors import InterruptedRun
 from brctl.remote.transport import Node, NodeState, RunResult, Transport
 
 ArgvFor = Union[Sequence[str], Callable[[Node], Sequence[str]]]
@@ -63,8 +65,9 @@ def run_all(
         data = _resolve(stdin, node)
         return transport.run(node, list(cmd), timeout=limit, stdin=data)  # type: ignore[call-overload, arg-type]
 
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo) or 1))) as pool:
-        pending: set[Future[RunResult]] = {pool.submit(one, n) for n in todo}
+    pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo) or 1)))
+    pending: set[Future[RunResult]] = {pool.submit(one, n) for n in todo}
+    try:
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -72,4 +75,9 @@ def run_all(
                 results[res.node] = res
                 if on_done is not None:
                     on_done(res)
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        unfinished = fold(n.name for n in todo if n.name not in results)
+        raise InterruptedRun(f"interrupted; not finished: {unfinished or 'none'}") from None
+    pool.shutdown(wait=True)
     return {n.name: results[n.name] for n in todo}

@@ -95,6 +95,8 @@ def test_per_entry_ssh_overrides_win() -> None:
         ({"nodes": [{"name": "a1"}], "ssh": {"host_key_policy": "yolo"}}, "ssh.host_key_policy"),
         ({"nodes": [{"name": "a1"}], "job": {"nodes": "a1", "process_match": "("}}, "job.process_match: not a valid regular expression"),
         ({"nodes": "a1"}, "nodes: got a string, expected a list"),
+        ({"nodes": [{"name": "a1"}], "job": {"nodes": "a1", "evict_command": "drain {nod}"}},
+         "job.evict_command: unknown placeholder {nod}"),
         ({"nodes": [{"name": "a1", "env": {"A": [1]}}]}, "nodes[0].env.A"),
         ({"nodes": [{"name": "a1"}], "update": {"rooot": "/x"}}, "update.rooot: unknown key"),
         ([1, 2], "expected a mapping at the top level"),

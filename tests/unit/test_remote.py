@@ -159,3 +159,17 @@ def test_probe_garbage_and_failures_become_per_node_errors() -> None:
     assert "ValueError: x" in (out["error"].error or "")
     assert "not a JSON object" in (out["array"].error or "")
     assert not any(r.ok for r in out.values())
+
+
+def test_interrupt_names_the_unfinished_nodes() -> None:
+    from brctl.errors import ExitCode, InterruptedRun
+
+    def handler(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        if node.name == "a":
+            raise KeyboardInterrupt  # stands in for Ctrl-C arriving while we wait
+        time.sleep(0.2)
+        return Reply()
+
+    with pytest.raises(InterruptedRun) as err:
+        run_all(FakeTransport(handler), [local("a"), local("b"), local("c")], ["x"], concurrency=1)
+    assert err.value.code is ExitCode.INTERRUPTED and "not finished: a" in err.value.message
