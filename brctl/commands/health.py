@@ -1,0 +1,77 @@
+"""``brctl health``: real-time checks of every machine, folded across nodes."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the root app."""
+    app.command("health")(health_command)
+
+
+def health_command(
+    ctx: typer.Context,
+    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
+                                         help="Machines to check (default: every machine)."),
+    exclude: Optional[str] = typer.Option(None, "-x", "--exclude", metavar="NODESET",
+                                          help="Machines to leave out."),
+    watch: Optional[float] = typer.Option(None, "--watch", metavar="SECONDS",
+                                          help="Repeat every SECONDS; after the first report "
+                                               "print only the checks whose status changed."),
+    count: Optional[int] = typer.Option(None, "--count", metavar="N",
+                                        help="With --watch: stop after N sweeps."),
+    timeout: Optional[float] = typer.Option(None, "-t", "--timeout", metavar="SECONDS",
+                                            help="Per-node probe timeout (default: "
+                                                 "health.timeout)."),
+) -> int:
+    """Check GPUs (NVML), kernel-log Xids, InfiniBand/NICs, disks and training processes.
+
+    Each check is ok, warn, fail or skip with a one-line reason; healthy machines
+    fold into one line (gpu[001-015]: ok) and each finding names its machines.
+    Deltas (link_downed, NVLink and PCIe errors) and the kernel-log cursor are kept
+    per machine in the state directory; thresholds and the checks that run come
+    from the inventory's health: section (brctl-inventory(5)). Machines with a
+    confident eviction signal are listed under "evict". Exit 0 healthy, 1 some
+    check failed, 3 some machine gave no answer.
+    """
+    from brctl.commands._render_health import render, render_changes
+    from brctl.errors import UsageError
+    from brctl.operations.health import sweep
+    from brctl.remote.probes import ProbeRunner
+
+    env: Env = ctx.obj
+    if watch is not None and watch <= 0:
+        raise UsageError(f"--watch {watch:g}: expected seconds greater than 0")
+    if count is not None and count < 1:
+        raise UsageError(f"--count {count}: expected a whole number >= 1")
+    if timeout is not None and timeout <= 0:
+        raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
+    inv = env.inventory()
+    nodes = inv.select(select, exclude)
+    if not nodes:
+        raise UsageError("health: the selection is empty", hint="check -w / -x against brctl nodes")
+    runner = ProbeRunner(env.transport())
+    per_node = (timeout or inv.health.timeout) * env.timeout_scale()
+    rounds = count if watch is not None else 1
+    previous = None
+    done = 0
+    while True:
+        with env.output.progress("health", len(nodes)) as advance:
+            report = sweep(inv, env.transport(), nodes, env.state_dir(), runner=runner,
+                           timeout=per_node, on_done=advance)
+        if previous is None:
+            render(env.output, report)
+        else:
+            render_changes(env.output, previous, report)
+        previous = report
+        done += 1
+        if watch is None or (rounds is not None and done >= rounds):
+            return int(report.exit_code)
+        import time
+
+        time.sleep(watch)

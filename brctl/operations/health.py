@@ -1,0 +1,247 @@
+"""The health sweep: probe every machine once, judge, remember the sample.
+
+This is the library the daemon calls every poll (with its long-lived transport,
+probe runner and store) and what ``brctl health`` renders::
+
+    from brctl.operations.health import sweep
+    report = sweep(inv, transport, inv.job_nodes(), state_dir, runner=runner)
+    for node, reason in report.evict_candidates().items():
+        ...  # evict: a confident hardware signal, no diagnosis needed
+
+``sweep`` runs ``brctl.diagnostics.health_probe`` on the nodes in one fan-out,
+evaluates each document with ``brctl.analysis.health`` against the previous
+sample of that node (counters for deltas, the kernel-log cursor, this boot's
+Xids) kept in the state database (table ``health_samples``), writes the new
+samples in one transaction and returns a ``HealthReport``. It never prints.
+
+Confident eviction signal (``HealthReport.evict_candidates``): a node is a
+candidate when a check failed with a hardware cause no retry fixes: GPUs
+missing, volatile uncorrectable ECC, retirement/remap pending or failed, a
+driver-requested recovery action, an evict-class Xid this boot, an inactive
+NVLink, an RDMA port down or flapping, a configured NIC down. Heat, throttling,
+disk space and a missing training process are findings, not eviction signals.
+A node that did not answer is ``incomplete``, never a candidate (no verdict).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from brctl.analysis.health import (
+    FAIL,
+    OK,
+    WARN,
+    Check,
+    Sample,
+    apply_process_rule,
+    evaluate,
+    eviction_reason,
+    node_status,
+    process_pids,
+)
+from brctl.analysis.inventory import Inventory
+from brctl.errors import ExitCode
+from brctl.remote.probes import ProbeResult, ProbeRunner
+from brctl.remote.transport import Node, RunResult, Transport
+from brctl.state import Component, Store
+
+PROBE = "brctl.diagnostics.health_probe"
+COMPONENT = Component("health", [
+    "CREATE TABLE health_samples ("
+    " node TEXT PRIMARY KEY,"
+    " sample TEXT NOT NULL,"  # analysis.health.Sample as JSON
+    " updated REAL NOT NULL)",
+])
+_GPU_CHECKS = {"gpu_count", "ecc", "retired_pages", "remapped_rows", "temperature", "throttle",
+               "power", "nvlink", "pcie", "recovery_action"}
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """One machine's verdict.
+
+    Attributes:
+        status: ok | warn | fail, or the transport state (unreachable, timeout, auth,
+            hostkey) or ``error`` (the probe ran but returned nothing usable).
+        checks: the checks in report order (empty when the probe gave no document).
+        error: why there is no verdict, when ``status`` is not ok/warn/fail.
+        seconds: wall time of the probe round trip seen from the controller.
+    """
+
+    node: str
+    status: str
+    checks: tuple[Check, ...]
+    error: Optional[str] = None
+    seconds: float = 0.0
+
+    @property
+    def answered(self) -> bool:
+        """The probe produced a verdict."""
+        return self.status in (OK, WARN, FAIL)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{status, checks: [{name, status, message}], error, seconds}``."""
+        return {"status": self.status, "checks": [c.to_json() for c in self.checks],
+                "error": self.error, "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """Every swept machine's verdict, in the order swept."""
+
+    nodes: dict[str, NodeHealth]
+
+    def evict_candidates(self) -> dict[str, str]:
+        """Machines with a confident eviction signal → the reason (see module docstring)."""
+        out = {}
+        for name, health in self.nodes.items():
+            reason = eviction_reason(health.checks)
+            if reason:
+                out[name] = reason
+        return out
+
+    def incomplete(self) -> list[str]:
+        """Machines with no verdict (unreachable, timed out, refused, probe failed)."""
+        return [n for n, h in self.nodes.items() if not h.answered]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 if any machine gave no verdict, else 1 if any check failed, else 0."""
+        if self.incomplete():
+            return ExitCode.INCOMPLETE
+        if any(h.status == FAIL for h in self.nodes.values()):
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+    def to_json(self) -> dict[str, Any]:
+        """The payload of ``brctl.health/1``."""
+        return {"nodes": {n: h.to_json() for n, h in self.nodes.items()},
+                "evict": self.evict_candidates(), "incomplete": self.incomplete()}
+
+
+def probe_request(inv: Inventory, node: Node, before: Optional[Sample]) -> dict[str, Any]:
+    """The JSON request for one node's probe (only what the enabled checks need)."""
+    cfg = inv.health
+    enabled = set(cfg.checks)
+    parts = []
+    if enabled & _GPU_CHECKS:
+        parts.append("nvml")
+    for check, part in (("xid", "kernel_log"), ("ib", "ib"), ("net", "net"), ("disk", "disk")):
+        if check in enabled:
+            parts.append(part)
+    in_job = inv.job is not None and node.name in inv.job.nodes
+    if "process" in enabled and in_job:
+        parts.append("process")
+    return {
+        "root": cfg.root.replace("{node}", node.name),
+        "checks": parts,
+        "kernel_logs": list(cfg.kernel_logs),
+        "xid_cursor": dict(before.xid_cursor) if before is not None else {},
+        "ib_devices": list(cfg.ib_devices),
+        "interfaces": list(cfg.interfaces),
+        "disk_paths": list(cfg.disk_paths),
+        "process_match": inv.job.process_match if inv.job is not None and in_job else None,
+    }
+
+
+def load_samples(store: Store, nodes: Sequence[str]) -> dict[str, Sample]:
+    """The previous sample of each node that has one."""
+    store.migrate(COMPONENT)
+    out = {}
+    for row in store.query("SELECT node, sample FROM health_samples"):
+        if row["node"] in nodes:
+            try:
+                out[row["node"]] = Sample.from_json(json.loads(row["sample"]))
+            except (ValueError, TypeError, AttributeError):
+                continue  # a damaged row is a missing baseline, not an error
+    return out
+
+
+def save_samples(store: Store, samples: Mapping[str, Sample], now: float) -> None:
+    """Replace the stored sample of each node, in one transaction."""
+    with store.transaction() as db:
+        db.executemany(
+            "INSERT INTO health_samples(node, sample, updated) VALUES(?, ?, ?) "
+            "ON CONFLICT(node) DO UPDATE SET sample = excluded.sample, updated = excluded.updated",
+            [(n, json.dumps(s.to_json(), separators=(",", ":")), now)
+             for n, s in samples.items()])
+
+
+def sweep(
+    inv: Inventory,
+    transport: Transport,
+    nodes: Sequence[Node],
+    state_dir: Path,
+    *,
+    runner: Optional[ProbeRunner] = None,
+    store: Optional[Store] = None,
+    timeout: Optional[float] = None,
+    concurrency: Optional[int] = None,
+    on_done: Optional[Callable[[RunResult], None]] = None,
+) -> HealthReport:
+    """Probe ``nodes`` once, judge every check, remember the samples.
+
+    Args:
+        inv: the inventory (health section, job, expected GPU counts).
+        transport: any transport; the daemon passes its long-lived one.
+        nodes: the machines to check.
+        state_dir: where the state database lives (used when ``store`` is None).
+        runner: a ProbeRunner to reuse (keeps its shipping bookkeeping across polls).
+        store: an open Store to reuse (the daemon's).
+        timeout: per-node probe timeout in seconds (default ``health.timeout``).
+        concurrency: machines in flight (default ``ssh.fanout``).
+        on_done: called with each node's transport result (progress bars).
+
+    Returns:
+        The report; nodes that did not answer have ``status`` set to why.
+    """
+    own_store = store is None
+    db = store if store is not None else Store(state_dir)
+    try:
+        previous = load_samples(db, [n.name for n in nodes])
+        probe = runner or ProbeRunner(transport)
+        results = probe.run(
+            nodes, PROBE, lambda node: probe_request(inv, node, previous.get(node.name)),
+            timeout=timeout or inv.health.timeout,
+            concurrency=concurrency or inv.ssh.fanout, on_done=on_done)
+        report, samples = judge(inv, nodes, results, previous)
+        save_samples(db, samples, time.time())
+        return report
+    finally:
+        if own_store:
+            db.close()
+
+
+def judge(inv: Inventory, nodes: Sequence[Node], results: Mapping[str, ProbeResult],
+          previous: Mapping[str, Sample]) -> tuple[HealthReport, dict[str, Sample]]:
+    """Pure: probe results + previous samples → the report and the samples to keep."""
+    checks: dict[str, list[Check]] = {}
+    samples: dict[str, Sample] = {}
+    pids: dict[str, Optional[list[int]]] = {}
+    pid_errors: dict[str, str] = {}
+    verdicts: dict[str, NodeHealth] = {}
+    for node in nodes:
+        res = results[node.name]
+        if res.document is None:
+            status = res.run.state.value if not res.run.state.ran else "error"
+            verdicts[node.name] = NodeHealth(node.name, status, (), res.error, res.run.seconds)
+            continue
+        node_checks, samples[node.name] = evaluate(res.document, previous.get(node.name),
+                                                   inv.health, node.gpus)
+        checks[node.name] = node_checks
+        pids[node.name] = process_pids(res.document)
+        err = (res.document.get("process") or {}).get("error")
+        if err:
+            pid_errors[node.name] = str(err)
+    job_nodes = inv.job.nodes if inv.job is not None else ()
+    process = apply_process_rule(pids, pid_errors, job_nodes)
+    for name, node_checks in checks.items():
+        final = tuple(process[name] if c.name == "process" else c for c in node_checks)
+        verdicts[name] = NodeHealth(name, node_status(final), final, None,
+                                    results[name].run.seconds)
+    return HealthReport({n.name: verdicts[n.name] for n in nodes}), samples
