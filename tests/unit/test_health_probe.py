@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,10 @@ def test_processes_found_by_regex(tmp_path: Path) -> None:
     marker = f"brctl-health-test-{os.getpid()}"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", marker])
     try:
+        deadline = time.monotonic() + 10
+        while marker.encode() not in Path(f"/proc/{child.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "child never exec'd"
+            time.sleep(0.01)  # fork happened, exec not yet: the cmdline is still ours
         found = hp.sample_processes("/", marker)["pids"]
         assert found == [child.pid]
         assert hp.sample_processes("/", "no-such-process-xyz")["pids"] == []
