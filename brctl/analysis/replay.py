@@ -1,0 +1,576 @@
+"""Dual-phase replay: plan the replay groups, judge their fingerprints, decide what next.
+
+Pure functions on typed data (no I/O, no clock) for ``brctl replay``
+(reference/algorithms.md §2):
+
+* ``shape_of`` finds the machines' *roles*: the model-parallel positions
+  (tp, cp, pp) each machine hosts. Machines with the same role differ only in
+  their data-parallel index, so any ``k`` machines of every role form a complete
+  smaller job with DP' = k × (replicas per machine) that keeps TP and PP and
+  keeps each machine on its own pipeline stage.
+* ``plan`` builds round 1 ("horizontal": disjoint complete jobs, consecutive DP
+  rows) and, when the shape allows it, round 2 ("vertical": every group meets
+  every round-1 group in at most one machine and is still a complete job) with a
+  cyclic Latin layout: the machine at slot ``p`` of round-1 group ``i`` goes to
+  round-2 group ``(i + p) mod g``. That needs ``g >= slots per job``; otherwise
+  round 2 is adaptive (one suspect plus known-good machines per job).
+* ``judge_round`` compares the groups of one round with each other: per step the
+  strict majority of identical finite fingerprints, else a unique plurality of at
+  least two; later rounds run the very same replay job, so they compare with the
+  healthy fingerprints round 1 agreed on (a confirm round may hold one job, or two
+  faulty suspects that deviate alike). ``nan``/``inf`` is deviant on its own; a
+  group that errored or timed out is ``incomplete``, never SDC.
+  With repeats, a deviation seen in exactly one run is ``unconfirmed``.
+* ``decide`` turns the judged rounds so far into the next round to run or a
+  verdict: candidates are the machines of deviant groups that no clean group
+  clears; a candidate alone in some deviant group is definite; the rest are
+  replayed one per job with known-good fillers (the third round of the two-fault
+  case), as many per round as the known-good machines can staff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+from brctl.analysis.topology import Topology, TopologyError
+from brctl.errors import UsageError
+
+Group = tuple[str, ...]  # a replay job's machines in slot (node rank) order
+Position = tuple[int, int, int]  # (tp, cp, pp) coordinates of one rank
+RoundKind = Literal["horizontal", "vertical", "confirm"]
+GroupStatus = Literal["clean", "deviant", "unconfirmed", "undecided", "incomplete"]
+VerdictName = Literal["found", "none", "ambiguous", "not_reproduced", "incomplete"]
+NON_FINITE = ("nan", "inf")
+MIN_VOTERS = 3  # a majority needs at least three comparable groups; two cannot say who is wrong
+
+
+@dataclass(frozen=True)
+class ReplayShape:
+    """How the job's machines fall into roles, and the replay job built from them.
+
+    Attributes:
+        classes: machines of each role, in machine (DP) order; all the same length.
+        roles: the positions each class hosts.
+        k: machines of each role in one replay job.
+        dp: the replay job's data-parallel size DP'.
+        slot_classes: the role class of each slot (node rank) of the replay job.
+        rank_coords: (tp, cp, dp, pp) of every rank of the replay job, rank order.
+        gpus, tp, cp, pp, order: the job's per-machine GPUs and parallel sizes.
+    """
+
+    classes: tuple[tuple[str, ...], ...]
+    roles: tuple[frozenset[Position], ...]
+    k: int
+    dp: int
+    slot_classes: tuple[int, ...]
+    rank_coords: tuple[tuple[int, int, int, int], ...]
+    gpus: int
+    tp: int
+    cp: int
+    pp: int
+    order: str
+
+    @property
+    def rows(self) -> int:
+        """Machines per role (R)."""
+        return len(self.classes[0])
+
+    @property
+    def slots(self) -> int:
+        """Machines per replay job (k × number of roles)."""
+        return len(self.slot_classes)
+
+    @property
+    def n_groups(self) -> int:
+        """Disjoint replay jobs in a full round (g = R / k)."""
+        return self.rows // self.k
+
+    @property
+    def machines(self) -> tuple[str, ...]:
+        """Every machine the plan covers."""
+        return tuple(m for cls in self.classes for m in cls)
+
+    def class_of(self) -> dict[str, int]:
+        """Machine → role class index."""
+        return {m: c for c, cls in enumerate(self.classes) for m in cls}
+
+
+def _role(topo: Topology, machine: str) -> frozenset[Position]:
+    return frozenset((topo.coord(r, "tp"), topo.coord(r, "cp"), topo.coord(r, "pp"))
+                     for r in topo.ranks_on(machine))
+
+
+def _classes(topo: Topology) -> tuple[list[frozenset[Position]], list[list[str]]]:
+    roles: list[frozenset[Position]] = []
+    members: list[list[str]] = []
+    for machine in topo.machines:
+        role = _role(topo, machine)
+        if role in roles:
+            members[roles.index(role)].append(machine)
+            continue
+        clash = [r for r in roles if r & role]
+        if clash:
+            raise TopologyError(
+                f"replay: machine {machine} hosts positions (tp, cp, pp) that other machines "
+                "hold only partly, so machines cannot be swapped between replay groups",
+                hint="replay needs every machine to host a whole set of model-parallel positions",
+            )
+        roles.append(role)
+        members.append([machine])
+    sizes = {len(m) for m in members}
+    if len(sizes) != 1:
+        raise TopologyError("replay: the roles (pipeline stages) have different machine counts: "
+                            + ", ".join(str(len(m)) for m in members))
+    return roles, members
+
+
+def dp_choices(topo: Topology) -> list[int]:
+    """Valid values of ``--dp`` for this job (each splits every role's machines evenly)."""
+    roles, members = _classes(topo)
+    per_machine = len(topo.ranks_on(topo.machines[0])) // len(roles[0])
+    rows = len(members[0])
+    return [k * per_machine for k in range(1, rows + 1) if rows % k == 0]
+
+
+def _default_k(rows: int, n_roles: int) -> int:
+    # The smallest jobs that still give a voting majority and a 2-round grid.
+    for k in range(1, rows + 1):
+        if rows % k == 0 and rows // k >= max(MIN_VOTERS, k * n_roles):
+            return k
+    return 1  # most groups; the plan says when it cannot vote or needs more rounds
+
+
+def shape_of(topo: Topology, dp: int | None = None) -> ReplayShape:
+    """Roles and the replay job for ``topo`` with DP' = ``dp`` (default: smallest that votes).
+
+    Args:
+        topo: the job's topology.
+        dp: the replay's data-parallel size DP', or None for the default.
+
+    Raises:
+        TopologyError: machines whose positions overlap, unequal roles, mixed GPU counts.
+        UsageError: a ``dp`` that does not split every role's machines evenly.
+    """
+    gpus = {len(topo.ranks_on(m)) for m in topo.machines}
+    if len(gpus) != 1:
+        raise TopologyError("replay: every job machine must run the same number of ranks")
+    n_gpus = gpus.pop()
+    roles, members = _classes(topo)
+    rows = len(members[0])
+    per_machine = n_gpus // len(roles[0])
+    if dp is None:
+        k = _default_k(rows, len(roles))
+    else:
+        valid = [k * per_machine for k in range(1, rows + 1) if rows % k == 0]
+        if dp not in valid:
+            raise UsageError(
+                f"--dp {dp}: the replay DP' must be one of {', '.join(map(str, valid))} "
+                f"for this job ({rows} machines per pipeline role, {per_machine} "
+                "data-parallel replicas per machine)")
+        k = dp // per_machine
+    slots = [f"s{i}" for i in range(k * len(roles))]
+    replay_topo = Topology.build(slots, n_gpus, tp=topo.tp, pp=topo.pp, cp=topo.cp,
+                                 order=topo.order)
+    slot_classes = []
+    for slot in slots:
+        role = _role(replay_topo, slot)
+        if role not in roles:
+            raise TopologyError(f"replay: a DP'={replay_topo.dp} job cannot keep each machine "
+                                "on its pipeline stage (its machines host other positions)")
+        slot_classes.append(roles.index(role))
+    coords = tuple((replay_topo.coord(r, "tp"), replay_topo.coord(r, "cp"),
+                    replay_topo.coord(r, "dp"), replay_topo.coord(r, "pp"))
+                   for r in range(replay_topo.world))
+    return ReplayShape(
+        classes=tuple(tuple(m) for m in members), roles=tuple(roles), k=k,
+        dp=replay_topo.dp, slot_classes=tuple(slot_classes), rank_coords=coords,
+        gpus=n_gpus, tp=topo.tp, cp=topo.cp, pp=topo.pp, order=topo.order,
+    )
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The groups of round 1 and (when a grid exists) of round 2.
+
+    Attributes:
+        shape: roles and the replay job.
+        round1: disjoint horizontal groups covering every machine.
+        round2: vertical groups meeting each round-1 group in at most one machine,
+            or None when round 2 must be adaptive.
+    """
+
+    shape: ReplayShape
+    round1: tuple[Group, ...]
+    round2: Optional[tuple[Group, ...]]
+
+    @property
+    def can_vote(self) -> bool:
+        """Round 1 has enough groups for a majority."""
+        return len(self.round1) >= MIN_VOTERS
+
+    @property
+    def grid(self) -> bool:
+        """Round 2 is fixed in advance (a grid); else it is adaptive."""
+        return self.round2 is not None
+
+    def rounds_single_fault(self) -> Optional[int]:
+        """Rounds to name one faulty machine (None when round 1 cannot vote or staff a job)."""
+        if not self.can_vote:
+            return None
+        if self.shape.slots == 1:
+            return 1
+        if self.grid:
+            return 2
+        # Adaptive: every member of the deviant group is replayed with known-good
+        # fillers from the other groups; fillers limit how many run at once.
+        suspects = list(self.round1[0])
+        good = [m for g in self.round1[1:] for m in g]
+        per_round = len(staff(self.shape, suspects, good)[0])
+        if per_round == 0:
+            return None
+        return 1 + -(-len(suspects) // per_round)
+
+
+def plan(shape: ReplayShape) -> ReplayPlan:
+    """Round 1 (consecutive DP rows) and the cyclic round-2 grid when ``g >= slots``."""
+    g, k = shape.n_groups, shape.k
+    round1: list[Group] = []
+    for i in range(g):
+        taken = [0] * len(shape.classes)
+        members = []
+        for cls in shape.slot_classes:
+            members.append(shape.classes[cls][i * k + taken[cls]])
+            taken[cls] += 1
+        round1.append(tuple(members))
+    round2: Optional[tuple[Group, ...]] = None
+    if g >= shape.slots >= 2:
+        # Slot p of V_j comes from round-1 group (j - p) mod g: one machine per H
+        # group (slots < g keeps them distinct), and slot p keeps its role.
+        round2 = tuple(tuple(round1[(j - p) % g][p] for p in range(shape.slots))
+                       for j in range(g))
+    return ReplayPlan(shape, tuple(round1), round2)
+
+
+# -- judging ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupRun:
+    """One group's outcome in one run of a round.
+
+    Attributes:
+        nodes: the group's machines in slot order.
+        status: ok (fingerprints came back), error (a machine failed) or timeout.
+        steps: per-step fingerprints (hex, or ``nan``/``inf``).
+        error: why the group gave no fingerprints.
+        seconds: wall time of the group.
+        losses: per-step loss when the workload reports it.
+    """
+
+    nodes: Group
+    status: Literal["ok", "error", "timeout"]
+    steps: tuple[str, ...] = ()
+    error: Optional[str] = None
+    seconds: float = 0.0
+    losses: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class JudgedGroup:
+    """A group's verdict over all runs of its round.
+
+    Attributes:
+        nodes: the machines, slot order.
+        status: clean | deviant | unconfirmed (deviant in exactly one of ≥2 runs)
+            | undecided (no majority to compare with) | incomplete (did not run).
+        fingerprint: a short digest of the per-step fingerprints (``nan@3`` when
+            step 3 was not finite), or None when it did not run.
+        first_deviant_step: the first step that differed from the expected value.
+        deviant_runs: in how many runs it deviated.
+        runs: every run's raw outcome.
+        suspect: the machine a confirm job tests (None in rounds 1 and 2).
+    """
+
+    nodes: Group
+    status: GroupStatus
+    fingerprint: Optional[str]
+    first_deviant_step: Optional[int]
+    deviant_runs: int
+    runs: tuple[GroupRun, ...]
+    suspect: Optional[str] = None
+
+    @property
+    def deviant(self) -> bool:
+        """Confirmed deviant (the SDC signal)."""
+        return self.status == "deviant"
+
+
+@dataclass(frozen=True)
+class JudgedRound:
+    """One round, judged.
+
+    Attributes:
+        kind: horizontal (round 1), vertical (the grid's round 2) or confirm
+            (suspects with known-good fillers).
+        groups: the judged groups.
+        expected: the healthy per-step fingerprints this round agreed on, if any.
+    """
+
+    kind: RoundKind
+    groups: tuple[JudgedGroup, ...]
+    expected: Optional[tuple[str, ...]]
+
+
+def summarize(steps: Sequence[str]) -> str:
+    """A short digest of a run's per-step fingerprints (``nan@STEP`` if one is not finite)."""
+    for i, value in enumerate(steps):
+        if value in NON_FINITE:
+            return f"{value}@{i}"
+    return hashlib.sha256("|".join(steps).encode()).hexdigest()[:12]
+
+
+def _expected_at(values: Sequence[str], reference: Optional[str]) -> Optional[str]:
+    if reference is not None:
+        return reference  # same replay job, agreed by an earlier vote: beats a small round
+    counts = Counter(v for v in values if v not in NON_FINITE)
+    if not counts:
+        return None
+    (top, n), *rest = counts.most_common()
+    if len(values) >= 2 and n * 2 > sum(counts.values()):
+        return top  # a strict majority of the finite values (nan/inf is wrong on its own)
+    if n >= 2 and (not rest or rest[0][1] < n):
+        return top  # unique plurality: healthy groups agree, faulty ones rarely do
+    return None
+
+
+def expected_steps(
+    runs: Sequence[GroupRun], reference: Optional[Sequence[str]]
+) -> list[Optional[str]]:
+    """The healthy value of each step among ``runs`` (None where nobody can tell).
+
+    A group that already deviated stops voting: after a corruption its later
+    values say nothing about the healthy ones.
+    """
+    voters = [r for r in runs if r.status == "ok"]
+    n_steps = max((len(r.steps) for r in voters), default=0)
+    out: list[Optional[str]] = []
+    for s in range(n_steps):
+        ref = reference[s] if reference is not None and s < len(reference) else None
+        values = [r.steps[s] if s < len(r.steps) else "missing" for r in voters]
+        want = _expected_at(values, ref)
+        out.append(want)
+        if want is not None:
+            voters = [r for r, v in zip(voters, values) if v == want]
+    return out
+
+
+def _compare(run: GroupRun, expected: Sequence[Optional[str]]) -> tuple[str, Optional[int]]:
+    """``deviant``/``clean``/``undecided`` and the first deviant step."""
+    undecided = False
+    for s, want in enumerate(expected):
+        value = run.steps[s] if s < len(run.steps) else "missing"
+        if value in NON_FINITE or (want is not None and value != want):
+            return "deviant", s
+        if want is None:
+            undecided = True
+    return ("undecided" if undecided else "clean"), None
+
+
+def judge_round(
+    kind: RoundKind,
+    runs: Sequence[Sequence[GroupRun]],
+    reference: Optional[Sequence[str]] = None,
+    suspects: Optional[Sequence[Optional[str]]] = None,
+) -> JudgedRound:
+    """Compare the groups of one round with each other, run by run.
+
+    Args:
+        kind: the round's kind.
+        runs: ``runs[r][g]`` is group ``g`` in repetition ``r`` (same groups each time).
+        reference: healthy per-step fingerprints from an earlier round of the same
+            replay job; when given it is what every group must match.
+        suspects: the machine each group tests (confirm rounds).
+
+    Returns:
+        The judged round; ``expected`` is set when every step had a healthy value
+        in the first run.
+    """
+    n_groups = len(runs[0]) if runs else 0
+    per_rep = [expected_steps(rep, reference) for rep in runs]
+    groups = []
+    for g in range(n_groups):
+        mine = tuple(rep[g] for rep in runs)
+        if any(r.status != "ok" for r in mine):
+            status: GroupStatus = "incomplete"
+            groups.append(JudgedGroup(mine[0].nodes, status, None, None, 0, mine,
+                                      suspects[g] if suspects else None))
+            continue
+        outcomes = [_compare(run, exp) for run, exp in zip(mine, per_rep)]
+        deviant = [step for verdict, step in outcomes if verdict == "deviant" and step is not None]
+        if deviant:
+            status = "unconfirmed" if len(mine) >= 2 and len(deviant) == 1 else "deviant"
+        elif any(verdict == "undecided" for verdict, _ in outcomes):
+            status = "undecided"
+        else:
+            status = "clean"
+        shown = next((run for run, (v, _) in zip(mine, outcomes) if v == "deviant"), mine[-1])
+        groups.append(JudgedGroup(mine[0].nodes, status, summarize(shown.steps),
+                                  min(deviant) if deviant else None, len(deviant), mine,
+                                  suspects[g] if suspects else None))
+    expected: Optional[tuple[str, ...]] = None
+    if per_rep and per_rep[0] and all(v is not None for v in per_rep[0]):
+        expected = tuple(v for v in per_rep[0] if v is not None)
+    return JudgedRound(kind, tuple(groups), expected)
+
+
+# -- deciding --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """The next round to run.
+
+    Attributes:
+        kind: horizontal | vertical | confirm.
+        groups: the replay jobs, each in slot order.
+        suspects: for confirm rounds, the machine each job tests.
+    """
+
+    kind: RoundKind
+    groups: tuple[Group, ...]
+    suspects: tuple[Optional[str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The replay's answer.
+
+    Attributes:
+        verdict: found | none | ambiguous | not_reproduced | incomplete.
+        faulty: machines proven to corrupt data.
+        candidates: machines still suspected but not resolved.
+        cleared: suspects (members of deviant groups) that clean replays cleared.
+        reason: one sentence for the operator.
+    """
+
+    verdict: VerdictName
+    faulty: tuple[str, ...]
+    candidates: tuple[str, ...]
+    cleared: tuple[str, ...]
+    reason: str
+
+
+Decision = Union[RoundSpec, Verdict]
+
+
+def staff(
+    shape: ReplayShape, suspects: Sequence[str], good: Sequence[str]
+) -> tuple[list[tuple[str, Group]], list[str]]:
+    """Build one job per suspect from known-good fillers, as many as the fillers allow.
+
+    Args:
+        shape: the replay job's roles.
+        suspects: machines to test, in order of preference.
+        good: machines known to be healthy, in order of preference.
+
+    Returns:
+        ``([(suspect, group)], suspects left for a later round)``.
+    """
+    class_of = shape.class_of()
+    pool: dict[int, list[str]] = {c: [] for c in range(len(shape.classes))}
+    for m in good:
+        pool[class_of[m]].append(m)
+    jobs: list[tuple[str, Group]] = []
+    left: list[str] = []
+    for suspect in suspects:
+        need = Counter(shape.slot_classes)
+        need[class_of[suspect]] -= 1
+        if any(len(pool[c]) < n for c, n in need.items()):
+            left.append(suspect)
+            continue
+        taken = {c: [pool[c].pop(0) for _ in range(n)] for c, n in need.items()}
+        members = []
+        placed = False
+        for cls in shape.slot_classes:
+            if cls == class_of[suspect] and not placed:
+                members.append(suspect)
+                placed = True
+            else:
+                members.append(taken[cls].pop(0))
+        jobs.append((suspect, tuple(members)))
+    return jobs, left
+
+
+def _ordered(names: set[str], order: Mapping[str, int]) -> tuple[str, ...]:
+    return tuple(sorted(names, key=lambda n: order.get(n, len(order))))
+
+
+def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *, max_rounds: int = 8) -> Decision:
+    """The next round to run, or the verdict, from the rounds judged so far.
+
+    Args:
+        plan_: the replay plan.
+        rounds: every round run so far, judged, in order.
+        max_rounds: stop with ``ambiguous`` rather than run more rounds than this.
+
+    Returns:
+        A ``RoundSpec`` to run next, or the ``Verdict``.
+    """
+    if not rounds:
+        return RoundSpec("horizontal", plan_.round1)
+    order = {m: i for i, m in enumerate(plan_.shape.machines)}
+    groups = [g for rnd in rounds for g in rnd.groups]
+    clean = {m for g in groups if g.status == "clean" for m in g.nodes}
+    deviant = [g for g in groups if g.deviant]
+    flagged = {m for g in groups if g.status in ("deviant", "unconfirmed") for m in g.nodes}
+    cleared = _ordered(flagged & clean, order)
+    last = rounds[-1]
+    stuck = [g for g in last.groups if g.status == "incomplete"]
+    if stuck:
+        where = "; ".join(",".join(g.nodes) for g in stuck)
+        suspects = _ordered({m for g in deviant for m in g.nodes} - clean, order)
+        return Verdict("incomplete", (), suspects, cleared,
+                       f"{len(stuck)} replay group(s) did not finish ({where}): no verdict on them")
+    undecided = [g for g in last.groups if g.status == "undecided"]
+    if undecided:
+        suspects = _ordered({m for g in undecided for m in g.nodes} - clean, order)
+        return Verdict("ambiguous", (), suspects, cleared,
+                       "replay groups disagree and no majority says which is right "
+                       f"({len(last.groups)} groups; a vote needs {MIN_VOTERS} or more)")
+    if not deviant:
+        unconfirmed = _ordered(flagged - clean, order)
+        if flagged:
+            return Verdict("not_reproduced", (), unconfirmed, cleared,
+                           "a deviation was seen once and did not reproduce: intermittent "
+                           "corruption is possible, the machines are not proven healthy")
+        return Verdict("none", (), (), (), "every replay group produced identical fingerprints")
+    candidates = {m for g in deviant for m in g.nodes} - clean
+    if not candidates:
+        return Verdict("not_reproduced", (), _ordered(flagged - clean, order), cleared,
+                       "deviant groups were not confirmed by later rounds: every member "
+                       "replayed cleanly elsewhere (intermittent corruption?)")
+    definite = {next(iter(c)) for g in deviant if len(c := set(g.nodes) & candidates) == 1}
+    open_ = candidates - definite
+    if not open_:
+        return Verdict("found", _ordered(definite, order), (), cleared,
+                       f"the deviant groups meet in {len(definite)} machine(s)")
+    if len(rounds) == 1 and plan_.round2 is not None:
+        return RoundSpec("vertical", plan_.round2)
+    jobs, _left = staff(plan_.shape, _ordered(open_, order), _ordered(clean, order))
+    if not jobs or len(rounds) >= max_rounds or reference_of(rounds) is None:
+        why = ("not enough known-good machines to replay a suspect" if not jobs
+               else f"the round limit ({max_rounds}) was reached" if len(rounds) >= max_rounds
+               else "no round agreed on a healthy fingerprint to compare with")
+        return Verdict("ambiguous", _ordered(definite, order), _ordered(open_, order), cleared,
+                       f"{len(open_)} candidate(s) could not be told apart: {why}")
+    return RoundSpec("confirm", tuple(g for _, g in jobs), tuple(s for s, _ in jobs))
+
+
+def reference_of(rounds: Sequence[JudgedRound]) -> Optional[tuple[str, ...]]:
+    """The healthy fingerprints agreed on by the earliest round that had a full majority."""
+    for rnd in rounds:
+        if rnd.expected is not None:
+            return rnd.expected
+    return None

@@ -1,0 +1,263 @@
+"""The replay planner, judge and decoder, proven by enumeration over many job shapes.
+
+A simulated oracle stands in for the workload: a group's per-step fingerprints
+are the healthy ones unless it holds a faulty machine, in which case they
+deviate from step 1 in a way that depends on which faulty machines it holds
+(healthy groups agree bitwise, faulty ones rarely agree with each other).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection
+
+import pytest
+
+from brctl.analysis.replay import (
+    GroupRun,
+    ReplayPlan,
+    Verdict,
+    decide,
+    judge_round,
+    plan,
+    reference_of,
+    shape_of,
+    staff,
+)
+from brctl.analysis.topology import Topology, stage_of_machine
+from brctl.errors import UsageError
+
+HEALTHY = ("h0", "h1", "h2")
+
+
+def topo(n: int, gpus: int, tp: int = 1, pp: int = 1, cp: int = 1,
+         order: str = "tp-cp-ep-dp-pp") -> Topology:
+    return Topology.build([f"m{i:02d}" for i in range(n)], gpus, tp=tp, pp=pp, cp=cp, order=order)
+
+
+Oracle = Callable[[tuple[str, ...], int], GroupRun]
+
+
+def faulty_oracle(
+    faulty: Collection[str], fires: Callable[[str, int], bool] | None = None
+) -> Oracle:
+    """Groups holding a faulty machine deviate; ``fires(machine, run)`` makes it intermittent."""
+    def run(nodes: tuple[str, ...], counter: int) -> GroupRun:
+        bad = sorted(m for m in nodes if m in faulty and (fires is None or fires(m, counter)))
+        steps = HEALTHY if not bad else ("h0", "bad:" + ",".join(bad), "x")
+        return GroupRun(nodes, "ok", steps)
+    return run
+
+
+def simulate(
+    p: ReplayPlan, oracle: Oracle, repeat: int = 1, max_rounds: int = 8
+) -> tuple[Verdict, int]:
+    rounds = []
+    counter = 0
+    while True:
+        decision = decide(p, rounds, max_rounds=max_rounds)
+        if isinstance(decision, Verdict):
+            return decision, len(rounds)
+        runs = []
+        for _ in range(repeat):
+            runs.append([oracle(g, counter) for g in decision.groups])
+            counter += 1
+        rounds.append(judge_round(decision.kind, runs, reference_of(rounds),
+                                  decision.suspects or None))
+
+
+# (machines, gpus, tp, pp, cp, order, dp): shapes a replay can meet
+SHAPES = [
+    (8, 2, 1, 2, 1, "tp-cp-ep-dp-pp", None),     # the integration cluster
+    (16, 8, 8, 2, 1, "tp-cp-ep-dp-pp", 2),       # reference/algorithms.md §2.6
+    (16, 8, 8, 2, 1, "tp-cp-ep-dp-pp", None),
+    (12, 1, 1, 3, 1, "tp-cp-ep-dp-pp", None),
+    (12, 2, 2, 3, 1, "tp-cp-ep-pp-dp", None),
+    (24, 8, 4, 2, 1, "tp-cp-ep-dp-pp", None),    # two DP replicas per machine
+    (24, 8, 4, 2, 1, "tp-cp-ep-dp-pp", 4),
+    (32, 8, 8, 4, 1, "tp-cp-ep-dp-pp", None),
+    (18, 2, 1, 1, 1, "tp-cp-ep-dp-pp", 4),       # PP = 1
+    (20, 4, 4, 1, 1, "tp-cp-ep-dp-pp", 1),       # PP = 1: one machine per job
+    (16, 8, 16, 2, 1, "tp-cp-ep-dp-pp", None),   # TP spans two machines
+    (16, 4, 2, 2, 2, "tp-cp-ep-dp-pp", None),    # CP across a machine
+    (27, 1, 1, 3, 1, "tp-cp-ep-pp-dp", 3),
+    (36, 8, 8, 2, 1, "tp-cp-ep-dp-pp", 3),
+]
+
+
+def _plan(shape: tuple[int, int, int, int, int, str, int | None]) -> tuple[Topology, ReplayPlan]:
+    n, gpus, tp, pp, cp, order, dp = shape
+    t = topo(n, gpus, tp=tp, pp=pp, cp=cp, order=order)
+    return t, plan(shape_of(t, dp))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_groups_are_complete_jobs_keeping_each_machine_on_its_stage(shape: tuple) -> None:  # type: ignore[type-arg]
+    t, p = _plan(shape)
+    s = p.shape
+    role = s.class_of()
+    every = sorted(t.machines)
+    for rnd in [p.round1] + ([p.round2] if p.round2 else []):
+        assert sorted(m for g in rnd for m in g) == every  # a partition: one job per machine
+        for g in rnd:
+            assert tuple(role[m] for m in g) == s.slot_classes  # each slot keeps its role
+            stages = [stage_of_machine(t, m) for m in g]
+            assert len(stages) == s.slots
+    if p.round2:
+        for h, v in itertools.product(p.round1, p.round2):
+            assert len(set(h) & set(v)) <= 1
+
+
+def test_worked_example_of_the_reference() -> None:
+    t = topo(16, 8, tp=8, pp=2)
+    p = plan(shape_of(t, 2))
+    m = [f"m{i:02d}" for i in range(16)]
+    assert [sorted(g) for g in p.round1] == [
+        sorted([m[0], m[1], m[8], m[9]]), sorted([m[2], m[3], m[10], m[11]]),
+        sorted([m[4], m[5], m[12], m[13]]), sorted([m[6], m[7], m[14], m[15]])]
+    assert p.shape.dp == 2 and p.grid and p.can_vote
+    assert p.round2 is not None
+    for v in p.round2:
+        assert sum(stage_of_machine(t, x) == 0 for x in v) == 2
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_every_single_fault_is_found_exactly(shape: tuple) -> None:  # type: ignore[type-arg]
+    t, p = _plan(shape)
+    assert p.can_vote
+    for bad in t.machines:
+        verdict, rounds = simulate(p, faulty_oracle({bad}))
+        assert verdict.verdict == "found", (bad, verdict)
+        assert verdict.faulty == (bad,)
+        worst = p.rounds_single_fault()
+        assert worst is not None and rounds <= worst, (bad, rounds)
+        if p.grid or p.shape.slots == 1:
+            assert rounds == worst
+    if p.shape.slots == 1:
+        assert p.rounds_single_fault() == 1  # a job of one machine names it at once
+    elif p.grid:
+        assert p.rounds_single_fault() == 2
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_no_fault_is_none_after_one_round(shape: tuple) -> None:  # type: ignore[type-arg]
+    _, p = _plan(shape)
+    verdict, rounds = simulate(p, faulty_oracle(set()))
+    assert (verdict.verdict, rounds, verdict.faulty) == ("none", 1, ())
+
+
+SMALL = [s for s in SHAPES if s[0] <= 24]
+
+
+@pytest.mark.parametrize("shape", SMALL, ids=str)
+def test_every_pair_of_faults_is_found_by_a_third_round_at_most(shape: tuple) -> None:  # type: ignore[type-arg]
+    t, p = _plan(shape)
+    third = 0
+    for pair in itertools.combinations(t.machines, 2):
+        verdict, rounds = simulate(p, faulty_oracle(set(pair)))
+        if p.shape.n_groups < 4 and verdict.verdict == "ambiguous":
+            continue  # 2 of 3 groups deviant: no majority, reported as such
+        assert verdict.verdict == "found", (pair, verdict)
+        assert set(verdict.faulty) == set(pair)
+        assert rounds <= 3, (pair, rounds)
+        third += rounds == 3
+        # the third round's cleared candidates are reported
+        assert not set(verdict.cleared) & set(pair)
+    if shape[:4] == (16, 8, 8, 2) and shape[6] == 2:
+        assert third == 72  # reference §2.3: 72 of 120 pairs differ in both row and column
+
+
+def test_adaptive_round_two_when_no_grid_exists() -> None:
+    t = topo(9, 1, pp=3)  # 3 groups of 3 slots: g = slots, a grid exists
+    assert plan(shape_of(t)).grid
+    t = topo(8, 1, pp=4)  # 2 rows of 4 stages: no vote, no grid
+    p = plan(shape_of(t))
+    assert not p.grid and not p.can_vote
+    t = topo(12, 1, pp=4)  # 3 groups of 4 slots: vote, but no grid
+    p = plan(shape_of(t))
+    assert p.can_vote and not p.grid
+    for bad in t.machines:
+        verdict, rounds = simulate(p, faulty_oracle({bad}))
+        assert verdict.faulty == (bad,)
+        assert rounds == 3 == p.rounds_single_fault()  # fillers for 2 of 4 suspects per round
+
+
+def test_two_groups_cannot_vote_but_nan_speaks_for_itself() -> None:
+    p = plan(shape_of(topo(4, 2, tp=2, pp=2)))  # examples/local.yaml
+    assert len(p.round1) == 2 and not p.can_vote
+    verdict, _ = simulate(p, faulty_oracle({"m00"}))
+    assert verdict.verdict == "ambiguous"
+
+    def nan(nodes: tuple[str, ...], _c: int) -> GroupRun:
+        return GroupRun(nodes, "ok", ("h0", "nan") if "m01" in nodes else ("h0", "h1"))
+    verdict, rounds = simulate(p, nan)
+    assert (verdict.verdict, verdict.faulty, rounds) == ("found", ("m01",), 2)
+
+
+def test_a_fault_that_fires_once_is_not_reproduced_never_healthy() -> None:
+    _, p = _plan(SHAPES[0])
+    once = faulty_oracle({"m02"}, fires=lambda _m, run: run == 0)
+    verdict, rounds = simulate(p, once)
+    assert (verdict.verdict, rounds) == ("not_reproduced", 2)
+    assert "m02" in verdict.candidates or "m02" in verdict.cleared
+    # with --repeat 2 the first round already sees it once and not again
+    verdict, rounds = simulate(p, once, repeat=2)
+    assert (verdict.verdict, rounds) == ("not_reproduced", 1)
+    assert "m02" in verdict.candidates
+    # a fault firing in every run is confirmed by the repeats
+    verdict, rounds = simulate(p, faulty_oracle({"m02"}), repeat=2)
+    assert (verdict.verdict, verdict.faulty, rounds) == ("found", ("m02",), 2)
+
+
+def test_a_group_that_does_not_finish_is_incomplete_not_sdc() -> None:
+    _, p = _plan(SHAPES[0])
+
+    def broken(nodes: tuple[str, ...], _c: int) -> GroupRun:
+        if "m01" in nodes:
+            return GroupRun(nodes, "timeout", error="killed after 60s")
+        return GroupRun(nodes, "ok", HEALTHY)
+    verdict, rounds = simulate(p, broken)
+    assert (verdict.verdict, verdict.faulty, rounds) == ("incomplete", (), 1)
+    assert "did not finish" in verdict.reason
+
+
+def test_judge_majority_plurality_and_reference() -> None:
+    def runs(*values: tuple[str, ...]) -> list[list[GroupRun]]:
+        return [[GroupRun((f"n{i}",), "ok", v) for i, v in enumerate(values)]]
+    j = judge_round("horizontal", runs(("a",), ("a",), ("b",), ("c",)))
+    assert [g.status for g in j.groups] == ["clean", "clean", "deviant", "deviant"]
+    j = judge_round("horizontal", runs(("a",), ("a",), ("b",), ("b",)))
+    assert [g.status for g in j.groups] == ["undecided"] * 4
+    j = judge_round("confirm", runs(("b",), ("b",)), reference=("a",))
+    assert [g.status for g in j.groups] == ["deviant", "deviant"]
+    j = judge_round("horizontal", runs(("a", "inf"), ("a", "x"), ("a", "x")))
+    assert [g.status for g in j.groups] == ["deviant", "clean", "clean"]
+    assert j.groups[0].fingerprint == "inf@1" and j.groups[0].first_deviant_step == 1
+    j = judge_round("horizontal", runs(("a", "b"), ("a",), ("a", "b")))
+    assert j.groups[1].status == "deviant"  # a missing step is a deviation
+
+
+def test_dp_must_split_the_rows() -> None:
+    t = topo(8, 2, pp=2)
+    with pytest.raises(UsageError, match="one of 2, 4, 8"):
+        shape_of(t, 3)
+    assert shape_of(t, 4).k == 2
+
+
+def test_staff_uses_each_filler_once_and_keeps_roles() -> None:
+    s = shape_of(topo(16, 8, tp=8, pp=2), 2)
+    good = [f"m{i:02d}" for i in range(4, 16) if i not in (4, 5, 12, 13)]
+    jobs, left = staff(s, ["m04", "m05", "m12", "m13"], good)
+    used = [m for _, g in jobs for m in g if m not in ("m04", "m05", "m12", "m13")]
+    assert len(used) == len(set(used))
+    role = s.class_of()
+    for suspect, g in jobs:
+        assert suspect in g and tuple(role[m] for m in g) == s.slot_classes
+    assert len(jobs) + len(left) == 4
+
+
+def test_machines_holding_parts_of_two_stages_are_refused_loudly() -> None:
+    from brctl.analysis.topology import TopologyError
+
+    with pytest.raises(TopologyError, match="m01 hosts positions"):
+        shape_of(topo(12, 4, tp=2, pp=3, order="tp-cp-ep-pp-dp"))
