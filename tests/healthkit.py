@@ -33,7 +33,10 @@ def make_root(
 ) -> Path:
     """Build a fixture machine tree; ``ib`` is {device: {port: {file: value}}}."""
     path.mkdir(parents=True, exist_ok=True)
-    _write(path / "proc/sys/kernel/random/boot_id", boot_id + "\n")
+    if proc_link:  # processes and boot_id are the machine's own; only the rest is a fixture
+        (path / "proc").symlink_to("/proc")
+    else:
+        _write(path / "proc/sys/kernel/random/boot_id", boot_id + "\n")
     for dev, ports in (ib or {}).items():
         for port, values in ports.items():
             set_port(path, dev, port, values)
@@ -43,10 +46,6 @@ def make_root(
         _write(path / "dev/kmsg", "".join(line + "\n" for line in kmsg))
     if kern_log is not None:
         _write(path / "var/log/kern.log", kern_log)
-    if proc_link:  # processes are the real ones: only the sysfs is a fixture
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                (path / "proc" / entry.name).symlink_to(entry)
     return path
 
 
