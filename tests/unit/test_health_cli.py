@@ -1,0 +1,98 @@
+"""brctl health end to end on local machines (connection: local) with fixture roots."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.healthkit import ACTIVE_PORT, DOWN_PORT, fake_nvml, healthy_gpus, make_root, set_port
+
+
+def write_inv(tmp_path: Path, nodes: dict[str, dict[str, str]], health: dict[str, Any],
+              python: str = sys.executable, job: bool = False) -> Path:
+    inv: dict[str, Any] = {
+        "nodes": [{"name": n, "connection": "local", "gpus": 2, "python": python,
+                   "env": {**env, "HOME": str(tmp_path / "home")}} for n, env in nodes.items()],
+        "health": {"root": str(tmp_path / "roots") + "/{node}", **health},
+    }
+    if job:
+        inv["job"] = {"nodes": ",".join(nodes), "process_match": "brctl-no-such-trainer"}
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def cluster(tmp_path: Path, down: str | None = None) -> dict[str, dict[str, str]]:
+    nodes = {}
+    for name in ("m1", "m2", "m3"):
+        port = DOWN_PORT if name == down else ACTIVE_PORT
+        make_root(tmp_path / "roots" / name, ib={"mlx5_0": {"1": port}})
+        nodes[name] = fake_nvml(tmp_path / "nvml" / name, healthy_gpus(2))
+    return nodes
+
+
+def test_clean_nodes_fold_into_one_line(tmp_path: Path, brctl: Any, state_dir: Path) -> None:
+    r = brctl("-i", write_inv(tmp_path, cluster(tmp_path), {}), "health")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "m[1-3]: ok"
+
+
+def test_findings_json_and_evict(tmp_path: Path, brctl: Any, state_dir: Path) -> None:
+    r = brctl("-i", write_inv(tmp_path, cluster(tmp_path, down="m2"), {}), "--json", "health")
+    assert r.exit_code == 1
+    doc = r.json
+    assert doc["schema"] == "brctl.health/1"
+    assert doc["evict"] == {"m2": "ib: mlx5_0/1: DOWN (Disabled)"}
+    assert set(doc["nodes"]["m1"]) == {"status", "checks", "error", "seconds"}
+    assert all(set(c) >= {"name", "status", "message"} for c in doc["nodes"]["m1"]["checks"])
+
+
+def test_watch_prints_only_changes(tmp_path: Path, brctl: Any, state_dir: Path,
+                                   monkeypatch: Any) -> None:
+    inv = write_inv(tmp_path, cluster(tmp_path), {})
+    import time as time_module
+
+    def flap(_seconds: float) -> None:  # between the sweeps, m3's port goes down
+        set_port(tmp_path / "roots" / "m3", "mlx5_0", "1", DOWN_PORT)
+
+    monkeypatch.setattr(time_module, "sleep", flap)
+    r = brctl("-i", inv, "health", "--watch", "0.1", "--count", "2")
+    assert r.exit_code == 1
+    lines = r.stdout.splitlines()
+    assert lines[0] == "m[1-3]: ok"
+    changes = lines[1:]
+    assert len(changes) == 2, changes
+    assert changes[0].endswith("m3 node: ok -> fail")
+    assert "m3 ib: ok -> fail: mlx5_0/1: DOWN (Disabled)" in changes[1]
+
+
+def test_no_answer_is_incomplete(tmp_path: Path, brctl: Any, state_dir: Path) -> None:
+    nodes = cluster(tmp_path)
+    r = brctl("-i", write_inv(tmp_path, nodes, {}, python="/nonexistent/python3"), "health")
+    assert r.exit_code == 3
+    assert "m[1-3]: error" in r.stdout
+
+
+def test_bad_health_section_is_a_clear_error(tmp_path: Path, brctl: Any, state_dir: Path) -> None:
+    inv = write_inv(tmp_path, cluster(tmp_path), {"checks": ["ecc", "gpu_temp"]})
+    r = brctl("-i", inv, "health")
+    assert r.exit_code == 2
+    assert "health.checks: unknown check 'gpu_temp'" in r.stderr
+    inv = write_inv(tmp_path, cluster(tmp_path), {"disk_fail_free_percent": 140})
+    r = brctl("-i", inv, "health")
+    assert r.exit_code == 2 and "health.disk_fail_free_percent" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_no_driver_on_the_example_inventory(brctl: Any, state_dir: Path, tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
+    r = brctl("-i", example, "--json", "health", "-w", "local1", env={"HOME": str(tmp_path)})
+    assert r.exit_code in (0, 1), r.stderr
+    checks = {c["name"]: c for c in r.json["nodes"]["local1"]["checks"]}
+    if checks["gpu_count"]["status"] == "skip":  # this host has no NVIDIA driver
+        assert checks["gpu_count"]["message"] in (
+            "no NVIDIA driver (libnvidia-ml not found)",
+            "pynvml not installed on the node (pip install nvidia-ml-py)")
