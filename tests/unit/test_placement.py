@@ -1,0 +1,278 @@
+"""Placement and verification, proven exhaustively on many shapes.
+
+The oracle is independent of ``brctl.analysis.placement``: group membership comes
+from ``Topology.groups`` (Megatron's generator), evictions are enumerated by brute
+force, and loss probabilities by enumerating every failure set.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from fractions import Fraction
+from itertools import combinations
+from math import comb
+
+import pytest
+
+from brctl.analysis.placement import (
+    ConflictIndex,
+    loss_probability,
+    plan_backups,
+    verify_plan,
+)
+from brctl.analysis.topology import KINDS, Topology
+
+
+def _shapes() -> list[tuple[int, int, int, int, int, int, str]]:
+    """(machines, gpus, tp, pp, cp, ep, order): TP within and across machines, PP 1–8,
+    DP 1–64, CP/EP, both orders."""
+    out = []
+    for order in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
+        for gpus, tp in ((8, 8), (8, 4), (4, 8), (2, 1), (1, 1), (4, 16)):
+            for pp in (1, 2, 3, 4, 8):
+                for dp in (1, 2, 3, 4, 8):
+                    world = tp * pp * dp
+                    if world % gpus == 0 and 2 <= world // gpus <= 64:
+                        out.append((world // gpus, gpus, tp, pp, 1, 1, order))
+        for gpus, tp, cp, ep, pp, dp in ((8, 4, 2, 1, 2, 4), (4, 2, 2, 2, 2, 4), (8, 8, 2, 4, 2, 4),
+                                         (2, 2, 1, 2, 4, 4), (8, 2, 2, 4, 2, 8), (4, 4, 1, 4, 1, 8),
+                                         (8, 8, 1, 8, 4, 16), (8, 8, 1, 1, 2, 64), (8, 8, 1, 1, 1, 64)):
+            world = tp * cp * pp * dp
+            out.append((world // gpus, gpus, tp, pp, cp, ep, order))
+    return out
+
+
+SHAPES = _shapes()
+
+
+def _topo(shape: tuple[int, int, int, int, int, int, str]) -> Topology:
+    machines, gpus, tp, pp, cp, ep, order = shape
+    return Topology.build([f"n{i:03d}" for i in range(machines)], gpus, tp=tp, pp=pp, cp=cp,
+                          ep=ep, order=order)
+
+
+def _group_machine_sets(topo: Topology) -> list[tuple[str, int, frozenset[str]]]:
+    """Every group instance of every kind as a machine set (the eviction unit)."""
+    out = []
+    for kind in KINDS:
+        for gid in range(topo.n_groups(kind)):
+            out.append((kind, gid, frozenset(topo.group_machines(kind, gid))))
+    return out
+
+
+def _valid_peers(topo: Topology) -> dict[str, set[str]]:
+    groups = _group_machine_sets(topo)
+    peers = {m: set(topo.machines) - {m} for m in topo.machines}
+    for _kind, _gid, members in groups:
+        for m in members:
+            peers[m] -= members
+    return peers
+
+
+def _lost_by_eviction(topo: Topology, backups: dict[str, str]) -> list[tuple[str, int, str]]:
+    lost = []
+    for kind, gid, members in _group_machine_sets(topo):
+        for m in members:
+            if backups[m] in members:
+                lost.append((kind, gid, m))
+    return lost
+
+
+def test_shapes_cover_the_issue() -> None:
+    assert {s[3] for s in SHAPES} >= {1, 2, 3, 4, 8}
+    assert any(s[2] > s[1] for s in SHAPES) and any(s[2] < s[1] for s in SHAPES)
+    assert any(s[4] > 1 for s in SHAPES) and any(s[5] > 1 for s in SHAPES)
+    assert max(s[2] * s[3] * s[4] and (s[0] * s[1]) // (s[2] * s[3] * s[4]) for s in SHAPES) >= 64
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "m{}g{}-tp{}pp{}cp{}ep{}-{}".format(
+    *s[:6], s[6][-5:]))
+def test_index_matches_megatron_groups(shape: tuple[int, int, int, int, int, int, str]) -> None:
+    topo = _topo(shape)
+    idx = ConflictIndex.build(topo)
+    for key, members in idx.members.items():
+        kind, gid = idx.kind_of(key), idx.group_id(key)
+        assert [topo.machines[i] for i in members] == topo.group_machines(kind, gid)
+    for kind in KINDS:
+        if topo.size(kind) > 1:
+            assert sum(1 for k in idx.members if idx.kind_of(k) == kind) == topo.n_groups(kind)
+
+
+@pytest.mark.parametrize("racks", [0, 2, 4])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "m{}g{}-tp{}pp{}cp{}ep{}-{}".format(
+    *s[:6], s[6][-5:]))
+def test_every_single_group_eviction_survives_when_satisfiable(
+    shape: tuple[int, int, int, int, int, int, str], racks: int
+) -> None:
+    topo = _topo(shape)
+    domains = ({m: f"r{i % racks}" for i, m in enumerate(topo.machines)} if racks else None)
+    plan = plan_backups(topo, domains)
+    backups = plan.backups()
+    assert set(backups) == set(topo.machines)
+    assert all(b != m and b in topo.machines for m, b in backups.items())
+    peers = _valid_peers(topo)
+    for p in plan.placements:
+        assert p.meets_rule == (p.backup_node in peers[p.node])
+        if peers[p.node]:
+            assert p.meets_rule, f"{p.node} has valid peers but got {p.backup_node}"
+    lost = _lost_by_eviction(topo, backups)
+    verification = verify_plan(topo, backups)
+    assert verification.ok == (not lost)
+    assert {(v.kind, v.group) for v in verification.violations} == {(k, g) for k, g, _ in lost}
+    if all(peers.values()):
+        assert plan.ok and not lost
+        assert verification.loss_probability[1] == 0.0
+    else:
+        assert not plan.ok and plan.notes
+    # Balanced: pairs and rings hold one foreign shard each; only "shared" holds more.
+    load = Counter(backups.values())
+    assert all(load[m] <= 1 for m in topo.machines if not any(
+        p.how == "shared" and p.backup_node == m for p in plan.placements))
+    if domains and plan.ok:
+        # Another domain whenever a compatible peer there exists for the pair.
+        for p in plan.placements:
+            if p.same_domain:
+                assert not any(domains[q] != domains[p.node] for q in peers[p.node])
+
+
+def test_regular_shapes_are_pure_pairings() -> None:
+    for shape in SHAPES:
+        machines, gpus, tp, pp, _cp, _ep, _order = shape
+        if pp >= 2 and tp <= gpus and machines % 2 == 0 and machines // pp >= 2 and _cp == _ep == 1:
+            plan = plan_backups(_topo(shape))
+            assert plan.ok, shape
+            assert {p.how for p in plan.placements} == {"pair"}, shape
+
+
+def test_worked_example_matches_reference() -> None:
+    """reference/algorithms.md §3.5: 16 machines, TP=8 in-machine, PP=2, DP=8."""
+    topo = _topo((16, 8, 8, 2, 1, 1, "tp-cp-ep-dp-pp"))
+    backups = plan_backups(topo).backups()
+    assert backups["n000"] == "n009" and backups["n001"] == "n008" and backups["n002"] == "n011"
+    v = verify_plan(topo, backups)
+    assert v.ok
+    recover = {k: 1 - p for k, p in v.loss_probability.items() if p is not None}
+    assert round(recover[2], 3) == 0.933 and round(recover[3], 3) == 0.800
+    assert round(recover[4], 3) == 0.615
+    # NVRx's clique replication (J = 8 GPUs, F = 2) pairs M0↔M1: same DP group.
+    nvrx = {f"n{i:03d}": f"n{i ^ 1:03d}" for i in range(16)}
+    bad = verify_plan(topo, nvrx)
+    assert not bad.ok
+    assert sorted(v.kind for v in bad.violations) == ["dp"] * 8 + ["edp"] * 8
+    assert {frozenset(v.nodes) for v in bad.violations if v.kind == "dp"} == {
+        frozenset(f"n{i:03d}" for i in range(8)), frozenset(f"n{i:03d}" for i in range(8, 16))}
+
+
+def test_pp1_reports_fallback() -> None:
+    topo = _topo((8, 8, 8, 1, 1, 1, "tp-cp-ep-dp-pp"))
+    plan = plan_backups(topo)
+    assert not plan.ok
+    assert all(p.how == "fallback" and "dp" in p.shared_kinds for p in plan.placements)
+    assert "dp group spans every machine" in plan.notes[0]
+    assert Counter(plan.backups().values()).most_common(1)[0][1] == 1  # still balanced pairs
+    assert verify_plan(topo, plan.backups()).loss_probability[1] == 0.0
+
+
+def test_deterministic() -> None:
+    topo = _topo((24, 4, 4, 3, 1, 1, "tp-cp-ep-pp-dp"))
+    domains = {m: f"r{i // 6}" for i, m in enumerate(topo.machines)}
+    assert plan_backups(topo, domains) == plan_backups(topo, domains)
+
+
+def test_prefers_another_rack() -> None:
+    topo = _topo((16, 8, 8, 2, 1, 1, "tp-cp-ep-dp-pp"))
+    domains = {m: "r0" if i in (0, 1, 8, 9) else f"r{1 + i % 3}" for i, m in enumerate(topo.machines)}
+    plan = plan_backups(topo, domains)
+    assert plan.ok
+    assert not any(p.same_domain for p in plan.placements)
+
+
+def test_verify_reports_missing_and_self() -> None:
+    topo = _topo((4, 8, 8, 2, 1, 1, "tp-cp-ep-dp-pp"))
+    v = verify_plan(topo, {"n000": "n003", "n003": "n000", "n001": "n001"})
+    kinds = {x.kind: x for x in v.violations}
+    assert kinds["missing"].lost == ("n002",)
+    assert kinds["node"].lost == ("n001",)
+    assert v.loss_probability[1] == 0.5  # n001 or n002 failing loses a shard
+
+
+def test_outside_backup_holder_counts_in_the_universe() -> None:
+    topo = _topo((4, 8, 8, 2, 1, 1, "tp-cp-ep-dp-pp"))
+    backups = {m: "spare1" for m in topo.machines}
+    v = verify_plan(topo, backups)
+    assert v.ok and v.machines == 5
+    assert v.loss_probability[2] == pytest.approx(4 / comb(5, 2))
+
+
+# -- the probability formula against enumeration ---------------------------------------
+
+
+def _enumerate(machines: list[str], backups: dict[str, str], k: int) -> Fraction:
+    lost = 0
+    for failed in combinations(machines, k):
+        fs = set(failed)
+        if any(m in fs and backups.get(m, m) in fs for m in machines):
+            lost += 1
+    return Fraction(lost, comb(len(machines), k))
+
+
+def _random_maps(rng: random.Random) -> list[tuple[list[str], dict[str, str]]]:
+    out = []
+    for n in range(2, 11):
+        names = [f"m{i}" for i in range(n)]
+        perm = names[:]
+        rng.shuffle(perm)
+        out.append((names, {perm[i]: perm[i ^ 1] for i in range(n - n % 2)}))  # pairs
+        out.append((names, {names[i]: names[(i + 1) % n] for i in range(n)}))  # ring
+        out.append((names, {m: names[0] for m in names[1:]}))  # star (one holder)
+        out.append((names, {m: rng.choice(names) for m in names}))  # anything, self included
+        dense = {m: rng.choice([x for x in names if x != m]) for m in names if rng.random() < 0.9}
+        out.append((names + ["extra"], dense))
+    return out
+
+
+def test_loss_probability_matches_enumeration() -> None:
+    rng = random.Random(7)
+    for names, backups in _random_maps(rng):
+        got = loss_probability(names, backups)
+        for k in range(1, 5):
+            if k > len(names):
+                assert got[k] is None
+            else:
+                assert got[k] == _enumerate(names, backups, k), (names, backups, k)
+
+
+def test_hitting_counts_on_dense_graphs() -> None:
+    """A backup map gives at most one edge per machine, so diamonds and K4s never occur
+    there; check the pattern counts on arbitrary graphs (every pattern) by enumeration."""
+    from brctl.analysis.placement import _hitting_counts
+
+    rng = random.Random(3)
+    for _ in range(60):
+        n = rng.randint(4, 9)
+        names = [f"m{i}" for i in range(n)]
+        density = rng.choice([0.2, 0.5, 0.8, 1.0])
+        adj: dict[str, set[str]] = {m: set() for m in names}
+        for a, b in combinations(names, 2):
+            if rng.random() < density:
+                adj[a].add(b)
+                adj[b].add(a)
+        hit = _hitting_counts(adj, n)
+        for k in range(1, 5):
+            want = sum(1 for s in combinations(names, k)
+                       if any(b in adj[a] for a, b in combinations(s, 2)))
+            assert hit[k] == want, (adj, k)
+
+
+def test_gemini_group_formula() -> None:
+    """Pairs are Gemini's group placement with m = 2: P(recover) by the §3.1 formula."""
+    for n in (4, 8, 12, 16, 40):
+        names = [f"m{i}" for i in range(n)]
+        pairs = {names[i]: names[i ^ 1] for i in range(n)}
+        got = loss_probability(names, pairs)
+        groups = n // 2
+        for k in range(1, 5):
+            recover = sum((-1) ** i * comb(groups, i) * comb(n - 2 * i, k - 2 * i)
+                          for i in range(k // 2 + 1)) / comb(n, k)
+            assert float(got[k] or 0) == pytest.approx(1 - recover)
