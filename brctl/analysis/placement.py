@@ -304,9 +304,36 @@ class _Planner:
             self.backup[a], self.backup[b] = b, a
             self.how[a] = self.how[b] = "pair"
 
+    def augment(self, left: list[int]) -> list[int]:
+        """Re-pair along augmenting paths a–b=c–d: unmatched a takes b, b's partner c takes d.
+
+        Greedy matching can strand two machines that conflict with each other (e.g.
+        an odd DP); one swap with an existing pair usually frees both.
+        """
+        idx, todo = self.index, list(left)
+        changed = True
+        while changed and len(todo) > 1:
+            changed = False
+            for a in todo:
+                for b in range(self.m):
+                    if self.how[b] != "pair" or not idx.compatible(a, b):
+                        continue
+                    c = self.backup[b]
+                    d = next((d for d in todo if d != a and idx.compatible(c, d)), None)
+                    if d is None:
+                        continue
+                    self.backup[a], self.backup[b], self.backup[c], self.backup[d] = b, a, d, c
+                    self.how[a] = self.how[d] = "pair"
+                    todo = [x for x in todo if x not in (a, d)]
+                    changed = True
+                    break
+                if changed:
+                    break
+        return todo
+
     def close_rings(self, left: list[int]) -> list[int]:
         """Turn an unmatched machine and a pair into a 3-ring a→b→c→a where all fit."""
-        idx, used = self.index, set()
+        idx, used = self.index, set[int]()
         still = []
         for a in left:
             found = None
@@ -354,7 +381,6 @@ class _Planner:
         """Pair machines that have no valid peer with the least-conflicting machines left."""
         if not no_peer:
             return []
-        idx = self.index
         spanning = {self.spanning(a) for a in no_peer} - {None}
         notes = [
             f"{len(no_peer)} machine(s) have no peer outside all their parallel groups"
@@ -364,11 +390,16 @@ class _Planner:
             "shared group; keep persistent checkpoints for those"
         ]
         pool = list(no_peer)
+        last_pair: tuple[int, int] | None = None
         while pool:
             a = pool.pop(0)
             if not pool:
-                b = self._best_any(a)
-                self.backup[a], self.how[a] = b, "fallback"
+                if last_pair is not None:  # odd one out: a 3-ring keeps every load at one
+                    b, c = last_pair
+                    self.backup[a], self.backup[b], self.backup[c] = b, c, a
+                else:
+                    self.backup[a] = self._best_any(a)
+                self.how[a] = "fallback"
                 break
             cands = pool if len(pool) <= _PROBES else (
                 pool[:_PROBES // 2] + self.rng.sample(pool[_PROBES // 2:], _PROBES // 2))
@@ -376,6 +407,7 @@ class _Planner:
             pool.remove(b)
             self.backup[a], self.backup[b] = b, a
             self.how[a] = self.how[b] = "fallback"
+            last_pair = (a, b)
         return notes
 
     def _least_shared(self, a: int, cands: list[int]) -> int:
@@ -433,7 +465,8 @@ def plan_backups(topo: Topology, domains: Mapping[str, str] | None = None) -> Pl
     left = [a for a in range(planner.m) if planner.backup[a] < 0]
     hopeless = [a for a in left if planner.spanning(a) is not None]
     skip = set(hopeless)
-    left = planner.close_rings([a for a in left if a not in skip]) + hopeless
+    left = planner.augment([a for a in left if a not in skip])
+    left = planner.close_rings(left) + hopeless
     notes = planner.share_or_fallback(left)
     return planner.result(notes)
 
@@ -580,7 +613,7 @@ def _hitting_counts(adj: Mapping[str, set[str]], n: int) -> dict[int, int]:
     pairs_disjoint = comb(n_edges, 2) - p2
     hit = {1: 0, 2: n_edges}
     hit[3] = n_edges * (n - 2) - p2 + triangles
-    hit[4] = (n_edges * comb(n - 2, 2) - (p2 - triangles) * (n - 3) - pairs_disjoint
+    hit[4] = (n_edges * comb(max(n - 2, 0), 2) - (p2 - triangles) * (n - 3) - pairs_disjoint
               + stars3 + paths3 - cycles4 - paws + diamonds - k4)
     return hit
 
