@@ -1,0 +1,457 @@
+"""Stack clustering: ranks' main-thread stacks → prefix tree, classes, outliers, group to evict.
+
+Pure functions on typed data (reference/algorithms.md §1, after LLNL STAT):
+
+- ``signature`` normalises one stack to (function, file) pairs, outermost first,
+  folded at known wait points (everything inside ``torch.distributed``,
+  ``threading``, ``queue`` … collapses into the innermost frame of that library
+  run), so ranks waiting in the same collective look alike whatever its internals.
+- ``classify`` forms STAT's equivalence classes (ranks with the same path through
+  the prefix tree = the same signature) and ``build_tree`` merges the signatures
+  into the prefix tree whose nodes carry the ranks through them.
+- ``round_outliers`` compares ranks only with the peers that should look alike
+  (the same pipeline stage): the minority classes of each stage, plus undumpable
+  and missing ranks. ``moving_outliers`` uses several rounds: a rank whose stack
+  moves while its stage's does not, or stands still while the stage moves.
+- ``map_to_group`` finds the smallest parallel-group instance containing every
+  outlier, else the kind whose touched instances cover the fewest machines.
+- ``analyse`` runs all of it over one or more rounds and, for fail-slow jobs,
+  votes per group instance across rounds (ByteRobust: the group with the most
+  outliers over the rounds is the degrader).
+
+Everything is linear in the number of ranks: ranks are grouped by signature
+first, and only distinct signatures enter the tree.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from brctl.analysis.topology import KINDS, Topology
+
+
+class Frame(NamedTuple):
+    """One Python frame as py-spy reports it (``file`` is py-spy's short filename)."""
+
+    name: str
+    file: str
+    line: int
+
+
+Stack = tuple[Frame, ...]  # outermost frame first
+Signature = tuple[tuple[str, str], ...]  # (function, file), outermost first, folded
+
+# Library code a training rank waits in. A stack that enters one of these is cut
+# at the innermost frame of that library run: the frames below a collective's
+# wait differ between torch versions and gloo/NCCL but mean the same thing.
+WAIT_DIRS = ("torch/distributed/", "torch/cuda/", "multiprocessing/", "concurrent/futures/",
+             "asyncio/", "torch/utils/data/")
+WAIT_FILES = ("threading.py", "queue.py", "selectors.py", "socket.py", "subprocess.py",
+              "ssl.py")
+
+UNDUMPABLE: Signature = (("<undumpable>", ""),)  # the class of ranks py-spy could not read
+MISSING: Signature = (("<missing>", ""),)  # the class of ranks with no process on their machine
+
+
+def _waits_in(file: str) -> str | None:
+    """The wait library ``file`` belongs to (its marker), or None."""
+    path = "/" + file
+    for d in WAIT_DIRS:
+        if "/" + d in path:
+            return d
+    for f in WAIT_FILES:
+        if path.endswith("/" + f):
+            return f
+    return None
+
+
+def signature(stack: Stack) -> Signature:
+    """Normalise a stack (outermost first) to its signature.
+
+    Line numbers are dropped (function + file, as STAT's function granularity),
+    and the stack is folded at the first wait library it enters: the frames of
+    that library are collapsed into its innermost contiguous frame.
+
+    Args:
+        stack: the main thread's frames, outermost first.
+
+    Returns:
+        The signature, outermost first.
+    """
+    out: list[tuple[str, str]] = []
+    n = len(stack)
+    for i in range(n):
+        frame = stack[i]
+        lib = _waits_in(frame.file)
+        if lib is None:
+            out.append((frame.name, frame.file))
+            continue
+        j = i
+        while j + 1 < n and _waits_in(stack[j + 1].file) == lib:
+            j += 1
+        out.append((stack[j].name, stack[j].file))
+        break
+    return tuple(out)
+
+
+def frame_label(item: tuple[str, str]) -> str:
+    """``function (file)`` as py-spy prints it."""
+    name, file = item
+    return f"{name} ({file})" if file else name
+
+
+def fold_ranks(ranks: Iterable[int]) -> str:
+    """STAT-style rank ranges: ``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+    out: list[str] = []
+    items = sorted(set(ranks))
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """One rank's main-thread stack in one round.
+
+    ``stack`` is None when py-spy could not read the process (``error`` says why),
+    or when ``missing``: the machine answered but no process has this rank.
+    """
+
+    rank: int
+    node: str
+    pid: int
+    stack: Stack | None
+    error: str | None = None
+    missing: bool = False
+
+
+@dataclass(frozen=True)
+class Round:
+    """One collection over the job: the samples, and machines that gave no answer."""
+
+    samples: tuple[RankSample, ...]
+    silent_nodes: frozenset[str] = frozenset()
+
+    def sig_of(self, cache: dict[Stack, Signature]) -> dict[int, Signature]:
+        """Each rank's signature (memoised per distinct stack)."""
+        out: dict[int, Signature] = {}
+        for s in self.samples:
+            if s.stack is None:
+                out[s.rank] = MISSING if s.missing else UNDUMPABLE
+                continue
+            sig = cache.get(s.stack)
+            if sig is None:
+                sig = cache[s.stack] = signature(s.stack)
+            out[s.rank] = sig
+        return out
+
+
+@dataclass(frozen=True)
+class StackClass:
+    """An equivalence class: the ranks that share one signature."""
+
+    ranks: tuple[int, ...]
+    signature: Signature
+    stages: tuple[int, ...]
+    outlier: bool
+
+    def to_json(self) -> dict[str, object]:
+        """``{ranks, count, signature, stages, outlier}`` (ranks folded STAT-style)."""
+        return {"ranks": fold_ranks(self.ranks), "count": len(self.ranks),
+                "signature": [frame_label(f) for f in self.signature],
+                "stages": list(self.stages), "outlier": self.outlier}
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """A node of the merged prefix tree: one frame and the ranks whose stacks pass through it."""
+
+    frame: tuple[str, str]
+    ranks: tuple[int, ...]
+    children: tuple[TreeNode, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """A rank that does not look like its peers, and why."""
+
+    rank: int
+    node: str
+    pid: int | None
+    reason: str  # minority | undumpable | missing | stuck | moving
+    rounds: int  # in how many rounds it was an outlier
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON row of ``outliers``."""
+        return {"node": self.node, "rank": self.rank, "pid": self.pid, "reason": self.reason,
+                "rounds": self.rounds, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class SuspectGroup:
+    """The parallel-group instance(s) blamed; ``index`` is set when one instance holds them all."""
+
+    kind: str
+    indices: tuple[int, ...]
+    nodes: tuple[str, ...]
+    contains_all: bool
+
+    @property
+    def index(self) -> int | None:
+        """The one group id when a single instance contains every outlier."""
+        return self.indices[0] if len(self.indices) == 1 else None
+
+    def to_json(self) -> dict[str, object]:
+        """``{kind, index, indices, nodes, contains_all}``."""
+        return {"kind": self.kind, "index": self.index, "indices": list(self.indices),
+                "nodes": list(self.nodes), "contains_all": self.contains_all}
+
+
+@dataclass(frozen=True)
+class StackAnalysis:
+    """What ``analyse`` concludes over all rounds."""
+
+    classes: tuple[StackClass, ...]
+    tree: TreeNode
+    outliers: tuple[Outlier, ...]
+    suspect: SuspectGroup | None
+    evict: tuple[str, ...]
+    rounds: int
+    group_votes: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    silent_nodes: tuple[str, ...] = ()
+
+
+def classify(sigs: Mapping[int, Signature]) -> dict[Signature, list[int]]:
+    """Equivalence classes: signature → its ranks (ascending)."""
+    out: dict[Signature, list[int]] = defaultdict(list)
+    for rank in sorted(sigs):
+        out[sigs[rank]].append(rank)
+    return dict(out)
+
+
+def build_tree(classes: Mapping[Signature, Sequence[int]]) -> TreeNode:
+    """Merge the classes' signatures into one prefix tree labelled with rank sets.
+
+    Each distinct signature is inserted once with all its ranks, so the cost is
+    the number of ranks plus the total length of the distinct signatures.
+    """
+    root: dict[tuple[str, str], tuple[list[int], dict]] = {}  # type: ignore[type-arg]
+    for sig, ranks in classes.items():
+        level = root
+        for item in sig:
+            entry = level.get(item)
+            if entry is None:
+                entry = level[item] = ([], {})
+            entry[0].extend(ranks)
+            level = entry[1]
+
+    def freeze(level: dict) -> tuple[TreeNode, ...]:  # type: ignore[type-arg]
+        nodes = [TreeNode(item, tuple(sorted(ranks)), freeze(children))
+                 for item, (ranks, children) in level.items()]
+        return tuple(sorted(nodes, key=lambda n: (-len(n.ranks), n.ranks[:1])))
+
+    everyone = sorted(r for ranks in classes.values() for r in ranks)
+    return TreeNode(("<all ranks>", ""), tuple(everyone), freeze(root))
+
+
+def _dominant(counts: Counter[Signature], popularity: Counter[tuple[str, str]]) -> Signature | None:
+    """The cohort's normal class: the largest, holding at least half the cohort.
+
+    A tie between the largest classes is broken by which one's innermost frame is
+    commonest across the whole job (healthy ranks of other stages wait there too);
+    an undecidable tie, or no class with half the cohort, means no verdict.
+    """
+    total = sum(counts.values())
+    ranked = [(c, sig) for sig, c in counts.items() if sig not in (UNDUMPABLE, MISSING)]
+    if not ranked:
+        return None
+    best = max(c for c, _ in ranked)
+    if 2 * best < total:
+        return None  # no consensus: ranks are busy at different points, not stuck
+    tied = [sig for c, sig in ranked if c == best]
+    if len(tied) == 1:
+        return tied[0]
+    scores = sorted(((popularity[sig[-1]] if sig else 0), sig) for sig in tied)
+    if scores[-1][0] == scores[-2][0]:
+        return None
+    return scores[-1][1]
+
+
+def round_outliers(sigs: Mapping[int, Signature], topo: Topology) -> dict[int, str]:
+    """Outlier ranks of one round → reason (minority, undumpable, missing).
+
+    Ranks are compared only within their pipeline stage: different stages run
+    different layers and legitimately wait in different places.
+    """
+    by_stage: dict[int, Counter[Signature]] = defaultdict(Counter)
+    popularity: Counter[tuple[str, str]] = Counter()
+    for rank, sig in sigs.items():
+        by_stage[topo.coord(rank, "pp")][sig] += 1
+        if sig and sig not in (UNDUMPABLE, MISSING):
+            popularity[sig[-1]] += 1
+    normal = {stage: _dominant(counts, popularity) for stage, counts in by_stage.items()}
+    out: dict[int, str] = {}
+    for rank, sig in sigs.items():
+        if sig == UNDUMPABLE:
+            out[rank] = "undumpable"
+        elif sig == MISSING:
+            out[rank] = "missing"
+        else:
+            dom = normal[topo.coord(rank, "pp")]
+            if dom is not None and sig != dom:
+                out[rank] = "minority"
+    return out
+
+
+def moving_outliers(rounds: Sequence[Mapping[int, Stack | None]], topo: Topology) -> dict[int, str]:
+    """Ranks whose stack moves (or not) against their stage's majority over the rounds.
+
+    A rank "moves" when its full stack, with line numbers, differs between any two
+    consecutive rounds. In a stage where most ranks move, a still rank is
+    ``stuck``; where most stand still (waiting on someone), a moving rank is
+    ``moving`` (it is the one still working). Needs two rounds or more.
+    """
+    if len(rounds) < 2:
+        return {}
+    moved: dict[int, bool] = {}
+    for rank in rounds[0]:
+        seq = [r.get(rank) for r in rounds]
+        if any(s is None for s in seq):
+            continue
+        moved[rank] = any(a != b for a, b in zip(seq, seq[1:]))
+    by_stage: dict[int, list[int]] = defaultdict(list)
+    for rank in moved:
+        by_stage[topo.coord(rank, "pp")].append(rank)
+    out: dict[int, str] = {}
+    for ranks in by_stage.values():
+        n_moving = sum(moved[r] for r in ranks)
+        if 2 * n_moving > len(ranks):
+            out.update({r: "stuck" for r in ranks if not moved[r]})
+        elif 2 * n_moving < len(ranks):
+            out.update({r: "moving" for r in ranks if moved[r]})
+    return out
+
+
+def _kinds(topo: Topology) -> list[str]:
+    """Kinds worth blaming: size-1 groups are the rank itself (kept for TP only)."""
+    return [k for k in KINDS if k == "tp" or topo.size(k) > 1]
+
+
+def map_to_group(outliers: Iterable[int], topo: Topology) -> SuspectGroup | None:
+    """The smallest group instance holding every outlier, else the cheapest kind.
+
+    Candidates are ordered by machines, then ranks, then kind (TP before PP). When
+    no single instance contains them all, the kind whose touched instances cover
+    the fewest machines wins.
+
+    Args:
+        outliers: outlier ranks.
+        topo: the job's topology.
+
+    Returns:
+        The suspect group, or None without outliers.
+    """
+    ranks = sorted(set(outliers))
+    if not ranks:
+        return None
+    best: tuple[tuple[int, int, int], SuspectGroup] | None = None
+    for order, kind in enumerate(_kinds(topo)):
+        gids = sorted({topo.group_id(r, kind) for r in ranks})
+        members = [r for g in gids for r in topo.group_ranks(kind, g)]
+        machines = tuple(topo.machines_of(members))
+        contained = len(gids) == 1
+        # a containing instance always beats a union of instances
+        key = (0 if contained else 1, len(machines), len(members) * len(KINDS) + order)
+        if best is None or key < best[0]:
+            best = (key, SuspectGroup(kind, tuple(gids), machines, contained))
+    return best[1] if best else None
+
+
+def _vote(per_round: Sequence[SuspectGroup | None]) -> SuspectGroup | None:
+    """The group named most often over the rounds (ties: fewer machines, then latest)."""
+    counts: Counter[tuple[str, tuple[int, ...]]] = Counter()
+    last: dict[tuple[str, tuple[int, ...]], tuple[int, SuspectGroup]] = {}
+    for i, group in enumerate(per_round):
+        if group is None:
+            continue
+        key = (group.kind, group.indices)
+        counts[key] += 1
+        last[key] = (i, group)
+    if not counts:
+        return None
+    key = max(counts, key=lambda k: (counts[k], -len(last[k][1].nodes), last[k][0]))
+    return last[key][1]
+
+
+def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
+    """Classes, outliers, the suspect group and the machines to evict over one or more rounds.
+
+    The classes and tree describe the last round. With one round the outliers
+    are that round's. With several, each round names its suspect group and the
+    group named most often wins (fail-slow: the degrader); a rank whose motion
+    disagrees with its stage is an outlier too.
+
+    Args:
+        rounds: the collections, oldest first (at least one).
+        topo: the job's topology (rank → machine from the live processes).
+
+    Returns:
+        The analysis; ``evict`` is empty when nothing is wrong.
+    """
+    if not rounds:
+        raise ValueError("analyse needs at least one round")
+    cache: dict[Stack, Signature] = {}
+    per_round: list[dict[int, str]] = []
+    sigs_per_round: list[dict[int, Signature]] = []
+    info: dict[int, RankSample] = {}
+    for rnd in rounds:
+        sigs = rnd.sig_of(cache)
+        for s in rnd.samples:
+            info[s.rank] = s
+        sigs_per_round.append(sigs)
+        per_round.append(round_outliers(sigs, topo))
+    moving = moving_outliers([{s.rank: s.stack for s in r.samples} for r in rounds], topo)
+    groups = [map_to_group(o, topo) for o in per_round]
+    if moving:
+        groups.append(map_to_group(moving, topo))
+    suspect = groups[0] if len(groups) == 1 else _vote(groups)
+    votes: Counter[tuple[str, int]] = Counter()
+    for g in groups:
+        if g is not None:
+            votes.update((g.kind, i) for i in g.indices)
+
+    last = sigs_per_round[-1]
+    counts: Counter[int] = Counter(r for o in per_round for r in o)
+    reasons = {**{r: why for o in per_round for r, why in o.items()}, **moving}
+    outliers = []
+    for rank in sorted(reasons):
+        s = info[rank]
+        detail = s.error or ""
+        outliers.append(Outlier(rank, s.node, s.pid if s.pid > 0 else None, reasons[rank],
+                                counts[rank] + (1 if rank in moving else 0), detail))
+    final = per_round[-1]
+    classes = []
+    for sig, ranks in classify(last).items():
+        stages = tuple(sorted({topo.coord(r, "pp") for r in ranks}))
+        classes.append(StackClass(tuple(ranks), sig, stages, any(r in final for r in ranks)))
+    classes.sort(key=lambda c: (-len(c.ranks), c.ranks[0]))
+    silent = sorted({n for r in rounds for n in r.silent_nodes})
+    return StackAnalysis(
+        classes=tuple(classes),
+        tree=build_tree(classify(last)),
+        outliers=tuple(outliers),
+        suspect=suspect,
+        evict=suspect.nodes if suspect else (),
+        rounds=len(rounds),
+        group_votes=dict(votes),
+        silent_nodes=tuple(silent),
+    )

@@ -1,0 +1,97 @@
+"""Rendering of ``brctl stacks``: the merged prefix tree, outliers, suspect group, eviction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brctl.analysis.nodeset import fold
+from brctl.analysis.stacks import TreeNode, fold_ranks, frame_label
+from brctl.operations.stacks import StacksReport
+from brctl.render import Output, escape, table
+
+_CHAIN_SHOWN = 6  # frames of an unbranched chain shown before eliding its middle
+
+
+def _ranks_label(ranks: tuple[int, ...]) -> str:
+    word = "rank" if len(ranks) == 1 else "ranks"
+    return f"{word} {fold_ranks(ranks)} ({len(ranks)})"
+
+
+def _chain(node: TreeNode) -> tuple[list[str], TreeNode]:
+    """Frames of the unbranched run starting at ``node`` and the run's last node."""
+    frames = [frame_label(node.frame)]
+    while len(node.children) == 1 and node.children[0].ranks == node.ranks:
+        node = node.children[0]
+        frames.append(frame_label(node.frame))
+    return frames, node
+
+
+def _label(frames: list[str], ranks: tuple[int, ...], outlier: bool) -> str:
+    if len(frames) > _CHAIN_SHOWN:
+        frames = [*frames[:2], f"… {len(frames) - 5} frames …", *frames[-3:]]
+    colour = "red" if outlier else "green"
+    head = f"[{colour}]{escape(_ranks_label(ranks))}[/]"
+    return head + "".join(f"\n  {escape(f)}" for f in frames)
+
+
+def stack_tree(root: TreeNode, outliers: set[int]) -> Any:
+    """A rich Tree of the merged stacks; branches with outlier ranks in red."""
+    from rich.tree import Tree
+
+    tree = Tree(escape(_ranks_label(root.ranks)) + " [dim]outermost frame first[/]")
+
+    def add(parent: Any, node: TreeNode) -> None:
+        frames, last = _chain(node)
+        branch = parent.add(_label(frames, node.ranks, bool(outliers & set(node.ranks))))
+        for child in last.children:
+            add(branch, child)
+
+    for child in root.children:
+        add(tree, child)
+    return tree
+
+
+def payload(report: StacksReport) -> dict[str, Any]:
+    """The JSON document's body (DESIGN.md: classes, outliers, suspect_group, evict)."""
+    a, topo = report.analysis, report.topology
+    last = report.collections[-1]
+    return {
+        "classes": [c.to_json() for c in a.classes],
+        "outliers": [o.to_json() for o in a.outliers],
+        "suspect_group": a.suspect.to_json() if a.suspect else None,
+        "evict": list(a.evict),
+        "rounds": a.rounds,
+        "group_votes": [{"kind": k, "index": i, "votes": v}
+                        for (k, i), v in sorted(a.group_votes.items(), key=lambda x: -x[1])],
+        "topology": {"world": topo.world, "tp": topo.tp, "cp": topo.cp, "ep": topo.ep,
+                     "dp": topo.dp, "pp": topo.pp, "order": topo.order},
+        "nodes": {n: {"state": nc.state, "error": nc.error, "ranks": len(nc.ranks),
+                      "workers": nc.workers, "seconds": round(nc.seconds, 3)}
+                  for n, nc in last.nodes.items()},
+        "unanswered": sorted(report.node_errors),
+    }
+
+
+def render(out: Output, report: StacksReport) -> None:
+    """Tree, outlier table, suspect group and eviction list; or the JSON document."""
+    if out.json:
+        out.emit_json("stacks", payload(report))
+        return
+    a = report.analysis
+    outlier_ranks = {o.rank for o in a.outliers}
+    out.console.print(stack_tree(a.tree, outlier_ranks))
+    if a.outliers:
+        rows = [(o.node, o.rank, o.pid if o.pid is not None else "-", o.reason,
+                 f"{o.rounds}/{a.rounds}", o.detail) for o in a.outliers]
+        out.console.print(table(["node", "rank", "pid", "reason", "rounds", "detail"], rows,
+                                title="outliers"))
+    if a.suspect is not None:
+        s = a.suspect
+        which = f"{s.kind} group {s.index}" if s.index is not None else \
+            f"{s.kind} groups {','.join(map(str, s.indices))} (no single group holds them all)"
+        out.console.print(f"suspect: {escape(which)} on {escape(fold(list(s.nodes)))}")
+        out.console.print(f"[bold red]evict:[/] {escape(fold(list(a.evict)))}")
+    else:
+        out.console.print("[green]no outlier: every rank looks like its pipeline stage[/]")
+    for node, err in sorted(report.node_errors.items()):
+        out.warn(f"{node}: no answer ({err}); its ranks were not compared")

@@ -1,0 +1,71 @@
+"""``brctl stacks``: find the hung or slow ranks from their stacks and the group to over-evict."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the root app."""
+    app.command("stacks")(stacks)
+
+
+def stacks(
+    ctx: typer.Context,
+    rounds: int = typer.Option(5, "--rounds", metavar="N", min=1,
+                               help="Collections to take (fail-slow votes over them)."),
+    interval: float = typer.Option(10.0, "--interval", metavar="SECONDS", min=0.0,
+                                   help="Seconds between the starts of two rounds."),
+    save: Optional[str] = typer.Option(None, "--save", metavar="DIR",
+                                       help="Keep the dumps: DIR/<node>/<rank>-<pid>.json, "
+                                            "DIR/job.json."),
+    from_dir: Optional[str] = typer.Option(None, "--from", metavar="DIR",
+                                           help="Analyse a --save directory offline (no inventory "
+                                                "or nodes needed)."),
+    dump_timeout: float = typer.Option(10.0, "--dump-timeout", metavar="SECONDS", min=0.1,
+                                       help="Seconds for one py-spy dump (× $BRCTL_TIMEOUT_SCALE)."),
+    timeout: float = typer.Option(120.0, "-t", "--timeout", metavar="SECONDS", min=1.0,
+                                  help="Seconds for the whole probe on one machine."),
+) -> int:
+    """Dump every training rank with py-spy, cluster the stacks and name the group to evict.
+
+    On every job machine, finds the processes matching job.process_match and their
+    process tree (launcher, ranks, data-loader and checkpoint workers), reads each
+    rank's RANK from its environment and runs `py-spy dump --json` on it (a py-spy
+    is shipped to machines without one). The main threads' stacks are merged into
+    a STAT-style prefix tree labelled with rank ranges; ranks are compared only
+    with their pipeline stage; minority classes, undumpable and missing ranks are
+    outliers. The smallest parallel group (TP, CP, EP, DP, PP) holding every
+    outlier is the suspect and its machines are proposed for eviction. With
+    several rounds the group named most often wins (fail-slow), and a rank that
+    moves while its stage stands still (or the reverse) is an outlier too.
+
+    Exit 0 when no outlier, 1 when an eviction is proposed, 3 when machines did not
+    answer (the verdict covers only those that did).
+    """
+    from pathlib import Path
+
+    from brctl.commands._render_stacks import render
+    from brctl.errors import UsageError
+    from brctl.operations import stacks as op
+
+    env: Env = ctx.obj
+    if from_dir is not None and save is not None:
+        raise UsageError("--from and --save: pick one (--from re-reads a saved directory)")
+    if from_dir is not None:
+        collections, shape = op.load(Path(from_dir))
+    else:
+        scale = env.timeout_scale()
+        with env.output.progress("stacks", rounds) as advance:
+            collections, shape = op.collect_job(
+                env.inventory(), env.transport(), rounds=rounds, interval=interval,
+                dump_timeout=dump_timeout * scale, timeout=timeout * scale, on_round=advance)
+        if save is not None:
+            op.save(Path(save), collections, shape)
+    report = op.analyse(collections, shape)
+    render(env.output, report)
+    return int(report.exit_code)

@@ -1,0 +1,241 @@
+"""Probe: find the training processes on this machine and dump their stacks with py-spy.
+
+Node-side; standard library only. Request::
+
+    {"process_match": REGEX, "py_spy": PATH|null, "dump_timeout": SECONDS,
+     "concurrency": N, "only_ranks": [RANK, ...] | null}
+
+1. Processes whose command line matches ``process_match`` (never this probe or
+   its ancestors: the ssh session's command line holds the request) and all their
+   descendants form the job's process tree.
+2. Each one's ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` are read from
+   ``/proc/PID/environ``; no other environment value is kept, so secrets never
+   leave the node. A process with RANK whose parent has none is a rank; one whose
+   parent has RANK too (data-loader, checkpoint workers) is reported under its
+   rank; one without RANK is the launcher.
+3. Every rank is dumped with ``py-spy dump --json --pid PID``, each under its
+   own timeout, several at once. A failure says why, and for ptrace failures
+   which permission is missing.
+
+py-spy comes from the request (the copy the controller shipped), else PATH, else
+next to this Python; when there is none the answer says ``py_spy_missing`` and
+the controller ships its own and asks again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from brctl.diagnostics.protocol import serve
+
+RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # the only environment values read
+_STATES = {"D": "uninterruptible sleep (D): stuck in the kernel, e.g. on a device or NFS",
+           "T": "stopped (T): another tracer or a debugger holds it",
+           "t": "stopped by a tracer (t): another debugger (gdb, py-spy) is attached",
+           "Z": "zombie (Z): it exited and its parent has not reaped it"}
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(ppid, state letter) from /proc/PID/stat (the comm field may hold spaces and ')')."""
+    raw = _read(f"/proc/{pid}/stat")
+    if raw is None:
+        return None
+    rest = raw.decode("utf-8", "replace").rsplit(")", 1)[-1].split()
+    return int(rest[1]), rest[0]
+
+
+def _rank_env(pid: int) -> dict[str, int] | None:
+    """The RANK-like keys of a process's environment as ints (None: unreadable)."""
+    raw = _read(f"/proc/{pid}/environ")
+    if raw is None:
+        return None
+    out: dict[str, int] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        name = key.decode("ascii", "replace")
+        if sep and name in RANK_KEYS:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                continue  # a non-numeric RANK is not a rank; its value is never echoed
+    return out
+
+
+def _ancestors(pid: int) -> set[int]:
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        st = _stat(pid)
+        if st is None:
+            break
+        pid = st[0]
+    return out
+
+
+def find_processes(pattern: str) -> list[dict[str, Any]]:
+    """The matching processes and their descendants, each with its role and rank."""
+    regex = re.compile(pattern)
+    mine = _ancestors(os.getpid())
+    table: dict[int, tuple[int, str]] = {}
+    matched: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        st = _stat(pid)
+        cmd = _read(f"/proc/{pid}/cmdline")
+        if st is None or cmd is None:
+            continue  # exited while we looked
+        table[pid] = st
+        line = cmd.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        if pid not in mine and line and regex.search(line):
+            matched.add(pid)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = set(), list(matched)
+    while todo:
+        pid = todo.pop()
+        if pid in tree or pid in mine:
+            continue
+        tree.add(pid)
+        todo.extend(children.get(pid, []))
+    envs = {pid: _rank_env(pid) for pid in tree}
+    procs = []
+    for pid in sorted(tree):
+        ppid, state = table[pid]
+        env = envs[pid] or {}
+        parent_env = envs.get(ppid) or {}
+        if "RANK" not in env:
+            role = "launcher"
+        elif "RANK" in parent_env:
+            role = "worker"
+        else:
+            role = "rank"
+        rank_pid = pid
+        while role == "worker" and "RANK" in (envs.get(table[rank_pid][0]) or {}):
+            rank_pid = table[rank_pid][0]
+        procs.append({"pid": pid, "ppid": ppid, "role": role, "state": state,
+                      "rank": env.get("RANK"), "local_rank": env.get("LOCAL_RANK"),
+                      "world_size": env.get("WORLD_SIZE"), "environ_readable": envs[pid] is not None,
+                      "rank_pid": rank_pid if role != "launcher" else None})
+    return procs
+
+
+def find_py_spy(requested: str | None) -> str | None:
+    """py-spy to use: the shipped copy, else PATH, else beside this interpreter."""
+    if requested and os.access(requested, os.X_OK):
+        return requested
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else None
+
+
+def _ptrace_scope() -> str | None:
+    raw = _read("/proc/sys/kernel/yama/ptrace_scope")
+    return raw.decode().strip() if raw is not None else None
+
+
+def explain_failure(pid: int, stderr: str) -> str:
+    """Why py-spy could not dump ``pid``, naming the missing permission when it is one."""
+    tail = " ".join(stderr.strip().splitlines()[-2:])[:300]
+    st = _stat(pid)
+    if st is None:
+        return f"process {pid} exited before it could be dumped ({tail})"
+    low = stderr.lower()
+    if "permission denied" in low or "operation not permitted" in low or "eperm" in low:
+        scope = _ptrace_scope()
+        why = (f"py-spy may not ptrace process {pid}: run brctl's probes as root or give them "
+               "CAP_SYS_PTRACE (containers: --cap-add SYS_PTRACE; Kubernetes: "
+               "securityContext.capabilities.add [SYS_PTRACE])")
+        if scope not in (None, "0"):
+            why += f"; kernel.yama.ptrace_scope is {scope} (0 lets a same-user process attach)"
+        return f"{why} ({tail})"
+    state = _STATES.get(st[1])
+    return f"py-spy failed on process {pid}" + (f", which is {state}" if state else "") + f": {tail}"
+
+
+def _tracer(pid: int) -> int:
+    raw = _read(f"/proc/{pid}/status") or b""
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1] or 0)
+    return 0
+
+
+def dump(py_spy: str, pid: int, timeout: float, retry: bool = True) -> dict[str, Any]:
+    """One ``py-spy dump --json`` with its own timeout (py-spy is killed when it overruns).
+
+    A failure is retried once after a short pause: a process can be attached by
+    only one tracer at a time, and another dump of it may just be finishing.
+    """
+    start = time.monotonic()
+    argv = [py_spy, "dump", "--json", "--pid", str(pid)]
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        st = _stat(pid)
+        state = _STATES.get(st[1], "") if st else "gone"
+        return {"pid": pid, "output": None, "seconds": round(time.monotonic() - start, 3),
+                "error": f"py-spy did not finish within {timeout:g}s on process {pid}"
+                         + (f" ({state})" if state else "")}
+    except OSError as exc:
+        return {"pid": pid, "output": None, "seconds": 0.0,
+                "error": f"cannot run {py_spy}: {exc.strerror}"}
+    out = proc.stdout.decode("utf-8", "replace")
+    err = proc.stderr.decode("utf-8", "replace")
+    seconds = round(time.monotonic() - start, 3)
+    if proc.returncode != 0 or not out.lstrip().startswith("["):
+        if retry and _stat(pid) is not None:
+            time.sleep(0.3)
+            return dump(py_spy, pid, timeout, retry=False)
+        tracer = _tracer(pid)
+        if tracer:
+            return {"pid": pid, "output": None, "seconds": seconds,
+                    "error": f"process {pid} is already traced by pid {tracer} (a debugger or "
+                             "another py-spy); py-spy cannot attach"}
+        return {"pid": pid, "output": None, "seconds": seconds,
+                "error": explain_failure(pid, err or out)}
+    return {"pid": pid, "output": out, "seconds": seconds, "error": None}
+
+
+def collect(request: dict[str, Any]) -> dict[str, Any]:
+    """Find the job's processes and dump every rank."""
+    pattern = request.get("process_match")
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError("request.process_match: a regular expression is required")
+    timeout = float(request.get("dump_timeout") or 10.0)
+    procs = find_processes(pattern)
+    py_spy = find_py_spy(request.get("py_spy"))
+    doc: dict[str, Any] = {"processes": procs, "py_spy": py_spy, "py_spy_missing": py_spy is None,
+                           "dumps": []}
+    only = request.get("only_ranks")  # machines sharing one kernel: dump only our own ranks
+    ranks = [p["pid"] for p in procs if p["role"] == "rank"
+             and (not isinstance(only, list) or p["rank"] in only)]
+    if py_spy is None or not ranks:
+        return doc
+    workers = max(1, min(int(request.get("concurrency") or 8), len(ranks)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        doc["dumps"] = list(pool.map(lambda pid: dump(py_spy, pid, timeout), ranks))
+    return doc
+
+
+if __name__ == "__main__":
+    serve(collect)

@@ -1,0 +1,463 @@
+"""``brctl stacks``: collect py-spy dumps from every rank, analyse them, save or reload them.
+
+- ``collect`` runs the ``stacks_probe`` on every machine (shipping the
+  controller's py-spy to machines that have none) and returns one ``Collection``.
+- ``collect_rounds`` repeats it ``rounds`` times, ``interval`` seconds apart.
+- ``analyse`` turns collections into the pure analyser's input (live rank →
+  machine mapping, parsed stacks, undumpable and missing ranks) and returns a
+  ``StacksReport``: the ``StackAnalysis`` plus what the exit code needs.
+- ``save`` / ``load`` write and read ``DIR/<node>/<rank>-<pid>.json`` (py-spy's
+  JSON as it printed it), ``<rank>-<pid>.error`` and ``DIR/job.json`` (the
+  topology and per-node outcome; later rounds under ``DIR/round-K/``).
+
+The daemon calls ``collect_rounds`` and ``analyse`` directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brctl.analysis.inventory import Inventory
+from brctl.analysis.jobtopo import job_topology
+from brctl.analysis.pyspy import PySpyFormatError, parse_dump
+from brctl.analysis.stacks import Frame, RankSample, Round, StackAnalysis
+from brctl.analysis.stacks import analyse as analyse_rounds
+from brctl.analysis.topology import Topology
+from brctl.errors import ExitCode, IncompleteError, InputError, RemoteDataError
+from brctl.remote.probes import Bundle, ProbeRunner
+from brctl.remote.transport import Node, RunResult, Transport
+
+PROBE = "brctl.diagnostics.stacks_probe"
+SAVE_SCHEMA = "brctl.stacks-save/1"
+
+
+@dataclass(frozen=True)
+class RankDump:
+    """One rank process found on a machine and its py-spy output (or why there is none)."""
+
+    rank: int
+    pid: int
+    output: str | None  # py-spy's JSON text, as printed
+    error: str | None
+    local_rank: int | None = None
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeCollection:
+    """What one machine answered: ``state`` is the transport state, or ``probe_error``."""
+
+    node: str
+    state: str
+    error: str | None
+    ranks: tuple[RankDump, ...] = ()
+    workers: int = 0  # data-loader / checkpoint processes found under the ranks
+    seconds: float = 0.0
+
+    @property
+    def answered(self) -> bool:
+        """The probe ran and returned its document."""
+        return self.state == "ok"
+
+
+@dataclass(frozen=True)
+class Collection:
+    """One round over the job's machines."""
+
+    nodes: dict[str, NodeCollection]
+    started: float  # wall-clock time.time() at the start of the round
+    seconds: float
+    py_spy_shipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What ``Topology.build`` needs, as saved in ``job.json``."""
+
+    machines: tuple[str, ...]
+    gpus: tuple[int, ...]
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    order: str = "tp-cp-ep-dp-pp"
+
+    def topology(self, rank_machines: Sequence[str] | None = None) -> Topology:
+        """The topology, with the live rank → machine mapping when known."""
+        return Topology.build(self.machines, list(self.gpus), tp=self.tp, pp=self.pp, cp=self.cp,
+                              ep=self.ep, order=self.order, rank_machines=rank_machines)
+
+
+@dataclass(frozen=True)
+class StacksReport:
+    """The analysis plus the collections it came from."""
+
+    analysis: StackAnalysis
+    topology: Topology
+    collections: tuple[Collection, ...]
+    node_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 when machines gave no answer, else 1 when an eviction is proposed, else 0."""
+        if self.node_errors:
+            return ExitCode.INCOMPLETE
+        return ExitCode.FINDINGS if self.analysis.evict else ExitCode.OK
+
+
+def controller_py_spy() -> Bundle | None:
+    """The py-spy binary installed with brctl on the controller, to ship to nodes without one."""
+    path = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    try:
+        with open(path, "rb") as fh:
+            return Bundle("py-spy", fh.read(), 0o755)
+    except OSError:
+        return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _node_collection(name: str, doc: dict[str, Any] | None, error: str | None,
+                     run: RunResult) -> NodeCollection:
+    if doc is None:
+        state = run.state.value if not run.state.ran else "probe_error"
+        return NodeCollection(name, state, error or "no answer", seconds=run.seconds)
+    procs = doc.get("processes")
+    dumps = doc.get("dumps")
+    if not isinstance(procs, list) or not isinstance(dumps, list):
+        return NodeCollection(name, "probe_error", "probe answer lacks processes/dumps",
+                              seconds=run.seconds)
+    by_pid = {d.get("pid"): d for d in dumps if isinstance(d, dict)}
+    ranks, workers = [], 0
+    for p in procs:
+        if not isinstance(p, dict):
+            continue
+        if p.get("role") == "worker":
+            workers += 1
+        if p.get("role") != "rank" or _int_or_none(p.get("rank")) is None:
+            continue
+        pid = int(p["pid"])
+        d = by_pid.get(pid, {})
+        err = d.get("error")
+        if not d:
+            if not doc.get("py_spy_missing"):
+                continue  # left to the machine that owns it (machines sharing one kernel)
+            err = "py-spy is not available on this machine and none could be shipped"
+        ranks.append(RankDump(int(p["rank"]), pid, d.get("output"), err,
+                              _int_or_none(p.get("local_rank")), _int_or_none(p.get("world_size"))))
+    return NodeCollection(name, "ok", None, tuple(ranks), workers, run.seconds)
+
+
+def collect(
+    runner: ProbeRunner,
+    nodes: Sequence[Node],
+    process_match: str,
+    *,
+    dump_timeout: float = 10.0,
+    timeout: float = 120.0,
+    concurrency: int = 64,
+    py_spy_paths: dict[str, str] | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
+    expected: dict[str, list[int]] | None = None,
+) -> Collection:
+    """One round: find and dump every rank on ``nodes``.
+
+    Args:
+        runner: the probe runner (its transport reaches the nodes; reuse it across rounds).
+        nodes: the job's machines.
+        process_match: regex on the command line that finds training processes.
+        dump_timeout: seconds for one ``py-spy dump``.
+        timeout: seconds for the whole probe on one machine.
+        concurrency: machines in flight at once.
+        py_spy_paths: node → py-spy path shipped in an earlier round (updated in place).
+        on_done: progress callback per machine.
+        expected: node → ranks the inventory places there (used for local machines).
+
+    Returns:
+        The round's collection; a machine's failure is recorded, never raised.
+    """
+    paths = py_spy_paths if py_spy_paths is not None else {}
+    start, wall = time.monotonic(), time.time()
+
+    def request(node: Node) -> dict[str, Any]:
+        req: dict[str, Any] = {"process_match": process_match, "py_spy": paths.get(node.name),
+                               "dump_timeout": dump_timeout}
+        if node.connection == "local" and expected is not None:
+            # local machines share this host's processes: each dumps only the ranks
+            # the inventory places on it, so no process is attached twice at once
+            req["only_ranks"] = expected.get(node.name, [])
+        return req
+
+    results = runner.run(nodes, PROBE, request, timeout=timeout, concurrency=concurrency,
+                         on_done=on_done)
+    shipped: list[str] = []
+    need = [n for n in nodes if results[n.name].document is not None
+            and results[n.name].document.get("py_spy_missing")  # type: ignore[union-attr]
+            and any(p.get("role") == "rank"
+                    for p in results[n.name].document.get("processes", []))]  # type: ignore[union-attr]
+    bundle = controller_py_spy() if need else None
+    if need and bundle is not None:
+        placed = runner.ensure_file(need, bundle, timeout=timeout)
+        again = []
+        for n in need:
+            where = placed[n.name]
+            if isinstance(where, str) and where:
+                paths[n.name] = where
+                again.append(n)
+                shipped.append(n.name)
+        if again:
+            results.update(runner.run(again, PROBE, request, timeout=timeout,
+                                      concurrency=concurrency))
+    cols = {n.name: _node_collection(n.name, results[n.name].document, results[n.name].error,
+                                     results[n.name].run) for n in nodes}
+    return Collection(cols, wall, time.monotonic() - start, tuple(shipped))
+
+
+def collect_rounds(
+    runner: ProbeRunner,
+    nodes: Sequence[Node],
+    process_match: str,
+    *,
+    rounds: int = 1,
+    interval: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    on_round: Callable[[int], None] | None = None,
+    **kwargs: Any,
+) -> list[Collection]:
+    """``rounds`` collections, ``interval`` seconds apart (start to start)."""
+    paths: dict[str, str] = {}
+    out: list[Collection] = []
+    for i in range(rounds):
+        began = time.monotonic()
+        out.append(collect(runner, nodes, process_match, py_spy_paths=paths, **kwargs))
+        if on_round is not None:
+            on_round(i + 1)
+        if i + 1 < rounds:
+            sleep(max(0.0, interval - (time.monotonic() - began)))
+    return out
+
+
+def collect_job(
+    inv: Inventory,
+    transport: Transport,
+    *,
+    rounds: int = 1,
+    interval: float = 10.0,
+    dump_timeout: float = 10.0,
+    timeout: float = 120.0,
+    on_round: Callable[[int], None] | None = None,
+) -> tuple[list[Collection], JobShape]:
+    """Collect ``rounds`` rounds over the inventory's job machines.
+
+    Raises:
+        InputError: the inventory has no job or its sizes do not divide.
+    """
+    topo = job_topology(inv)  # validates the job section before any node is contacted
+    assert inv.job is not None
+    shape = JobShape(topo.machines, tuple(inv.nodes[m].gpus for m in topo.machines), topo.tp,
+                     topo.pp, topo.cp, topo.ep, topo.order)
+    runner = ProbeRunner(transport)
+    collections = collect_rounds(runner, inv.job_nodes(), inv.job.process_match, rounds=rounds,
+                                 interval=interval, on_round=on_round, dump_timeout=dump_timeout,
+                                 timeout=timeout, concurrency=inv.ssh.fanout,
+                                 expected={m: topo.ranks_on(m) for m in topo.machines})
+    return collections, shape
+
+
+def live_rank_machines(collections: Sequence[Collection], shape: JobShape) -> list[str]:
+    """Rank → machine: the inventory's order, overridden by each rank's live RANK.
+
+    Machines that share one kernel (``connection: local``, or a test cluster
+    without PID namespaces) all see the same process: the same RANK with the same
+    pid on several machines is that one process, kept on the machine the
+    inventory's order expects (else the first that saw it).
+
+    Raises:
+        RemoteDataError: a rank outside the world, or one rank in two processes.
+    """
+    base = shape.topology()
+    mapping = list(base.rank_machines)
+    seen: dict[int, tuple[int, list[str]]] = {}
+    for col in collections:
+        for node, nc in col.nodes.items():
+            for rd in nc.ranks:
+                if not 0 <= rd.rank < base.world:
+                    raise RemoteDataError(
+                        f"{node}: process {rd.pid} has RANK={rd.rank}, outside the job's world "
+                        f"of {base.world} (machines × gpus in the inventory)",
+                        hint="check job.nodes, each node's gpus and job.process_match")
+                pid, where = seen.setdefault(rd.rank, (rd.pid, []))
+                if pid != rd.pid and col is collections[0]:
+                    raise RemoteDataError(
+                        f"RANK={rd.rank} is held by two processes: pid {pid} on "
+                        f"{where[0]} and pid {rd.pid} on {node}",
+                        hint="two jobs match job.process_match; make the regex stricter")
+                if node not in where:
+                    where.append(node)
+    for rank, (_, where) in seen.items():
+        mapping[rank] = mapping[rank] if mapping[rank] in where else where[0]
+    return mapping
+
+
+def _to_round(col: Collection, topo: Topology, intern: dict[Frame, Frame]) -> Round:
+    samples: list[RankSample] = []
+    found: set[int] = set()
+    for node, nc in col.nodes.items():
+        for rd in nc.ranks:
+            if topo.machine_of(rd.rank) != node or rd.rank in found:
+                continue  # the same process seen from another machine on one kernel
+            found.add(rd.rank)
+            stack, error = None, rd.error
+            if rd.output is not None:
+                try:
+                    stack = parse_dump(rd.output, rd.pid, intern)
+                except PySpyFormatError as exc:
+                    error = f"unusable py-spy output: {exc}"
+            samples.append(RankSample(rd.rank, node, rd.pid, stack, error))
+    answered = {n for n, nc in col.nodes.items() if nc.answered}
+    for rank in range(topo.world):
+        node = topo.machine_of(rank)
+        if rank not in found and node in answered:
+            samples.append(RankSample(rank, node, 0, None,
+                                      f"no process with RANK={rank} on {node}", missing=True))
+    silent = frozenset(n for n, nc in col.nodes.items() if not nc.answered)
+    return Round(tuple(samples), silent)
+
+
+def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
+    """Analyse one or more rounds of collections.
+
+    Raises:
+        IncompleteError: no machine answered, or no rank process was found anywhere.
+        RemoteDataError: inconsistent live ranks.
+    """
+    if not collections:
+        raise IncompleteError("stacks: nothing was collected")
+    last = collections[-1]
+    errors = {n: f"{nc.state}: {nc.error}" for n, nc in last.nodes.items() if not nc.answered}
+    if not any(nc.ranks for col in collections for nc in col.nodes.values()):
+        detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())[:5])
+        raise IncompleteError(
+            "stacks: no training process (one with RANK in its environment) was found on any "
+            "machine" + (f" ({detail})" if detail else ""),
+            hint="is the job running? job.process_match must match its command line")
+    topo = shape.topology(live_rank_machines(collections, shape))
+    intern: dict[Frame, Frame] = {}
+    rounds = [_to_round(c, topo, intern) for c in collections]
+    return StacksReport(analyse_rounds(rounds, topo), topo, tuple(collections), errors)
+
+
+# -- save / load ----------------------------------------------------------------------
+
+def _round_dir(root: Path, index: int) -> Path:
+    return root if index == 0 else root / f"round-{index + 1}"
+
+
+def save(root: Path, collections: Sequence[Collection], shape: JobShape) -> None:
+    """Write the collections in the ``--save`` layout (no environment values but ranks).
+
+    Raises:
+        InputError: the directory cannot be written.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        rounds = []
+        for i, col in enumerate(collections):
+            base = _round_dir(root, i)
+            nodes: dict[str, Any] = {}
+            for name, nc in col.nodes.items():
+                nodes[name] = {"state": nc.state, "error": nc.error, "workers": nc.workers,
+                               "ranks": [{"rank": r.rank, "pid": r.pid, "local_rank": r.local_rank,
+                                          "world_size": r.world_size} for r in nc.ranks]}
+                if not nc.ranks:
+                    continue
+                ndir = base / name
+                ndir.mkdir(parents=True, exist_ok=True)
+                for r in nc.ranks:
+                    if r.output is not None:
+                        (ndir / f"{r.rank}-{r.pid}.json").write_text(r.output)
+                    else:
+                        (ndir / f"{r.rank}-{r.pid}.error").write_text((r.error or "") + "\n")
+            rounds.append({"dir": os.path.relpath(base, root), "started": col.started,
+                           "seconds": round(col.seconds, 3), "nodes": nodes})
+        job = {"schema": SAVE_SCHEMA, "machines": list(shape.machines), "gpus": list(shape.gpus),
+               "tp": shape.tp, "pp": shape.pp, "cp": shape.cp, "ep": shape.ep,
+               "order": shape.order, "rounds": rounds}
+        (root / "job.json").write_text(json.dumps(job, indent=2) + "\n")
+    except OSError as exc:
+        raise InputError(f"--save {root}: {exc.strerror or exc}") from None
+
+
+def _need(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InputError(f"{where}: key {key!r} must be a {kind.__name__}")
+    return value
+
+
+def _load_node(base: Path, name: str, info: dict[str, Any], where: str) -> NodeCollection:
+    ranks = []
+    for j, r in enumerate(info.get("ranks") or []):
+        rank = _need(r, "rank", int, f"{where}.ranks[{j}]")
+        pid = _need(r, "pid", int, f"{where}.ranks[{j}]")
+        stem = base / name / f"{rank}-{pid}"
+        try:
+            if stem.with_suffix(".json").exists():
+                output, error = stem.with_suffix(".json").read_text(), None
+            else:
+                output, error = None, stem.with_suffix(".error").read_text().strip()
+        except OSError as exc:
+            raise InputError(f"{stem}.json/.error: {exc.strerror}",
+                             hint="every rank listed in job.json needs its dump or .error") from None
+        ranks.append(RankDump(rank, pid, output, error, _int_or_none(r.get("local_rank")),
+                              _int_or_none(r.get("world_size"))))
+    state = info.get("state") if isinstance(info.get("state"), str) else "ok"
+    return NodeCollection(name, str(state), info.get("error"), tuple(ranks),
+                          int(info.get("workers") or 0))
+
+
+def load(root: Path) -> tuple[list[Collection], JobShape]:
+    """Read a ``--save`` directory back.
+
+    Raises:
+        InputError: a missing or malformed ``job.json`` or dump file (names which and what).
+    """
+    path = root / "job.json"
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"--from {root}: cannot read job.json: {exc.strerror}",
+                         hint="point --from at a directory written by brctl stacks --save") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SAVE_SCHEMA:
+        raise InputError(f"{path}: expected \"schema\": \"{SAVE_SCHEMA}\"")
+    machines = _need(data, "machines", list, str(path))
+    gpus = _need(data, "gpus", list, str(path))
+    shape = JobShape(tuple(str(m) for m in machines), tuple(int(g) for g in gpus),
+                     _need(data, "tp", int, str(path)), _need(data, "pp", int, str(path)),
+                     _need(data, "cp", int, str(path)), _need(data, "ep", int, str(path)),
+                     _need(data, "order", str, str(path)))
+    collections = []
+    for i, rnd in enumerate(_need(data, "rounds", list, str(path))):
+        where = f"{path}: rounds[{i}]"
+        if not isinstance(rnd, dict):
+            raise InputError(f"{where}: expected an object")
+        base = root / str(rnd.get("dir", "."))
+        nodes = {name: _load_node(base, name, info, f"{where}.nodes.{name}")
+                 for name, info in _need(rnd, "nodes", dict, where).items()}
+        collections.append(Collection(nodes, float(rnd.get("started") or 0.0),
+                                      float(rnd.get("seconds") or 0.0)))
+    if not collections:
+        raise InputError(f"{path}: no rounds recorded")
+    return collections, shape
