@@ -376,29 +376,49 @@ def map_to_group(outliers: Iterable[int], topo: Topology) -> SuspectGroup | None
     return best[1] if best else None
 
 
-def _vote(per_round: Sequence[SuspectGroup | None]) -> SuspectGroup | None:
-    """The group named most often over the rounds (ties: fewer machines, then latest)."""
-    counts: Counter[tuple[str, tuple[int, ...]]] = Counter()
-    last: dict[tuple[str, tuple[int, ...]], tuple[int, SuspectGroup]] = {}
-    for i, group in enumerate(per_round):
-        if group is None:
-            continue
-        key = (group.kind, group.indices)
-        counts[key] += 1
-        last[key] = (i, group)
-    if not counts:
-        return None
-    key = max(counts, key=lambda k: (counts[k], -len(last[k][1].nodes), last[k][0]))
-    return last[key][1]
+def _vote(per_round: Sequence[set[int]], topo: Topology
+          ) -> tuple[SuspectGroup | None, Counter[tuple[str, int]]]:
+    """The suspect over several rounds and the outlier counts per group instance.
+
+    When every round names the same suspect (the smallest group holding all of
+    its outliers), the cause is steady (a hang) and it stands. Otherwise
+    (fail-slow, where each round also catches noise) outlier counts accumulate
+    per group instance over the rounds, and the instance with the densest count
+    (outliers per member; ties: more outliers, fewer machines) is the degrader:
+    a slow rank and the peers waiting on it return round after round, while
+    noise lands on different ranks each time.
+    """
+    votes: Counter[tuple[str, int]] = Counter()
+    kinds = _kinds(topo)
+    for outliers in per_round:
+        for rank in outliers:
+            votes.update((k, topo.group_id(rank, k)) for k in kinds)
+    if not votes:
+        return None, votes
+    whole = [map_to_group(o, topo) for o in per_round]
+    if len({(g.kind, g.indices) if g else None for g in whole}) == 1:
+        return whole[-1], votes  # the same outliers' group every round: a steady hang
+
+    def key(item: tuple[str, int]) -> tuple[float, int, int, int, int]:
+        kind, gid = item
+        ranks = topo.group_ranks(kind, gid)
+        return (-votes[item] / len(ranks), -votes[item], len(topo.machines_of(ranks)),
+                len(ranks), kinds.index(kind))
+
+    kind, gid = min(votes, key=key)
+    everyone = set().union(*per_round)
+    members = set(topo.group_ranks(kind, gid))
+    return SuspectGroup(kind, (gid,), tuple(topo.group_machines(kind, gid)),
+                        everyone <= members), votes
 
 
 def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
     """Classes, outliers, the suspect group and the machines to evict over one or more rounds.
 
     The classes and tree describe the last round. With one round the outliers
-    are that round's. With several, each round names its suspect group and the
-    group named most often wins (fail-slow: the degrader); a rank whose motion
-    disagrees with its stage is an outlier too.
+    are that round's. With several, outlier counts are accumulated per group
+    instance (fail-slow: the degrader, see ``_vote``); when no round shows an
+    outlier, a rank whose motion disagrees with its stage is one.
 
     Args:
         rounds: the collections, oldest first (at least one).
@@ -420,14 +440,15 @@ def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
         sigs_per_round.append(sigs)
         per_round.append(round_outliers(sigs, topo))
     moving = moving_outliers([{s.rank: s.stack for s in r.samples} for r in rounds], topo)
-    groups = [map_to_group(o, topo) for o in per_round]
-    if moving:
-        groups.append(map_to_group(moving, topo))
-    suspect = groups[0] if len(groups) == 1 else _vote(groups)
-    votes: Counter[tuple[str, int]] = Counter()
-    for g in groups:
-        if g is not None:
-            votes.update((g.kind, i) for i in g.indices)
+    if any(per_round):
+        moving = {}  # motion decides only when the snapshots alone show nothing
+    if len(rounds) == 1:
+        suspect = map_to_group(per_round[0], topo)
+        votes: Counter[tuple[str, int]] = Counter(
+            {(suspect.kind, i): 1 for i in suspect.indices} if suspect else {})
+    else:
+        suspect, votes = _vote([set(o) for o in per_round] if not moving else [set(moving)],
+                               topo)
 
     last = sigs_per_round[-1]
     counts: Counter[int] = Counter(r for o in per_round for r in o)

@@ -1,0 +1,234 @@
+"""The stack analyser, exhaustively over topologies and the position of the faulty rank."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from brctl.analysis.stacks import (
+    Frame,
+    RankSample,
+    Round,
+    Stack,
+    analyse,
+    build_tree,
+    classify,
+    fold_ranks,
+    map_to_group,
+    signature,
+)
+from brctl.analysis.topology import Topology
+
+# (machines, gpus per machine, tp, pp, cp) — every stage cohort has at least 2 ranks
+SHAPES = [
+    (4, 2, 1, 2, 1),
+    (4, 2, 2, 2, 1),
+    (8, 2, 2, 2, 1),
+    (4, 4, 2, 2, 1),
+    (6, 2, 1, 3, 1),
+    (4, 2, 1, 2, 2),
+    (8, 4, 4, 2, 1),
+    (3, 4, 2, 3, 1),
+    (2, 4, 1, 1, 1),
+    (4, 8, 8, 2, 1),
+]
+ORDERS = ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
+TOPOLOGIES = [
+    Topology.build([f"m{i:02d}" for i in range(m)], g, tp=tp, pp=pp, cp=cp, order=order)
+    for (m, g, tp, pp, cp), order in itertools.product(SHAPES, ORDERS)
+]
+IDS = [f"{t.world}r-tp{t.tp}-cp{t.cp}-pp{t.pp}-dp{t.dp}-{t.order[-5:]}" for t in TOPOLOGIES]
+
+TORCH = "torch/distributed/distributed_c10d.py"
+LOGGER = "torch/distributed/c10d_logger.py"
+
+
+def stack(*inner: tuple[str, str], line: int = 10) -> Stack:
+    outer = [Frame("<module>", "pretrain.py", 99), Frame("main", "pretrain.py", 80),
+             Frame("train", "pretrain.py", 50), Frame("train_step", "pretrain.py", line)]
+    return tuple(outer) + tuple(Frame(n, f, 7) for n, f in inner)
+
+
+HEALTHY = stack(("dp_all_reduce", "pretrain.py"), ("wrapper", LOGGER), ("all_reduce", TORCH),
+                ("_wait", TORCH))
+RECV = stack(("recv_activations", "pretrain.py"), ("wrapper", LOGGER), ("recv", TORCH))
+STUCK = stack(("load_batch", "data.py"), ("read_shard", "data.py"))
+
+
+def round_of(topo: Topology, stacks: dict[int, Stack | None]) -> Round:
+    return Round(tuple(RankSample(r, topo.machine_of(r), 1000 + r, s,
+                                  None if s is not None else "ptrace: permission denied")
+                       for r, s in stacks.items()))
+
+
+def test_signature_folds_wait_library_and_drops_lines() -> None:
+    sig = signature(HEALTHY)
+    assert sig[-1] == ("_wait", TORCH)  # innermost frame of the torch.distributed run
+    assert sig[-2] == ("dp_all_reduce", "pretrain.py")
+    assert len(sig) == 6
+    assert signature(stack(("x", "a.py"), line=11)) == signature(stack(("x", "a.py"), line=12))
+    deep = stack(("wait_queue", "loader.py"), ("Queue.get", "queue.py"),
+                 ("Condition.wait", "threading.py"), ("inner", "threading.py"))
+    assert signature(deep)[-2:] == (("wait_queue", "loader.py"), ("Queue.get", "queue.py"))
+
+
+def test_fold_ranks_is_stat_style() -> None:
+    assert fold_ranks([0, 1, 2, 3, 15, 5, 4, 7]) == "0-5,7,15"
+    assert fold_ranks([14]) == "14"
+    assert fold_ranks([]) == ""
+
+
+def test_tree_carries_rank_sets() -> None:
+    sigs = {r: signature(HEALTHY) for r in range(16) if r != 14}
+    sigs[14] = signature(STUCK)
+    tree = build_tree(classify(sigs))
+    assert tree.ranks == tuple(range(16))
+    node = tree.children[0]
+    while len(node.children) == 1:
+        node = node.children[0]
+    assert [fold_ranks(c.ranks) for c in node.children] == ["0-13,15", "14"]
+
+
+@pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
+def test_healthy_job_has_no_outlier(topo: Topology) -> None:
+    a = analyse([round_of(topo, dict.fromkeys(range(topo.world), HEALTHY))], topo)
+    assert a.outliers == () and a.suspect is None and a.evict == ()
+    assert len(a.classes) == 1 and a.classes[0].ranks == tuple(range(topo.world))
+
+
+@pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
+def test_single_stuck_rank_evicts_its_smallest_group(topo: Topology) -> None:
+    for bad in range(topo.world):
+        stacks = dict.fromkeys(range(topo.world), HEALTHY)
+        stacks[bad] = STUCK
+        a = analyse([round_of(topo, stacks)], topo)
+        assert [o.rank for o in a.outliers] == [bad]
+        assert a.outliers[0].reason == "minority"
+        assert a.suspect is not None and a.suspect.kind == "tp"
+        assert a.suspect.index == topo.group_id(bad, "tp")
+        assert list(a.evict) == topo.group_machines("tp", topo.group_id(bad, "tp"))
+        assert topo.machine_of(bad) in a.evict
+
+
+@pytest.mark.parametrize("topo", [t for t in TOPOLOGIES if t.pp > 1 and t.tp == 1],
+                         ids=[i for t, i in zip(TOPOLOGIES, IDS) if t.pp > 1 and t.tp == 1])
+def test_hang_propagating_down_the_pipeline_evicts_the_pp_group(topo: Topology) -> None:
+    """The stuck rank's pipeline peers wait in recv: the outliers are exactly its PP group."""
+    for bad in range(topo.world):
+        gid = topo.group_id(bad, "pp")
+        peers = set(topo.group_ranks("pp", gid))
+        stacks = {r: (STUCK if r == bad else RECV if r in peers else HEALTHY)
+                  for r in range(topo.world)}
+        a = analyse([round_of(topo, stacks)], topo)
+        assert {o.rank for o in a.outliers} == peers
+        assert a.suspect is not None and (a.suspect.kind, a.suspect.index) == ("pp", gid)
+        assert list(a.evict) == topo.group_machines("pp", gid)
+        assert topo.machine_of(bad) in a.evict
+
+
+@pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
+def test_undumpable_rank_is_an_outlier(topo: Topology) -> None:
+    for bad in range(topo.world):
+        stacks: dict[int, Stack | None] = dict.fromkeys(range(topo.world), HEALTHY)
+        stacks[bad] = None
+        a = analyse([round_of(topo, stacks)], topo)
+        assert [(o.rank, o.reason) for o in a.outliers] == [(bad, "undumpable")]
+        assert "permission" in a.outliers[0].detail
+        assert topo.machine_of(bad) in a.evict
+
+
+def test_missing_rank_is_an_outlier() -> None:
+    topo = TOPOLOGIES[0]
+    samples = [RankSample(r, topo.machine_of(r), r + 1, HEALTHY) for r in range(1, topo.world)]
+    samples.append(RankSample(0, topo.machine_of(0), 0, None, "no process", missing=True))
+    a = analyse([Round(tuple(samples))], topo)
+    assert [(o.rank, o.reason, o.pid) for o in a.outliers] == [(0, "missing", None)]
+
+
+def test_no_consensus_means_no_verdict() -> None:
+    """Ranks busy at scattered points (a healthy job mid-step) are not outliers."""
+    topo = Topology.build(["a", "b"], 4, tp=1, pp=1)
+    stacks = {r: stack((f"layer{r}", "model.py")) for r in range(8)}
+    a = analyse([round_of(topo, stacks)], topo)
+    assert a.outliers == () and a.evict == ()
+
+
+def test_two_way_tie_is_broken_by_the_job_wide_wait_point() -> None:
+    """dp=2: the stage with the stuck rank's peer splits 1-1; the job-wide majority decides."""
+    topo = Topology.build(["m0", "m1", "m2", "m3"], 1, tp=1, pp=2)  # dp=2
+    stacks = {0: STUCK, 1: HEALTHY, 2: RECV, 3: HEALTHY}
+    a = analyse([round_of(topo, stacks)], topo)
+    assert {o.rank for o in a.outliers} == {0, 2}
+    assert a.suspect is not None and (a.suspect.kind, a.suspect.index) == ("pp", 0)
+    assert a.evict == ("m0", "m2")
+
+
+def test_outliers_in_no_common_group_pick_the_cheapest_kind() -> None:
+    topo = Topology.build([f"m{i}" for i in range(8)], 2, tp=2, pp=2)  # dp=4
+    stacks = dict.fromkeys(range(topo.world), HEALTHY)
+    stacks[0] = stacks[2] = STUCK  # different TP groups, same DP group
+    g = map_to_group([0, 2], topo)
+    assert g is not None and g.kind == "dp" and g.contains_all
+    stacks[9] = STUCK  # stage 1: no group holds 0, 2 and 9
+    a = analyse([round_of(topo, stacks)], topo)
+    assert a.suspect is not None and not a.suspect.contains_all and a.suspect.index is None
+    assert set(a.evict) >= {topo.machine_of(r) for r in (0, 2, 9)}
+    assert len(a.evict) == 3  # three TP groups, each on one machine
+
+
+@pytest.mark.parametrize("topo", [t for t in TOPOLOGIES if t.pp > 1], ids=[
+    i for t, i in zip(TOPOLOGIES, IDS) if t.pp > 1])
+def test_fail_slow_vote_names_the_degrader(topo: Topology) -> None:
+    """A slow rank shows up in most rounds with its PP peers; noise elsewhere loses the vote."""
+    rng = random.Random(topo.world)
+    for slow in range(0, topo.world, max(1, topo.world // 7)):
+        gid = topo.group_id(slow, "pp")
+        peers = set(topo.group_ranks("pp", gid))
+        rounds = []
+        others = rng.sample([r for r in range(topo.world) if r not in peers], 5)
+        for i in range(5):
+            stacks = dict.fromkeys(range(topo.world), HEALTHY)
+            if i != 2:  # one round catches the slow rank just as it joins the collective
+                stacks.update({r: RECV for r in peers})
+                stacks[slow] = stack(("forward", "model.py"), ("matmul", "model.py"), line=i)
+            stacks[others[i]] = stack(("save_checkpoint", "ckpt.py"))  # a different one each round
+            rounds.append(round_of(topo, stacks))
+        a = analyse(rounds, topo)
+        assert a.rounds == 5
+        assert a.suspect is not None and (a.suspect.kind, a.suspect.index) == ("pp", gid)
+        assert topo.machine_of(slow) in a.evict
+        assert a.group_votes[("pp", gid)] >= 4
+
+
+def test_a_rank_that_moves_while_its_stage_waits_is_an_outlier() -> None:
+    topo = Topology.build(["m0", "m1"], 4, tp=1, pp=1)
+    rounds = []
+    for i in range(3):
+        stacks = dict.fromkeys(range(8), HEALTHY)
+        stacks[5] = stack(("dp_all_reduce", "pretrain.py"), ("wrapper", LOGGER),
+                          ("all_reduce", TORCH), ("_wait", TORCH), line=10 + i)  # same signature, moving lines
+        rounds.append(round_of(topo, stacks))
+    a = analyse(rounds, topo)
+    assert [(o.rank, o.reason) for o in a.outliers] == [(5, "moving")]
+    assert a.evict == ("m1",)
+
+
+def test_a_rank_that_stands_still_while_its_stage_moves_is_stuck() -> None:
+    topo = Topology.build(["m0", "m1"], 4, tp=1, pp=1)
+    rounds = []
+    for i in range(3):
+        stacks = {r: stack(("step", "pretrain.py"), line=10 + i) for r in range(8)}
+        stacks[2] = stack(("step", "pretrain.py"), line=10)
+        rounds.append(round_of(topo, stacks))
+    a = analyse(rounds, topo)
+    assert [(o.rank, o.reason) for o in a.outliers] == [(2, "stuck")]
+    assert a.evict == ("m0",)
+
+
+def test_expert_groups_are_candidates() -> None:
+    topo = Topology.build([f"m{i}" for i in range(4)], 4, tp=1, pp=1, ep=4)  # dp=16, ep=4
+    ranks = topo.group_ranks("ep", topo.group_id(5, "ep"))
+    g = map_to_group(ranks[:2], topo)
+    assert g is not None and g.kind == "ep" and set(g.nodes) == set(topo.machines_of(ranks))
