@@ -1,12 +1,28 @@
-"""``update:`` — where releases live on each node."""
+"""``update:`` — where releases live on each node (``brctl update``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from brctl.analysis.schema import field, positive
+
+
+def _root(value: str) -> str:
+    if not value.strip():
+        raise ValueError("expected a directory path")
+    for name in re.findall(r"\{([^}]*)\}", value):
+        if name != "node":
+            raise ValueError(f"unknown placeholder {{{name}}}: only {{node}} is allowed here")
+    return value
 
 
 @dataclass(frozen=True)
 class UpdateSection:
     """Hot update settings."""
 
-    root: str = "/opt/train"  # <root>/releases/<version>/ and the <root>/current symlink
+    # <root>/releases/<version>/ and the <root>/current symlink on each machine; {node}
+    # is replaced by the machine's name (machines sharing one filesystem, local nodes).
+    root: str = field("/opt/train", check=_root)
+    # a lazy push is applied by `brctl update apply --if-due` once this many seconds passed
+    window: float = field(24 * 3600.0, check=positive)

@@ -50,7 +50,7 @@ else:
     if not usable:
         sys.stdout.write("%s\n" % "MARK")
         sys.exit(CODE)
-sys.argv = [module]
+sys.argv = [module] + sys.argv[4:]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """.replace("MARK", MISSING_MARK).replace("CODE", str(MISSING_EXIT))
 
@@ -164,6 +164,14 @@ class ProbeRunner:
 
     def _argv(self, node: Node, module: str) -> list[str]:
         return [node.python, "-c", _BOOTSTRAP, self.bundle.digest, brctl.__version__, module]
+
+    def command(self, node: Node, module: str, *args: str) -> list[str]:
+        """The argv that runs probe ``module`` on ``node`` with ``args`` as its ``sys.argv[1:]``.
+
+        For probes that stream bulk data on stdin (so the request travels in argv);
+        the bundle must already be cached there (run any probe with ``run`` first).
+        """
+        return [*self._argv(node, module), *args]
 
     def run(
         self,

@@ -1,0 +1,182 @@
+"""``brctl update push|apply|rollback|status|history``: hot update of the job's code."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from brctl.env import Env
+
+if TYPE_CHECKING:
+    from brctl.operations.update import UpdateContext
+
+app = typer.Typer(no_args_is_help=True, help="""Roll code out to the job's machines in place.
+
+Releases live on each machine under update.root (releases/<version>/ and a
+`current` symlink switched atomically). `push` packs the code once, sends it
+to every machine in parallel (resumable, sha256-verified on arrival) and
+stages it: by default it waits as pending until `apply` (which the daemon
+runs at the next restart or failure) or until its window expires (`apply
+--if-due`, e.g. from cron); `--urgent` switches now and runs the job's
+restart hook. A switch is all-or-nothing: if one machine cannot switch, the
+others are switched back. `rollback` returns to the release before the last
+update; `status` shows drift; `history` lists every change.""")
+
+_SELECT = typer.Option(None, "-w", "--nodes", metavar="NODESET",
+                       help="Machines to act on (default: the job's machines, else all).")
+_EXCLUDE = typer.Option(None, "-x", "--exclude", metavar="NODESET", help="Machines to leave out.")
+_TIMEOUT = typer.Option(None, "-t", "--timeout", metavar="SECONDS",
+                        help="Per-machine timeout of each step (default: ssh.command_timeout).")
+
+
+def register(root: typer.Typer) -> None:
+    """Add the ``update`` group to the root app."""
+    root.add_typer(app, name="update", help="Hot update of the job's code: push, apply, "
+                   "rollback, status, history.")
+
+
+def _context(env: Env, select: Optional[str], exclude: Optional[str],
+             timeout: Optional[float]) -> UpdateContext:
+    from brctl.errors import UsageError
+    from brctl.operations.update import UpdateContext, who
+    from brctl.state import Store
+
+    if timeout is not None and timeout <= 0:
+        raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
+    inv = env.inventory()
+    nodes = inv.select(select, exclude) if select or exclude else None
+    if nodes is not None and not nodes:
+        raise UsageError("update: the selection is empty", hint="check -w / -x against brctl nodes")
+    state = env.state_dir()
+    return UpdateContext(inv, env.transport(), Store(state), state / "update" / "artifacts",
+                         who(env.environ), timeout=timeout, concurrency=inv.ssh.fanout,
+                         nodes=nodes)
+
+
+@app.command("push")
+def push(
+    ctx: typer.Context,
+    src: str = typer.Argument(..., metavar="SRC",
+                              help="A directory, a tarball, or a git repository (with --rev)."),
+    version: str = typer.Option(..., "--version", "-V", metavar="V", help="Release name."),
+    rev: Optional[str] = typer.Option(None, "--rev", metavar="REV",
+                                      help="Pack this git revision of the repository SRC."),
+    urgent: bool = typer.Option(False, "--urgent",
+                                help="Switch every machine now and run job.restart_command."),
+    window: Optional[str] = typer.Option(None, "--window", metavar="DURATION",
+                                         help="Apply lazily within this time (e.g. 24h, 90m; "
+                                         "default update.window, 24h)."),
+    select: Optional[str] = _SELECT,
+    exclude: Optional[str] = _EXCLUDE,
+    timeout: Optional[float] = _TIMEOUT,
+) -> int:
+    """Pack SRC once, send it to every machine and stage it as release V.
+
+    Machines that already hold the verified release are skipped; a transfer cut
+    short resumes from where it stopped. Exit 0 when staged everywhere (and, with
+    --urgent, switched and restarted), 1 when a machine failed (e.g. the artifact
+    arrived corrupted), 3 when machines did not answer (they are caught up by the
+    next push or apply).
+    """
+    from brctl.analysis.update import parse_duration
+    from brctl.commands._render_update import render_push
+    from brctl.operations.update import push as do_push
+
+    env: Env = ctx.obj
+    window_s = parse_duration(window, "--window") if window is not None else None
+    uctx = _context(env, select, exclude, timeout)
+    with env.output.progress("push", 2 * len(uctx.targets())) as advance:
+        uctx.on_done = advance
+        report = do_push(uctx, src, version, rev=rev, urgent=urgent, window_s=window_s)
+    render_push(env.output, report)
+    return int(report.exit_code)
+
+
+@app.command("apply")
+def apply(
+    ctx: typer.Context,
+    if_due: bool = typer.Option(False, "--if-due",
+                                help="Only when the pending release's window has passed."),
+    restart: bool = typer.Option(False, "--restart",
+                                 help="Run job.restart_command after switching."),
+    timeout: Optional[float] = _TIMEOUT,
+) -> int:
+    """Switch every machine of the job to the pending release, all or none.
+
+    Lagging machines (unreachable at push time, or new) are sent the release
+    first. Without a pending release, machines that drifted are switched back to
+    the job's version. Exit 0 switched (or nothing to do), 1 the switch failed
+    and was rolled back, 3 machines did not answer (nothing switched).
+    """
+    from brctl.commands._render_update import render_switch
+    from brctl.operations.update import apply as do_apply
+
+    env: Env = ctx.obj
+    uctx = _context(env, None, None, timeout)
+    report = do_apply(uctx, if_due=if_due, restart=restart)
+    render_switch(env.output, report)
+    return int(report.exit_code)
+
+
+@app.command("rollback")
+def rollback(
+    ctx: typer.Context,
+    to: Optional[str] = typer.Option(None, "--to", metavar="V",
+                                     help="Release to return to (default: the one before the "
+                                     "last update)."),
+    restart: bool = typer.Option(False, "--restart",
+                                 help="Run job.restart_command after switching."),
+    timeout: Optional[float] = _TIMEOUT,
+) -> int:
+    """Switch every machine back to the previous release (or V), all or none.
+
+    Repeated rollbacks walk back one update each. Exit codes as for apply.
+    """
+    from brctl.commands._render_update import render_switch
+    from brctl.operations.update import rollback as do_rollback
+
+    env: Env = ctx.obj
+    uctx = _context(env, None, None, timeout)
+    report = do_rollback(uctx, to=to, restart=restart)
+    render_switch(env.output, report)
+    return int(report.exit_code)
+
+
+@app.command("status")
+def status(
+    ctx: typer.Context,
+    select: Optional[str] = _SELECT,
+    exclude: Optional[str] = _EXCLUDE,
+    timeout: Optional[float] = _TIMEOUT,
+) -> int:
+    """Current and pending release per machine, folded; drifted machines highlighted.
+
+    Exit 0 every machine is on the job's version, 1 drift, 3 machines did not answer.
+    """
+    from brctl.commands._render_update import render_status
+    from brctl.operations.update import status as do_status
+
+    env: Env = ctx.obj
+    report = do_status(_context(env, select, exclude, timeout))
+    render_status(env.output, report)
+    return int(report.exit_code)
+
+
+@app.command("history")
+def history(
+    ctx: typer.Context,
+    limit: Optional[int] = typer.Option(None, "-n", "--limit", metavar="N", min=1,
+                                        help="Only the last N events."),
+) -> int:
+    """Every push, apply and rollback of the job: who, when, version, checksum, outcome."""
+    from brctl.commands._render_update import render_history
+    from brctl.operations.update import history as do_history
+    from brctl.state import Store
+
+    env: Env = ctx.obj
+    inv = env.inventory()
+    job = inv.job.name if inv.job else "-"
+    events = do_history(Store(env.state_dir()), job, limit)
+    render_history(env.output, job, events)
+    return 0

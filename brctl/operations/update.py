@@ -1,0 +1,717 @@
+"""``brctl update``: hot update of the job's code on its machines, lazy or urgent, with rollback.
+
+The operations the CLI and the daemon call: ``push`` (pack once, send in
+parallel, resumable, verified on arrival, staged; urgent: switch now and run the
+restart hook), ``apply`` (switch every machine to the pending release, or catch up
+machines that drifted), ``rollback`` (back to the release before the last update,
+or a named one), ``status`` and ``history``. A switch is all-or-nothing: it
+starts only when every machine answered and holds the release (lagging machines
+are sent it first); if one machine fails to switch, the others are switched back
+and the report says why. Every push, apply and rollback is recorded in the state
+database with who, when, version, checksum, machines and outcome.
+
+Returns dataclasses; never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from brctl.analysis import nodeset
+from brctl.analysis.inventory import Inventory
+from brctl.analysis.template import expand
+from brctl.analysis.update import (
+    Event,
+    NodeView,
+    Pending,
+    TransferPlan,
+    check_version,
+    drift,
+    is_due,
+    plan_switch,
+    plan_transfer,
+    rollback_target,
+)
+from brctl.errors import ExitCode, InputError
+from brctl.operations import update_pack
+from brctl.remote.fanout import run_all
+from brctl.remote.probes import ProbeRunner, parse_document
+from brctl.remote.transport import Node, NodeState, RunResult, Transport
+from brctl.state import Component, Store
+
+PROBE = "brctl.diagnostics.release"
+MASTER_PORT = 29500  # torchrun's default rendezvous port, for {master_port} in the hook
+
+COMPONENT = Component("update", [
+    """
+    CREATE TABLE update_releases (
+        version TEXT PRIMARY KEY, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+        source TEXT NOT NULL, pushed_at REAL NOT NULL, pushed_by TEXT NOT NULL);
+    CREATE TABLE update_jobs (
+        job TEXT PRIMARY KEY, version TEXT, sha256 TEXT,
+        pending_version TEXT, pending_sha256 TEXT, pending_since REAL,
+        pending_window_s REAL, pending_urgent INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE update_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, at REAL NOT NULL,
+        who TEXT NOT NULL, action TEXT NOT NULL, version TEXT NOT NULL,
+        sha256 TEXT NOT NULL, from_version TEXT, machines TEXT NOT NULL,
+        outcome TEXT NOT NULL, detail TEXT NOT NULL);
+    CREATE INDEX update_events_job ON update_events(job, id)
+    """,
+])
+
+_TRANSPORT_STATES = {s.value for s in NodeState if not s.ran}
+
+
+@dataclass
+class UpdateContext:
+    """What the update operations need (the CLI and the daemon build one).
+
+    Args:
+        inventory: the inventory (targets: the job's machines, or all without a job).
+        transport: the backend.
+        store: the state database.
+        artifacts: where packed releases are kept (``<state>/update/artifacts``).
+        who: recorded in the history (``user@host``).
+        now: the clock (epoch seconds).
+        timeout: per-machine command timeout (None: each node's ``command_timeout``).
+        concurrency: machines in flight at once.
+        nodes: override the target machines (default: the job's, else all).
+        on_done: called as each machine finishes a step (progress).
+    """
+
+    inventory: Inventory
+    transport: Transport
+    store: Store
+    artifacts: Path
+    who: str
+    now: Callable[[], float] = time.time
+    timeout: Optional[float] = None
+    concurrency: int = 64
+    nodes: Optional[Sequence[Node]] = None
+    on_done: Optional[Callable[[RunResult], None]] = None
+    runner: ProbeRunner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.runner = ProbeRunner(self.transport)
+        self.store.migrate(COMPONENT)
+
+    @property
+    def job(self) -> str:
+        """The key of this job's update state."""
+        return self.inventory.job.name if self.inventory.job else "-"
+
+    def targets(self) -> list[Node]:
+        """The machines that carry the job's code."""
+        if self.nodes is not None:
+            return list(self.nodes)
+        return self.inventory.job_nodes() or list(self.inventory.nodes.values())
+
+    def root(self, node: Node) -> str:
+        """The update root on ``node`` (``{node}`` replaced by its name)."""
+        return self.inventory.update.root.replace("{node}", node.name)
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """What happened on one machine in one step.
+
+    ``state``: staged, present (already held it), switched, already (was on it),
+    reverted (switched, then switched back), failed, conflict, lagging, or a
+    transport state (unreachable, timeout, auth, hostkey).
+    """
+
+    state: str
+    message: str = ""
+    bytes_sent: int = 0
+
+    @property
+    def answered(self) -> bool:
+        """The machine answered (its state is not a transport failure)."""
+        return self.state not in _TRANSPORT_STATES
+
+    def to_json(self) -> dict[str, object]:
+        """JSON form."""
+        return {"state": self.state, "message": self.message, "bytes_sent": self.bytes_sent}
+
+
+@dataclass(frozen=True)
+class HookResult:
+    """The job's restart hook, run on the controller."""
+
+    argv: tuple[str, ...]
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """It exited 0."""
+        return self.exit_code == 0
+
+    def to_json(self) -> dict[str, object]:
+        """JSON form."""
+        return {"argv": list(self.argv), "exit_code": self.exit_code, "stdout": self.stdout,
+                "stderr": self.stderr, "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class SwitchReport:
+    """The result of apply, rollback, or the switch of an urgent push.
+
+    ``outcome``: ok (every machine is on ``version``), noop (nothing to do),
+    incomplete (not started: machines did not answer), failed (not started:
+    lagging machines could not be caught up; or the switch back failed too),
+    rolled_back (a machine failed to switch; the others were switched back).
+    """
+
+    action: str
+    job: str
+    version: Optional[str]
+    from_version: Optional[str]
+    outcome: str
+    reason: str
+    nodes: Mapping[str, NodeOutcome]
+    restart: Optional[HookResult] = None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 when machines did not answer, 1 when the switch or the hook failed, else 0."""
+        if any(not o.answered for o in self.nodes.values()):
+            return ExitCode.INCOMPLETE
+        if self.outcome not in ("ok", "noop") or (self.restart and not self.restart.ok):
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+    def to_json(self) -> dict[str, object]:
+        """JSON form."""
+        return {"action": self.action, "job": self.job, "version": self.version,
+                "from_version": self.from_version, "outcome": self.outcome,
+                "reason": self.reason, "nodes": {n: o.to_json() for n, o in self.nodes.items()},
+                "restart": self.restart.to_json() if self.restart else None}
+
+
+@dataclass(frozen=True)
+class PushReport:
+    """The result of a push: where the release is staged, and what became of it."""
+
+    job: str
+    version: str
+    sha256: str
+    size: int
+    source: str
+    urgent: bool
+    nodes: Mapping[str, NodeOutcome]
+    pending: Optional[Pending]
+    switch: Optional[SwitchReport]
+    message: str
+
+    @property
+    def bytes_sent(self) -> int:
+        """Artifact bytes sent over all machines (resumed and skipped ones send less)."""
+        return sum(o.bytes_sent for o in self.nodes.values())
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 when machines did not answer, 1 when staging/switch/hook failed, else 0."""
+        codes = [ExitCode.OK]
+        if any(not o.answered for o in self.nodes.values()):
+            codes.append(ExitCode.INCOMPLETE)
+        if any(o.state in ("failed", "conflict") for o in self.nodes.values()):
+            codes.append(ExitCode.FINDINGS)
+        if self.switch is not None:
+            codes.append(self.switch.exit_code)
+        if ExitCode.INCOMPLETE in codes:
+            return ExitCode.INCOMPLETE
+        return max(codes)
+
+    def to_json(self) -> dict[str, object]:
+        """JSON form."""
+        return {"job": self.job, "version": self.version, "sha256": self.sha256,
+                "size": self.size, "source": self.source, "urgent": self.urgent,
+                "bytes_sent": self.bytes_sent, "message": self.message,
+                "nodes": {n: o.to_json() for n, o in self.nodes.items()},
+                "pending": self.pending.to_json() if self.pending else None,
+                "switch": self.switch.to_json() if self.switch else None}
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One machine's releases."""
+
+    state: str  # ok, or a transport state / failed when it did not answer
+    current: Optional[str]
+    releases: tuple[str, ...]
+    pending_staged: Optional[bool]  # None without a pending release
+    drift: bool
+    error: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """JSON form."""
+        return {"state": self.state, "current": self.current, "releases": list(self.releases),
+                "pending_staged": self.pending_staged, "drift": self.drift, "error": self.error}
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """Current and pending release per machine, and which machines drifted."""
+
+    job: str
+    version: Optional[str]
+    sha256: Optional[str]
+    pending: Optional[Pending]
+    due: bool
+    nodes: Mapping[str, NodeStatus]
+
+    @property
+    def drifted(self) -> list[str]:
+        """Machines not on the job's version."""
+        return [n for n, s in self.nodes.items() if s.drift]
+
+    @property
+    def unknown(self) -> list[str]:
+        """Machines that did not answer."""
+        return [n for n, s in self.nodes.items() if s.state != "ok"]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 when machines did not answer, 1 on drift, else 0."""
+        if self.unknown:
+            return ExitCode.INCOMPLETE
+        return ExitCode.FINDINGS if self.drifted else ExitCode.OK
+
+    def to_json(self) -> dict[str, object]:
+        """JSON form."""
+        return {"job": self.job, "version": self.version, "sha256": self.sha256,
+                "pending": self.pending.to_json() if self.pending else None, "due": self.due,
+                "drift": self.drifted, "unknown": self.unknown,
+                "nodes": {n: s.to_json() for n, s in self.nodes.items()}}
+
+
+def who(environ: Mapping[str, str]) -> str:
+    """``user@host`` for the history (``$SUDO_USER`` first: the person, not root)."""
+    import getpass
+    import socket
+
+    user = environ.get("SUDO_USER") or environ.get("USER") or environ.get("LOGNAME")
+    if not user:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# ---------------------------------------------------------------- state database
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The job's recorded version and pending release."""
+
+    version: Optional[str]
+    sha256: Optional[str]
+    pending: Optional[Pending]
+
+
+def job_state(store: Store, job: str) -> JobState:
+    """The job's row (empty when it never had an update)."""
+    rows = store.query("SELECT * FROM update_jobs WHERE job = ?", (job,))
+    if not rows:
+        return JobState(None, None, None)
+    r = rows[0]
+    pending = None
+    if r["pending_version"] is not None:
+        pending = Pending(r["pending_version"], r["pending_sha256"], r["pending_since"],
+                          r["pending_window_s"], bool(r["pending_urgent"]))
+    return JobState(r["version"], r["sha256"], pending)
+
+
+def _save_job(store: Store, job: str, state: JobState) -> None:
+    p = state.pending
+    with store.transaction() as db:
+        db.execute(
+            "INSERT INTO update_jobs(job, version, sha256, pending_version, pending_sha256,"
+            " pending_since, pending_window_s, pending_urgent) VALUES (?,?,?,?,?,?,?,?)"
+            " ON CONFLICT(job) DO UPDATE SET version=excluded.version, sha256=excluded.sha256,"
+            " pending_version=excluded.pending_version, pending_sha256=excluded.pending_sha256,"
+            " pending_since=excluded.pending_since, pending_window_s=excluded.pending_window_s,"
+            " pending_urgent=excluded.pending_urgent",
+            (job, state.version, state.sha256, p.version if p else None, p.sha256 if p else None,
+             p.since if p else None, p.window_s if p else None, int(p.urgent) if p else 0))
+
+
+def _record(ctx: UpdateContext, action: str, version: str, sha256: str,
+            from_version: Optional[str], machines: Sequence[str], outcome: str,
+            detail: Mapping[str, Any]) -> None:
+    with ctx.store.transaction() as db:
+        db.execute(
+            "INSERT INTO update_events(job, at, who, action, version, sha256, from_version,"
+            " machines, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (ctx.job, ctx.now(), ctx.who, action, version, sha256, from_version,
+             json.dumps(list(machines)), outcome, json.dumps(detail, sort_keys=True)))
+
+
+def history(store: Store, job: str, limit: Optional[int] = None) -> list[Event]:
+    """The job's push/apply/rollback events, oldest first (the last ``limit`` of them)."""
+    store.migrate(COMPONENT)
+    sql = "SELECT * FROM update_events WHERE job = ? ORDER BY id DESC"
+    params: list[object] = [job]
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    rows = store.query(sql, params)
+    return [Event(r["id"], r["at"], r["who"], r["action"], r["version"], r["sha256"],
+                  r["from_version"], tuple(json.loads(r["machines"])), r["outcome"],
+                  json.loads(r["detail"])) for r in reversed(rows)]
+
+
+def _release(store: Store, version: str) -> tuple[str, str]:
+    """(sha256, source) of a pushed release."""
+    rows = store.query("SELECT sha256, source FROM update_releases WHERE version = ?", (version,))
+    if not rows:
+        raise InputError(f"release {version!r} was never pushed here",
+                         hint="brctl update history lists the releases")
+    return rows[0]["sha256"], rows[0]["source"]
+
+
+def _register_release(ctx: UpdateContext, version: str, art: update_pack.Artifact) -> None:
+    with ctx.store.transaction() as db:
+        row = db.execute("SELECT sha256 FROM update_releases WHERE version = ?",
+                         (version,)).fetchone()
+        if row is not None and row[0] != art.sha256:
+            raise InputError(
+                f"release {version} was already pushed with sha256 {row[0][:12]} "
+                f"(this one is {art.sha256[:12]}); releases are immutable",
+                hint="push the new code under a new --version")
+        if row is None:
+            db.execute("INSERT INTO update_releases VALUES (?,?,?,?,?,?)",
+                       (version, art.sha256, art.size, art.source, ctx.now(), ctx.who))
+
+
+# ---------------------------------------------------------------- machine steps
+
+
+def _failure(res: RunResult, error: Optional[str]) -> NodeOutcome:
+    if not res.state.ran:
+        return NodeOutcome(res.state.value, res.stderr.strip()[-300:])
+    return NodeOutcome("failed", error or f"exit {res.exit_code}")
+
+
+def inspect(ctx: UpdateContext, nodes: Sequence[Node]
+            ) -> tuple[dict[str, Optional[NodeView]], dict[str, NodeOutcome]]:
+    """Ask every machine what it holds; (views, failures) where failures have no view."""
+    results = ctx.runner.run(nodes, PROBE, lambda n: {"action": "inspect", "root": ctx.root(n)},
+                             timeout=ctx.timeout, concurrency=ctx.concurrency,
+                             on_done=ctx.on_done)
+    views: dict[str, Optional[NodeView]] = {}
+    failures: dict[str, NodeOutcome] = {}
+    for node in nodes:
+        res = results[node.name]
+        if res.document is not None:
+            views[node.name] = NodeView.from_document(res.document)
+        else:
+            views[node.name] = None
+            failures[node.name] = _failure(res.run, res.error)
+    return views, failures
+
+
+def transfer(ctx: UpdateContext, nodes: Sequence[Node], art: update_pack.Artifact,
+             version: str, plan: TransferPlan) -> dict[str, NodeOutcome]:
+    """Send the artifact (from each machine's resume offset) and stage it there."""
+    todo = [n for n in nodes if n.name in plan.send]
+    if not todo:
+        return {}
+    data = art.path.read_bytes()
+    tails: dict[int, bytes] = {0: data}
+    lock = threading.Lock()
+
+    def stdin_for(node: Node) -> bytes:
+        offset = plan.send[node.name]
+        with lock:  # one copy per distinct offset, shared by every machine that needs it
+            if offset not in tails:
+                tails[offset] = data[offset:]
+            return tails[offset]
+
+    def argv_for(node: Node) -> list[str]:
+        request = {"action": "receive", "root": ctx.root(node), "version": version,
+                   "sha256": art.sha256, "size": art.size, "offset": plan.send[node.name]}
+        return ctx.runner.command(node, PROBE, json.dumps(request))
+
+    results = run_all(ctx.transport, todo, argv_for, timeout=ctx.timeout, stdin=stdin_for,
+                      concurrency=ctx.concurrency, on_done=ctx.on_done)
+    out: dict[str, NodeOutcome] = {}
+    for node in todo:
+        res = results[node.name]
+        doc, error = parse_document(res)
+        sent = art.size - plan.send[node.name]
+        if doc is not None and doc.get("staged"):
+            state = "present" if doc.get("already") else "staged"
+            out[node.name] = NodeOutcome(state, "", sent)
+        else:
+            outcome = _failure(res, error)
+            out[node.name] = NodeOutcome(outcome.state, outcome.message, sent)
+    return out
+
+
+def _switch_nodes(ctx: UpdateContext, nodes: Sequence[Node], versions: Mapping[str, Optional[str]],
+                  sha256: Optional[Mapping[str, str]] = None) -> dict[str, NodeOutcome]:
+    """Point ``current`` at ``versions[node]`` on each machine (None: remove the link)."""
+    def request(node: Node) -> dict[str, Any]:
+        req: dict[str, Any] = {"action": "switch", "root": ctx.root(node),
+                               "version": versions[node.name]}
+        if sha256 is not None:
+            req["sha256"] = sha256[node.name]
+        return req
+
+    results = ctx.runner.run(nodes, PROBE, request, timeout=ctx.timeout,
+                             concurrency=ctx.concurrency, on_done=ctx.on_done)
+    return {n.name: NodeOutcome("switched") if results[n.name].ok
+            else _failure(results[n.name].run, results[n.name].error) for n in nodes}
+
+
+def _describe(outcomes: Mapping[str, NodeOutcome]) -> str:
+    by_message: dict[str, list[str]] = {}
+    for name, o in outcomes.items():
+        by_message.setdefault(f"{o.state}: {o.message}".rstrip(": "), []).append(name)
+    return "; ".join(f"{nodeset.fold(names)}: {msg}" for msg, names in by_message.items())
+
+
+def switch_all(ctx: UpdateContext, action: str, version: str, sha256: str,
+               from_version: Optional[str]) -> SwitchReport:
+    """Switch every target machine to ``version``, all or none (see the module docstring)."""
+    targets = ctx.targets()
+    by_name = {n.name: n for n in targets}
+    views, failures = inspect(ctx, targets)
+    plan = plan_switch(views, version, sha256)
+    nodes: dict[str, NodeOutcome] = dict(failures)
+
+    def report(outcome: str, reason: str) -> SwitchReport:
+        return SwitchReport(action, ctx.job, version, from_version, outcome, reason, nodes)
+
+    if plan.unknown:
+        return report("incomplete", "not switched (no machine was): "
+                      f"{_describe(failures)}; rerun once they answer or leave the job")
+    if plan.lagging:
+        art = update_pack.load(ctx.artifacts, sha256, version)
+        sent = transfer(ctx, [by_name[n] for n in plan.lagging], art, version,
+                        plan_transfer({n: views[n] for n in plan.lagging}, version, sha256,
+                                      art.size))
+        nodes.update(sent)
+        bad = {n: o for n, o in sent.items() if o.state not in ("staged", "present")}
+        if bad:
+            return report("failed", f"not switched: catching up failed on {_describe(bad)}")
+    nodes.update({n: NodeOutcome("already") for n in plan.already})
+    movers = [by_name[n] for n in (*plan.ready, *plan.lagging)]
+    if not movers:
+        return report("ok" if action != "apply" else "noop", f"every machine is on {version}")
+    switched = _switch_nodes(ctx, movers, {n.name: version for n in movers},
+                             {n.name: sha256 for n in movers})
+    nodes.update(switched)
+    bad = {n: o for n, o in switched.items() if o.state != "switched"}
+    if not bad:
+        return report("ok", f"switched {nodeset.fold([n.name for n in movers])} to {version}")
+    return _revert(ctx, report, nodes, movers, views, bad)
+
+
+def _revert(ctx: UpdateContext, report: Callable[[str, str], SwitchReport],
+            nodes: dict[str, NodeOutcome], movers: Sequence[Node],
+            views: Mapping[str, Optional[NodeView]],
+            bad: Mapping[str, NodeOutcome]) -> SwitchReport:
+    """Switch the machines that did switch back to what they ran before."""
+    done = [n for n in movers if n.name not in bad]
+    previous: dict[str, Optional[str]] = {}
+    for node in done:
+        view = views[node.name]
+        previous[node.name] = view.current if view is not None else None
+    back = _switch_nodes(ctx, done, previous) if done else {}
+    why = _describe(bad)
+    stuck = {n: o for n, o in back.items() if o.state != "switched"}
+    for name, o in back.items():
+        nodes[name] = NodeOutcome("reverted", f"switched back to {previous[name]}") \
+            if o.state == "switched" else NodeOutcome(o.state, f"switch back failed: {o.message}")
+    if stuck:
+        return report("failed", f"switch failed on {why}; switching back failed on "
+                      f"{_describe(stuck)}: machines are on MIXED versions, fix them and rerun")
+    return report("rolled_back", f"switch failed on {why}; every machine was switched back")
+
+
+def run_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optional[HookResult]:
+    """Run ``job.restart_command`` on the controller (argv, never a shell); None without one."""
+    job = inv.job
+    if job is None or job.restart_command is None:
+        return None
+    nodes = job.nodes
+    first = inv.node(nodes[0])
+    values = {"nodes": ",".join(nodes), "nodes_folded": nodeset.fold(nodes),
+              "nnodes": len(nodes), "nproc_per_node": first.gpus,
+              "master_addr": first.address, "master_port": MASTER_PORT,
+              "reason": reason, "version": version}
+    argv = expand(job.restart_command, values, what=f"{inv.source}: job.restart_command")
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return HookResult(tuple(argv), 127, "", f"{argv[0]}: not found", time.monotonic() - start)
+    except subprocess.TimeoutExpired:
+        return HookResult(tuple(argv), None, "", f"timed out after {timeout:g}s",
+                          time.monotonic() - start)
+    return HookResult(tuple(argv), proc.returncode, proc.stdout.decode(errors="replace"),
+                      proc.stderr.decode(errors="replace"), time.monotonic() - start)
+
+
+def _hook_timeout(ctx: UpdateContext) -> float:
+    return ctx.timeout or ctx.inventory.ssh.command_timeout
+
+
+def _finish_switch(ctx: UpdateContext, rep: SwitchReport, sha256: str, restart: bool,
+                   state: JobState, clear_pending: bool) -> SwitchReport:
+    """Record the job's new version, run the hook, write the history row."""
+    hook = None
+    if rep.outcome == "ok":
+        pending = None if clear_pending else state.pending
+        _save_job(ctx.store, ctx.job, JobState(rep.version, sha256, pending))
+        if restart:
+            hook = run_hook(ctx.inventory, rep.version or "",
+                            f"update {rep.action} {rep.version}", _hook_timeout(ctx))
+            rep = SwitchReport(rep.action, rep.job, rep.version, rep.from_version, rep.outcome,
+                               rep.reason, rep.nodes, hook)
+    detail = {"switched": rep.outcome == "ok", "reason": rep.reason,
+              "nodes": {n: o.to_json() for n, o in rep.nodes.items()},
+              "restart": hook.to_json() if hook else None}
+    _record(ctx, rep.action, rep.version or "", sha256, rep.from_version,
+            [n.name for n in ctx.targets()], rep.outcome, detail)
+    return rep
+
+
+# ---------------------------------------------------------------- operations
+
+
+def push(ctx: UpdateContext, src: str, version: str, *, rev: Optional[str] = None,
+         urgent: bool = False, window_s: Optional[float] = None) -> PushReport:
+    """Pack ``src`` once, send it to every target machine, stage it; urgent: switch now.
+
+    Raises:
+        InputError / UsageError: a bad source or version, or the version exists with other code.
+    """
+    check_version(version)
+    art = update_pack.pack(src, rev, ctx.artifacts)
+    _register_release(ctx, version, art)
+    targets = ctx.targets()
+    views, failures = inspect(ctx, targets)
+    plan = plan_transfer(views, version, art.sha256, art.size)
+    nodes: dict[str, NodeOutcome] = dict(failures)
+    nodes.update({n: NodeOutcome("present") for n in plan.skip})
+    nodes.update({n: NodeOutcome("conflict", why) for n, why in plan.conflict.items()})
+    nodes.update(transfer(ctx, targets, art, version, plan))
+    nodes = {n.name: nodes[n.name] for n in targets}
+    state = job_state(ctx.store, ctx.job)
+    window = window_s if window_s is not None else ctx.inventory.update.window
+    pending = state.pending
+    if version != state.version or urgent:
+        pending = Pending(version, art.sha256, ctx.now(), window, urgent)
+    _save_job(ctx.store, ctx.job, JobState(state.version, state.sha256, pending))
+    outcome = ("ok" if all(o.state in ("staged", "present") for o in nodes.values())
+               else "incomplete" if any(not o.answered for o in nodes.values()) else "failed")
+    _record(ctx, "push", version, art.sha256, state.version, list(nodes), outcome,
+            {"source": art.source, "size": art.size, "urgent": urgent, "window_s": window,
+             "bytes_sent": sum(o.bytes_sent for o in nodes.values()),
+             "nodes": {n: o.to_json() for n, o in nodes.items()}})
+    switch = None
+    if urgent and outcome == "ok":
+        switch = apply(ctx, restart=True)
+        pending = job_state(ctx.store, ctx.job).pending
+    message = _push_message(version, outcome, urgent, pending, switch)
+    return PushReport(ctx.job, version, art.sha256, art.size, art.source, urgent, nodes,
+                      pending, switch, message)
+
+
+def _push_message(version: str, outcome: str, urgent: bool, pending: Optional[Pending],
+                  switch: Optional[SwitchReport]) -> str:
+    if switch is not None:
+        return switch.reason
+    if outcome != "ok":
+        tail = "kept pending; `brctl update apply` catches the other machines up"
+        return f"{version} not staged everywhere: {tail}" + (" (urgent: not switched)"
+                                                             if urgent else "")
+    if pending is None:
+        return f"{version} staged; the job already runs it"
+    return f"{version} staged everywhere, pending: applied by `brctl update apply` (due at " \
+           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(pending.due_at))})"
+
+
+def apply(ctx: UpdateContext, *, if_due: bool = False, restart: bool = False) -> SwitchReport:
+    """Switch every machine to the pending release (or back to the job's version if drifted).
+
+    Args:
+        ctx: the context.
+        if_due: only apply a pending release whose window has passed (or an urgent one);
+            for cron, with ``restart`` so the job picks the code up.
+        restart: run ``job.restart_command`` after a successful switch.
+    """
+    state = job_state(ctx.store, ctx.job)
+    pending = state.pending
+    if pending is not None and (not if_due or is_due(pending, ctx.now())):
+        version, sha256, clear = pending.version, pending.sha256, True
+    elif state.version is not None and state.sha256 is not None and not if_due:
+        version, sha256, clear = state.version, state.sha256, False
+    else:
+        why = "pending release is not due yet" if pending else "nothing pushed"
+        return SwitchReport("apply", ctx.job, None, state.version, "noop", why, {})
+    rep = switch_all(ctx, "apply", version, sha256, state.version)
+    if rep.outcome == "noop":  # machines already there: still record the job's version
+        _save_job(ctx.store, ctx.job, JobState(version, sha256, None if clear else pending))
+        return rep
+    return _finish_switch(ctx, rep, sha256, restart, state, clear)
+
+
+def rollback(ctx: UpdateContext, *, to: Optional[str] = None, restart: bool = False
+             ) -> SwitchReport:
+    """Switch every machine back to the release before the last update (or to ``to``).
+
+    Raises:
+        InputError: there is no earlier release to go back to, or ``to`` was never pushed.
+    """
+    state = job_state(ctx.store, ctx.job)
+    target = to if to is not None else rollback_target(history(ctx.store, ctx.job), state.version)
+    if target is None:
+        raise InputError(f"job {ctx.job}: no earlier release to roll back to "
+                         f"(current: {state.version or 'none recorded'})",
+                         hint="name one with --to VERSION (see brctl update history)")
+    check_version(target)
+    sha256, _source = _release(ctx.store, target)
+    rep = switch_all(ctx, "rollback", target, sha256, state.version)
+    # a pending release that is the one being rolled away from must not come back lazily
+    clear = state.pending is not None and state.pending.version == state.version
+    return _finish_switch(ctx, rep, sha256, restart, state, clear)
+
+
+def status(ctx: UpdateContext) -> StatusReport:
+    """Current and pending release per machine, with drift against the job's version."""
+    state = job_state(ctx.store, ctx.job)
+    targets = ctx.targets()
+    views, failures = inspect(ctx, targets)
+    currents = {n: v.current for n, v in views.items() if v is not None}
+    drifted = set(drift(currents, state.version))
+    nodes: dict[str, NodeStatus] = {}
+    for node in targets:
+        view = views[node.name]
+        if view is None:
+            fail = failures[node.name]
+            nodes[node.name] = NodeStatus(fail.state, None, (), None, False, fail.message)
+            continue
+        staged = None if state.pending is None else view.has(state.pending.version,
+                                                               state.pending.sha256)
+        nodes[node.name] = NodeStatus("ok", view.current, tuple(sorted(view.releases)), staged,
+                                      node.name in drifted)
+    return StatusReport(ctx.job, state.version, state.sha256, state.pending,
+                        is_due(state.pending, ctx.now()), nodes)
