@@ -44,13 +44,16 @@ def expand(template: Template, values: Mapping[str, object], *, what: str) -> li
         raise InputError(f"{what}: empty command")
     out = []
     for arg in argv:
-        for _text, name, _spec, _conv in string.Formatter().parse(arg):
-            if name is not None and name not in values:
-                known = ", ".join("{" + k + "}" for k in values)
-                raise InputError(f"{what}: unknown placeholder {{{name}}} in {arg!r}",
-                                 hint=f"available here: {known}")
         try:
-            out.append(arg.format_map({k: str(v) for k, v in values.items()}))
-        except (ValueError, IndexError) as exc:
-            raise InputError(f"{what}: bad placeholder in {arg!r}: {exc}") from None
+            names = [name for _t, name, _s, _c in string.Formatter().parse(arg) if name is not None]
+            unknown = [name for name in names if name not in values]
+            if not unknown:
+                out.append(arg.format_map({k: str(v) for k, v in values.items()}))
+        except (ValueError, IndexError, AttributeError) as exc:
+            raise InputError(f"{what}: bad placeholder in {arg!r}: {exc}",
+                             hint="write a literal brace as {{ or }}") from None
+        if unknown:
+            known = ", ".join("{" + k + "}" for k in values)
+            raise InputError(f"{what}: unknown placeholder {{{unknown[0]}}} in {arg!r}",
+                             hint=f"available here: {known}")
     return out

@@ -1,0 +1,154 @@
+"""The node-side release probe on real files: staging, immutability, resume, checksum, switch."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from brctl.diagnostics import release
+from brctl.operations.update_pack import pack_directory
+
+
+def call(request: dict, data: bytes = b"", via_argv: bool = True) -> tuple[int, dict]:
+    out = io.StringIO()
+    if via_argv:
+        code = release.main([json.dumps(request)], io.BytesIO(data), out)
+    else:
+        code = release.main([], io.BytesIO(json.dumps(request).encode()), out)
+    return code, json.loads(out.getvalue())
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> bytes:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "train.py").write_text("print('hello')\n")
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    (src / "run.sh").chmod(0o755)
+    os.symlink("pkg/train.py", src / "link.py")
+    return pack_directory(src)
+
+
+def receive(root: Path, data: bytes, version="v1", offset=0, sha=None, size=None):
+    req = {"action": "receive", "root": str(root), "version": version,
+           "sha256": sha or hashlib.sha256(data).hexdigest(),
+           "size": len(data) if size is None else size, "offset": offset}
+    return call(req, data[offset:])
+
+
+def test_stage_inspect_switch(tmp_path: Path, artifact: bytes) -> None:
+    root = tmp_path / "root"
+    code, doc = receive(root, artifact)
+    assert code == 0 and doc["staged"] and not doc["already"] and doc["received"] == len(artifact)
+    rel = root / "releases" / "v1"
+    assert (rel / "pkg" / "train.py").read_text() == "print('hello')\n"
+    assert os.access(rel / "run.sh", os.X_OK) and os.readlink(rel / "link.py") == "pkg/train.py"
+    assert not list((root / "releases").glob(".staging-*"))
+    assert not list((root / ".incoming").iterdir())  # partial and lock gone
+    code, doc = call({"action": "inspect", "root": str(root)}, via_argv=False)
+    assert doc["releases"] == {"v1": hashlib.sha256(artifact).hexdigest()}
+    assert doc["current"] is None
+    code, doc = call({"action": "switch", "root": str(root), "version": "v1"}, via_argv=False)
+    assert code == 0 and doc == {"previous": None, "current": "v1", "schema": "brctl.probe/1"}
+    assert os.readlink(root / "current") == "releases/v1"
+    assert (root / "current" / "pkg" / "train.py").exists()
+
+
+def test_staging_is_idempotent_and_releases_immutable(tmp_path: Path, artifact: bytes) -> None:
+    root = tmp_path / "root"
+    receive(root, artifact)
+    code, doc = receive(root, artifact)
+    assert code == 0 and doc["already"] and doc["received"] == len(artifact)  # drained
+    other = artifact + b"\0" * 512
+    code, doc = receive(root, other)
+    assert code == 1 and "immutable" in doc["probe_error"]
+    assert "push under a new version" in doc["probe_error"]
+
+
+def test_corrupted_transfer_is_discarded_and_never_staged(tmp_path: Path, artifact: bytes) -> None:
+    root = tmp_path / "root"
+    bad = bytearray(artifact)
+    bad[len(bad) // 2] ^= 0x01
+    code, doc = receive(root, bytes(bad), sha=hashlib.sha256(artifact).hexdigest())
+    assert code == 1 and "sha256 mismatch" in doc["probe_error"]
+    assert not (root / "releases" / "v1").exists()
+    assert not list((root / ".incoming").glob("*.partial"))
+
+
+def test_cut_transfer_is_kept_and_resumed(tmp_path: Path, artifact: bytes) -> None:
+    root = tmp_path / "root"
+    sha = hashlib.sha256(artifact).hexdigest()
+    half = len(artifact) // 2
+    code, doc = call({"action": "receive", "root": str(root), "version": "v1", "sha256": sha,
+                      "size": len(artifact), "offset": 0}, artifact[:half])
+    assert code == 1 and "cut short" in doc["probe_error"]
+    assert not (root / "releases" / "v1").exists()
+    _, doc = call({"action": "inspect", "root": str(root)}, via_argv=False)
+    assert doc["partial"] == {sha: half}
+    code, doc = receive(root, artifact, offset=half)
+    assert code == 0 and doc["received"] == len(artifact) - half
+    assert (root / "releases" / "v1" / "pkg" / "train.py").exists()
+
+
+def test_half_extracted_release_is_never_switched_to(tmp_path: Path, artifact: bytes) -> None:
+    root = tmp_path / "root"
+    (root / "releases" / ".staging-v1-123").mkdir(parents=True)
+    (root / "releases" / "v0").mkdir()  # no marker: not a release
+    _, doc = call({"action": "inspect", "root": str(root)}, via_argv=False)
+    assert doc["releases"] == {} and sorted(doc["incomplete"]) == [".staging-v1-123", "v0"]
+    code, doc = call({"action": "switch", "root": str(root), "version": "v0"}, via_argv=False)
+    assert code == 1 and "not staged completely" in doc["probe_error"]
+    code, doc = receive(root, artifact, version="v0")
+    assert code == 1 and "not a brctl release" in doc["probe_error"]
+    receive(root, artifact)  # leftovers of a cut extraction of v1 are cleaned
+    assert not (root / "releases" / ".staging-v1-123").exists()
+
+
+@pytest.mark.parametrize("name, kind, link", [
+    ("../evil", tarfile.REGTYPE, ""),
+    ("/abs", tarfile.REGTYPE, ""),
+    ("ok/link", tarfile.SYMTYPE, "../../outside"),
+    ("dev", tarfile.CHRTYPE, ""),
+])
+def test_hostile_archives_are_refused(tmp_path: Path, name: str, kind: bytes, link: str) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        info.linkname = link
+        tar.addfile(info, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+    code, doc = receive(tmp_path / "root", buf.getvalue())
+    assert code == 1 and "artifact" in doc["probe_error"]
+    assert not (tmp_path / "root" / "releases" / "v1").exists()
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "evil").exists()
+
+
+def test_switch_refuses_a_real_directory_and_checks_sha(tmp_path: Path, artifact: bytes) -> None:
+    root = tmp_path / "root"
+    receive(root, artifact)
+    code, doc = call({"action": "switch", "root": str(root), "version": "v1",
+                      "sha256": "0" * 64}, via_argv=False)
+    assert code == 1 and "expected 000000000000" in doc["probe_error"]
+    (root / "current").mkdir()
+    code, doc = call({"action": "switch", "root": str(root), "version": "v1"}, via_argv=False)
+    assert code == 1 and "not a symlink" in doc["probe_error"]
+
+
+def test_bad_requests(tmp_path: Path) -> None:
+    for request, match in [({"action": "nope", "root": "/x"}, "unknown action"),
+                           ({"action": "switch", "root": str(tmp_path), "version": "../x"},
+                            "bad release version"),
+                           ({"action": "inspect"}, "no update root"),
+                           ({"action": "receive", "root": str(tmp_path), "version": "v1",
+                             "sha256": "xyz", "size": 1}, "64 hex")]:
+        code, doc = call(request, via_argv=False)
+        assert code == 1 and match in doc["probe_error"], doc
+    out = io.StringIO()
+    assert release.main([], io.BytesIO(b"[1]"), out) == 1
+    assert "JSON object" in json.loads(out.getvalue())["probe_error"]

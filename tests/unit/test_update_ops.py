@@ -1,0 +1,251 @@
+"""Update operations over fake machines that run the real probe on per-machine tmp roots."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from brctl.analysis.inventory import from_document
+from brctl.errors import ExitCode, InputError
+from brctl.operations import update as up
+from brctl.remote.fake import Reply
+from brctl.state import Store
+
+from .update_fake import Machines, inventory_doc
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    machines = Machines()
+    clock = Clock()
+    src = tmp_path / "src"
+    src.mkdir()
+    marker = tmp_path / "restarted"
+    hook = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')",
+            str(marker), "{version} {nnodes} {nodes_folded}"]
+    inv = from_document(inventory_doc(tmp_path / "nodes", restart_command=hook), "inv.yaml")
+    store = Store(tmp_path / "state")
+
+    def ctx(**kw) -> up.UpdateContext:
+        return up.UpdateContext(inv, machines.transport, store, tmp_path / "artifacts", "me@ctl",
+                                now=clock, **kw)
+
+    def write(version: str) -> None:
+        (src / "train.py").write_text(f"VERSION = {version!r}\n")
+
+    def current(node: str) -> str | None:
+        link = tmp_path / "nodes" / node / "current"
+        return link.readlink().name if link.is_symlink() else None
+
+    class W:
+        pass
+
+    w = W()
+    w.__dict__.update(machines=machines, clock=clock, src=src, marker=marker, ctx=ctx,
+                      write=write, current=current, store=store, root=tmp_path / "nodes")
+    yield w
+    store.close()
+
+
+NODES = ["m1", "m2", "m3", "m4"]
+
+
+def test_lazy_push_then_apply(world) -> None:
+    world.write("v1")
+    rep = up.push(world.ctx(), str(world.src), "v1")
+    assert rep.exit_code is ExitCode.OK and rep.pending is not None and rep.switch is None
+    assert {o.state for o in rep.nodes.values()} == {"staged"}
+    assert rep.bytes_sent == 4 * rep.size
+    assert [world.current(n) for n in NODES] == [None] * 4  # lazy: nothing switched
+    st = up.status(world.ctx())
+    assert st.pending.version == "v1" and all(s.pending_staged for s in st.nodes.values())
+    sw = up.apply(world.ctx())
+    assert sw.outcome == "ok" and sw.exit_code is ExitCode.OK
+    assert [world.current(n) for n in NODES] == ["v1"] * 4
+    assert not world.marker.exists()  # apply without --restart leaves the job alone
+    state = up.job_state(world.store, "demo")
+    assert state.version == "v1" and state.pending is None
+    events = up.history(world.store, "demo")
+    assert [(e.action, e.version, e.outcome) for e in events] == [("push", "v1", "ok"),
+                                                                   ("apply", "v1", "ok")]
+    assert events[0].sha256 == rep.sha256 and events[0].who == "me@ctl"
+    assert events[0].machines == tuple(NODES) and events[1].detail["switched"]
+    again = up.push(world.ctx(), str(world.src), "v1")  # resumable: nothing to send
+    assert again.bytes_sent == 0 and {o.state for o in again.nodes.values()} == {"present"}
+    assert again.pending is None  # the job already runs v1
+
+
+def test_if_due_waits_for_the_window(world) -> None:
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1", window_s=3600)
+    assert up.apply(world.ctx(), if_due=True).outcome == "noop"
+    world.clock.t += 3600
+    rep = up.apply(world.ctx(), if_due=True, restart=True)
+    assert rep.outcome == "ok" and rep.restart is not None and rep.restart.ok
+    assert world.marker.read_text() == "v1 4 m[1-4]\n"
+
+
+def test_urgent_push_switches_and_runs_the_restart_hook(world) -> None:
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1")
+    up.apply(world.ctx())
+    world.write("v2")
+    rep = up.push(world.ctx(), str(world.src), "v2", urgent=True)
+    assert rep.exit_code is ExitCode.OK and rep.switch is not None
+    assert rep.switch.outcome == "ok" and rep.switch.from_version == "v1"
+    assert [world.current(n) for n in NODES] == ["v2"] * 4
+    assert world.marker.read_text() == "v2 4 m[1-4]\n"
+    assert rep.pending is None
+
+
+def test_unreachable_machine_is_reported_then_caught_up(world) -> None:
+    world.write("v1")
+    world.machines.down = {"m3"}
+    rep = up.push(world.ctx(), str(world.src), "v1", urgent=True)
+    assert rep.exit_code is ExitCode.INCOMPLETE and rep.nodes["m3"].state == "unreachable"
+    assert rep.switch is None and rep.pending.urgent  # never switched the other three alone
+    assert [world.current(n) for n in NODES] == [None] * 4
+    sw = up.apply(world.ctx())  # still down: refused before any switch
+    assert sw.outcome == "incomplete" and sw.exit_code is ExitCode.INCOMPLETE
+    assert not [r for _n, r in world.machines.requests if r["action"] == "switch"]
+    world.machines.down = set()
+    sw = up.apply(world.ctx(), if_due=True, restart=True)  # urgent is always due
+    assert sw.outcome == "ok" and sw.nodes["m3"].state == "switched"
+    assert [world.current(n) for n in NODES] == ["v1"] * 4
+    received = [n for n, r in world.machines.requests if r["action"] == "receive"]
+    assert received.count("m3") == 1 and received.count("m1") == 1
+
+
+def test_a_failed_switch_is_rolled_back_everywhere(world) -> None:
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1")
+    up.apply(world.ctx())
+    world.write("v2")
+    up.push(world.ctx(), str(world.src), "v2")
+
+    def fail_m2(node, request):
+        if node == "m2" and request["action"] == "switch" and request["version"] == "v2":
+            return Reply(stdout='{"probe_error": "disk on fire"}\n', exit_code=1)
+        return None
+
+    world.machines.fault = fail_m2
+    sw = up.apply(world.ctx(), restart=True)
+    assert sw.outcome == "rolled_back" and sw.exit_code is ExitCode.FINDINGS
+    assert "m2" in sw.reason and "disk on fire" in sw.reason and "switched back" in sw.reason
+    assert [world.current(n) for n in NODES] == ["v1"] * 4
+    assert {sw.nodes[n].state for n in ("m1", "m3", "m4")} == {"reverted"}
+    assert not world.marker.exists()  # no restart after a failed apply
+    state = up.job_state(world.store, "demo")
+    assert state.version == "v1" and state.pending.version == "v2"  # still pending
+    assert up.history(world.store, "demo")[-1].outcome == "rolled_back"
+
+
+def test_mixed_versions_are_reported_loudly_when_the_switch_back_fails(world) -> None:
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1")
+    up.apply(world.ctx())
+    world.write("v2")
+    up.push(world.ctx(), str(world.src), "v2")
+
+    def fault(node, request):
+        if request["action"] == "switch" and (
+                (node == "m2" and request["version"] == "v2") or
+                (node == "m4" and request["version"] == "v1")):
+            return Reply(stdout='{"probe_error": "read-only file system"}\n', exit_code=1)
+        return None
+
+    world.machines.fault = fault
+    sw = up.apply(world.ctx())
+    assert sw.outcome == "failed" and "MIXED" in sw.reason and "m4" in sw.reason
+    assert sw.exit_code is ExitCode.FINDINGS
+
+
+def test_rollback_and_rollback_to(world) -> None:
+    for v in ("v1", "v2", "v3"):
+        world.write(v)
+        up.push(world.ctx(), str(world.src), v)
+        up.apply(world.ctx())
+    rep = up.rollback(world.ctx(), restart=True)
+    assert (rep.version, rep.from_version, rep.outcome) == ("v2", "v3", "ok")
+    assert world.marker.read_text() == "v2 4 m[1-4]\n"
+    assert up.rollback(world.ctx()).version == "v1"
+    assert [world.current(n) for n in NODES] == ["v1"] * 4
+    with pytest.raises(InputError, match="no earlier release"):
+        up.rollback(world.ctx())
+    assert up.rollback(world.ctx(), to="v3").version == "v3"
+    with pytest.raises(InputError, match="never pushed"):
+        up.rollback(world.ctx(), to="v9")
+    assert [e.action for e in up.history(world.store, "demo", limit=3)] == [
+        "rollback", "rollback", "rollback"]
+
+
+def test_status_flags_the_drifted_machine_and_apply_fixes_it(world) -> None:
+    for v in ("v1", "v2"):
+        world.write(v)
+        up.push(world.ctx(), str(world.src), v)
+        up.apply(world.ctx())
+    link = world.root / "m3" / "current"
+    link.unlink()
+    link.symlink_to("releases/v1")  # someone switched m3 by hand
+    st = up.status(world.ctx())
+    assert st.drifted == ["m3"] and st.exit_code is ExitCode.FINDINGS
+    assert st.nodes["m3"].current == "v1" and st.nodes["m1"].releases == ("v1", "v2")
+    sw = up.apply(world.ctx())
+    assert sw.nodes["m3"].state == "switched" and sw.nodes["m1"].state == "already"
+    assert up.status(world.ctx()).exit_code is ExitCode.OK
+    world.machines.down = {"m1"}
+    assert up.status(world.ctx()).exit_code is ExitCode.INCOMPLETE
+
+
+def test_same_version_other_code_is_refused(world) -> None:
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1")
+    world.write("v1-changed")
+    with pytest.raises(InputError, match="immutable"):
+        up.push(world.ctx(), str(world.src), "v1")
+
+
+def test_a_cut_transfer_resumes_from_the_partial(world) -> None:
+    world.write("v1")
+    (world.src / "blob.bin").write_bytes(hashlib.sha256(b"x").digest() * 40000)
+    rep = up.push(world.ctx(), str(world.src), "v1")
+    # m2 holds the first 1000 bytes of a v2 transfer that was cut
+    world.write("v2")
+    art = up.update_pack.pack(str(world.src), None, world.ctx().artifacts)
+    incoming = world.root / "m2" / ".incoming"
+    (incoming / f"{art.sha256}.partial").write_bytes(art.path.read_bytes()[:1000])
+    rep = up.push(world.ctx(), str(world.src), "v2")
+    assert rep.exit_code is ExitCode.OK
+    assert rep.nodes["m2"].bytes_sent == art.size - 1000 and rep.nodes["m1"].bytes_sent == art.size
+
+
+def test_corrupted_transfer_fails_that_machine_only(world) -> None:
+    world.write("v1")
+    orig = world.machines.handle
+
+    def handle(node, argv, stdin):
+        if node.name == "m4" and stdin and len(argv) > 6:
+            stdin = stdin[:10] + bytes([stdin[10] ^ 1]) + stdin[11:]
+        return orig(node, argv, stdin)
+
+    world.machines.transport.handler = handle
+    rep = up.push(world.ctx(), str(world.src), "v1")
+    assert rep.exit_code is ExitCode.FINDINGS and rep.nodes["m4"].state == "failed"
+    assert "sha256 mismatch" in rep.nodes["m4"].message
+    assert not (world.root / "m4" / "releases" / "v1").exists()
+    sw = up.apply(world.ctx())  # the link still flips a bit: apply refuses to switch anyone
+    assert sw.outcome == "failed" and "catching up failed on m4" in sw.reason
+    assert [world.current(n) for n in NODES] == [None] * 4
+    world.machines.transport.handler = orig  # link repaired: apply catches m4 up, then switches
+    assert up.apply(world.ctx()).outcome == "ok"
