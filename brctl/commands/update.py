@@ -32,8 +32,7 @@ _TIMEOUT = typer.Option(None, "-t", "--timeout", metavar="SECONDS",
 
 def register(root: typer.Typer) -> None:
     """Add the ``update`` group to the root app."""
-    root.add_typer(app, name="update", help="Hot update of the job's code: push, apply, "
-                   "rollback, status, history.")
+    root.add_typer(app, name="update")
 
 
 def _context(env: Env, select: Optional[str], exclude: Optional[str],

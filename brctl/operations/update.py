@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from brctl.analysis import nodeset
 from brctl.analysis.inventory import Inventory
-from brctl.analysis.template import expand
+from brctl.analysis.templates import render_argv
 from brctl.analysis.update import (
     Event,
     NodeView,
@@ -554,8 +554,8 @@ def run_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optio
     values = {"nodes": ",".join(nodes), "nodes_folded": nodeset.fold(nodes),
               "nnodes": len(nodes), "nproc_per_node": first.gpus,
               "master_addr": first.address, "master_port": MASTER_PORT,
-              "reason": reason, "version": version}
-    argv = expand(job.restart_command, values, what=f"{inv.source}: job.restart_command")
+              "reason": reason, "version": version, "job": job.name}
+    argv = render_argv(job.restart_command, values)
     start = time.monotonic()
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=timeout, check=False,

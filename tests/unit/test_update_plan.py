@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from brctl.analysis.template import expand
 from brctl.analysis.update import (
     Event,
     NodeView,
@@ -17,7 +16,7 @@ from brctl.analysis.update import (
     plan_transfer,
     rollback_target,
 )
-from brctl.errors import InputError, UsageError
+from brctl.errors import UsageError
 
 SHA = "a" * 64
 OTHER = "b" * 64
@@ -117,22 +116,3 @@ def test_durations(text, seconds):
 def test_bad_durations(bad):
     with pytest.raises(UsageError, match="--window"):
         parse_duration(bad, "--window")
-
-
-def test_template_substitutes_per_argument_without_a_shell():
-    values = {"nodes": "a,b", "version": "v2; rm -rf /", "nnodes": 2}
-    argv = expand("restart.sh --nodes {nodes} --tag 'v {version}'", values, what="job.x")
-    assert argv == ["restart.sh", "--nodes", "a,b", "--tag", "v v2; rm -rf /"]
-    assert expand(["echo", "{nnodes}"], values, what="job.x") == ["echo", "2"]
-
-
-@pytest.mark.parametrize("template, match", [
-    ("echo {node}", "unknown placeholder {node}"),
-    ("", "empty command"),
-    ("echo 'unclosed", "cannot split"),
-    (["echo", "{nodes"], "bad placeholder"),
-])
-def test_template_errors_name_the_template(template, match):
-    with pytest.raises(InputError, match=match) as info:
-        expand(template, {"nodes": "a"}, what="inv.yaml: job.restart_command")
-    assert "job.restart_command" in info.value.message
