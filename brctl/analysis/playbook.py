@@ -18,7 +18,8 @@ from typing import Any, Literal, Optional
 from brctl.analysis.schema import SchemaError, from_mapping, positive
 from brctl.analysis.schema import field as sfield
 
-STAGES = ("eud", "alltoall", "allgather")  # the ladder, cheapest isolation first
+StageName = Literal["eud", "alltoall", "allgather"]
+STAGES: tuple[StageName, ...] = ("eud", "alltoall", "allgather")  # the ladder, in order
 Action = Literal["diagnose", "evict", "rollback"]
 MAX_HITS_PER_NODE = 3  # evidence lines kept per node: enough to show, small enough to print
 
@@ -66,7 +67,7 @@ class Matcher:
 class Stage:
     """One stage of the ladder with its parameters (None: the inventory's ``diagnose:``)."""
 
-    name: Literal["eud", "alltoall", "allgather"]
+    name: StageName
     level: Optional[str] = sfield(None, check=_levels)  # eud: dcgmi diag -r LEVEL
     timeout: Optional[float] = sfield(None, check=positive)  # seconds for the whole stage
 

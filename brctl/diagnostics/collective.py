@@ -46,7 +46,8 @@ def _spawn(config: dict[str, Any], env: dict[str, str], port_later: bool = False
            ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "brctl.diagnostics.collective", "--worker", json.dumps(config)],
-        stdin=subprocess.PIPE if port_later else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE if port_later else subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
         env=env,
     )
 

@@ -104,7 +104,8 @@ def main(cfg: dict[str, Any]) -> None:
             cfg["master_port"] = int((sys.stdin.readline().split() or ["port", "0"])[-1])
             if not cfg["master_port"]:
                 raise RuntimeError("rank 0 did not start its rendezvous store")
-        store = dist.TCPStore(cfg["master_addr"], cfg["master_port"], cfg["world"],
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            cfg["master_addr"], cfg["master_port"], cfg["world"],
                               is_master=rank == 0, timeout=timeout,
                               wait_for_workers=False)
         if cfg["master_port"] == 0 and rank == 0:

@@ -1,0 +1,91 @@
+"""``brctl diagnose``: hierarchical stop-time diagnosis of a failed job, driven by playbooks."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+HELP = """Diagnose a stopped training job: which machines must leave, and what to do next.
+
+Reads the job's evidence from every machine (the tails of job.log_paths, torchrun's
+exit codes, kernel Xid lines; or --logs DIR with one DIR/<node>.log per machine,
+which replaces only the log collection), classifies the symptom with the playbooks
+(playbooks/*.yaml; --playbooks DIR or $BRCTL_PLAYBOOKS add to and override the
+built-in set), then runs the playbook's stop-time stages, each only on the machines
+still in doubt, stopping at the first stage that names faulty machines:
+
+  eud        dcgmi diag -r LEVEL -j on each machine (exit codes 226/205 mean a
+             fault; a pass with warnings is not clean; no dcgmi: skipped)
+  alltoall   torch.distributed all-to-all over the GPUs of each machine (NCCL on
+             GPUs, gloo with one CPU process per GPU otherwise): exact data, hang
+             past the timeout, bus bandwidth far below the fleet median
+  allgather  one all-gather over all machines, then pairs, re-paired in a second
+             round so the bad machine (not just a bad pair) is named
+
+Symptoms shipped: gpu-lost (Xid 79), xid-hardware (ECC/NVLink Xids), cuda-error,
+oom, user-code (a Python exception in the training code), nan-loss, nccl, hang,
+unknown. Decisions: evict (a confident hardware fault: the named machines),
+rollback (user code: never evict; or the same symptom again after a reattempt),
+reattempt (every stage passed), replay (still failing after a rollback). Verdicts
+are recorded in the state database so repeats are seen.
+
+Stop-time stages take the GPUs: when the job's training processes (job.process_match)
+are still alive on a machine, diagnose refuses (exit 4) unless --force.
+Exit 0: nothing faulty, reattempt; 1: faulty machines or another decision;
+2: bad playbook or input; 3: some machines got no verdict; 4: refused.
+"""
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the root app."""
+    app.command("diagnose", help=HELP)(diagnose_command)
+
+
+def diagnose_command(
+    ctx: typer.Context,
+    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
+                                         help="Machines to diagnose (default: the job's)."),
+    exclude: Optional[str] = typer.Option(None, "-x", "--exclude", metavar="NODESET",
+                                          help="Machines to leave out."),
+    logs: Optional[str] = typer.Option(None, "--logs", metavar="DIR",
+                                       help="Read DIR/<node>.log instead of the job's logs."),
+    playbooks: Optional[str] = typer.Option(None, "--playbooks", metavar="DIR",
+                                            help="More playbooks (same name: replaces built-in)."),
+    symptom: Optional[str] = typer.Option(None, "--symptom", metavar="NAME",
+                                          help="Use this playbook instead of classifying."),
+    force: bool = typer.Option(False, "--force",
+                               help="Run the stages even if training processes are alive."),
+) -> int:
+    """Diagnose a stopped training job (see brctl diagnose --help)."""
+    from pathlib import Path
+
+    from brctl.commands._render_diagnose import render
+    from brctl.errors import UsageError
+    from brctl.operations.diagnose import Options, diagnose
+    from brctl.playbooks import load_playbooks, playbook_dirs
+    from brctl.state import Store
+
+    env: Env = ctx.obj
+    books = load_playbooks(playbook_dirs(playbooks, env.environ))
+    if logs is not None and not Path(logs).is_dir():
+        raise UsageError(f"--logs {logs}: no such directory")
+    inv = env.inventory()
+    nodes = None
+    if select or exclude:
+        base = set(inv.job.nodes) if inv.job and not select else set(inv.nodes)
+        nodes = [n for n in inv.select(select, exclude) if n.name in base]
+        if not nodes:
+            raise UsageError("diagnose: the selection is empty", hint="check -w / -x")
+    options = Options(logs_dir=Path(logs) if logs else None, symptom=symptom, force=force,
+                      timeout_scale=env.timeout_scale(), concurrency=inv.ssh.fanout)
+    store = Store(env.state_dir())
+    try:
+        report = diagnose(inv, env.transport(), books, options, nodes=nodes, store=store,
+                          progress=env.output.info)
+    finally:
+        store.close()
+    render(env.output, report)
+    return int(report.exit_code)

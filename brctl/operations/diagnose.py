@@ -1,0 +1,437 @@
+"""The diagnose ladder as a library: ``diagnose(...) -> DiagnoseReport`` (never prints).
+
+Used by ``brctl diagnose`` and by the daemon. Steps:
+
+1. Evidence from every machine (``brctl.diagnostics.evidence``: log tails, kernel Xid
+   lines, live training processes), the logs optionally from ``logs_dir``
+   (``DIR/<node>.log``) instead. Training processes alive and no ``force`` → refuse.
+2. Classify with the playbooks (``brctl.analysis.playbook.classify``).
+3. Unless the playbook decides on the evidence alone (user code → rollback,
+   confident hardware signal → evict), run its stages in order, each on the
+   machines still in doubt, stopping at the first stage that names faulty
+   machines: ``eud`` (``dcgmi diag``), ``alltoall`` (inside each machine),
+   ``allgather`` (a group of all machines, then pairs and re-pairs).
+4. Decide (``brctl.analysis.diagnose_decide.decide``) with the job's earlier
+   verdicts from the state database, and record this one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brctl.analysis import diagnose_stages as st
+from brctl.analysis.diagnose_decide import PastVerdict, decide
+from brctl.analysis.inventory import Inventory
+from brctl.analysis.nodeset import fold
+from brctl.analysis.playbook import Classification, NodeEvidence, Playbook, Stage, classify
+from brctl.diagnostics.xid import parse_xid_lines
+from brctl.errors import ExitCode, RefusedError, UsageError
+from brctl.remote.probes import ProbeResult, ProbeRunner
+from brctl.remote.transport import Node, Transport
+from brctl.state import Component, Store
+
+COMPONENT = Component("diagnose", [
+    "CREATE TABLE diagnose_verdicts ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, symptom TEXT NOT NULL,"
+    " decision TEXT NOT NULL, faulty TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL);"
+    "CREATE INDEX diagnose_verdicts_job ON diagnose_verdicts(job, at)",
+])
+_MARGIN = 20.0  # seconds a probe may take beyond its test's own timeout (python + torch start)
+# torchrun's failure summary: "exitcode  : -6 (pid: 1234)".
+_EXITCODE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One stage: what it tested, what it found, how long it took."""
+
+    name: str
+    nodes_tested: tuple[str, ...]
+    faulty: tuple[str, ...]
+    seconds: float
+    verdicts: tuple[st.Verdict, ...] = ()
+    rounds: tuple[tuple[tuple[tuple[str, ...], bool], ...], ...] = ()  # allgather groups
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON of DESIGN.md (name, nodes_tested, faulty, seconds) plus the evidence."""
+        out: dict[str, Any] = {
+            "name": self.name, "nodes_tested": list(self.nodes_tested),
+            "faulty": list(self.faulty), "seconds": round(self.seconds, 3),
+            "verdicts": [v.to_json() for v in self.verdicts],
+        }
+        if self.rounds:
+            out["rounds"] = [[{"nodes": list(g), "ok": ok} for g, ok in rnd] for rnd in self.rounds]
+        return out
+
+
+@dataclass(frozen=True)
+class DiagnoseReport:
+    """The verdict of one diagnosis."""
+
+    job: str
+    found: Classification
+    stages: tuple[StageReport, ...]
+    faulty: tuple[str, ...]
+    decision: str
+    reason: str
+    incomplete: Mapping[str, str]  # machine → why it has no verdict
+    evidence_notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 when some machine got no verdict, else 1 for faulty machines or any decision
+        other than reattempt, else 0."""
+        if self.incomplete:
+            return ExitCode.INCOMPLETE
+        if self.faulty or self.decision != "reattempt":
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``brctl.diagnose/1`` payload."""
+        return {
+            "job": self.job,
+            "symptom": self.found.playbook.name,
+            "symptom_text": self.found.playbook.symptom,
+            "matched_nodes": list(self.found.nodes),
+            "evidence": [h.to_json() for h in self.found.hits],
+            "stages": [s.to_json() for s in self.stages],
+            "faulty": list(self.faulty),
+            "decision": self.decision,
+            "reason": self.reason,
+            "incomplete": dict(self.incomplete),
+            "notes": {k: list(v) for k, v in self.evidence_notes.items() if v},
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the caller chose; timeouts come from the playbook, else ``inv.diagnose``."""
+
+    logs_dir: Path | None = None
+    symptom: str | None = None  # force this playbook
+    force: bool = False  # run stop-time stages although training processes are alive
+    timeout_scale: float = 1.0
+    concurrency: int = 64
+
+
+def diagnose(
+    inv: Inventory,
+    transport: Transport,
+    playbooks: Sequence[Playbook],
+    options: Options = Options(),
+    *,
+    nodes: Sequence[Node] | None = None,
+    store: Store | None = None,
+    now: float | None = None,
+    progress: Progress | None = None,
+) -> DiagnoseReport:
+    """Diagnose the failed job on ``nodes`` (default: the job's machines).
+
+    Args:
+        inv: the inventory (``job``, ``diagnose:`` settings).
+        transport: how to reach the machines.
+        playbooks: loaded with ``brctl.playbooks.load_playbooks``.
+        options: logs directory, forced symptom, ``force``, timeout scale.
+        nodes: the machines to diagnose; default the job's.
+        store: the state database (earlier verdicts in, this one recorded); None: neither.
+        now: the time used for the history window (default: the clock).
+        progress: called with a one-line message as each step starts.
+
+    Returns:
+        The report; ``report.exit_code`` follows DESIGN.md.
+
+    Raises:
+        RefusedError: training processes are alive and ``options.force`` is false.
+        UsageError: no machines to diagnose.
+        InputError: ``--logs`` or ``--symptom`` is bad.
+    """
+    start = time.monotonic()
+    say = progress or (lambda _msg: None)
+    targets = list(nodes) if nodes is not None else inv.job_nodes()
+    if not targets:
+        raise UsageError("diagnose: no machines (the inventory has no job: give -w NODESET)")
+    runner = ProbeRunner(transport)
+    say(f"collecting evidence from {fold([n.name for n in targets])}")
+    evidence, incomplete, notes = _collect(inv, runner, targets, options)
+    found = classify(evidence, playbooks, options.symptom)
+    say(f"symptom: {found.playbook.name} ({found.playbook.symptom})")
+    candidates = [n for n in targets if n.name not in incomplete]
+    stages: list[StageReport] = []
+    faulty: tuple[str, ...] = ()
+    faulty_stage = None
+    decided_by_evidence = found.playbook.decision.on_match != "diagnose" and found.nodes
+    if not decided_by_evidence:
+        for stage in found.playbook.stages:
+            if not candidates:
+                break
+            say(f"stage {stage.name} on {fold([n.name for n in candidates])}")
+            report = _run_stage(inv, runner, stage, candidates, options)
+            stages.append(report)
+            for v in report.verdicts:
+                if v.status == "error":
+                    incomplete[v.node] = f"{stage.name}: {'; '.join(v.evidence)[:300]}"
+            candidates = [n for n in candidates if n.name not in incomplete]
+            if report.faulty:
+                faulty, faulty_stage = report.faulty, stage.name
+                break  # fast isolation: the first stage that names machines ends the ladder
+    job = inv.job.name if inv.job else "adhoc"
+    when = time.time() if now is None else now
+    history = _history(store, job)
+    verdict = decide(found, faulty, history, now=when, window=inv.diagnose.repeat_window,
+                     faulty_stage=faulty_stage)
+    if store is not None:
+        _record(store, job, found.playbook.name, verdict.decision, verdict.faulty, verdict.reason,
+                when)
+    return DiagnoseReport(job, found, tuple(stages), verdict.faulty, verdict.decision,
+                          verdict.reason, incomplete, notes, time.monotonic() - start)
+
+
+def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: Options
+             ) -> tuple[dict[str, NodeEvidence], dict[str, str], dict[str, tuple[str, ...]]]:
+    cfg = inv.diagnose
+    job = inv.job
+    request = {
+        "log_paths": [] if options.logs_dir is not None or job is None else list(job.log_paths),
+        "tail_lines": cfg.log_tail_lines,
+        "process_match": job.process_match if job else None,
+    }
+    results = runner.run(targets, "brctl.diagnostics.evidence", request,
+                         timeout=cfg.collect_timeout * options.timeout_scale,
+                         concurrency=options.concurrency)
+    incomplete: dict[str, str] = {}
+    notes: dict[str, tuple[str, ...]] = {}
+    evidence: dict[str, NodeEvidence] = {}
+    alive: dict[str, list[dict[str, Any]]] = {}
+    for node in targets:
+        res = results[node.name]
+        if res.document is None:
+            incomplete[node.name] = f"evidence: {res.error}"
+            continue
+        doc = res.document
+        if doc.get("processes"):
+            alive[node.name] = doc["processes"]
+        lines: list[str] = []
+        for path_lines in doc.get("logs", {}).values():
+            lines.extend(path_lines)
+        node_notes = list(doc.get("log_errors", []))
+        if options.logs_dir is not None:
+            lines, note = _read_log(options.logs_dir, node.name, cfg.log_tail_lines)
+            node_notes.extend([note] if note else [])
+        elif job is not None and job.log_paths and not doc.get("logs"):
+            node_notes.append(f"no log file matched {', '.join(job.log_paths)}")
+        if doc.get("kernel_error"):
+            node_notes.append(f"kernel log: {doc['kernel_error']}")
+        evidence[node.name] = _node_evidence(node.name, lines, doc.get("xid_lines", []))
+        notes[node.name] = tuple(node_notes)
+    if alive and not options.force:
+        first = next(iter(alive.items()))
+        raise RefusedError(
+            f"training processes are still alive on {fold(list(alive))} "
+            f"(e.g. {first[0]} pid {first[1][0]['pid']}: {first[1][0]['cmdline'][:80]}); "
+            "stop-time stages would take their GPUs",
+            hint="stop the job first, or pass --force to diagnose anyway")
+    return evidence, incomplete, notes
+
+
+def _read_log(directory: Path, node: str, tail: int) -> tuple[list[str], str | None]:
+    path = directory / f"{node}.log"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return [], f"--logs: no {path}"
+    except OSError as exc:
+        return [], f"--logs: {path}: {exc.strerror}"
+    return text.splitlines()[-tail:], None
+
+
+def _node_evidence(node: str, lines: list[str], xid_lines: list[str]) -> NodeEvidence:
+    """Exit codes from torchrun's failure summary, Xids from the kernel log and the job log."""
+    codes = tuple(dict.fromkeys(int(m.group(1)) for ln in lines for m in _EXITCODE.finditer(ln)))
+    xids: list[int] = []
+    xid_text: list[str] = []
+    for line in [*xid_lines, *(ln for ln in lines if "Xid" in ln)]:
+        for event in parse_xid_lines(line):
+            xids.append(event.code)
+            xid_text.append(line)
+    return NodeEvidence(node, tuple(lines), codes, tuple(xids), tuple(xid_text))
+
+
+def _run_stage(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
+               options: Options) -> StageReport:
+    start = time.monotonic()
+    if stage.name == "eud":
+        verdicts = _eud(inv, runner, stage, nodes, options)
+        rounds: tuple[Any, ...] = ()
+    elif stage.name == "alltoall":
+        verdicts = _alltoall(inv, runner, stage, nodes, options)
+        rounds = ()
+    else:
+        verdicts, rounds = _allgather(inv, runner, stage, nodes, options)
+    faulty = tuple(v.node for v in verdicts if v.status == "fail")
+    tested = tuple(v.node for v in verdicts if v.status != "skip")
+    return StageReport(stage.name, tested, faulty, time.monotonic() - start, tuple(verdicts),
+                       rounds)
+
+
+def _unrun(node: str, res: ProbeResult) -> st.Verdict:
+    return st.Verdict(node, "error", (res.error or "no answer",))
+
+
+def _eud(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
+         options: Options) -> list[st.Verdict]:
+    timeout = (stage.timeout or inv.diagnose.dcgm_timeout) * options.timeout_scale
+    level = stage.level or inv.diagnose.dcgm_level
+    results = runner.run(nodes, "brctl.diagnostics.dcgm", {"level": level, "timeout": timeout},
+                         timeout=timeout + _MARGIN, concurrency=options.concurrency)
+    return [st.parse_dcgm(n.name, results[n.name].document or {}) if results[n.name].ok
+            else _unrun(n.name, results[n.name]) for n in nodes]
+
+
+def _alltoall(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
+              options: Options) -> list[st.Verdict]:
+    cfg = inv.diagnose
+    timeout = (stage.timeout or cfg.alltoall_timeout) * options.timeout_scale
+
+    def request(node: Node) -> dict[str, Any]:
+        return {"op": "alltoall", "world": node.gpus, "bytes": cfg.alltoall_bytes,
+                "iterations": cfg.iterations, "timeout": timeout}
+
+    results = runner.run(nodes, "brctl.diagnostics.collective", request,
+                         timeout=timeout + _MARGIN, concurrency=options.concurrency)
+    docs = {n.name: results[n.name].document or {} for n in nodes if results[n.name].ok}
+    backends = {d.get("backend") for d in docs.values()}
+    ratio = cfg.bandwidth_ratio if backends == {"nccl"} else cfg.cpu_bandwidth_ratio
+    judged = {v.node: v for v in st.judge_alltoall(docs, ratio)}
+    return [judged[n.name] if n.name in judged else _unrun(n.name, results[n.name]) for n in nodes]
+
+
+def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
+               options: Options) -> tuple[list[st.Verdict], tuple[Any, ...]]:
+    if len(nodes) < 2:
+        return [st.Verdict(n.name, "skip", ("all-gather needs two machines",)) for n in nodes], ()
+    by_name = {n.name: n for n in nodes}
+    names = [n.name for n in nodes]
+    timeout = (stage.timeout or inv.diagnose.allgather_timeout) * options.timeout_scale
+    rounds: list[tuple[tuple[tuple[str, ...], bool], ...]] = []
+    evidence: dict[str, list[str]] = {n: [] for n in names}
+    skipped: dict[str, str] = {}
+    cleared: set[str] = set()
+
+    def run(groups: list[list[str]]) -> list[tuple[tuple[str, ...], bool]]:
+        outcome = _run_groups(inv, runner, [[by_name[n] for n in g] for g in groups], timeout,
+                              options, evidence, skipped)
+        cleared.update(n for g, ok in outcome if ok for n in g)
+        rounds.append(tuple(outcome))
+        return outcome
+
+    if len(names) >= 3:  # one wide group first: when it passes, the stage is done
+        wide = run([names])
+        if wide[0][1] or skipped:
+            return _gather_verdicts(names, [], evidence, skipped, cleared), tuple(rounds)
+    pairs: list[st.Round] = []
+    while not skipped:
+        groups = st.next_round(names, pairs)
+        if not groups:
+            break
+        pairs.append(run(groups))
+    faulty, _ = st.judge_rounds(names, pairs)
+    return _gather_verdicts(names, faulty, evidence, skipped, cleared), tuple(rounds)
+
+
+def _gather_verdicts(names: list[str], faulty: list[str], evidence: dict[str, list[str]],
+                     skipped: dict[str, str], cleared: set[str]) -> list[st.Verdict]:
+    out = []
+    for n in names:
+        if n in skipped:
+            out.append(st.Verdict(n, "skip", (skipped[n],)))
+        elif n in faulty:
+            out.append(st.Verdict(n, "fail", ("failed the all-gather with every partner",
+                                              *evidence[n][:4])))
+        elif evidence[n] and n not in cleared:
+            out.append(st.Verdict(n, "warn", ("every group it was in failed", *evidence[n][:4])))
+        else:
+            out.append(st.Verdict(n, "pass"))
+    return out
+
+
+def _master_addr(node: Node) -> str:
+    return "127.0.0.1" if node.connection == "local" else node.address
+
+
+def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], timeout: float,
+                options: Options, evidence: dict[str, list[str]], skipped: dict[str, str]
+                ) -> list[tuple[tuple[str, ...], bool]]:
+    """Run one all-gather per group at once; a group is ok when every member passed."""
+    cfg = inv.diagnose
+    masters = [g[0] for g in groups]
+    ports = runner.run(masters, "brctl.diagnostics.collective",
+                       lambda n: {"op": "free_port", "address": _master_addr(n)},
+                       timeout=cfg.collect_timeout * options.timeout_scale)
+    plan: dict[str, dict[str, Any]] = {}
+    for group in groups:
+        doc = ports[group[0].name].document
+        port = doc.get("port") if doc else None
+        addr = _master_addr(group[0])
+        ifname = cfg.gloo_ifname or ("lo" if addr.startswith("127.") else None)
+        for rank, node in enumerate(group):
+            plan[node.name] = {"op": "allgather", "nnodes": len(group), "node_rank": rank,
+                               "master_addr": addr, "master_port": port or 0,
+                               "timeout": timeout, "bytes": cfg.allgather_bytes,
+                               "iterations": cfg.iterations, "gloo_ifname": ifname}
+    members = [n for g in groups for n in g]
+    results = runner.run(members, "brctl.diagnostics.collective", lambda n: plan[n.name],
+                         timeout=timeout + _MARGIN, concurrency=options.concurrency)
+    outcome = []
+    for group in groups:
+        ok = True
+        names = tuple(n.name for n in group)
+        for node in group:
+            res = results[node.name]
+            doc = res.document or {}
+            if "skipped" in doc:
+                skipped[node.name] = str(doc["skipped"])
+                ok = False
+            elif doc.get("status") != "pass":
+                ok = False
+                why = res.error or _gather_failure(doc)
+                evidence[node.name].append(f"with {fold(list(names))}: {why}")
+        if not ok:
+            for node in group:  # every member of a failed group saw it fail
+                if not any(fold(list(names)) in e for e in evidence[node.name]):
+                    evidence[node.name].append(f"with {fold(list(names))}: a peer failed")
+        outcome.append((names, ok))
+    return outcome
+
+
+def _gather_failure(doc: Mapping[str, Any]) -> str:
+    if doc.get("status") == "hang":
+        return f"hung past {doc.get('timeout')}s"
+    if doc.get("status") == "wrong_data":
+        return "wrong data: " + "; ".join(doc.get("mismatches", []))[:200]
+    return "; ".join(doc.get("errors", []))[:200] or str(doc.get("status"))
+
+
+def _history(store: Store | None, job: str) -> list[PastVerdict]:
+    if store is None:
+        return []
+    store.migrate(COMPONENT)
+    rows = store.query("SELECT symptom, decision, at FROM diagnose_verdicts WHERE job = ? "
+                       "ORDER BY at DESC LIMIT 20", (job,))
+    return [PastVerdict(r["symptom"], r["decision"], r["at"]) for r in rows]
+
+
+def _record(store: Store, job: str, symptom: str, decision: str, faulty: Sequence[str],
+            reason: str, at: float) -> None:
+    store.migrate(COMPONENT)
+    with store.transaction() as db:
+        db.execute("INSERT INTO diagnose_verdicts(job, symptom, decision, faulty, reason, at) "
+                   "VALUES (?, ?, ?, ?, ?, ?)", (job, symptom, decision, ",".join(faulty), reason, at))

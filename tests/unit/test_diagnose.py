@@ -1,0 +1,265 @@
+"""Unit tests of brctl diagnose: playbooks, parsers, stage judges, pairing and the decision."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brctl.analysis import diagnose_stages as st
+from brctl.analysis.diagnose_decide import PastVerdict, decide
+from brctl.analysis.playbook import NodeEvidence, Playbook, classify, exception_lines
+from brctl.errors import InputError
+from brctl.operations.diagnose import _node_evidence
+from brctl.playbooks import load_playbooks, playbook_dirs
+
+DATA = Path(__file__).parent / "data"
+BOOKS = load_playbooks(playbook_dirs(None, {}))
+
+
+def _ev(node: str, log: str = "", kern: str = "") -> NodeEvidence:
+    lines = (DATA / log).read_text().splitlines() if log else []
+    xid = (DATA / kern).read_text().splitlines() if kern else []
+    return _node_evidence(node, lines, [ln for ln in xid if "Xid" in ln])
+
+
+def _classify(**per_node: tuple[str, str]) -> Any:
+    return classify({n: _ev(n, *spec) for n, spec in per_node.items()}, BOOKS)
+
+
+@pytest.mark.parametrize(("log", "kern", "symptom"), [
+    ("logs_nccl_timeout.log", "", "nccl"),
+    ("logs_cuda_illegal.log", "", "cuda-error"),
+    ("logs_user_code.log", "", "user-code"),
+    ("logs_nan.log", "", "nan-loss"),
+    ("logs_oom.log", "", "oom"),
+    ("", "kern_xid79.log", "gpu-lost"),
+    ("", "", "unknown"),
+])
+def test_every_shipped_playbook_classifies_its_real_format_log(log: str, kern: str,
+                                                               symptom: str) -> None:
+    found = _classify(gpu1=("", ""), gpu2=(log, kern))
+    assert found.playbook.name == symptom
+    assert found.nodes == (("gpu2",) if symptom != "unknown" else ())
+
+
+def test_torchrun_exit_code_and_xid_are_parsed() -> None:
+    ev = _ev("n", "logs_nccl_timeout.log", "kern_xid79.log")
+    assert ev.exit_codes == (-6,)
+    assert ev.xids == (79,)
+
+
+def test_user_code_beats_nccl_timeouts_of_its_peers_but_not_a_device_error() -> None:
+    # rank 0's KeyError makes every other rank time out in NCCL: the cause is the code.
+    found = _classify(a=("logs_user_code.log", ""), b=("logs_nccl_timeout.log", ""))
+    assert found.playbook.name == "user-code" and found.nodes == ("a",)
+    found = _classify(a=("logs_user_code.log", ""), b=("logs_cuda_illegal.log", ""))
+    assert found.playbook.name == "cuda-error"
+
+
+def test_exception_lines_strip_rank_prefixes() -> None:
+    lines = (DATA / "logs_user_code.log").read_text().splitlines()
+    assert exception_lines(lines) == ["KeyError: 'tokens_v2'"]
+
+
+def test_hang_and_hardware_xids() -> None:
+    hang = NodeEvidence("n", ("[rank0]: no progress for 900 s (hang detected)",))
+    assert classify({"n": hang}, BOOKS).playbook.name == "hang"
+    ecc = _node_evidence("n", [], ["NVRM: Xid (PCI:0000:86:00): 48, pid=1, name=python, "
+                                   "An uncorrectable double bit error (DBE) has been detected"])
+    assert classify({"n": ecc}, BOOKS).playbook.name == "xid-hardware"
+
+
+def test_forced_symptom_and_unknown_name() -> None:
+    found = classify({"n": NodeEvidence("n")}, BOOKS, forced="hang")
+    assert found.playbook.name == "hang" and found.forced and found.nodes == ()
+    with pytest.raises(InputError, match="--symptom nope"):
+        classify({"n": NodeEvidence("n")}, BOOKS, forced="nope")
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("name: x\nsymptom: y\nmatch: [{log: '('}]\n", "match[0].log"),
+    ("name: x\nsymptom: y\nmatch: [{log: a, xid: [1]}]\n", "match[0]"),
+    ("name: x\nsymptom: y\nmatch: [{log: a}]\nstages: [{name: eud}, {name: eud}]\n", "stages[1].name"),
+    ("name: x\nsymptom: y\nmatch: [{log: a}]\nstages: [{name: alltoall, level: '3'}]\n",
+     "stages[0].level"),
+    ("name: x\nsymptom: y\nmatch: [{log: a}]\ndecision: {on_match: reboot}\n", "decision.on_match"),
+    ("name: x\nsymptom: y\nmatch: [{log: a}]\ncolour: red\n", "colour"),
+    ("name: x\nsymptom: y\n", "match"),
+    ("name: x\nsymptom: y\nmatch: [{log: a}]\nstages: [{name: eud, timeout: -1}]\n",
+     "stages[0].timeout"),
+])
+def test_bad_playbook_names_file_and_key(tmp_path: Path, text: str, where: str) -> None:
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(InputError) as err:
+        load_playbooks([tmp_path])
+    assert f"bad.yaml: {where}" in err.value.message
+
+
+def test_user_playbooks_extend_and_override(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text("name: nccl\nsymptom: ours\nmatch: [{log: boom}]\n")
+    (tmp_path / "new.yaml").write_text("name: disk\nsymptom: disk full\nmatch: [{log: ENOSPC}]\n")
+    books = {b.name: b for b in load_playbooks(playbook_dirs(str(tmp_path), {}))}
+    assert books["nccl"].symptom == "ours" and "disk" in books and "gpu-lost" in books
+
+
+def test_playbook_search_path(tmp_path: Path) -> None:
+    share = tmp_path / "prefix" / "share" / "brctl" / "playbooks"
+    share.mkdir(parents=True)
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    dirs = playbook_dirs(str(tmp_path), {"BRCTL_PLAYBOOKS": str(env_dir)},
+                         prefix=str(tmp_path / "prefix"))
+    assert dirs == [share, env_dir, tmp_path]
+    assert playbook_dirs(None, {}, prefix=str(tmp_path / "none"))[0].name == "playbooks"
+    with pytest.raises(InputError, match="--playbooks"):
+        playbook_dirs(str(tmp_path / "missing"), {})
+
+
+def _dcgm(name: str, code: int) -> dict[str, Any]:
+    return {"exit_code": code, "stdout": (DATA / name).read_text(), "stderr": ""}
+
+
+def test_dcgm_failing_tree_exit_226() -> None:
+    v = st.parse_dcgm("n", _dcgm("dcgm_diag_fail.json", 226))
+    assert v.status == "fail"
+    assert "GPU 1: memory: Fail" in v.evidence[0] and "error_id 83" in v.evidence[0]
+    assert v.details["driver_version"] == "570.124.06" and v.details["eud_version"] == "2.5.0"
+
+
+def test_dcgm_pass_with_warnings_is_not_clean() -> None:
+    v = st.parse_dcgm("n", _dcgm("dcgm_diag_warn.json", 0))
+    assert v.status == "warn" and "PCIe replay" in v.evidence[0]
+
+
+@pytest.mark.parametrize(("code", "status"), [(226, "fail"), (205, "fail"), (242, "error"),
+                                              (255, "error"), (3, "error")])
+def test_dcgm_exit_codes_without_json(code: int, status: str) -> None:
+    v = st.parse_dcgm("n", {"exit_code": code, "stdout": "", "stderr": "Error: boom"})
+    assert v.status == status
+    assert v.details["exit_meaning"] == st.DCGM_EXIT.get(code, f"unexpected dcgmi exit code {code}")
+
+
+def test_dcgm_skip_and_timeout() -> None:
+    assert st.parse_dcgm("n", {"skipped": "dcgmi not found"}).status == "skip"
+    assert st.parse_dcgm("n", {"timed_out": True, "seconds": 9}).status == "error"
+
+
+def test_dcgm_clean_pass() -> None:
+    tree = json.loads((DATA / "dcgm_diag_fail.json").read_text())
+    tree["DCGM Diagnostic"]["test_categories"] = tree["DCGM Diagnostic"]["test_categories"][:1]
+    v = st.parse_dcgm("n", {"exit_code": 0, "stdout": json.dumps(tree)})
+    assert v.status == "pass"
+
+
+def _a2a(status: str = "pass", bw: float | None = 10.0, **kw: Any) -> dict[str, Any]:
+    return {"status": status, "busbw_gbps": bw, "backend": "nccl", "timeout": 5, **kw}
+
+
+def test_alltoall_judge() -> None:
+    docs = {"a": _a2a(), "b": _a2a(bw=2.0), "c": _a2a(bw=11.0), "d": _a2a("wrong_data",
+            mismatches=["rank 1: element 3"]), "e": _a2a("hang", hung_ranks=[0]),
+            "f": {"skipped": "torch is not installed"}, "g": _a2a("error", errors=["rank 0: X"])}
+    got = {v.node: v for v in st.judge_alltoall(docs, 0.5)}
+    assert {n: v.status for n, v in got.items()} == {
+        "a": "pass", "b": "fail", "c": "pass", "d": "fail", "e": "fail", "f": "skip", "g": "fail"}
+    assert "below 0.5 x the fleet median" in got["b"].evidence[0]
+    # Two measured machines: no median judgement.
+    two = st.judge_alltoall({"a": _a2a(bw=10), "b": _a2a(bw=1)}, 0.5)
+    assert [v.status for v in two] == ["pass", "pass"]
+
+
+def _rounds(nodes: list[str], bad: set[str]) -> list[list[tuple[list[str], bool]]]:
+    rounds: list[list[tuple[list[str], bool]]] = []
+    while groups := st.next_round(nodes, rounds):
+        for g in groups:
+            assert len(set(g)) == len(g)
+        assert len({n for g in groups for n in g}) == sum(len(g) for g in groups)
+        rounds.append([(g, not bad & set(g)) for g in groups])
+    return rounds
+
+
+@pytest.mark.parametrize("n", range(2, 17))
+def test_pair_rounds_name_every_single_bad_machine(n: int) -> None:
+    nodes = [f"m{i}" for i in range(n)]
+    for bad in nodes:
+        rounds = _rounds(nodes, {bad})
+        faulty, ambiguous = st.judge_rounds(nodes, rounds)
+        if n == 2:  # two machines that only meet each other cannot be told apart
+            assert (faulty, ambiguous) == ([], nodes)
+        else:
+            assert (faulty, ambiguous) == ([bad], []), (n, bad, rounds)
+            assert len(rounds) <= 3
+
+
+@pytest.mark.parametrize("n", range(4, 11))
+def test_pair_rounds_two_bad_machines(n: int) -> None:
+    nodes = [f"m{i}" for i in range(n)]
+    for pair in itertools.combinations(nodes, 2):
+        faulty, _ = st.judge_rounds(nodes, _rounds(nodes, set(pair)))
+        assert set(faulty) <= set(pair)  # never blames a good machine
+        if n >= 5:
+            assert sorted(faulty) == sorted(pair), (n, pair)
+
+
+def _found(name: str, nodes: tuple[str, ...] = ()) -> Any:
+    book = next(b for b in BOOKS if b.name == name)
+    from brctl.analysis.playbook import Classification, Hit
+    return Classification(book, nodes, tuple(Hit(n, "m", "line") for n in nodes))
+
+
+NOW = 1_000_000.0
+
+
+def test_decision_flow() -> None:
+    # user code: rollback, never evict, whatever the stages or history say
+    v = decide(_found("user-code", ("a",)), ["b"], [], now=NOW, window=60)
+    assert (v.decision, v.faulty) == ("rollback", ())
+    # confident hardware signal
+    v = decide(_found("gpu-lost", ("b",)), [], [], now=NOW, window=60)
+    assert (v.decision, v.faulty) == ("evict", ("b",))
+    # a stage named a machine
+    v = decide(_found("nccl", ("a", "b")), ["c"], [], now=NOW, window=60, faulty_stage="alltoall")
+    assert (v.decision, v.faulty) == ("evict", ("c",)) and "alltoall" in v.reason
+    # all passed: reattempt, then rollback, then replay
+    past: list[PastVerdict] = []
+    seen = []
+    for _ in range(4):
+        v = decide(_found("nccl", ("a",)), [], past, now=NOW, window=60)
+        seen.append(v.decision)
+        past.append(PastVerdict("nccl", v.decision, NOW - 10 + len(past)))
+    assert seen == ["reattempt", "rollback", "replay", "replay"]
+    # a different symptom, or an old verdict, starts again
+    assert decide(_found("nccl"), [], [PastVerdict("oom", "reattempt", NOW - 1)], now=NOW,
+                  window=60).decision == "reattempt"
+    assert decide(_found("nccl"), [], [PastVerdict("nccl", "reattempt", NOW - 100)], now=NOW,
+                  window=60).decision == "reattempt"
+    # OOM: rollback when clean
+    assert decide(_found("oom", ("a",)), [], [], now=NOW, window=60).decision == "rollback"
+    # evict on match but the evidence names nobody (forced symptom): the stages decide
+    assert decide(_found("gpu-lost"), [], [], now=NOW, window=60).decision == "reattempt"
+
+
+@pytest.mark.parametrize(("on_match", "matched", "faulty", "last"), list(itertools.product(
+    ["diagnose", "evict", "rollback"], [(), ("a",)], [(), ("b",)],
+    [None, "reattempt", "rollback", "replay", "evict"])))
+def test_decision_exhaustive(on_match: str, matched: tuple[str, ...], faulty: tuple[str, ...],
+                             last: str | None) -> None:
+    from brctl.analysis.playbook import Classification, Decision
+    book = Playbook(name="x", symptom="x", match=[], decision=Decision(on_match=on_match))  # type: ignore[arg-type]
+    past = [PastVerdict("x", last, NOW - 1)] if last else []
+    v = decide(Classification(book, matched, ()), faulty, past, now=NOW, window=60)
+    if on_match == "rollback" and matched:
+        assert v.decision == "rollback" and v.faulty == ()
+    elif on_match == "evict" and matched:
+        assert v.decision == "evict" and v.faulty == matched
+    elif faulty:
+        assert v.decision == "evict" and v.faulty == faulty
+    else:
+        want = {None: "reattempt", "evict": "reattempt", "reattempt": "rollback",
+                "rollback": "replay", "replay": "replay"}[last]
+        assert v.decision == want and v.faulty == ()
+    assert v.decision in ("evict", "reattempt", "rollback", "replay") and v.reason
