@@ -39,6 +39,6 @@ def render(out: Output, report: DiagnoseReport) -> None:
     faulty = f" {', '.join(report.faulty)}" if report.faulty else ""
     out.console.print(f"decision: [{style}]{report.decision}[/]{escape(faulty)}")
     out.console.print(f"reason: {escape(report.reason)}")
-    for node, notes in report.evidence_notes.items():
+    for where, notes in report.evidence_notes.items():
         for note in notes:
-            out.info(f"{node}: {note}")
+            out.info(f"{where}: {note}")
