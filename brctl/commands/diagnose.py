@@ -17,13 +17,17 @@ which replaces only the log collection), classifies the symptom with the playboo
 built-in set), then runs the playbook's stop-time stages, each only on the machines
 still in doubt, stopping at the first stage that names faulty machines:
 
-  eud        dcgmi diag -r LEVEL -j on each machine (exit codes 226/205 mean a
-             fault; a pass with warnings is not clean; no dcgmi: skipped)
-  alltoall   torch.distributed all-to-all over the GPUs of each machine (NCCL on
-             GPUs, gloo with one CPU process per GPU otherwise): exact data, hang
-             past the timeout, bus bandwidth far below the fleet median
-  allgather  one all-gather over all machines, then pairs, re-paired in a second
-             round so the bad machine (not just a bad pair) is named
+Stage eud: dcgmi diag -r LEVEL -j on each machine (exit codes 226 and 205 mean
+a fault, 242 no data and 255 a bad parameter give no verdict; a pass with warnings
+is not clean; no dcgmi: skipped).
+
+Stage alltoall: torch.distributed all-to-all over the GPUs of each machine (NCCL
+on GPUs, gloo with one CPU process per GPU otherwise): a machine fails on an error,
+a hang past the timeout, wrong data, or bus bandwidth far below the fleet median.
+
+Stage allgather: one all-gather over all machines (rendezvous among the machines
+themselves); when it fails, pairs, re-paired in later rounds with machines that
+passed, so the bad machine (not just a bad pair) is named.
 
 Symptoms shipped: gpu-lost (Xid 79), xid-hardware (ECC/NVLink Xids), cuda-error,
 oom, user-code (a Python exception in the training code), nan-loss, nccl, hang,
