@@ -5,6 +5,7 @@ from __future__ import annotations
 from brctl.analysis.nodeset import fold
 from brctl.errors import UsageError
 from brctl.operations.nodes import NodesReport
+from brctl.remote.probes import ProbeResult
 from brctl.render import Output, fold_by, table
 
 
@@ -30,17 +31,24 @@ def render(out: Output, report: NodesReport, kinds: str) -> None:
                 "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
                 "order": topo.order},
             "groups": {k: [g.to_json() for g in rows] for k, rows in report.groups.items()},
+            **({"probe": {name: _probe_json(p) for name, p in report.probes.items()}}
+               if report.probes is not None else {}),
         })
         return
     keyed = {
-        s: (n.address if n.address == s else "via address", n.connection, n.gpus,
-            ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())), report.role(s))
+        s: (n.connection, n.gpus, ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())),
+            report.role(s))
         for s in report.selected
         for n in [inv.nodes[s]]
     }
-    rows = [(nodes, *key) for nodes, key, _ in fold_by(keyed)]
+    rows = []
+    for nodes, key, _ in fold_by(keyed):
+        members = [s for s in report.selected if keyed[s] == key]
+        rows.append((nodes, fold(inv.nodes[s].address for s in members), *key))
     out.console.print(table(["nodes", "address", "connection", "gpus", "labels", "role"], rows,
                             title=f"{len(report.selected)} machines in {inv.source}"))
+    if report.probes is not None:
+        _render_probes(out, report.probes)
     topo = report.topology
     if topo is None or inv.job is None:
         return
@@ -63,3 +71,20 @@ def render(out: Output, report: NodesReport, kinds: str) -> None:
              for nodes, idx in by_nodes.items()
              for g_nodes in [next(g.nodes for g in rows_k if g.index == idx[0])]],
         ))
+
+
+def _probe_json(p: ProbeResult) -> dict[str, object]:
+    doc = p.document or {}
+    return {"state": p.run.state.value, "ok": p.ok, "error": p.error,
+            **{k: doc.get(k) for k in ("hostname", "python", "cpus", "ssh_connection",
+                                       "brctl_version")}}
+
+
+def _render_probes(out: Output, probes: dict[str, ProbeResult]) -> None:
+    keyed = {}
+    for name, p in probes.items():
+        doc = p.document or {}
+        keyed[name] = (f"python {doc.get('python')}, {doc.get('cpus')} cpus" if p.ok
+                       else f"no answer: {p.error}")
+    rows = [(nodes, key) for nodes, key, _ in fold_by(keyed)]
+    out.console.print(table(["machines", "probe"], rows))

@@ -22,17 +22,29 @@ def nodes(
                                           help="Leave these machines out."),
     kinds: str = typer.Option("pp,dp", "--groups", metavar="KINDS",
                               help="Group kinds to tabulate: tp,cp,ep,dp,edp,pp or 'all'."),
+    probe: bool = typer.Option(False, "--probe",
+                               help="Also contact each machine: Python, hostname, CPUs, ssh peer."),
+    timeout: float = typer.Option(30.0, "-t", "--timeout", metavar="SECONDS",
+                                  help="Per-machine timeout for --probe."),
 ) -> int:
     """Show the inventory's machines and, when a job is defined, its parallel groups.
 
     The table lists each machine's address, connection, GPUs, labels and role (job,
     standby). With a job it also shows which machines form each group of the chosen
     kinds (default PP and DP), so you can see what an over-eviction would take.
+    With --probe every machine is contacted (brctl's probe code is shipped and cached
+    there if needed); exit 3 when some machine did not answer.
     """
     from brctl.commands._render_nodes import render
     from brctl.operations.nodes import describe
 
     env: Env = ctx.obj
-    report = describe(env.inventory(), select, exclude)
+    runner = None
+    if probe:
+        from brctl.remote.probes import ProbeRunner
+
+        runner = ProbeRunner(env.transport())
+    report = describe(env.inventory(), select, exclude, probe=runner,
+                      timeout=timeout * env.timeout_scale())
     render(env.output, report, kinds)
-    return 0
+    return int(report.exit_code)

@@ -9,6 +9,8 @@ from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.nodeset import fold
 from brctl.analysis.topology import KINDS, Topology
+from brctl.errors import ExitCode
+from brctl.remote.probes import ProbeResult, ProbeRunner
 
 
 @dataclass(frozen=True)
@@ -28,12 +30,20 @@ class GroupRow:
 
 @dataclass(frozen=True)
 class NodesReport:
-    """The inventory as brctl resolved it."""
+    """The inventory as brctl resolved it (and, with a probe, what each machine said)."""
 
     inventory: Inventory
     selected: tuple[str, ...]
     topology: Topology | None
     groups: dict[str, list[GroupRow]]
+    probes: dict[str, ProbeResult] | None = None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 when a probed machine did not answer, else 0."""
+        if self.probes and any(not p.ok for p in self.probes.values()):
+            return ExitCode.INCOMPLETE
+        return ExitCode.OK
 
     def role(self, name: str) -> str:
         """job, standby or spare-listed ("other")."""
@@ -43,8 +53,19 @@ class NodesReport:
         return "standby" if name in inv.standby else "other"
 
 
-def describe(inv: Inventory, include: str | None = None, exclude: str | None = None) -> NodesReport:
-    """Resolve the selection and, when a job is defined, every group of every kind."""
+def describe(
+    inv: Inventory,
+    include: str | None = None,
+    exclude: str | None = None,
+    *,
+    probe: ProbeRunner | None = None,
+    timeout: float | None = None,
+) -> NodesReport:
+    """Resolve the selection and, when a job is defined, every group of every kind.
+
+    With ``probe``, also run the ``sysinfo`` probe on every selected machine (it proves
+    the machine answers, which Python it has, and who it is: ``$SSH_CONNECTION``).
+    """
     selected = tuple(n.name for n in inv.select(include, exclude))
     topo = job_topology(inv) if inv.job else None
     groups: dict[str, list[GroupRow]] = {}
@@ -56,4 +77,8 @@ def describe(inv: Inventory, include: str | None = None, exclude: str | None = N
                 GroupRow(kind, g, tuple(ranks), tuple(topo.machines_of(ranks)))
                 for g, ranks in enumerate(topo.groups(kind))
             ]
-    return NodesReport(inv, selected, topo, groups)
+    probes = None
+    if probe is not None:
+        probes = probe.run([inv.nodes[n] for n in selected], "brctl.diagnostics.sysinfo", {},
+                           timeout=timeout, concurrency=inv.ssh.fanout)
+    return NodesReport(inv, selected, topo, groups, probes)

@@ -118,7 +118,11 @@ def bare_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    return local("bare", python=sys.executable, env={"PYTHONPATH": ""})
+    # -S: no site-packages, so an installed (editable) brctl cannot be found: like a bare node.
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    return local("bare", python=str(bare), env={"PYTHONPATH": ""})
 
 
 def test_probe_ships_once_then_runs_from_cache(bare_node: Node, tmp_path: Path) -> None:
