@@ -1,0 +1,324 @@
+"""OpenSSH ``known_hosts`` files, parsed once and indexed (no paramiko).
+
+paramiko's ``HostKeys.load`` checks every new line against all previous ones, so
+a 12,000-line file takes ~18 s (fanout.md §1.7). Here a file is parsed once per
+(path, mtime, size) into a dict keyed by host pattern: plain hosts, ``[host]:port``
+and comma lists are O(1) lookups; hashed entries (``|1|salt|hash``) need one
+HMAC-SHA1 per hashed line per looked-up name, so they are checked linearly (and
+the answer is cached per name); wildcard patterns (``*``, ``?``, ``!neg``) are
+matched linearly too.
+
+What is supported, and what is not:
+
+- ``@revoked`` lines: a revoked key is refused for every host its patterns match.
+- ``@cert-authority`` lines are **not supported**: they are skipped, so a host
+  known only through a host CA is "unknown" and refused (the message says so).
+- A malformed line is an ``InputError`` naming ``file:line`` (exit 2), never a
+  silent skip: a typo in known_hosts would otherwise look like an unknown host.
+
+``check`` answers one of ``KNOWN``, ``UNKNOWN``, ``CHANGED`` or ``REVOKED``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import hashlib
+import hmac
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from brctl.errors import InputError
+
+
+class KnownHostsError(InputError):
+    """A known_hosts file that cannot be read or parsed (names file:line)."""
+
+
+class HostKeyStatus(str, Enum):
+    """Result of checking one server key."""
+
+    KNOWN = "known"
+    UNKNOWN = "unknown"
+    CHANGED = "changed"
+    REVOKED = "revoked"
+
+
+@dataclass(frozen=True)
+class HostKeyEntry:
+    """One key line: its key type and the raw key blob."""
+
+    keytype: str
+    blob: bytes
+    source: str  # "file:line", for messages
+
+
+def host_names(host: str, port: int) -> list[str]:
+    """The names OpenSSH looks up for ``host``: ``host`` on 22, else ``[host]:port``."""
+    return [host] if port == 22 else [f"[{host}]:{port}"]
+
+
+def fingerprint(blob: bytes) -> str:
+    """OpenSSH's SHA256 fingerprint of a key blob (``SHA256:...``)."""
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
+
+
+def _blob_type(blob: bytes) -> str:
+    """The key type string inside an SSH key blob (first length-prefixed string)."""
+    if len(blob) < 4:
+        return ""
+    n = int.from_bytes(blob[:4], "big")
+    return blob[4 : 4 + n].decode("ascii", errors="replace")
+
+
+@dataclass
+class KnownHosts:
+    """The parsed contents of one or more known_hosts files."""
+
+    exact: dict[str, list[HostKeyEntry]] = field(default_factory=dict)
+    hashed: list[tuple[bytes, bytes, HostKeyEntry]] = field(default_factory=list)
+    wildcard: list[tuple[tuple[str, ...], HostKeyEntry]] = field(default_factory=list)
+    revoked: list[tuple[tuple[str, ...], HostKeyEntry]] = field(default_factory=list)
+    cert_authorities: int = 0
+    _hashed_hits: dict[str, list[HostKeyEntry]] = field(default_factory=dict, repr=False)
+
+    def add(self, patterns: Sequence[str], entry: HostKeyEntry) -> None:
+        """Index ``entry`` under each host pattern."""
+        wild: list[str] = []
+        for pattern in patterns:
+            if pattern.startswith("|1|"):
+                salt, digest = _parse_hashed(pattern, entry.source)
+                self.hashed.append((salt, digest, entry))
+            elif any(c in pattern for c in "*?!"):
+                wild.append(pattern)
+            else:
+                self.exact.setdefault(pattern.lower(), []).append(entry)
+        if wild:
+            self.wildcard.append((tuple(wild), entry))
+
+    def merge(self, other: KnownHosts) -> None:
+        """Add everything of ``other`` (files are independent; order does not matter)."""
+        for name, entries in other.exact.items():
+            self.exact.setdefault(name, []).extend(entries)
+        self.hashed.extend(other.hashed)
+        self._hashed_hits.clear()
+        self.wildcard.extend(other.wildcard)
+        self.revoked.extend(other.revoked)
+        self.cert_authorities += other.cert_authorities
+
+    def lookup(self, names: Iterable[str]) -> list[HostKeyEntry]:
+        """Every key listed for any of ``names`` (plain, hashed or wildcard lines)."""
+        found: list[HostKeyEntry] = []
+        for name in names:
+            low = name.lower()
+            found.extend(self.exact.get(low, ()))
+            found.extend(self._hashed_lookup(low))
+            for patterns, entry in self.wildcard:
+                if _match_patterns(low, patterns):
+                    found.append(entry)
+        return found
+
+    def _hashed_lookup(self, name: str) -> list[HostKeyEntry]:
+        # One HMAC per hashed line: linear, so remember the answer per name.
+        hit = self._hashed_hits.get(name)
+        if hit is None:
+            key = name.encode()
+            hit = [
+                entry
+                for salt, digest, entry in self.hashed
+                if hmac.compare_digest(hmac.new(salt, key, hashlib.sha1).digest(), digest)
+            ]
+            self._hashed_hits[name] = hit
+        return hit
+
+    def is_revoked(self, names: Iterable[str], blob: bytes) -> bool:
+        """True when ``blob`` is listed ``@revoked`` for any of ``names``."""
+        for patterns, entry in self.revoked:
+            if entry.blob == blob and any(_match_patterns(n.lower(), patterns) for n in names):
+                return True
+        return False
+
+    def check(self, host: str, port: int, keytype: str, blob: bytes) -> HostKeyStatus:
+        """Check the key a server presented.
+
+        Args:
+            host: the address (or name) connected to, as looked up by OpenSSH.
+            port: the port connected to.
+            keytype: the key's type as the server presented it.
+            blob: the key's wire blob.
+
+        Returns:
+            KNOWN when listed; CHANGED when the host has a key of the same type
+            but a different one (or only keys of other types); REVOKED when the
+            key is ``@revoked``; UNKNOWN when the host is not listed at all.
+        """
+        names = host_names(host, port)
+        if self.is_revoked(names, blob):
+            return HostKeyStatus.REVOKED
+        entries = self.lookup(names)
+        if any(e.blob == blob for e in entries):
+            return HostKeyStatus.KNOWN
+        if entries:
+            return HostKeyStatus.CHANGED
+        return HostKeyStatus.UNKNOWN
+
+    def keytypes_for(self, host: str, port: int) -> list[str]:
+        """Key types listed for the host, so the client can ask the server for those first."""
+        seen: list[str] = []
+        for e in self.lookup(host_names(host, port)):
+            if e.keytype not in seen:
+                seen.append(e.keytype)
+        return seen
+
+
+def _match_patterns(name: str, patterns: Iterable[str]) -> bool:
+    """OpenSSH pattern-list semantics: any positive match and no negated match."""
+    positive = False
+    for pattern in patterns:
+        if pattern.startswith("!"):
+            if fnmatch.fnmatchcase(name, pattern[1:].lower()):
+                return False
+        elif fnmatch.fnmatchcase(name, pattern.lower()):
+            positive = True
+    return positive
+
+
+def _parse_hashed(pattern: str, source: str) -> tuple[bytes, bytes]:
+    parts = pattern.split("|")
+    if len(parts) != 4 or parts[2] == "" or parts[3] == "":
+        raise KnownHostsError(f"{source}: malformed hashed host {pattern!r}")
+    try:
+        return base64.b64decode(parts[2], validate=True), base64.b64decode(parts[3], validate=True)
+    except binascii.Error:
+        raise KnownHostsError(f"{source}: bad base64 in hashed host {pattern!r}") from None
+
+
+def parse(text: str, filename: str) -> KnownHosts:
+    """Parse a known_hosts file's text.
+
+    Args:
+        text: the file contents.
+        filename: used in error messages (``file:line``).
+
+    Returns:
+        The indexed entries.
+
+    Raises:
+        KnownHostsError: a malformed line (names file:line and what is wrong).
+    """
+    kh = KnownHosts()
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        source = f"{filename}:{lineno}"
+        fields = line.split()
+        marker = ""
+        if fields[0].startswith("@"):
+            marker = fields.pop(0)
+            if marker not in ("@revoked", "@cert-authority"):
+                raise KnownHostsError(f"{source}: unknown marker {marker!r}")
+        if len(fields) < 3:
+            raise KnownHostsError(
+                f"{source}: expected 'hosts keytype base64-key [comment]', got {len(fields)} field(s)"
+            )
+        hosts, keytype, b64 = fields[0], fields[1], fields[2]
+        try:
+            blob = base64.b64decode(b64, validate=True)
+        except binascii.Error:
+            raise KnownHostsError(f"{source}: the key is not valid base64") from None
+        if _blob_type(blob) != keytype:
+            raise KnownHostsError(
+                f"{source}: key type {keytype!r} does not match the key ({_blob_type(blob)!r})"
+            )
+        entry = HostKeyEntry(keytype, blob, source)
+        patterns = [p for p in hosts.split(",") if p]
+        if not patterns:
+            raise KnownHostsError(f"{source}: no host pattern")
+        if marker == "@cert-authority":
+            kh.cert_authorities += 1  # unsupported: see the module docstring
+        elif marker == "@revoked":
+            kh.revoked.append((tuple(patterns), entry))
+        else:
+            kh.add(patterns, entry)
+    return kh
+
+
+class KnownHostsCache:
+    """Parsed files shared by every connection; each file is re-read only when it changes.
+
+    Keyed by (path, mtime_ns, size). Thread-safe. ``accept`` appends a newly seen
+    key to an ``accept-new`` file and updates the cached index.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: dict[str, tuple[tuple[int, int], KnownHosts]] = {}
+        self._merged: dict[tuple[tuple[str, tuple[int, int] | None], ...], KnownHosts] = {}
+
+    def _stamp(self, full: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(full)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise KnownHostsError(f"{full}: cannot read: {exc.strerror}") from None
+        return (st.st_mtime_ns, st.st_size)
+
+    def _parse_file(self, full: str, stamp: tuple[int, int] | None) -> KnownHosts:
+        if stamp is None:
+            return KnownHosts()
+        with self._lock:
+            cached = self._files.get(full)
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
+        try:
+            with open(full, encoding="utf-8", errors="replace") as fh:
+                parsed = parse(fh.read(), full)
+        except OSError as exc:
+            raise KnownHostsError(f"{full}: cannot read: {exc.strerror}") from None
+        with self._lock:
+            self._files[full] = (stamp, parsed)
+        return parsed
+
+    def load(self, path: str) -> KnownHosts:
+        """The parsed file at ``path`` (empty when it does not exist)."""
+        full = os.path.expanduser(path)
+        return self._parse_file(full, self._stamp(full))
+
+    def load_all(self, paths: Sequence[str]) -> KnownHosts:
+        """The union of several files; cached until one of them changes."""
+        fulls = [os.path.expanduser(p) for p in paths]
+        key = tuple((f, self._stamp(f)) for f in fulls)
+        with self._lock:
+            hit = self._merged.get(key)
+        if hit is not None:
+            return hit
+        merged = KnownHosts()
+        for full, stamp in key:
+            merged.merge(self._parse_file(full, stamp))
+        with self._lock:
+            # Keep only the newest union per set of files.
+            for old in [k for k in self._merged if tuple(f for f, _ in k) == tuple(fulls)]:
+                del self._merged[old]
+            self._merged[key] = merged
+        return merged
+
+    def accept(self, path: str, host: str, port: int, keytype: str, blob: bytes) -> None:
+        """Append ``host``'s key to ``path`` (created 0600) for ``accept-new``."""
+        full = os.path.expanduser(path)
+        name = host_names(host, port)[0]
+        line = f"{name} {keytype} {base64.b64encode(blob).decode()}\n"
+        with self._lock:
+            os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+            fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+            self._files.pop(full, None)  # the (mtime, size) stamp changes too

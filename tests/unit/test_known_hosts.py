@@ -1,0 +1,182 @@
+"""known_hosts parsing, indexing and checking (no sockets), and ssh config resolution."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from brctl.remote.known_hosts import (
+    HostKeyStatus,
+    KnownHostsCache,
+    KnownHostsError,
+    fingerprint,
+    parse,
+)
+
+
+def _blob(keytype: str, payload: bytes) -> bytes:
+    t = keytype.encode()
+    return len(t).to_bytes(4, "big") + t + len(payload).to_bytes(4, "big") + payload
+
+
+def _line(hosts: str, payload: bytes, keytype: str = "ssh-ed25519", marker: str = "") -> str:
+    b64 = base64.b64encode(_blob(keytype, payload)).decode()
+    return f"{marker + ' ' if marker else ''}{hosts} {keytype} {b64} comment"
+
+
+def _hashed(host: str, salt: bytes = b"0123456789abcdefghij") -> str:
+    digest = hmac.new(salt, host.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+K1, K2, K3 = b"a" * 32, b"b" * 32, b"c" * 32
+ED = "ssh-ed25519"
+
+
+def test_plain_port_and_comma_lists() -> None:
+    kh = parse(
+        "\n".join(
+            [
+                "# comment",
+                "",
+                _line("gpu001,10.0.0.1", K1),
+                _line("[gpu002]:2222,[10.0.0.2]:2222", K2),
+            ]
+        ),
+        "kh",
+    )
+    assert kh.check("gpu001", 22, ED, _blob(ED, K1)) is HostKeyStatus.KNOWN
+    assert kh.check("10.0.0.1", 22, ED, _blob(ED, K1)) is HostKeyStatus.KNOWN
+    assert kh.check("GPU001", 22, ED, _blob(ED, K1)) is HostKeyStatus.KNOWN  # case-insensitive
+    assert kh.check("10.0.0.2", 2222, ED, _blob(ED, K2)) is HostKeyStatus.KNOWN
+    # [host]:port entries do not match port 22 and vice versa.
+    assert kh.check("10.0.0.2", 22, ED, _blob(ED, K2)) is HostKeyStatus.UNKNOWN
+    assert kh.check("gpu001", 2222, ED, _blob(ED, K1)) is HostKeyStatus.UNKNOWN
+    assert kh.check("gpu001", 22, ED, _blob(ED, K2)) is HostKeyStatus.CHANGED
+
+
+def test_hashed_entries() -> None:
+    kh = parse(_line(_hashed("[10.0.0.9]:2222"), K1) + "\n" + _line(_hashed("gpu009"), K2), "kh")
+    assert kh.check("10.0.0.9", 2222, ED, _blob(ED, K1)) is HostKeyStatus.KNOWN
+    assert kh.check("gpu009", 22, ED, _blob(ED, K2)) is HostKeyStatus.KNOWN
+    assert kh.check("gpu009", 22, ED, _blob(ED, K1)) is HostKeyStatus.CHANGED
+    assert kh.check("gpu010", 22, ED, _blob(ED, K2)) is HostKeyStatus.UNKNOWN
+
+
+def test_wildcards_and_negation() -> None:
+    kh = parse(_line("gpu*,!gpu666", K1), "kh")
+    assert kh.check("gpu123", 22, ED, _blob(ED, K1)) is HostKeyStatus.KNOWN
+    assert kh.check("gpu666", 22, ED, _blob(ED, K1)) is HostKeyStatus.UNKNOWN
+
+
+def test_revoked_refuses_and_cert_authority_is_skipped() -> None:
+    kh = parse(
+        "\n".join(
+            [
+                _line("gpu001", K1),
+                _line("*", K1, marker="@revoked"),
+                _line("*.cluster", K3, marker="@cert-authority"),
+            ]
+        ),
+        "kh",
+    )
+    assert kh.check("gpu001", 22, ED, _blob(ED, K1)) is HostKeyStatus.REVOKED
+    assert kh.cert_authorities == 1
+    assert kh.check("n1.cluster", 22, ED, _blob(ED, K3)) is HostKeyStatus.UNKNOWN
+
+
+def test_keytypes_for_lists_known_types() -> None:
+    kh = parse(_line("h", K1) + "\n" + _line("h", K2, keytype="ssh-rsa"), "kh")
+    assert kh.keytypes_for("h", 22) == ["ssh-ed25519", "ssh-rsa"]
+
+
+@pytest.mark.parametrize(
+    ("line", "what"),
+    [
+        ("gpu001 ssh-ed25519", "expected 'hosts keytype base64-key"),
+        ("gpu001 ssh-ed25519 !!!notbase64", "not valid base64"),
+        (_line("gpu001", K1).replace("ssh-ed25519 ", "ssh-rsa ", 1), "does not match the key"),
+        ("@bogus " + _line("gpu001", K1), "unknown marker"),
+        (_line("|1|abc", K1), "malformed hashed host"),
+    ],
+)
+def test_malformed_lines_name_file_and_line(line: str, what: str) -> None:
+    with pytest.raises(KnownHostsError) as exc:
+        parse("# first\n" + line + "\n", "/etc/kh")
+    assert exc.value.message.startswith("/etc/kh:2: ")
+    assert what in exc.value.message
+
+
+def test_cache_parses_once_and_rereads_on_change(tmp_path: Path) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(_line("gpu001", K1) + "\n")
+    cache = KnownHostsCache()
+    first = cache.load_all([str(path), str(path) + ".brctl-accepted"])
+    assert cache.load_all([str(path), str(path) + ".brctl-accepted"]) is first
+    cache.accept(str(path) + ".brctl-accepted", "10.0.0.5", 2222, ED, _blob(ED, K2))
+    again = cache.load_all([str(path), str(path) + ".brctl-accepted"])
+    assert again is not first
+    assert again.check("10.0.0.5", 2222, ED, _blob(ED, K2)) is HostKeyStatus.KNOWN
+    assert oct(os.stat(str(path) + ".brctl-accepted").st_mode & 0o777) == "0o600"
+
+
+def test_12k_entries_load_fast(tmp_path: Path) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(
+        "\n".join(_line(f"gpu{i:05d},10.1.{i // 250}.{i % 250}", i.to_bytes(32, "big")) for i in range(12000))
+    )
+    t0 = time.perf_counter()
+    kh = KnownHostsCache().load(str(path))
+    assert time.perf_counter() - t0 < 2.0  # ~0.1 s here; generous for slow CI
+    assert kh.check("gpu11999", 22, ED, _blob(ED, (11999).to_bytes(32, "big"))) is HostKeyStatus.KNOWN
+
+
+def test_fingerprint_is_openssh_format() -> None:
+    assert fingerprint(b"x").startswith("SHA256:") and not fingerprint(b"x").endswith("=")
+
+
+# -- ssh config resolution (SshTransport.endpoint; no connection is made) --------------
+
+
+def test_ssh_config_fills_only_what_the_inventory_leaves_default(tmp_path: Path) -> None:
+    from brctl.remote.ssh import SshTransport
+    from brctl.remote.transport import Node
+
+    cfg = tmp_path / "config"
+    cfg.write_text(
+        "Host gpu*\n  HostName %h.example\n  User ops\n  Port 2200\n  IdentityFile ~/.ssh/fleet\n"
+        "  ProxyJump bastion\n"
+        "Host bastion\n  HostName 10.9.9.9\n  Port 2022\n  User jumper\n"
+    )
+    t = SshTransport(ssh_config=str(cfg))
+    ep = t.endpoint(Node(name="gpu001", address="gpu001"))
+    assert (ep.host, ep.user, ep.port) == ("gpu001.example", "ops", 2200)
+    assert ep.identities == (os.path.expanduser("~/.ssh/fleet"),)
+    assert ep.jump is not None
+    assert (ep.jump.host, ep.jump.port, ep.jump.user) == ("10.9.9.9", 2022, "jumper")
+    # Explicit inventory values win.
+    ep = t.endpoint(
+        Node(name="gpu002", address="10.0.0.2", user="svc", port=2222, identity_file="/k",
+             proxy_jump="me@hop:2023")
+    )  # fmt: skip
+    assert (ep.host, ep.user, ep.port, ep.identities) == ("10.0.0.2", "svc", 2222, ("/k",))
+    assert ep.jump is not None and (ep.jump.host, ep.jump.user, ep.jump.port) == ("hop", "me", 2023)
+    # No config at all: nothing changes; known_hosts gains the accept-new file.
+    plain = SshTransport(ssh_config=os.devnull).endpoint(Node(name="gpu001", address="gpu001"))
+    assert (plain.host, plain.user, plain.port, plain.jump) == ("gpu001", "root", 22, None)
+    assert plain.known_hosts[1].endswith(".brctl-accepted")
+
+
+def test_multi_hop_proxy_jump_is_refused(tmp_path: Path) -> None:
+    from brctl.remote.ssh import SshTransport
+    from brctl.remote.transport import Node
+
+    t = SshTransport(ssh_config=os.devnull)
+    with pytest.raises(ValueError, match="only one jump host"):
+        t.endpoint(Node(name="n", address="n", proxy_jump="a,b"))
