@@ -1,0 +1,710 @@
+"""``SshTransport``: the paramiko backend of the Transport protocol (production).
+
+The only module that imports paramiko; ``brctl.remote.factory`` imports it lazily.
+
+Connections. One authenticated paramiko transport per (user, host, port, jump)
+is opened on first use and reused by every later ``run``/``put``/``get`` until
+``close()`` (the daemon keeps one SshTransport across polls). A cached connection
+found dead is reopened once; a command is never re-run. Sockets are opened here
+with ``TCP_NODELAY`` (without it every request/response turn waits ~40 ms on
+Nagle/delayed ACK: 45 ms → 3 ms per command, fanout.md §1.7) and keepalives are
+on. New connections are capped at ``connect_rate`` per second (a token bucket,
+separate from the fan-out's concurrency) and connection-level failures (refused,
+reset, lost during the handshake) are retried with capped, jittered exponential
+back-off inside the connect budget; auth and host-key refusals are not retried.
+
+Timeouts. ``connect_timeout`` bounds TCP connect + banner + key exchange + auth
+(retries included). The command runs under ``timeout -k 2 T`` (GNU coreutils on
+the node): it puts the command in its own process group and kills the whole group
+at T (SIGTERM, SIGKILL 2 s later), so a timed-out command is not orphaned, which
+pdsh/clush ``-u`` do. Exit 124/137 at or after T is reported as ``timeout``.
+
+States. Refused/reset/lost/no route → ``unreachable``; the connect budget spent
+(TCP, or a listener that never sends a banner) → ``timeout``; the node refused
+our key → ``auth``; unknown, changed or revoked host key → ``hostkey``; non-zero
+exit → ``failed``. The stderr of a result that never ran is one short line.
+
+Host keys (``brctl.remote.known_hosts``): the node's ``known_hosts`` plus
+``<known_hosts>.brctl-accepted`` are parsed once and indexed. ``strict`` (the
+default) refuses unknown keys; ``accept-new`` trusts a host never seen before and
+appends its key to ``<known_hosts>.brctl-accepted`` (the user's own file is never
+written) — a changed key is refused in both modes. ``@cert-authority`` is not
+supported (documented in known_hosts.py).
+
+Credentials, no prompts ever. Keys come only from the inventory's
+``identity_file``, else ssh config ``IdentityFile``, else OpenSSH's default files
+(``~/.ssh/id_ed25519``, ``id_ecdsa``, ``id_rsa``) that exist. No agent (an
+agent may ask for confirmation, and cron has none), no agent forwarding, no
+passwords or keyboard-interactive; a passphrase-protected key is ``auth`` with a
+message, never a prompt. Key material and passphrases never appear in messages.
+
+``~/.ssh/config`` (path injectable: ``ssh_config``; ``None`` means
+``~/.ssh/config`` when it exists, ``os.devnull`` disables it) is looked up by the
+node's name, as ``ssh <name>`` would. Precedence, like OpenSSH's "command line
+first": a value the inventory sets explicitly wins; a value the inventory leaves
+at its default (``address`` equal to the name, ``user: root``, ``port: 22``, no
+``identity_file``, no ``proxy_jump``) is taken from the ssh config when the
+config has one. (The inventory cannot tell an explicit ``port: 22`` from the
+default, so a config ``Port`` wins over it.) Honoured: HostName, User, Port,
+IdentityFile, ProxyJump.
+
+Jump hosts (``proxy_jump`` or ProxyJump; one hop, ``[user@]host[:port]``, itself
+resolved through the ssh config): one authenticated connection to the jump host,
+every target opened as a ``direct-tcpip`` channel over it, at full fan-out. The
+jump host's host key is checked like any other. paramiko has a race there:
+``Channel.send`` checks ``closed`` under its lock but sends outside it, so a
+target's close racing its transport's last packet puts a data packet after our
+CHANNEL_CLOSE, and OpenSSH then drops the *whole* jump connection ("data packet
+referred to nonexistent channel"). ``_ChannelSocket`` serialises send and close.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import paramiko
+
+from brctl.remote.known_hosts import (
+    HostKeyStatus,
+    KnownHostsCache,
+    KnownHostsError,
+    fingerprint,
+    host_names,
+)
+from brctl.remote.transport import Node, NodeState, RunResult, command_line, with_env
+
+# paramiko logs transport errors at ERROR; with no handler configured Python's
+# last-resort handler would print them on brctl's stderr. Results carry the message.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+KEEPALIVE_S = 15  # detect dead peers on cached connections between daemon polls
+KILL_GRACE_S = 2  # SIGTERM, then SIGKILL this much later (timeout -k)
+CLIENT_SLACK_S = 5  # how long past the remote timeout we wait for its exit status
+RETRY_BASE_S = 0.1
+RETRY_CAP_S = 2.0
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+ACCEPTED_SUFFIX = ".brctl-accepted"
+DEFAULT_USER = "root"
+DEFAULT_PORT = 22
+_RSA_ALGS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
+
+
+class _ConnectError(Exception):
+    """Why a connection could not be made: the node's state and a one-line message."""
+
+    def __init__(self, state: NodeState, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.state = state
+        self.message = message
+        self.retriable = retriable
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One SSH destination after ssh-config resolution."""
+
+    label: str  # the node (or jump host) name, for messages
+    host: str
+    port: int
+    user: str
+    identities: tuple[str, ...]
+    known_hosts: tuple[str, ...]
+    policy: str
+    connect_timeout: float
+    jump: Endpoint | None = field(default=None)
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Connections are shared per (user, host, port, route)."""
+        return (self.user, self.host, self.port, self.jump.key if self.jump else None)
+
+
+class RateLimiter:
+    """Token bucket: at most ``rate`` acquisitions per second, bursts up to ``burst``."""
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        self.rate = rate
+        self.capacity = burst if burst is not None else max(1.0, rate / 10)
+        self._tokens = self.capacity
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        """Block until a token is available, then take it."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
+                self._last = now
+                if self._tokens >= 1:
+                    self._tokens -= 1
+                    return
+                wait = (1 - self._tokens) / self.rate
+            time.sleep(wait)
+
+
+class _ChannelSocket:
+    """A direct-tcpip channel as a socket for an inner paramiko Transport.
+
+    Holds one lock across ``send`` and ``close`` so no data can follow our
+    CHANNEL_CLOSE (see the module docstring); everything else is delegated.
+    """
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def send(self, data: bytes) -> int:
+        with self._lock:
+            if self._closed:
+                raise OSError("channel closed")
+            return self._chan.send(data)
+
+    def recv(self, n: int) -> bytes:
+        return self._chan.recv(n)
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._chan.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self._chan.gettimeout()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._chan.close()
+
+    def getpeername(self) -> str:
+        return self._chan.getpeername()
+
+
+def _result(node: str, state: NodeState, t0: float, stderr: str, exit_code: int | None = None) -> RunResult:
+    return RunResult(node, state, exit_code, "", stderr, time.monotonic() - t0)
+
+
+def _parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` → (user, host, port)."""
+    user = None
+    if "@" in spec:
+        user, spec = spec.rsplit("@", 1)
+    port = None
+    if spec.startswith("["):
+        host, _, rest = spec[1:].partition("]")
+        if rest.startswith(":"):
+            port = int(rest[1:])
+    elif spec.count(":") == 1:
+        host, p = spec.split(":")
+        port = int(p)
+    else:
+        host = spec
+    return user, host, port
+
+
+class SshTransport:
+    """The production Transport: paramiko, thread-safe, connections cached per node.
+
+    Args:
+        connect_rate: new connections per second, at most (all nodes together).
+        ssh_config: ssh config file; None → ``~/.ssh/config`` if it exists;
+            ``os.devnull`` to ignore any.
+        connect_retries: extra attempts after a connection-level failure.
+        keepalive: seconds between keepalives on open connections (0: off).
+    """
+
+    def __init__(
+        self,
+        *,
+        connect_rate: float = 100.0,
+        ssh_config: str | None = None,
+        connect_retries: int = 2,
+        keepalive: int = KEEPALIVE_S,
+    ) -> None:
+        self._rate = RateLimiter(connect_rate)
+        self._retries = connect_retries
+        self._keepalive = keepalive
+        self._config_path = os.path.expanduser(ssh_config or "~/.ssh/config")
+        self._config: paramiko.SSHConfig | None = None
+        self._known = KnownHostsCache()
+        self._lock = threading.Lock()
+        self._conns: dict[tuple[object, ...], paramiko.Transport] = {}
+        self._key_locks: dict[tuple[object, ...], threading.Lock] = {}
+        self._pkeys: dict[str, paramiko.PKey] = {}
+        self._endpoints: dict[tuple[object, ...], Endpoint] = {}
+        self.connections_opened = 0  # for tests and benchmarks
+
+    # -- resolution ---------------------------------------------------------------
+
+    def _ssh_config(self) -> paramiko.SSHConfig:
+        with self._lock:
+            if self._config is None:
+                if os.path.isfile(self._config_path):
+                    self._config = paramiko.SSHConfig.from_path(self._config_path)
+                else:
+                    self._config = paramiko.SSHConfig()
+            return self._config
+
+    def endpoint(self, node: Node) -> Endpoint:
+        """Where and how to connect for ``node`` (inventory + ssh config; cached).
+
+        Raises:
+            ValueError: an unsupported ProxyJump (several hops).
+        """
+        cache_key = (
+            node.name,
+            node.address,
+            node.port,
+            node.user,
+            node.identity_file,
+            node.known_hosts,
+            node.host_key_policy,
+            node.connect_timeout,
+            node.proxy_jump,
+        )
+        hit = self._endpoints.get(cache_key)
+        if hit is not None:
+            return hit
+        cfg = self._ssh_config().lookup(node.name)
+        known = os.path.expanduser(node.known_hosts or "~/.ssh/known_hosts")
+        known_files = (known, known + ACCEPTED_SUFFIX)
+        host = node.address if node.address != node.name else cfg.get("hostname", node.address)
+        user = node.user if node.user != DEFAULT_USER else cfg.get("user", node.user)
+        port = node.port if node.port != DEFAULT_PORT else int(cfg.get("port", node.port))
+        identities = self._identities(node.identity_file, cfg)
+        jump_spec = node.proxy_jump if node.proxy_jump else cfg.get("proxyjump")
+        jump = None
+        if jump_spec and jump_spec.lower() != "none":
+            if "," in jump_spec:
+                raise ValueError(f"ProxyJump {jump_spec!r}: only one jump host is supported")
+            juser, jhost, jport = _parse_jump(jump_spec)
+            jcfg = self._ssh_config().lookup(jhost)
+            jump = Endpoint(
+                label=f"jump host {jhost}",
+                host=jcfg.get("hostname", jhost),
+                port=jport or int(jcfg.get("port", DEFAULT_PORT)),
+                user=juser or jcfg.get("user", user),
+                identities=self._identities(None, jcfg) if "identityfile" in jcfg else identities,
+                known_hosts=known_files,
+                policy=node.host_key_policy,
+                connect_timeout=node.connect_timeout,
+            )
+        ep = Endpoint(
+            label=node.name,
+            host=host,
+            port=port,
+            user=user,
+            identities=identities,
+            known_hosts=known_files,
+            policy=node.host_key_policy,
+            connect_timeout=node.connect_timeout,
+            jump=jump,
+        )
+        self._endpoints[cache_key] = ep
+        return ep
+
+    @staticmethod
+    def _identities(explicit: str | None, cfg: paramiko.SSHConfigDict) -> tuple[str, ...]:
+        if explicit:
+            return (os.path.expanduser(explicit),)
+        from_cfg = cfg.get("identityfile")
+        if from_cfg:
+            return tuple(os.path.expanduser(p) for p in from_cfg)
+        found = [os.path.expanduser(p) for p in DEFAULT_IDENTITIES]
+        return tuple(p for p in found if os.path.exists(p))
+
+    def preload(self, nodes: Sequence[Node]) -> None:
+        """Parse every node's known_hosts now, so a malformed file fails before fan-out.
+
+        Raises:
+            KnownHostsError: a malformed line (an InputError: exit 2, names file:line).
+        """
+        for node in nodes:
+            if node.connection == "ssh":
+                self._known.load_all(self.endpoint(node).known_hosts)
+
+    # -- connecting ---------------------------------------------------------------
+
+    def _pkey(self, path: str) -> paramiko.PKey:
+        with self._lock:
+            hit = self._pkeys.get(path)
+        if hit is not None:
+            return hit
+        try:
+            key = paramiko.PKey.from_path(path)
+        except paramiko.PasswordRequiredException:
+            raise _ConnectError(
+                NodeState.AUTH, f"identity file {path} is passphrase-protected; brctl never prompts"
+            ) from None
+        except FileNotFoundError:
+            raise _ConnectError(NodeState.AUTH, f"identity file {path} not found") from None
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise _ConnectError(NodeState.AUTH, f"identity file {path}: {exc}") from None
+        with self._lock:
+            self._pkeys[path] = key
+        return key
+
+    def _lock_for(self, key: tuple[object, ...]) -> threading.Lock:
+        with self._lock:
+            lock = self._key_locks.get(key)
+            if lock is None:
+                lock = self._key_locks[key] = threading.Lock()
+            return lock
+
+    def _connection(self, ep: Endpoint) -> tuple[paramiko.Transport, bool]:
+        """The cached live connection to ``ep``, or a new one; (transport, is_new)."""
+        with self._lock_for(ep.key):
+            with self._lock:
+                conn = self._conns.get(ep.key)
+            if conn is not None and conn.is_active():
+                return conn, False
+            if conn is not None:
+                self._drop(ep, conn)
+            conn = self._connect(ep)
+            with self._lock:
+                self._conns[ep.key] = conn
+            return conn, True
+
+    def _drop(self, ep: Endpoint, conn: paramiko.Transport) -> None:
+        with self._lock:
+            if self._conns.get(ep.key) is conn:
+                del self._conns[ep.key]
+        conn.close()
+
+    def _connect(self, ep: Endpoint) -> paramiko.Transport:
+        """Open and authenticate, retrying connection-level failures within the budget."""
+        self._rate.acquire()
+        deadline = time.monotonic() + ep.connect_timeout
+        attempt = 0
+        while True:
+            try:
+                return self._connect_once(ep, deadline)
+            except _ConnectError as exc:
+                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt) * random.uniform(0.5, 1.0)
+                if not exc.retriable or attempt >= self._retries or time.monotonic() + delay >= deadline:
+                    raise
+            attempt += 1
+            time.sleep(delay)
+            self._rate.acquire()
+
+    def _open_socket(self, ep: Endpoint, deadline: float) -> socket.socket | _ChannelSocket:
+        where = f"{ep.host}:{ep.port}"
+        if ep.jump is not None:
+            jump, _ = self._connection(ep.jump)
+            try:
+                chan = jump.open_channel(
+                    "direct-tcpip",
+                    (ep.host, ep.port),
+                    ("127.0.0.1", 0),
+                    timeout=max(0.01, deadline - time.monotonic()),
+                )
+            except paramiko.ChannelException as exc:
+                raise _ConnectError(
+                    NodeState.UNREACHABLE,
+                    f"{ep.jump.label} could not connect to {where}: {exc.text}",
+                    retriable=True,
+                ) from None
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                self._drop(ep.jump, jump)
+                raise _ConnectError(
+                    NodeState.UNREACHABLE, f"{ep.jump.label} connection lost: {exc}", retriable=True
+                ) from None
+            return _ChannelSocket(chan)
+        try:
+            infos = socket.getaddrinfo(ep.host, ep.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise _ConnectError(NodeState.UNREACHABLE, f"cannot resolve {ep.host}: {exc.strerror}") from None
+        family, stype, proto, _, addr = infos[0]
+        sock = socket.socket(family, stype, proto)
+        # paramiko never sets it; without it every round trip waits for delayed ACKs.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            sock.connect(addr)
+        except socket.timeout:
+            sock.close()
+            raise _ConnectError(
+                NodeState.TIMEOUT, f"TCP connect to {where} timed out ({ep.connect_timeout:g}s)"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise _ConnectError(
+                NodeState.UNREACHABLE, f"{where}: {exc.strerror or exc}", retriable=True
+            ) from None
+        return sock
+
+    def _connect_once(self, ep: Endpoint, deadline: float) -> paramiko.Transport:
+        sock = self._open_socket(ep, deadline)
+        transport = paramiko.Transport(sock)  # type: ignore[arg-type]
+        try:
+            self._handshake(transport, ep, deadline)
+        except BaseException:
+            transport.close()
+            raise
+        self.connections_opened += 1
+        return transport
+
+    def _handshake(self, t: paramiko.Transport, ep: Endpoint, deadline: float) -> None:
+        where = f"{ep.host}:{ep.port}"
+        left = max(0.01, deadline - time.monotonic())
+        # Every phase is bounded by what is left of connect_timeout.
+        t.banner_timeout = left
+        t.handshake_timeout = left
+        t.auth_timeout = left
+        known = self._known.load_all(ep.known_hosts)
+        self._prefer_known_key_types(t, known.keytypes_for(ep.host, ep.port))
+        try:
+            t.start_client(timeout=left)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if time.monotonic() >= deadline - 0.05:
+                raise _ConnectError(
+                    NodeState.TIMEOUT,
+                    f"{where}: no SSH banner/key exchange within connect_timeout ({ep.connect_timeout:g}s)",
+                ) from None
+            raise _ConnectError(
+                NodeState.UNREACHABLE,
+                f"{where}: connection lost during SSH handshake ({exc or type(exc).__name__})",
+                retriable=True,
+            ) from None
+        done = getattr(t, "completion_event", None)
+        if done is None or not done.is_set():  # start_client returns quietly on its timeout
+            raise _ConnectError(
+                NodeState.TIMEOUT,
+                f"{where}: no SSH banner/key exchange within connect_timeout ({ep.connect_timeout:g}s)",
+            )
+        self._check_host_key(t, ep)
+        self._authenticate(t, ep, deadline)
+        if self._keepalive:
+            t.set_keepalive(self._keepalive)
+
+    @staticmethod
+    def _prefer_known_key_types(t: paramiko.Transport, known_types: list[str]) -> None:
+        """Ask for host key types known_hosts lists first, as OpenSSH does."""
+        if not known_types:
+            return
+        wanted = set(known_types)
+        if "ssh-rsa" in wanted:
+            wanted.update(_RSA_ALGS)
+        opts = t.get_security_options()
+        current = list(opts.key_types)
+        opts.key_types = [k for k in current if k in wanted] + [k for k in current if k not in wanted]
+
+    def _check_host_key(self, t: paramiko.Transport, ep: Endpoint) -> None:
+        key = t.get_remote_server_key()
+        keytype, blob = key.get_name(), key.asbytes()
+        name = host_names(ep.host, ep.port)[0]
+        what = f"{keytype} {fingerprint(blob)}"
+        known = self._known.load_all(ep.known_hosts)
+        status = known.check(ep.host, ep.port, keytype, blob)
+        if status is HostKeyStatus.KNOWN:
+            return
+        if status is HostKeyStatus.UNKNOWN and ep.policy == "accept-new":
+            self._known.accept(ep.known_hosts[-1], ep.host, ep.port, keytype, blob)
+            return
+        if status is HostKeyStatus.REVOKED:
+            msg = f"host key for {name} is @revoked ({what})"
+        elif status is HostKeyStatus.CHANGED:
+            msg = (
+                f"host key for {name} CHANGED: server presented {what}, which does not match "
+                f"{ep.known_hosts[0]}; refusing (possible man-in-the-middle)"
+            )
+        else:
+            msg = f"host key for {name} is unknown ({what}); not in {ep.known_hosts[0]}"
+            if known.cert_authorities:
+                msg += " (@cert-authority lines are not supported)"
+            msg += "; add it or set host_key_policy: accept-new"
+        raise _ConnectError(NodeState.HOSTKEY, msg)
+
+    def _authenticate(self, t: paramiko.Transport, ep: Endpoint, deadline: float) -> None:
+        where = f"{ep.user}@{ep.host}:{ep.port}"
+        if not ep.identities:
+            raise _ConnectError(NodeState.AUTH, f"{where}: no identity file configured or found")
+        for path in ep.identities:
+            pkey = self._pkey(path)
+            try:
+                t.auth_publickey(ep.user, pkey)
+            except paramiko.AuthenticationException:
+                if time.monotonic() >= deadline - 0.05:
+                    raise _ConnectError(
+                        NodeState.TIMEOUT,
+                        f"{where}: authentication did not finish within connect_timeout "
+                        f"({ep.connect_timeout:g}s)",
+                    ) from None
+                continue
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise _ConnectError(
+                    NodeState.UNREACHABLE, f"{where}: connection lost during auth ({exc})"
+                ) from None
+            if t.is_authenticated():
+                return
+        raise _ConnectError(NodeState.AUTH, f"{where}: public key refused")
+
+    # -- running ------------------------------------------------------------------
+
+    def _session(self, node: Node, t0: float) -> tuple[paramiko.Channel | None, RunResult | None]:
+        """An open session channel on the node, or the result that says why not."""
+        try:
+            ep = self.endpoint(node)
+        except ValueError as exc:
+            return None, _result(node.name, NodeState.UNREACHABLE, t0, str(exc))
+        for attempt in (0, 1):
+            try:
+                conn, new = self._connection(ep)
+            except _ConnectError as exc:
+                return None, _result(node.name, exc.state, t0, exc.message)
+            except KnownHostsError as exc:
+                return None, _result(node.name, NodeState.HOSTKEY, t0, exc.message)
+            try:
+                return conn.open_session(timeout=ep.connect_timeout), None
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                self._drop(ep, conn)
+                if new or attempt:
+                    return None, _result(
+                        node.name, NodeState.UNREACHABLE, t0, f"could not open a session: {exc}"
+                    )
+                # A cached connection died since its last use: reopen it once.
+        raise AssertionError("unreachable")
+
+    def run(
+        self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
+    ) -> RunResult:
+        """Run ``argv`` on ``node``; see the module docstring for states and timeouts."""
+        t0 = time.monotonic()
+        chan, failed = self._session(node, t0)
+        if chan is None:
+            assert failed is not None
+            return failed
+        wrapped = ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:.3f}", *argv]
+        try:
+            return self._exec(node, chan, command_line(with_env(wrapped, node.env)), stdin, timeout, t0)
+        finally:
+            chan.close()
+
+    def _exec(
+        self,
+        node: Node,
+        chan: paramiko.Channel,
+        cmd: str,
+        stdin: bytes | None,
+        timeout: float,
+        t0: float,
+    ) -> RunResult:
+        started = time.monotonic()
+        give_up = started + timeout + KILL_GRACE_S + CLIENT_SLACK_S
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            chan.settimeout(max(0.01, give_up - time.monotonic()))
+            chan.exec_command(cmd)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            fd = chan.fileno()  # an OS pipe paramiko signals when data arrives
+            while True:
+                while chan.recv_ready():
+                    out.append(chan.recv(65536))
+                while chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(65536))
+                if (
+                    chan.exit_status_ready()
+                    and chan.eof_received
+                    and not (chan.recv_ready() or chan.recv_stderr_ready())
+                ):
+                    break
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout()
+                if chan.eof_received:
+                    chan.status_event.wait(left)
+                else:
+                    select.select([fd], [], [], left)
+        except (socket.timeout, TimeoutError):
+            return RunResult(
+                node.name,
+                NodeState.TIMEOUT,
+                None,
+                b"".join(out).decode(errors="replace"),
+                b"".join(err).decode(errors="replace")
+                + f"brctl: no exit status {timeout:g}s+{KILL_GRACE_S + CLIENT_SLACK_S}s after start; "
+                "gave up on the node\n",
+                time.monotonic() - t0,
+            )
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            return _result(node.name, NodeState.UNREACHABLE, t0, f"connection lost while running: {exc}")
+        code = chan.recv_exit_status()
+        stdout = b"".join(out).decode(errors="replace")
+        stderr = b"".join(err).decode(errors="replace")
+        elapsed = time.monotonic() - started
+        if code in (124, 128 + 9) and elapsed >= timeout * 0.98:
+            stderr += f"brctl: timed out after {timeout:g}s; its process group was killed\n"
+            return RunResult(node.name, NodeState.TIMEOUT, code, stdout, stderr, time.monotonic() - t0)
+        state = NodeState.OK if code == 0 else NodeState.FAILED
+        return RunResult(node.name, state, code, stdout, stderr, time.monotonic() - t0)
+
+    # -- files --------------------------------------------------------------------
+
+    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
+        """Copy a local file to the node over SFTP: written as a temp name, then renamed."""
+        return self._sftp(node, local_path, remote_path, timeout, upload=True)
+
+    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
+        """Copy a file from the node over SFTP to a local temp name, then rename it."""
+        return self._sftp(node, remote_path, local_path, timeout, upload=False)
+
+    def _sftp(self, node: Node, src: str, dst: str, timeout: float, *, upload: bool) -> RunResult:
+        t0 = time.monotonic()
+        chan, failed = self._session(node, t0)
+        if chan is None:
+            assert failed is not None
+            return failed
+        tmp = f"{dst}.brctl-tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            chan.settimeout(timeout)
+            chan.invoke_subsystem("sftp")
+            sftp = paramiko.SFTPClient(chan)
+            try:
+                if upload:
+                    sftp.put(src, tmp)
+                    sftp.posix_rename(tmp, dst)
+                else:
+                    sftp.get(src, tmp)
+                    os.replace(tmp, dst)
+            except BaseException:
+                self._cleanup(sftp, tmp, upload)
+                raise
+            finally:
+                sftp.close()
+        except (socket.timeout, TimeoutError):
+            return _result(node.name, NodeState.TIMEOUT, t0, f"copy timed out after {timeout:g}s")
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            where = f"{node.name}:{src}" if not upload else src
+            return _result(node.name, NodeState.FAILED, t0, f"copy of {where} failed: {exc}", 1)
+        finally:
+            chan.close()
+        return RunResult(node.name, NodeState.OK, 0, "", "", time.monotonic() - t0)
+
+    @staticmethod
+    def _cleanup(sftp: paramiko.SFTPClient, tmp: str, upload: bool) -> None:
+        try:
+            if upload:
+                sftp.remove(tmp)
+            else:
+                os.unlink(tmp)
+        except (OSError, paramiko.SSHException, EOFError):
+            pass
+
+    def close(self) -> None:
+        """Close every connection (targets first, then jump hosts)."""
+        with self._lock:
+            conns = sorted(self._conns.items(), key=lambda kv: kv[0][3] is None)
+            self._conns.clear()
+        for _, conn in conns:
+            conn.close()
