@@ -9,7 +9,7 @@ Pure functions on typed data (reference/algorithms.md §1, after LLNL STAT):
 - ``classify`` forms STAT's equivalence classes (ranks with the same path through
   the prefix tree = the same signature) and ``build_tree`` merges the signatures
   into the prefix tree whose nodes carry the ranks through them.
-- ``round_outliers`` compares ranks only with the peers that should look alike
+- ``_round_outliers`` compares ranks only with the peers that should look alike
   (the same pipeline stage): the minority classes of each stage, plus undumpable
   and missing ranks. ``moving_outliers`` uses several rounds: a rank whose stack
   moves while its stage's does not, or stands still while the stage moves.
@@ -140,18 +140,46 @@ class Round:
     samples: tuple[RankSample, ...]
     silent_nodes: frozenset[str] = frozenset()
 
-    def sig_of(self, cache: dict[Stack, Signature]) -> dict[int, Signature]:
-        """Each rank's signature (memoised per distinct stack)."""
-        out: dict[int, Signature] = {}
-        for s in self.samples:
-            if s.stack is None:
-                out[s.rank] = MISSING if s.missing else UNDUMPABLE
+
+
+class _Signatures:
+    """Interns signatures as small ints: later steps hash ints, not 60-frame tuples."""
+
+    def __init__(self) -> None:
+        self.sigs: list[Signature] = [UNDUMPABLE, MISSING]
+        self._ids: dict[Signature, int] = {UNDUMPABLE: 0, MISSING: 1}
+        self._by_stack: dict[Stack, int] = {}
+
+    def ids(self, rnd: Round) -> dict[int, int]:
+        """rank → signature id for one round (each distinct stack normalised once)."""
+        out: dict[int, int] = {}
+        by_stack = self._by_stack
+        for s in rnd.samples:
+            stack = s.stack
+            if stack is None:
+                out[s.rank] = 1 if s.missing else 0
                 continue
-            sig = cache.get(s.stack)
-            if sig is None:
-                sig = cache[s.stack] = signature(s.stack)
-            out[s.rank] = sig
+            sid = by_stack.get(stack)
+            if sid is None:
+                sig = signature(stack)
+                sid = self._ids.setdefault(sig, len(self.sigs))
+                if sid == len(self.sigs):
+                    self.sigs.append(sig)
+                by_stack[stack] = sid
+            out[s.rank] = sid
         return out
+
+
+def stages(topo: Topology) -> list[int]:
+    """Every rank's pipeline stage, computed in one pass (``topo.coord`` per rank is slow)."""
+    sizes = {"tp": topo.tp, "cp": topo.cp, "ep": 1, "dp": topo.dp, "pp": topo.pp}
+    stride = 1
+    for axis in topo.order.split("-"):
+        if axis == "pp":
+            break
+        stride *= sizes[axis]
+    pp = topo.pp
+    return [(r // stride) % pp for r in range(topo.world)]
 
 
 @dataclass(frozen=True)
@@ -172,9 +200,14 @@ class StackClass:
 
 @dataclass(frozen=True)
 class TreeNode:
-    """A node of the merged prefix tree: one frame and the ranks whose stacks pass through it."""
+    """A node of the merged prefix tree and the ranks whose stacks pass through it.
 
-    frame: tuple[str, str]
+    The tree is path-compressed (a radix tree): ``frames`` is the run of frames
+    that every rank of this node shares up to the next branch point or to where
+    some of its ranks' stacks end, so a 60-frame chain costs one node.
+    """
+
+    frames: tuple[tuple[str, str], ...]
     ranks: tuple[int, ...]
     children: tuple[TreeNode, ...] = ()
 
@@ -241,78 +274,87 @@ def classify(sigs: Mapping[int, Signature]) -> dict[Signature, list[int]]:
 def build_tree(classes: Mapping[Signature, Sequence[int]]) -> TreeNode:
     """Merge the classes' signatures into one prefix tree labelled with rank sets.
 
-    Each distinct signature is inserted once with all its ranks, so the cost is
-    the number of ranks plus the total length of the distinct signatures.
+    Each distinct signature enters once with all its ranks, and chains without a
+    branch collapse into one node, so the cost is the number of ranks times the
+    branching depth plus the total length of the distinct signatures.
     """
-    root: dict[tuple[str, str], tuple[list[int], dict]] = {}  # type: ignore[type-arg]
-    for sig, ranks in classes.items():
-        level = root
-        for item in sig:
-            entry = level.get(item)
-            if entry is None:
-                entry = level[item] = ([], {})
-            entry[0].extend(ranks)
-            level = entry[1]
-
-    def freeze(level: dict) -> tuple[TreeNode, ...]:  # type: ignore[type-arg]
-        nodes = [TreeNode(item, tuple(sorted(ranks)), freeze(children))
-                 for item, (ranks, children) in level.items()]
-        return tuple(sorted(nodes, key=lambda n: (-len(n.ranks), n.ranks[:1])))
-
-    everyone = sorted(r for ranks in classes.values() for r in ranks)
-    return TreeNode(("<all ranks>", ""), tuple(everyone), freeze(root))
+    entries = [(sig, list(ranks)) for sig, ranks in classes.items()]
+    everyone = tuple(sorted(r for _, ranks in entries for r in ranks))
+    return TreeNode((("<all ranks>", ""),), everyone, _children(entries, 0))
 
 
-def _dominant(counts: Counter[Signature], popularity: Counter[tuple[str, str]]) -> Signature | None:
-    """The cohort's normal class: the largest, holding at least half the cohort.
+def _children(entries: list[tuple[Signature, list[int]]], depth: int) -> tuple[TreeNode, ...]:
+    buckets: dict[tuple[str, str], list[tuple[Signature, list[int]]]] = {}
+    for sig, ranks in entries:
+        if len(sig) > depth:
+            buckets.setdefault(sig[depth], []).append((sig, ranks))
+    nodes = []
+    for group in buckets.values():
+        end = depth + 1
+        first = group[0][0]
+        while all(len(sig) > end and sig[end] == first[end] for sig, _ in group):
+            end += 1
+        members = tuple(sorted(r for _, rs in group for r in rs))
+        nodes.append(TreeNode(first[depth:end], members, _children(group, end)))
+    return tuple(sorted(nodes, key=lambda n: (-len(n.ranks), n.ranks[:1])))
+
+
+def _dominant(counts: Counter[int], table: _Signatures, popularity: Counter[tuple[str, str]]
+              ) -> int | None:
+    """The cohort's normal class id: the largest, holding at least half the cohort.
 
     A tie between the largest classes is broken by which one's innermost frame is
     commonest across the whole job (healthy ranks of other stages wait there too);
     an undecidable tie, or no class with half the cohort, means no verdict.
     """
     total = sum(counts.values())
-    ranked = [(c, sig) for sig, c in counts.items() if sig not in (UNDUMPABLE, MISSING)]
+    ranked = [(c, sid) for sid, c in counts.items() if sid > 1]  # 0, 1: undumpable, missing
     if not ranked:
         return None
     best = max(c for c, _ in ranked)
     if 2 * best < total:
         return None  # no consensus: ranks are busy at different points, not stuck
-    tied = [sig for c, sig in ranked if c == best]
+    tied = [sid for c, sid in ranked if c == best]
     if len(tied) == 1:
         return tied[0]
-    scores = sorted(((popularity[sig[-1]] if sig else 0), sig) for sig in tied)
+    scores = sorted((popularity[table.sigs[sid][-1]] if table.sigs[sid] else 0, sid)
+                    for sid in tied)
     if scores[-1][0] == scores[-2][0]:
         return None
     return scores[-1][1]
 
 
-def round_outliers(sigs: Mapping[int, Signature], topo: Topology) -> dict[int, str]:
+def _round_outliers(ids: Mapping[int, int], stage: Sequence[int], table: _Signatures
+                    ) -> dict[int, str]:
     """Outlier ranks of one round → reason (minority, undumpable, missing).
 
     Ranks are compared only within their pipeline stage: different stages run
     different layers and legitimately wait in different places.
     """
-    by_stage: dict[int, Counter[Signature]] = defaultdict(Counter)
+    by_stage: dict[int, Counter[int]] = defaultdict(Counter)
+    for rank, sid in ids.items():
+        by_stage[stage[rank]][sid] += 1
     popularity: Counter[tuple[str, str]] = Counter()
-    for rank, sig in sigs.items():
-        by_stage[topo.coord(rank, "pp")][sig] += 1
-        if sig and sig not in (UNDUMPABLE, MISSING):
-            popularity[sig[-1]] += 1
-    normal = {stage: _dominant(counts, popularity) for stage, counts in by_stage.items()}
+    for counts in by_stage.values():
+        for sid, n in counts.items():
+            if sid > 1 and table.sigs[sid]:
+                popularity[table.sigs[sid][-1]] += n
+    normal = {st: _dominant(counts, table, popularity) for st, counts in by_stage.items()}
     out: dict[int, str] = {}
-    for rank, sig in sigs.items():
-        if sig == UNDUMPABLE:
+    for rank, sid in ids.items():
+        if sid == 0:
             out[rank] = "undumpable"
-        elif sig == MISSING:
+        elif sid == 1:
             out[rank] = "missing"
         else:
-            dom = normal[topo.coord(rank, "pp")]
-            if dom is not None and sig != dom:
+            dom = normal[stage[rank]]
+            if dom is not None and sid != dom:
                 out[rank] = "minority"
     return out
 
 
-def moving_outliers(rounds: Sequence[Mapping[int, Stack | None]], topo: Topology) -> dict[int, str]:
+def moving_outliers(rounds: Sequence[Mapping[int, Stack | None]], stage: Sequence[int]
+                    ) -> dict[int, str]:
     """Ranks whose stack moves (or not) against their stage's majority over the rounds.
 
     A rank "moves" when its full stack, with line numbers, differs between any two
@@ -330,7 +372,7 @@ def moving_outliers(rounds: Sequence[Mapping[int, Stack | None]], topo: Topology
         moved[rank] = any(a != b for a, b in zip(seq, seq[1:]))
     by_stage: dict[int, list[int]] = defaultdict(list)
     for rank in moved:
-        by_stage[topo.coord(rank, "pp")].append(rank)
+        by_stage[stage[rank]].append(rank)
     out: dict[int, str] = {}
     for ranks in by_stage.values():
         n_moving = sum(moved[r] for r in ranks)
@@ -429,19 +471,20 @@ def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
     """
     if not rounds:
         raise ValueError("analyse needs at least one round")
-    cache: dict[Stack, Signature] = {}
+    table = _Signatures()
+    stage = stages(topo)
     per_round: list[dict[int, str]] = []
-    sigs_per_round: list[dict[int, Signature]] = []
+    ids: dict[int, int] = {}
     info: dict[int, RankSample] = {}
     for rnd in rounds:
-        sigs = rnd.sig_of(cache)
+        ids = table.ids(rnd)
         for s in rnd.samples:
             info[s.rank] = s
-        sigs_per_round.append(sigs)
-        per_round.append(round_outliers(sigs, topo))
-    moving = moving_outliers([{s.rank: s.stack for s in r.samples} for r in rounds], topo)
-    if any(per_round):
-        moving = {}  # motion decides only when the snapshots alone show nothing
+        per_round.append(_round_outliers(ids, stage, table))
+    moving: dict[int, str] = {}
+    if len(rounds) > 1 and not any(per_round):
+        # motion decides only when the snapshots alone show nothing
+        moving = moving_outliers([{s.rank: s.stack for s in r.samples} for r in rounds], stage)
     if len(rounds) == 1:
         suspect = map_to_group(per_round[0], topo)
         votes: Counter[tuple[str, int]] = Counter(
@@ -450,25 +493,24 @@ def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
         suspect, votes = _vote([set(o) for o in per_round] if not moving else [set(moving)],
                                topo)
 
-    last = sigs_per_round[-1]
     counts: Counter[int] = Counter(r for o in per_round for r in o)
     reasons = {**{r: why for o in per_round for r, why in o.items()}, **moving}
     outliers = []
     for rank in sorted(reasons):
         s = info[rank]
-        detail = s.error or ""
         outliers.append(Outlier(rank, s.node, s.pid if s.pid > 0 else None, reasons[rank],
-                                counts[rank] + (1 if rank in moving else 0), detail))
+                                counts[rank] + (1 if rank in moving else 0), s.error or ""))
     final = per_round[-1]
-    classes = []
-    for sig, ranks in classify(last).items():
-        stages = tuple(sorted({topo.coord(r, "pp") for r in ranks}))
-        classes.append(StackClass(tuple(ranks), sig, stages, any(r in final for r in ranks)))
+    by_id: dict[int, list[int]] = defaultdict(list)
+    for rank in sorted(ids):
+        by_id[ids[rank]].append(rank)
+    classes = [StackClass(tuple(ranks), table.sigs[sid], tuple(sorted({stage[r] for r in ranks})),
+                          any(r in final for r in ranks)) for sid, ranks in by_id.items()]
     classes.sort(key=lambda c: (-len(c.ranks), c.ranks[0]))
     silent = sorted({n for r in rounds for n in r.silent_nodes})
     return StackAnalysis(
         classes=tuple(classes),
-        tree=build_tree(classify(last)),
+        tree=build_tree({c.signature: c.ranks for c in classes}),
         outliers=tuple(outliers),
         suspect=suspect,
         evict=suspect.nodes if suspect else (),

@@ -9,21 +9,12 @@ from brctl.analysis.stacks import TreeNode, fold_ranks, frame_label
 from brctl.operations.stacks import StacksReport
 from brctl.render import Output, escape, table
 
-_CHAIN_SHOWN = 6  # frames of an unbranched chain shown before eliding its middle
+_CHAIN_SHOWN = 6  # frames of one tree node shown before eliding its middle
 
 
 def _ranks_label(ranks: tuple[int, ...]) -> str:
     word = "rank" if len(ranks) == 1 else "ranks"
     return f"{word} {fold_ranks(ranks)} ({len(ranks)})"
-
-
-def _chain(node: TreeNode) -> tuple[list[str], TreeNode]:
-    """Frames of the unbranched run starting at ``node`` and the run's last node."""
-    frames = [frame_label(node.frame)]
-    while len(node.children) == 1 and node.children[0].ranks == node.ranks:
-        node = node.children[0]
-        frames.append(frame_label(node.frame))
-    return frames, node
 
 
 def _label(frames: list[str], ranks: tuple[int, ...], outlier: bool) -> str:
@@ -41,9 +32,9 @@ def stack_tree(root: TreeNode, outliers: set[int]) -> Any:
     tree = Tree(escape(_ranks_label(root.ranks)) + " [dim]outermost frame first[/]")
 
     def add(parent: Any, node: TreeNode) -> None:
-        frames, last = _chain(node)
-        branch = parent.add(_label(frames, node.ranks, bool(outliers & set(node.ranks))))
-        for child in last.children:
+        frames = [frame_label(f) for f in node.frames]
+        branch = parent.add(_label(frames, node.ranks, not outliers.isdisjoint(node.ranks)))
+        for child in node.children:
             add(branch, child)
 
     for child in root.children:

@@ -85,10 +85,10 @@ def test_tree_carries_rank_sets() -> None:
     sigs[14] = signature(STUCK)
     tree = build_tree(classify(sigs))
     assert tree.ranks == tuple(range(16))
-    node = tree.children[0]
-    while len(node.children) == 1:
-        node = node.children[0]
+    (node,) = tree.children  # the shared outer frames, one compressed node
+    assert node.ranks == tuple(range(16)) and node.frames[0] == ("<module>", "pretrain.py")
     assert [fold_ranks(c.ranks) for c in node.children] == ["0-13,15", "14"]
+    assert node.children[1].frames == signature(STUCK)[len(node.frames):]
 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
@@ -232,3 +232,10 @@ def test_expert_groups_are_candidates() -> None:
     ranks = topo.group_ranks("ep", topo.group_id(5, "ep"))
     g = map_to_group(ranks[:2], topo)
     assert g is not None and g.kind == "ep" and set(g.nodes) == set(topo.machines_of(ranks))
+
+
+@pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
+def test_stage_list_matches_topology(topo: Topology) -> None:
+    from brctl.analysis.stacks import stages
+
+    assert stages(topo) == [topo.coord(r, "pp") for r in range(topo.world)]

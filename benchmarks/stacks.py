@@ -1,0 +1,144 @@
+"""Benchmark ``brctl stacks``: analysis of synthetic rank dumps, and collection over sshd nodes.
+
+``python benchmarks/stacks.py [--ranks 1024,16384,131072] [--runs 3] [--nodes 16]``
+
+Analysis: a job of tp=8 × pp=8 (× dp) on 8-GPU machines; every stage has its own
+stack of 40-80 frames (torch.distributed wait at the bottom); 1 rank in 1,000
+sits in a different function and its pipeline peers wait in recv, and every
+rank's frames carry its own line numbers in the innermost user frame (so stacks
+are distinct tuples, as parsed from real dumps, with frames interned as the
+parser does). Timed: ``analysis.stacks.analyse`` over one round (signatures,
+classes, prefix tree, outliers, group mapping), median of ``--runs``.
+
+Collection (``--nodes N``, needs root, sshd and ``brctl.remote.ssh``): N real
+sshd machines (tests/integration/cluster.py, own PID namespaces), 2 sleeping
+"ranks" on each, ``operations.stacks.collect`` with real py-spy dumps; the first
+round ships the probe bundle, later rounds reuse the connections and the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from brctl.analysis.stacks import Frame, RankSample, Round, analyse
+from brctl.analysis.topology import Topology
+
+
+def synthetic(world: int, seed: int = 1) -> tuple[Topology, Round]:
+    """One round of ``world`` ranks with a hang in one PP group per 1,000 ranks."""
+    rng = random.Random(seed)
+    tp, pp = 8, 8
+    topo = Topology.build([f"gpu{i:05d}" for i in range(world // 8)], 8, tp=tp, pp=pp)
+    frames: dict[Frame, Frame] = {}
+
+    def f(name: str, file: str, line: int) -> Frame:
+        fr = Frame(name, file, line)
+        return frames.setdefault(fr, fr)
+
+    bases = []
+    for stage in range(pp):
+        depth = rng.randint(36, 76)
+        outer = [f(f"layer{stage}_{i}", f"megatron/core/module{i % 9}.py", 10 + i)
+                 for i in range(depth)]
+        bases.append(outer)
+    wait = [f("wrapper", "torch/distributed/c10d_logger.py", 81),
+            f("all_reduce", "torch/distributed/distributed_c10d.py", 2501),
+            f("wait", "torch/distributed/distributed_c10d.py", 2200)]
+    recv = [f("recv", "torch/distributed/distributed_c10d.py", 1900)]
+    stuck = [f("load_batch", "data/loader.py", 77), f("read", "data/shard.py", 12)]
+    bad = {rng.randrange(world) for _ in range(max(1, world // 1000))}
+    peers = {r for b in bad for r in topo.group_ranks("pp", topo.group_id(b, "pp"))}
+    samples = []
+    for rank in range(world):
+        stage = topo.coord(rank, "pp")
+        user = f("train_step", "pretrain_gpt.py", 100 + rank % 7)
+        tail = stuck if rank in bad else recv if rank in peers else wait
+        stack = (*bases[stage], user, *tail)
+        samples.append(RankSample(rank, topo.machine_of(rank), 10_000 + rank, stack))
+    return topo, Round(tuple(samples))
+
+
+def bench_analysis(sizes: list[int], runs: int) -> None:
+    print("| ranks | frames/rank | analyse (median) | per rank |")
+    print("|---|---|---|---|")
+    for world in sizes:
+        topo, rnd = synthetic(world)
+        depth = statistics.mean(len(s.stack or ()) for s in rnd.samples)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            result = analyse([rnd], topo)
+            times.append(time.perf_counter() - t0)
+        assert result.evict, "the synthetic hang must be found"
+        med = statistics.median(times)
+        print(f"| {world:,} | {depth:.0f} | {med:.3f} s | {med / world * 1e6:.1f} µs |")
+
+
+def bench_collection(n: int, rounds: int) -> None:
+    import subprocess
+    import tempfile
+
+    from brctl.remote.ssh import SshTransport
+
+    from brctl.operations.stacks import collect
+    from brctl.remote.probes import ProbeRunner
+    from tests.integration.cluster import SshCluster, missing_requirements
+
+    why = missing_requirements()
+    if why:
+        print(f"collection: skipped ({why})")
+        return
+    with tempfile.TemporaryDirectory() as tmp, SshCluster(Path(tmp), n) as cluster:
+        import yaml
+
+        from brctl.inventory import load_inventory
+
+        inv_dict = cluster.inventory(job={"process_match": "brctl-bench-rank"},
+                                     python=sys.executable)
+        for i, entry in enumerate(inv_dict["nodes"]):
+            entry["gpus"] = 2
+            del i
+        (Path(tmp) / "inv.yaml").write_text(yaml.safe_dump(inv_dict))
+        inv = load_inventory(str(Path(tmp) / "inv.yaml"))
+        body = "import time\nwhile True: time.sleep(1)"
+        for i, name in enumerate(cluster.names):
+            for local in range(2):
+                cmd = (f"RANK={2 * i + local} LOCAL_RANK={local} WORLD_SIZE={2 * n} setsid "
+                       f"{sys.executable} -c '{body}' brctl-bench-rank </dev/null >/dev/null 2>&1 &")
+                subprocess.run(["ssh", "-F", "/dev/null", "-i", str(cluster.client_key), "-o",
+                                f"UserKnownHostsFile={cluster.known_hosts}", "-o", "BatchMode=yes",
+                                "-p", str(cluster.port), f"root@{cluster.address(name)}", cmd],
+                               check=True, timeout=30)
+        transport = SshTransport()
+        runner = ProbeRunner(transport)
+        print("| round | machines | ranks dumped | wall |")
+        print("|---|---|---|---|")
+        for r in range(rounds):
+            col = collect(runner, inv.job_nodes(), "brctl-bench-rank", timeout=120)
+            dumped = sum(1 for nc in col.nodes.values() for rd in nc.ranks if rd.output)
+            print(f"| {r + 1}{' (ships bundle)' if r == 0 else ''} | {n} | {dumped} | "
+                  f"{col.seconds:.2f} s |")
+        transport.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="1024,16384,131072")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=16, help="sshd machines (0: skip collection)")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    bench_analysis([int(x) for x in args.ranks.split(",")], args.runs)
+    if args.nodes:
+        bench_collection(args.nodes, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
