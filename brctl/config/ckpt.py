@@ -1,13 +1,44 @@
-"""``ckpt:`` — checkpoint shard files on each node."""
+"""``ckpt:`` — checkpoint shard files on each node and where their backups go."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
+from typing import Optional
+
+from brctl.analysis.schema import at_least_one
+from brctl.analysis.schema import field as sfield
+
+
+def _absolute(value: str) -> str:
+    # ~ and $VARS are expanded on each node (e.g. $LOCAL_SSD/ckpt with a per-node env).
+    if not value.startswith(("/", "~", "$")):
+        raise ValueError(f"got {value!r}, expected an absolute path on the nodes (/…, ~/…, $VAR/…)")
+    return value
+
+
+def _name(value: str) -> str:
+    if "/" in value or value in ("", ".", ".."):
+        raise ValueError(f"got {value!r}, expected a plain file name")
+    return value
 
 
 @dataclass(frozen=True)
 class CkptSection:
-    """Checkpoint backup settings."""
+    """Checkpoint backup settings (``brctl ckpt``)."""
 
-    dir: str = "/local/ckpt"  # directory holding this machine's shards
-    glob: str = "step_*"  # one entry per saved step under dir
+    dir: str = sfield("/local/ckpt", check=_absolute)  # directory holding this machine's shards
+    glob: str = "step_*"  # one entry (file or directory) per saved step under dir
+    # Peer copies live here, one subdirectory per source machine; the default keeps
+    # them under dir (hidden, so the glob never mistakes them for the node's own steps).
+    backup_dir: Optional[str] = sfield(None, check=_absolute)
+    # Training code writes this file into a step last; when set, a step without it is
+    # still being written and is not backed up. Without it every step counts.
+    complete_marker: Optional[str] = sfield(None, check=_name)
+    domain_label: str = "rack"  # node label naming the failure domain backups should avoid
+    keep: int = sfield(2, check=at_least_one)  # complete backup steps kept per source machine
+    parallel: int = sfield(8, check=at_least_one)  # file copies in flight at once
+
+    def backup_root(self) -> str:
+        """Where peers' copies live on a node."""
+        return self.backup_dir or posixpath.join(self.dir, ".brctl-backup")

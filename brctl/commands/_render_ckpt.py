@@ -1,0 +1,76 @@
+"""Rendering of ``brctl ckpt``: placement tables, eviction violations, copy summaries."""
+
+from __future__ import annotations
+
+from brctl.analysis.nodeset import fold
+from brctl.analysis.placement import Plan, Verification
+from brctl.operations.ckpt import CopyReport, dumps_yaml, plan_document
+from brctl.render import Output, escape, table
+
+
+def render_plan(out: Output, plan: Plan, job: str, fmt: str) -> None:
+    """A table of node → backup, the document as JSON, or YAML for training code."""
+    doc = plan_document(plan, job)
+    if fmt == "json":
+        out.emit_json("ckpt.plan", doc)
+        return
+    if fmt == "yaml":
+        out.stdout.write(dumps_yaml({"schema": "brctl.ckpt.plan/1", **doc}))
+        return
+    rows = [(p.node, p.backup_node, p.how,
+             "yes" if p.meets_rule else f"no (shares {'/'.join(p.shared_kinds)})",
+             "same" if p.same_domain else "")
+            for p in plan.placements]
+    out.console.print(table(("node", "backup", "how", "meets rule", "domain"), rows))
+    for note in plan.notes:
+        out.warn(note)
+
+
+def render_verify(out: Output, result: Verification) -> None:
+    """Violations folded by machine set, then the loss probabilities."""
+    probs = {str(k): p for k, p in result.loss_probability.items()}
+    if out.json:
+        out.emit_json("ckpt.verify", {
+            "ok": result.ok, "evictions": result.evictions, "machines": result.machines,
+            "violations": [v.to_json() for v in result.violations],
+            "loss_probability": probs})
+        return
+    merged: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
+    for v in result.violations:
+        key = (v.kind, v.nodes, v.lost)
+        merged[key] = merged.get(key, 0) + 1
+    if merged:
+        rows = [(kind, count, fold(nodes) or "-", fold(lost))
+                for (kind, nodes, lost), count in merged.items()]
+        out.console.print(table(("evicted kind", "groups", "evicted machines", "shards lost of"),
+                                rows, title="evictions that lose a shard"))
+    else:
+        out.console.print(f"ok: {result.evictions} single-group and single-machine evictions, "
+                          "no shard loses both copies")
+    line = ", ".join(f"k={k}: {p:.3g}" if p is not None else f"k={k}: -" for k, p in probs.items())
+    out.console.print(f"P(some shard lost | k random machines of {result.machines} fail): "
+                      f"{escape(line)}")
+
+
+def render_copies(out: Output, schema: str, report: CopyReport) -> None:
+    """One row per copy; errors and notes on stderr."""
+    if out.json:
+        out.emit_json(schema, {"copies": [c.to_json() for c in report.copies]})
+        return
+    rows = [(c.owner, f"{c.source} → {c.dest}", c.state, c.step or "-",
+             f"{c.copied}/{c.files}", _size(c.bytes), f"{c.seconds:.1f}s")
+            for c in report.copies]
+    out.console.print(table(("shards of", "copy", "state", "step", "sent", "bytes", "time"), rows))
+    for c in report.copies:
+        if c.error:
+            out.warn(f"{c.owner}: {c.error}")
+        for note in c.notes:
+            out.info(f"{c.owner}: {note}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)

@@ -1,0 +1,136 @@
+"""``brctl ckpt plan|verify|backup|restore``: checkpoint backups outside every parallel group."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+PLAN_HELP = ("Placement file to use instead of brctl's own plan "
+             "(YAML or JSON: placements: [{node, backup_node}]).")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``ckpt`` command group to the root app."""
+    sub = typer.Typer(no_args_is_help=True, help=(
+        "Place checkpoint backups outside every parallel group, prove it, and copy shards.\n\n"
+        "Each machine's shards get a second copy on a peer that shares no TP/CP/EP/DP/PP "
+        "group with it, so evicting any one group never loses state."))
+    sub.command("plan")(plan_command)
+    sub.command("verify")(verify_command)
+    sub.command("backup")(backup_command)
+    sub.command("restore")(restore_command)
+    app.add_typer(sub, name="ckpt", help="Checkpoint backup placement, proof, backup and restore.")
+
+
+def _backups(env: Env, plan_file: Optional[str]) -> dict[str, str]:
+    from brctl.operations import ckpt as ops
+
+    inv = env.inventory()
+    return ops.read_plan_file(plan_file, inv) if plan_file else ops.plan(inv).backups()
+
+
+def plan_command(
+    ctx: typer.Context,
+    fmt: str = typer.Option("table", "--format", metavar="FORMAT",
+                            help="table, json or yaml (yaml is for training code)."),
+) -> int:
+    """Pick a backup peer for every job machine (pairs, balanced, rack-aware).
+
+    A peer shares no TP/CP/EP/DP/EDP/PP group with any rank on the machine. When the
+    shape allows none (e.g. PP=1: the DP group spans every machine), the best fallback
+    is given and marked as not meeting the rule. Exit 0 when every placement meets
+    the rule, 1 when some do not.
+    """
+    from brctl.commands._render_ckpt import render_plan
+    from brctl.errors import UsageError
+    from brctl.operations import ckpt as ops
+
+    env: Env = ctx.obj
+    if fmt not in ("table", "json", "yaml"):
+        raise UsageError(f"--format {fmt}: expected table, json or yaml")
+    inv = env.inventory()
+    result = ops.plan(inv)
+    render_plan(env.output, result, inv.job.name if inv.job else "", "json" if env.output.json else fmt)
+    return 0 if result.ok else 1
+
+
+def verify_command(
+    ctx: typer.Context,
+    plan_file: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help=PLAN_HELP),
+) -> int:
+    """Evict every parallel group (and every machine) and check each shard keeps a copy.
+
+    Also gives the exact probability that k = 1..4 simultaneous random machine failures
+    lose some shard. Exit 0 when no single eviction loses a shard, 1 otherwise.
+    """
+    from brctl.commands._render_ckpt import render_verify
+    from brctl.operations import ckpt as ops
+
+    env: Env = ctx.obj
+    result = ops.verify(env.inventory(), _backups(env, plan_file))
+    render_verify(env.output, result)
+    return 0 if result.ok else 1
+
+
+def backup_command(
+    ctx: typer.Context,
+    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
+                                         help="Back up only these job machines."),
+    plan_file: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help=PLAN_HELP),
+    parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",
+                                           help="File copies in flight (default: ckpt.parallel)."),
+) -> int:
+    """Copy each machine's newest complete step to its backup peer, checksummed.
+
+    Files stream node → controller → node (nodes need not reach each other), land under
+    a temp name and are renamed; the peer re-hashes them and writes a manifest last, so
+    a partial copy is never taken for complete. Rerunning resumes: files already there
+    with the right sha256 are not sent again. Exit 0 when every copy is complete, 1 when
+    one failed or a machine had no step, 3 when a node could not be reached.
+    """
+    from brctl.analysis.nodeset import select as pick
+    from brctl.commands._render_ckpt import render_copies
+    from brctl.errors import UsageError
+    from brctl.operations import ckpt as ops
+
+    env: Env = ctx.obj
+    inv = env.inventory()
+    if parallel is not None and parallel < 1:
+        raise UsageError(f"--parallel {parallel}: expected at least 1")
+    backups = _backups(env, plan_file)
+    nodes = pick(list(backups), select, None) if select else None
+    if nodes is not None and not nodes:
+        raise UsageError(f"-w {select}: selects no job machine")
+    report = ops.backup(env.transport(), inv, backups, nodes=nodes, parallel=parallel)
+    render_copies(env.output, "ckpt.backup", report)
+    return int(report.exit_code)
+
+
+def restore_command(
+    ctx: typer.Context,
+    to: str = typer.Option(..., "--to", metavar="NODE", help="The replacement machine."),
+    evicted: str = typer.Option(..., "--for", metavar="NODE", help="The machine whose shards to restore."),
+    source: Optional[str] = typer.Option(None, "--from", metavar="NODE",
+                                         help="Take the copy from this node (default: the planned peer)."),
+    plan_file: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help=PLAN_HELP),
+    parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",
+                                           help="File copies in flight (default: ckpt.parallel)."),
+) -> int:
+    """Put an evicted machine's newest verified backup onto a replacement machine.
+
+    The peer's copy is re-hashed first (a corrupted or truncated step is skipped for the
+    previous one), staged on the target, re-hashed there and renamed into ckpt.dir.
+    Exit 0 when restored and verified, 1 when no good copy exists, 3 when unreachable.
+    """
+    from brctl.commands._render_ckpt import render_copies
+    from brctl.operations import ckpt as ops
+
+    env: Env = ctx.obj
+    inv = env.inventory()
+    report = ops.restore(env.transport(), inv, _backups(env, plan_file), target=to,
+                         evicted=evicted, source=source, parallel=parallel)
+    render_copies(env.output, "ckpt.restore", report)
+    return int(report.exit_code)

@@ -1,0 +1,194 @@
+"""``brctl ckpt`` end to end on ``connection: local`` machines (no sockets).
+
+Each local machine gets its own checkpoint directory through its ``env``
+(``ckpt.dir: $CKPT_ROOT/ckpt``, expanded on the node), so shards, backups and
+restores really move between distinct directories through the node-side probe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from brctl.inventory import load_inventory
+from brctl.operations import ckpt as ops
+from brctl.remote.local import LocalTransport
+
+NODES = ["n1", "n2", "n3", "n4"]
+
+
+def write_inventory(tmp_path: Path, **ckpt: Any) -> Path:
+    roots = {n: tmp_path / n for n in [*NODES, "spare"]}
+    doc = {
+        "nodes": [{"name": n, "connection": "local", "gpus": 2, "labels": {"rack": f"r{i % 2}"},
+                   "python": sys.executable, "env": {"CKPT_ROOT": str(roots[n])}}
+                  for i, n in enumerate(NODES)],
+        "standby": [{"name": "spare", "connection": "local", "gpus": 2, "python": sys.executable,
+                     "env": {"CKPT_ROOT": str(roots["spare"])}}],
+        "job": {"nodes": "n[1-4]", "tp": 2, "pp": 2},
+        "ckpt": {"dir": "$CKPT_ROOT/ckpt", **ckpt},
+    }
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def make_step(tmp_path: Path, node: str, step: str, size: int = 3000) -> dict[str, str]:
+    """Shard files of one step; returns {relative path: sha256}."""
+    base = tmp_path / node / "ckpt" / step
+    (base / "optim").mkdir(parents=True, exist_ok=True)
+    out = {}
+    for rel, seed in ((f"{step}/model_rank0.pt", 1), (f"{step}/optim/rank0.bin", 2)):
+        data = hashlib.sha256(f"{node}{step}{seed}".encode()).digest() * (size // 32)
+        (tmp_path / node / "ckpt" / rel).write_bytes(data)
+        out[rel] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Any:
+    inv_path = write_inventory(tmp_path)
+    inv = load_inventory(inv_path)
+    return inv_path, inv
+
+
+def test_plan_and_verify_cli(brctl: Any, cluster: Any) -> None:
+    inv_path, _inv = cluster
+    res = brctl("-i", inv_path, "--json", "ckpt", "plan")
+    assert res.exit_code == 0, res.stderr
+    doc = res.json
+    assert doc["schema"] == "brctl.ckpt.plan/1"
+    assert {p["node"]: p["backup_node"] for p in doc["placements"]} == {
+        "n1": "n4", "n4": "n1", "n2": "n3", "n3": "n2"}
+    res = brctl("-i", inv_path, "--json", "ckpt", "verify")
+    assert res.exit_code == 0 and res.json["ok"] is True and res.json["violations"] == []
+    assert res.json["loss_probability"]["2"] == pytest.approx(2 / 6)
+    yml = brctl("-i", inv_path, "ckpt", "plan", "--format", "yaml")
+    assert yaml.safe_load(yml.stdout)["placements"][0] == {
+        "node": "n1", "backup_node": "n4", "meets_rule": True, "how": "pair", "shared_kinds": [],
+        "same_domain": False}
+    human = brctl("-i", inv_path, "ckpt", "plan")
+    assert "n1" in human.stdout and "n4" in human.stdout
+
+
+def test_verify_plan_file_from_elsewhere(brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    inv_path, _inv = cluster
+    bad = tmp_path / "nvrx.json"  # n1↔n2 share the DP group (same pipeline stage)
+    bad.write_text(json.dumps({"placements": [
+        {"node": "n1", "backup_node": "n2"}, {"node": "n2", "backup_node": "n1"},
+        {"node": "n3", "backup_node": "n4"}, {"node": "n4", "backup_node": "n3"}]}))
+    res = brctl("-i", inv_path, "--json", "ckpt", "verify", "--plan", bad)
+    assert res.exit_code == 1
+    assert res.json["ok"] is False
+    assert {v["kind"] for v in res.json["violations"]} == {"dp", "edp"}
+    human = brctl("-i", inv_path, "ckpt", "verify", "--plan", bad)
+    assert human.exit_code == 1 and "dp" in human.stdout
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("placements: [{node: n1, backup: n4}]", "placements[0].backup: unknown key"),
+    ("placements: [{node: n9, backup_node: n4}]", "placements[0].node: 'n9' is not a job machine"),
+    ("placements: [{node: n1, backup_node: x}]", "placements[0].backup_node: 'x' is not in"),
+    ("placements: [{node: n1, backup_node: n4}, {node: n1, backup_node: n3}]", "placed twice"),
+    ("{placements: [", "malformed"),
+    ("nodes: 3", "placements: expected a list"),
+])
+def test_bad_plan_files_are_named(brctl: Any, cluster: Any, tmp_path: Path, content: str,
+                                  message: str) -> None:
+    inv_path, _inv = cluster
+    path = tmp_path / "plan.yaml"
+    path.write_text(content)
+    res = brctl("-i", inv_path, "ckpt", "verify", "--plan", path)
+    assert res.exit_code == 2
+    assert message in res.stderr and str(path) in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_backup_then_restore_onto_standby(brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    inv_path, _inv = cluster
+    shards = {n: make_step(tmp_path, n, "step_100") for n in NODES}
+    newer = {n: make_step(tmp_path, n, "step_200") for n in NODES}
+    res = brctl("-i", inv_path, "--json", "ckpt", "backup")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    copies = {c["owner"]: c for c in res.json["copies"]}
+    assert {c["step"] for c in copies.values()} == {"step_200"}  # the newest step wins
+    assert copies["n1"]["dest"] == "n4" and copies["n1"]["copied"] == 2
+    # The copy is on the peer, byte for byte, with a manifest written last.
+    backup = tmp_path / "n4" / "ckpt" / ".brctl-backup" / "n1" / "step_200"
+    assert {k: v for k, v in tree(backup).items() if not k.endswith("manifest.json")} == newer["n1"]
+    manifest = json.loads((backup / ".brctl-manifest.json").read_text())
+    assert {f["path"]: f["sha256"] for f in manifest["files"]} == newer["n1"]
+    # Resumable: a second run copies nothing.
+    again = brctl("-i", inv_path, "--json", "ckpt", "backup")
+    assert again.exit_code == 0 and all(c["copied"] == 0 for c in again.json["copies"])
+    # n1 is evicted: its shards come back on the standby from n4.
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n1")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    (copy,) = res.json["copies"]
+    assert (copy["source"], copy["dest"], copy["step"], copy["state"]) == ("n4", "spare", "step_200", "ok")
+    assert tree(tmp_path / "spare" / "ckpt") == newer["n1"]
+    del shards
+
+
+def test_partial_and_corrupted_copies(brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    inv_path, _inv = cluster
+    make_step(tmp_path, "n1", "step_100")
+    assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n1").exit_code == 0
+    step2 = make_step(tmp_path, "n1", "step_200")
+    assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n1").exit_code == 0
+    peer = tmp_path / "n4" / "ckpt" / ".brctl-backup" / "n1"
+    # Truncate one file of the newest copy: restore detects it and takes step_100.
+    victim = peer / "step_200" / "step_200" / "optim" / "rank0.bin"
+    victim.write_bytes(victim.read_bytes()[:100])
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n1")
+    assert res.exit_code == 0
+    (copy,) = res.json["copies"]
+    assert copy["step"] == "step_100"
+    assert any("corrupted or truncated" in n for n in copy["notes"])
+    # The next backup notices the damage, recopies only the bad file and recommits.
+    res = brctl("-i", inv_path, "--json", "ckpt", "backup", "-w", "n1")
+    (copy,) = res.json["copies"]
+    assert copy["state"] == "ok" and copy["copied"] == 1 and copy["skipped"] == 1
+    assert tree(peer / "step_200")["step_200/optim/rank0.bin"] == step2["step_200/optim/rank0.bin"]
+    # A partial copy (no manifest) is never restored.
+    (peer / "step_200" / ".brctl-manifest.json").unlink()
+    (peer / "step_100" / ".brctl-manifest.json").unlink()
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n1")
+    assert res.exit_code == 1
+    assert "no complete backup" in res.json["copies"][0]["error"]
+
+
+def test_marker_gates_incomplete_steps(tmp_path: Path) -> None:
+    inv = load_inventory(write_inventory(tmp_path, complete_marker="DONE"))
+    make_step(tmp_path, "n2", "step_100")
+    (tmp_path / "n2" / "ckpt" / "step_100" / "DONE").write_text("")
+    make_step(tmp_path, "n2", "step_200")  # still being written: no DONE yet
+    report = ops.backup(LocalTransport(), inv, ops.plan(inv).backups(), nodes=["n2"])
+    (copy,) = report.copies
+    assert copy.state == "ok" and copy.step == "step_100" and copy.files == 3
+
+
+def test_nothing_to_back_up_is_a_finding(brctl: Any, cluster: Any) -> None:
+    inv_path, _inv = cluster
+    res = brctl("-i", inv_path, "--json", "ckpt", "backup", "-w", "n3")
+    assert res.exit_code == 1
+    assert res.json["copies"][0]["state"] == "nothing"
+
+
+def test_restore_usage_errors(brctl: Any, cluster: Any) -> None:
+    inv_path, _inv = cluster
+    res = brctl("-i", inv_path, "ckpt", "restore", "--to", "nope", "--for", "n1")
+    assert res.exit_code == 2 and "--to nope: not in the inventory" in res.stderr
+    res = brctl("-i", inv_path, "ckpt", "restore", "--to", "n4", "--for", "n1")
+    assert res.exit_code == 2 and "holding the copy" in res.stderr
