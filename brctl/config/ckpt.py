@@ -10,15 +10,15 @@ from brctl.analysis.schema import at_least_one
 from brctl.analysis.schema import field as sfield
 
 
-def _absolute(value: str) -> str:
+def _absolute(value: str | None) -> str | None:
     # ~ and $VARS are expanded on each node (e.g. $LOCAL_SSD/ckpt with a per-node env).
-    if not value.startswith(("/", "~", "$")):
+    if value is not None and not value.startswith(("/", "~", "$")):
         raise ValueError(f"got {value!r}, expected an absolute path on the nodes (/…, ~/…, $VAR/…)")
     return value
 
 
-def _name(value: str) -> str:
-    if "/" in value or value in ("", ".", ".."):
+def _name(value: str | None) -> str | None:
+    if value is not None and ("/" in value or value in ("", ".", "..")):
         raise ValueError(f"got {value!r}, expected a plain file name")
     return value
 
