@@ -106,7 +106,7 @@ def bench_collection(n: int, rounds: int) -> None:
             entry["gpus"] = 2
             del i
         (Path(tmp) / "inv.yaml").write_text(yaml.safe_dump(inv_dict))
-        inv = load_inventory(str(Path(tmp) / "inv.yaml"))
+        inv = load_inventory(Path(tmp) / "inv.yaml")
         body = "import time\nwhile True: time.sleep(1)"
         for i, name in enumerate(cluster.names):
             for local in range(2):
