@@ -37,6 +37,7 @@ import hashlib
 import math
 import os
 import struct
+import sys
 import time
 import traceback
 from typing import Any
@@ -103,9 +104,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     world = len(cfg["ranks"])
     if world != nproc * int(request["nnodes"]):
         raise ValueError(f"ranks lists {world} ranks, expected nnodes × nproc_per_node")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise RuntimeError(f"torch is not installed for {sys.executable}: the built-in replay "
+                           "workload needs it (pip install 'brctl[node]', set ssh.python, or "
+                           "use --command)") from None
     device = _pick_device(request, nproc)
     # CUDA must not be initialised before fork; CPU ranks fork (torch imported once).
-    ctx = mp.get_context("spawn" if device == "cuda" else "fork")
+    ctx: Any = mp.get_context("spawn" if device == "cuda" else "fork")
     if device == "cpu":
         _preload()
     from brctl.diagnostics import replay_workload as this  # picklable by module name
@@ -133,13 +140,28 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _preload() -> None:
-    """Import once before forking: ``use_deterministic_algorithms`` pulls in inductor
-    and dynamo (seconds of CPU), which every forked rank then shares."""
+    """Import once before forking, so every forked rank shares it."""
     import torch
     import torch.distributed
 
-    torch.use_deterministic_algorithms(True)
+    _deterministic(torch)
     torch.set_num_threads(1)
+
+
+def _deterministic(torch: Any) -> None:
+    """``torch.use_deterministic_algorithms(True)``, without importing inductor.
+
+    The public call also sets inductor's flag, importing inductor and dynamo (~2 s of
+    CPU per machine); this workload never compiles, so only the eager switch
+    matters. Checked through the public getter either way.
+    """
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None or "torch._inductor" in sys.modules:
+        torch.use_deterministic_algorithms(True)
+    else:
+        setter(True)
+    if not torch.are_deterministic_algorithms_enabled():
+        raise RuntimeError("torch refused deterministic algorithms")
 
 
 def _collect(procs: list[Any], pipes: list[Any], timeout: float) -> list[tuple[str, Any]]:
@@ -200,7 +222,7 @@ def _train(cfg: dict[str, Any], device: str, rank: int, local: int) -> dict[str,
     import torch
     import torch.distributed as dist
 
-    torch.use_deterministic_algorithms(True)
+    _deterministic(torch)
     torch.set_num_threads(1)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True

@@ -1,0 +1,115 @@
+"""Rendering of ``brctl replay``: the plan, one table per round, the verdict; or the JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brctl.analysis.nodeset import fold
+from brctl.analysis.replay import JudgedGroup, JudgedRound, ReplayPlan
+from brctl.operations.replay import ReplayReport
+from brctl.render import Output, escape, table
+
+_COLOUR = {"found": "red", "none": "green", "ambiguous": "yellow", "not_reproduced": "yellow",
+           "incomplete": "magenta"}
+
+
+def plan_json(p: ReplayPlan) -> dict[str, Any]:
+    """The plan as JSON: DP', group size, whether round 2 is a grid."""
+    return {
+        "dp": p.shape.dp,
+        "tp": p.shape.tp,
+        "pp": p.shape.pp,
+        "machines_per_group": p.shape.slots,
+        "groups_per_round": len(p.round1),
+        "grid": p.grid,
+        "can_vote": p.can_vote,
+        "rounds_single_fault": p.rounds_single_fault(),
+        "round1": [list(g) for g in p.round1],
+        "round2": [list(g) for g in p.round2] if p.round2 is not None else None,
+    }
+
+
+def _group_json(g: JudgedGroup) -> dict[str, Any]:
+    return {
+        "nodes": list(g.nodes),
+        "fingerprint": g.fingerprint,
+        "deviant": g.deviant,
+        "status": g.status,
+        "first_deviant_step": g.first_deviant_step,
+        "suspect": g.suspect,
+        "runs": [{"status": r.status, "steps": list(r.steps), "losses": list(r.losses),
+                  "error": r.error, "seconds": round(r.seconds, 3)} for r in g.runs],
+    }
+
+
+def _round_json(i: int, rnd: JudgedRound) -> dict[str, Any]:
+    return {"index": i, "kind": rnd.kind, "groups": [_group_json(g) for g in rnd.groups]}
+
+
+def _summary(p: ReplayPlan) -> str:
+    grid = ("round 2 is a grid" if p.grid else "round 2 is adaptive (suspects with "
+            "known-good machines)")
+    n = p.rounds_single_fault()
+    rounds = f"{n} round(s) to name one faulty machine" if n else "no majority vote possible"
+    return (f"DP'={p.shape.dp} (TP={p.shape.tp}, PP={p.shape.pp}): {len(p.round1)} groups of "
+            f"{p.shape.slots} machine(s) per round; {grid}; {rounds}")
+
+
+def render_plan(out: Output, p: ReplayPlan) -> None:
+    """``--plan-only``: the groups of rounds 1 and 2, nothing run."""
+    if out.json:
+        out.emit_json("replay", {"verdict": None, "plan": plan_json(p), "rounds": [
+            {"index": i + 1, "kind": kind,
+             "groups": [{"nodes": list(g), "fingerprint": None, "deviant": None} for g in rnd]}
+            for i, (kind, rnd) in enumerate([("horizontal", p.round1), ("vertical", p.round2)])
+            if rnd is not None]})
+        return
+    out.console.print(escape(_summary(p)))
+    for title, rnd in (("round 1 (horizontal)", p.round1), ("round 2 (vertical)", p.round2)):
+        if rnd is None:
+            out.console.print("round 2: adaptive, built from round 1's result")
+            continue
+        out.console.print(table(["group", "machines"],
+                                [(i, ",".join(g)) for i, g in enumerate(rnd)], title=title))
+
+
+def _deviant_cell(g: JudgedGroup) -> str:
+    if g.status == "deviant":
+        return f"yes (step {g.first_deviant_step})"
+    return {"clean": "no", "unconfirmed": "once, not again", "undecided": "no majority",
+            "incomplete": "did not run"}[g.status]
+
+
+def render(out: Output, report: ReplayReport) -> None:
+    """A table per round and the verdict, or the JSON document."""
+    v = report.verdict
+    if out.json:
+        out.emit_json("replay", {
+            "verdict": v.verdict, "faulty": list(v.faulty), "candidates": list(v.candidates),
+            "cleared": list(v.cleared), "reason": v.reason, "workload": report.workload,
+            "repeat": report.repeat, "plan": plan_json(report.plan),
+            "rounds": [_round_json(i + 1, r) for i, r in enumerate(report.rounds)],
+            "preflight": report.preflight,
+        })
+        return
+    out.console.print(escape(_summary(report.plan)))
+    out.console.print(escape(f"workload: {report.workload}"))
+    for i, rnd in enumerate(report.rounds, 1):
+        rows = []
+        for gi, g in enumerate(rnd.groups):
+            label = f"{gi}" if g.suspect is None else f"{gi} (tests {g.suspect})"
+            note = g.runs[-1].error or "" if g.status == "incomplete" else ""
+            rows.append((label, ",".join(g.nodes), g.fingerprint or "-", _deviant_cell(g),
+                         f"{max(r.seconds for r in g.runs):.1f}s", note))
+        out.console.print(table(["group", "machines", "fingerprint", "deviant", "time", "note"],
+                                rows, title=f"round {i} ({rnd.kind})"))
+    colour = _COLOUR[v.verdict]
+    line = f"[bold {colour}]{v.verdict}[/]"
+    if v.faulty:
+        line += f": faulty {escape(fold(v.faulty))}"
+    if v.candidates:
+        line += f"; candidates {escape(fold(v.candidates))}"
+    if v.cleared:
+        line += f"; cleared {escape(fold(v.cleared))}"
+    out.console.print(line)
+    out.console.print(escape(v.reason), style="dim")

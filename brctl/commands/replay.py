@@ -1,0 +1,94 @@
+"""``brctl replay``: find the machine that silently corrupts data, in two rounds."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the root app."""
+    app.command("replay")(replay_command)
+
+
+def replay_command(
+    ctx: typer.Context,
+    dp: Optional[int] = typer.Option(None, "--dp", metavar="N",
+                                     help="Replay data-parallel size DP' (default: the smallest "
+                                          "that gives a majority vote and a 2-round grid)."),
+    repeat: int = typer.Option(1, "--repeat", metavar="R",
+                               help="Run each round R times; a deviation seen once and not "
+                                    "again is reported as not_reproduced."),
+    command: Optional[str] = typer.Option(None, "--command", metavar="TEMPLATE",
+                                          help="User workload run on each machine of a group "
+                                               "(split like a shell, never run by one); "
+                                               "placeholders {nodes} {nnodes} {node_rank} "
+                                               "{nproc_per_node} {master_addr} {master_port}. "
+                                               "Rank 0 prints 'brctl-fingerprint STEP HEX'."),
+    steps: int = typer.Option(4, "--steps", metavar="N",
+                              help="Training steps of the built-in workload."),
+    seed: int = typer.Option(1234, "--seed", metavar="N",
+                             help="Seed of the built-in workload's weights and data."),
+    device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda",
+                               help="Built-in workload device: CUDA+NCCL when every rank has "
+                                    "a GPU (auto), else CPU+gloo."),
+    timeout: float = typer.Option(300.0, "-t", "--timeout", metavar="SECONDS",
+                                  help="Time one run of a round may take."),
+    port: Optional[int] = typer.Option(None, "--port", metavar="PORT",
+                                       help="First rendezvous port on each group's first "
+                                            "machine (default: random in 20000-39999); each "
+                                            "group run takes the next."),
+    max_rounds: int = typer.Option(8, "--max-rounds", metavar="N",
+                                   help="Stop with 'ambiguous' after N rounds."),
+    plan_only: bool = typer.Option(False, "--plan-only",
+                                   help="Print the groups of rounds 1 and 2; run nothing."),
+) -> int:
+    """Dual-phase replay: name the machine producing silent data corruption.
+
+    Keeps the job's TP and PP and shrinks DP: round 1 runs the same deterministic
+    workload on disjoint groups of machines, each a complete smaller job with every
+    machine on its own pipeline stage; round 2 regroups them so that each new group
+    meets each round-1 group in at most one machine. Groups are compared with each
+    other (majority of bitwise per-step fingerprints of loss and gradients), so the
+    faulty machine is where the deviant groups meet. Two faulty machines get a third
+    round that replays each candidate with known-good machines. Exit 0 none, 1 found,
+    ambiguous or not_reproduced, 3 incomplete (groups could not run).
+    """
+    from brctl.commands._render_replay import render, render_plan
+    from brctl.errors import UsageError
+    from brctl.operations.replay import (
+        BuiltinWorkload,
+        Workload,
+        command_workload,
+        replay,
+        replay_plan,
+    )
+
+    env: Env = ctx.obj
+    for name, value in (("--steps", steps), ("--repeat", repeat), ("--max-rounds", max_rounds)):
+        if value < 1:
+            raise UsageError(f"{name} {value}: expected a whole number >= 1")
+    if timeout <= 0:
+        raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: expected auto, cpu or cuda")
+    inv = env.inventory()
+    if plan_only:
+        render_plan(env.output, replay_plan(inv, dp))
+        return 0
+    workload: Workload = (command_workload(command) if command is not None
+                          else BuiltinWorkload(steps=steps, seed=seed, device=device))
+    if port is None:
+        import random
+
+        port = random.SystemRandom().randrange(20000, 40000)
+    report = replay(env.transport(), inv, workload=workload, dp=dp, repeat=repeat,
+                    timeout=timeout * env.timeout_scale(), port_base=port,
+                    max_rounds=max_rounds,
+                    on_round=lambda spec, i: env.output.info(
+                        f"round {i} ({spec.kind}): {len(spec.groups)} group(s)"))
+    render(env.output, report)
+    return int(report.exit_code)

@@ -1,0 +1,301 @@
+"""``brctl replay``: run the dual-phase replay rounds and return the verdict.
+
+The I/O half of replay (the pure half is ``brctl/analysis/replay.py``): a
+preflight ships the probe code to every machine (so no group waits on another
+machine's first-time shipping), then ``decide`` names each round and every group
+of a round runs at once, each on its own machines: the built-in workload
+(``brctl.diagnostics.replay_workload``) or the user's ``--command`` template on
+every machine of the group. Each round runs ``repeat`` times; each run of a group
+gets a fresh rendezvous port. ``replay`` is also what the daemon calls.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from brctl.analysis import templates
+from brctl.analysis.inventory import Inventory
+from brctl.analysis.jobtopo import job_topology
+from brctl.analysis.replay import (
+    GroupRun,
+    JudgedRound,
+    ReplayPlan,
+    RoundSpec,
+    Verdict,
+    decide,
+    judge_round,
+    plan,
+    reference_of,
+    shape_of,
+)
+from brctl.errors import ExitCode, UsageError
+from brctl.remote.fanout import run_all
+from brctl.remote.probes import ProbeRunner
+from brctl.remote.transport import Node, NodeState, RunResult, Transport
+
+PROBE = "brctl.diagnostics.replay_workload"
+FINGERPRINT = re.compile(r"^brctl-fingerprint\s+(\d+)\s+(\S+)\s*$")
+MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class BuiltinWorkload:
+    """The built-in deterministic GPT-style replay (torch on the nodes)."""
+
+    steps: int = 4
+    seed: int = 1234
+    device: str = "auto"  # auto | cpu | cuda
+
+    def describe(self) -> str:
+        """One line for tables and JSON."""
+        return f"builtin (tiny GPT, {self.steps} steps, seed {self.seed}, device {self.device})"
+
+
+@dataclass(frozen=True)
+class CommandWorkload:
+    """A user workload: an argv template run on each machine of a group."""
+
+    template: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line for tables and JSON."""
+        return "command: " + " ".join(self.template)
+
+
+Workload = Union[BuiltinWorkload, CommandWorkload]
+
+
+def command_workload(template: str) -> CommandWorkload:
+    """Parse and check ``--command`` (split like a shell, never run through one).
+
+    Raises:
+        InputError: an empty template or an unknown placeholder.
+    """
+    allowed = frozenset({"nodes", "nodes_folded", "nnodes", "node_rank", "nproc_per_node",
+                         "master_addr", "master_port", "node"})
+    templates.check_template(template, "--command", allowed)
+    return CommandWorkload(tuple(templates.template_argv(template)))
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """Everything ``brctl replay`` found.
+
+    Attributes:
+        plan: the groups of rounds 1 and 2 (or adaptive).
+        rounds: every round run, judged.
+        verdict: the answer.
+        workload: what ran.
+        repeat: runs per round.
+        preflight: machines that could not even start a probe (node → reason).
+    """
+
+    plan: ReplayPlan
+    rounds: tuple[JudgedRound, ...]
+    verdict: Verdict
+    workload: str
+    repeat: int
+    preflight: dict[str, str]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """0 none, 1 found/ambiguous/not_reproduced, 3 incomplete."""
+        if self.verdict.verdict == "incomplete":
+            return ExitCode.INCOMPLETE
+        return ExitCode.OK if self.verdict.verdict == "none" else ExitCode.FINDINGS
+
+
+def replay_plan(inv: Inventory, dp: Optional[int] = None) -> ReplayPlan:
+    """The plan for the inventory's job (``--plan-only``).
+
+    Raises:
+        InputError: no job, or a shape replay cannot handle.
+        UsageError: a ``dp`` that does not split the machines evenly.
+    """
+    return plan(shape_of(job_topology(inv), dp))
+
+
+def _address(node: Node) -> str:
+    # A local "machine" is this host: its name need not resolve.
+    return "127.0.0.1" if node.connection == "local" else node.address
+
+
+class _Launcher:
+    """Runs the groups of one round at once and turns machine results into GroupRuns."""
+
+    def __init__(self, transport: Transport, inv: Inventory, plan_: ReplayPlan,
+                 workload: Workload, timeout: float, port_base: int, fanout: int) -> None:
+        self.transport, self.inv, self.plan, self.workload = transport, inv, plan_, workload
+        self.timeout, self.fanout = timeout, fanout
+        self.runner = ProbeRunner(transport)
+        self.next_port = port_base
+
+    def _port(self) -> int:
+        port = self.next_port
+        self.next_port = self.next_port + 1 if self.next_port < MAX_PORT else 20000
+        return port
+
+    def preflight(self, names: Sequence[str]) -> dict[str, str]:
+        """Ship the probe code everywhere first; returns machines that failed (→ why)."""
+        nodes = [self.inv.nodes[n] for n in names]
+        results = self.runner.run(nodes, "brctl.diagnostics.sysinfo", {},
+                                  timeout=min(self.timeout, 120.0), concurrency=self.fanout)
+        return {n: r.error or "no answer" for n, r in results.items() if not r.ok}
+
+    def run(self, groups: Sequence[tuple[str, ...]]) -> list[GroupRun]:
+        """One run of every group; all groups of the round start together."""
+        slots: dict[str, tuple[int, int]] = {}  # machine → (group index, node rank)
+        for gi, group in enumerate(groups):
+            for rank, name in enumerate(group):
+                slots[name] = (gi, rank)
+        ports = [self._port() for _ in groups]
+        nodes = [self.inv.nodes[m] for g in groups for m in g]
+        # Every machine of a round must run at once: a group's ranks wait for each other.
+        concurrency = max(self.fanout, max((len(g) for g in groups), default=1), len(nodes))
+        results: dict[str, Any]
+        if isinstance(self.workload, BuiltinWorkload):
+            results = self._run_builtin(nodes, groups, slots, ports, concurrency)
+        else:
+            results = self._run_command(nodes, groups, slots, ports, concurrency)
+        return [self._group_run(group, results) for group in groups]
+
+    def _values(self, group: tuple[str, ...], rank: int, port: int) -> dict[str, object]:
+        first = self.inv.nodes[group[0]]
+        return {"nodes": ",".join(group), "nodes_folded": ",".join(group), "node": group[rank],
+                "nnodes": len(group), "node_rank": rank,
+                "nproc_per_node": self.plan.shape.gpus, "master_addr": _address(first),
+                "master_port": port}
+
+    def _run_builtin(self, nodes: list[Node], groups: Sequence[tuple[str, ...]],
+                     slots: dict[str, tuple[int, int]], ports: list[int],
+                     concurrency: int) -> dict[str, Any]:
+        assert isinstance(self.workload, BuiltinWorkload)
+        wl = self.workload
+        coords = [list(c) for c in self.plan.shape.rank_coords]
+
+        def request(node: Node) -> dict[str, Any]:
+            gi, rank = slots[node.name]
+            values = self._values(groups[gi], rank, ports[gi])
+            return {**values, "ranks": coords, "steps": wl.steps, "seed": wl.seed,
+                    "device": wl.device, "timeout": self.timeout}
+
+        out = self.runner.run(nodes, PROBE, request, timeout=self.timeout + 30,
+                              concurrency=concurrency)
+        return dict(out)
+
+    def _run_command(self, nodes: list[Node], groups: Sequence[tuple[str, ...]],
+                     slots: dict[str, tuple[int, int]], ports: list[int],
+                     concurrency: int) -> dict[str, Any]:
+        assert isinstance(self.workload, CommandWorkload)
+        template = list(self.workload.template)
+
+        def argv(node: Node) -> list[str]:
+            gi, rank = slots[node.name]
+            return templates.render_argv(template, self._values(groups[gi], rank, ports[gi]))
+
+        return dict(run_all(self.transport, nodes, argv, timeout=self.timeout,
+                            concurrency=concurrency))
+
+    def _group_run(self, group: tuple[str, ...], results: dict[str, Any]) -> GroupRun:
+        runs = [results[m] for m in group]
+        raw: list[RunResult] = [r.run if hasattr(r, "run") else r for r in runs]
+        seconds = max((r.seconds for r in raw), default=0.0)
+        if any(r.state is NodeState.TIMEOUT for r in raw):
+            slow = [m for m, r in zip(group, raw) if r.state is NodeState.TIMEOUT]
+            return GroupRun(group, "timeout", error=f"timed out on {','.join(slow)}",
+                            seconds=seconds)
+        if isinstance(self.workload, BuiltinWorkload):
+            bad = [(m, r.error) for m, r in zip(group, runs) if not r.ok]
+            if bad:
+                return GroupRun(group, "error", error=f"{bad[0][0]}: {bad[0][1]}",
+                                seconds=seconds)
+            doc = runs[0].document
+            steps = doc.get("steps") if isinstance(doc, dict) else None
+            if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+                return GroupRun(group, "error", error=f"{group[0]}: no fingerprints in the answer",
+                                seconds=seconds)
+            losses = tuple(float(x) if isinstance(x, (int, float)) else float("nan")
+                           for x in doc.get("losses", []))
+            return GroupRun(group, "ok", tuple(steps), seconds=seconds, losses=losses)
+        failed = [(m, r) for m, r in zip(group, raw) if r.state is not NodeState.OK]
+        if failed:
+            m, r = failed[0]
+            tail = (r.stderr.strip().splitlines() or [r.state.value])[-1][:300]
+            return GroupRun(group, "error", error=f"{m}: exit {r.exit_code}: {tail}",
+                            seconds=seconds)
+        steps_ = parse_fingerprints(raw[0].stdout)
+        if not steps_:
+            return GroupRun(group, "error", seconds=seconds,
+                            error=f"{group[0]}: printed no 'brctl-fingerprint STEP HEX' line")
+        return GroupRun(group, "ok", steps_, seconds=seconds)
+
+
+def parse_fingerprints(stdout: str) -> tuple[str, ...]:
+    """``brctl-fingerprint STEP HEX`` lines → fingerprints in step order (later lines win)."""
+    by_step: dict[int, str] = {}
+    for line in stdout.splitlines():
+        m = FINGERPRINT.match(line.strip())
+        if m:
+            value = m.group(2).lower()
+            by_step[int(m.group(1))] = value
+    return tuple(by_step[s] for s in sorted(by_step))
+
+
+def replay(
+    transport: Transport,
+    inv: Inventory,
+    *,
+    workload: Workload,
+    dp: Optional[int] = None,
+    repeat: int = 1,
+    timeout: float = 300.0,
+    port_base: int = 29500,
+    max_rounds: int = 8,
+    on_round: Optional[Callable[[RoundSpec, int], None]] = None,
+) -> ReplayReport:
+    """Run replay rounds until a verdict.
+
+    Args:
+        transport: the backend.
+        inv: the inventory (its job's machines and parallel sizes).
+        workload: built-in or ``--command``.
+        dp: the replay DP' (None: the smallest that votes and decodes in 2 rounds).
+        repeat: runs per round; a deviation seen in one run only is ``not_reproduced``.
+        timeout: seconds one run of a round may take (per group).
+        port_base: first rendezvous port; each group run takes the next one.
+        max_rounds: give up (``ambiguous``) after this many rounds.
+        on_round: called before each round with its spec and its index (1-based).
+
+    Returns:
+        The report; never raises for a node or group failure (that is ``incomplete``).
+
+    Raises:
+        InputError: no job, or a job shape replay cannot handle.
+        UsageError: bad ``dp``/``repeat``.
+    """
+    if repeat < 1:
+        raise UsageError(f"--repeat {repeat}: expected 1 or more")
+    if not 1024 <= port_base <= MAX_PORT:
+        raise UsageError(f"--port {port_base}: expected a TCP port from 1024 to {MAX_PORT}")
+    plan_ = replay_plan(inv, dp)
+    fanout = inv.ssh.fanout
+    launcher = _Launcher(transport, inv, plan_, workload, timeout, port_base, fanout)
+    down = launcher.preflight(plan_.shape.machines) if isinstance(workload, BuiltinWorkload) else {}
+    rounds: list[JudgedRound] = []
+    if down:
+        verdict = Verdict("incomplete", (), (), (),
+                          f"{len(down)} machine(s) could not run a probe: "
+                          + "; ".join(f"{n}: {why}" for n, why in sorted(down.items())))
+        return ReplayReport(plan_, (), verdict, workload.describe(), repeat, down)
+    while True:
+        decision = decide(plan_, rounds, max_rounds=max_rounds)
+        if isinstance(decision, Verdict):
+            return ReplayReport(plan_, tuple(rounds), decision, workload.describe(), repeat, {})
+        if on_round is not None:
+            on_round(decision, len(rounds) + 1)
+        runs = [launcher.run(decision.groups) for _ in range(repeat)]
+        rounds.append(judge_round(decision.kind, runs, reference_of(rounds),
+                                  decision.suspects or None))
