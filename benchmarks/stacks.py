@@ -85,10 +85,9 @@ def bench_collection(n: int, rounds: int) -> None:
     import subprocess
     import tempfile
 
-    from brctl.remote.ssh import SshTransport
-
     from brctl.operations.stacks import collect
     from brctl.remote.probes import ProbeRunner
+    from brctl.remote.ssh import SshTransport
     from tests.integration.cluster import SshCluster, missing_requirements
 
     why = missing_requirements()
