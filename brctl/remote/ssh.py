@@ -90,6 +90,7 @@ KEEPALIVE_S = 15  # detect dead peers on cached connections between daemon polls
 KILL_GRACE_S = 2  # SIGTERM, then SIGKILL this much later (timeout -k)
 CLIENT_SLACK_S = 5  # how long past the remote timeout we wait for its exit status
 RETRY_BASE_S = 0.1
+STDIN_SLICE = 1 << 20  # bytes per sendall; see _exec
 RETRY_CAP_S = 2.0
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 ACCEPTED_SUFFIX = ".brctl-accepted"
@@ -604,8 +605,11 @@ class SshTransport:
         try:
             chan.settimeout(max(0.01, give_up - time.monotonic()))
             chan.exec_command(cmd)
-            if stdin:
-                chan.sendall(stdin)
+            # paramiko's sendall re-slices what is left after every 32 KiB packet, which is
+            # quadratic (a 200 MB stdin copied ~6,000 times): hand it 1 MiB slices instead.
+            data = stdin or b""
+            for start in range(0, len(data), STDIN_SLICE):
+                chan.sendall(data[start:start + STDIN_SLICE])
             chan.shutdown_write()
             fd = chan.fileno()  # an OS pipe paramiko signals when data arrives
             while True:
