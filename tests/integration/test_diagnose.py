@@ -1,0 +1,122 @@
+"""brctl diagnose over the real sshd cluster, faults injected only through node env.
+
+Each scenario proves the ladder names exactly the injected machine, with the right
+decision, and stops at the stage that found it:
+
+- a fake ``dcgmi`` on node02's PATH (real-format failing JSON, exit 226) → eud
+  names node02, evict, no collective stage runs;
+- a sitecustomize on node03's PYTHONPATH corrupting its all-to-all → eud skipped
+  (no dcgmi), alltoall names node03 (wrong data), allgather never runs;
+- a sitecustomize on node04's PYTHONPATH hanging its all-gather → alltoall passes,
+  the wide all-gather fails, re-pairing names node04 alone;
+- a user-code traceback → rollback, no stage runs, nothing evicted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.cluster import SshCluster, scaled
+
+FAULTS = Path(__file__).parent / "diagnose_faults"
+DATA = Path(__file__).parent.parent / "unit" / "data"
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _inventory(tmp_path: Path, cluster: SshCluster, gpus: int,
+               node_env: dict[str, dict[str, str]]) -> Path:
+    inv: dict[str, Any] = cluster.inventory(
+        job={"name": "t", "process_match": "brctl-test-never-running"}, node_env=node_env,
+        python=sys.executable,
+        extra={"diagnose": {"alltoall_timeout": scaled(60), "allgather_timeout": scaled(8),
+                            "alltoall_bytes": 65536, "allgather_bytes": 4096, "iterations": 2}})
+    for entry in inv["nodes"]:
+        entry["gpus"] = gpus
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def _logs(tmp_path: Path, cluster: SshCluster, bad: str, sample: str) -> Path:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in cluster.names:
+        (logs / f"{name}.log").write_text((DATA / sample).read_text() if name == bad else "ok\n")
+    return logs
+
+
+def _run(brctl: Any, inv: Path, *args: str) -> Any:
+    res = brctl("-i", inv, "--json", "diagnose", *args)
+    assert res.stdout, res.stderr
+    return res, res.json
+
+
+@pytest.mark.slow
+def test_fake_dcgmi_names_the_machine_and_stops_at_eud(brctl: Any, ssh_cluster: SshCluster,
+                                                       tmp_path: Path, state_dir: Path) -> None:
+    bindir = tmp_path / "bin"
+    shutil.copytree(FAULTS / "bin", bindir)
+    inv = _inventory(tmp_path, ssh_cluster, 1, {"node02": {"PATH": f"{bindir}:{NODE_PATH}"}})
+    logs = _logs(tmp_path, ssh_cluster, "node02", "logs_cuda_illegal.log")
+    res, doc = _run(brctl, inv, "--logs", str(logs))
+    assert res.exit_code == 1, res.stderr
+    assert doc["symptom"] == "cuda-error" and doc["matched_nodes"] == ["node02"]
+    assert [s["name"] for s in doc["stages"]] == ["eud"]  # stopped early
+    eud = doc["stages"][0]
+    assert eud["faulty"] == ["node02"] and eud["nodes_tested"] == ["node02"]
+    verdict = next(v for v in eud["verdicts"] if v["node"] == "node02")
+    assert verdict["details"]["exit_code"] == 226
+    assert "GPU 1: memory: Fail" in verdict["evidence"][0]
+    assert (doc["decision"], doc["faulty"]) == ("evict", ["node02"])
+
+
+@pytest.mark.slow
+def test_corrupted_alltoall_names_the_machine(brctl: Any, ssh_cluster: SshCluster,
+                                              tmp_path: Path, state_dir: Path) -> None:
+    env = {"node03": {"PYTHONPATH": str(FAULTS / "corrupt_alltoall")}}
+    inv = _inventory(tmp_path, ssh_cluster, 2, env)
+    logs = _logs(tmp_path, ssh_cluster, "node01", "logs_nccl_timeout.log")
+    res, doc = _run(brctl, inv, "--logs", str(logs))
+    assert res.exit_code == 1, res.stderr
+    assert doc["symptom"] == "nccl"
+    assert [s["name"] for s in doc["stages"]] == ["eud", "alltoall"]
+    assert doc["stages"][0]["nodes_tested"] == []  # no dcgmi on any node: skipped
+    a2a = doc["stages"][1]
+    assert a2a["faulty"] == ["node03"] and len(a2a["nodes_tested"]) == 4
+    bad = next(v for v in a2a["verdicts"] if v["node"] == "node03")
+    assert bad["evidence"][0] == "wrong data received" and bad["details"]["backend"] == "gloo"
+    assert (doc["decision"], doc["faulty"]) == ("evict", ["node03"])
+
+
+@pytest.mark.slow
+def test_hung_allgather_names_the_machine_after_repairing(brctl: Any, ssh_cluster: SshCluster,
+                                                          tmp_path: Path, state_dir: Path) -> None:
+    env = {"node04": {"PYTHONPATH": str(FAULTS / "hang_allgather")}}
+    inv = _inventory(tmp_path, ssh_cluster, 1, env)
+    res, doc = _run(brctl, inv, "--symptom", "hang")
+    assert res.exit_code == 1, res.stderr
+    assert [s["name"] for s in doc["stages"]] == ["eud", "alltoall", "allgather"]
+    assert doc["stages"][1]["faulty"] == []
+    gather = doc["stages"][2]
+    assert gather["faulty"] == ["node04"]
+    first = gather["rounds"][0]
+    assert first == [{"nodes": ssh_cluster.names, "ok": False}]  # the wide group failed
+    assert all(g["ok"] for rnd in gather["rounds"][1:] for g in rnd if "node04" not in g["nodes"])
+    assert (doc["decision"], doc["faulty"]) == ("evict", ["node04"])
+
+
+def test_user_code_traceback_rolls_back_and_never_evicts(brctl: Any, ssh_cluster: SshCluster,
+                                                         tmp_path: Path, state_dir: Path) -> None:
+    inv = _inventory(tmp_path, ssh_cluster, 1, {})
+    logs = _logs(tmp_path, ssh_cluster, "node03", "logs_user_code.log")
+    res, doc = _run(brctl, inv, "--logs", str(logs))
+    assert res.exit_code == 1
+    assert doc["symptom"] == "user-code" and doc["matched_nodes"] == ["node03"]
+    assert doc["stages"] == [] and doc["faulty"] == []
+    assert doc["decision"] == "rollback" and "KeyError" in doc["evidence"][0]["text"]
