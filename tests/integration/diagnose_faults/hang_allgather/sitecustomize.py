@@ -5,7 +5,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _hook import install  # noqa: E402
+from _hook import install
 
 
 def _patch(dist):  # type: ignore[no-untyped-def]
