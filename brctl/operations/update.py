@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -628,7 +628,8 @@ def push(ctx: UpdateContext, src: str, version: str, *, rev: Optional[str] = Non
              "nodes": {n: o.to_json() for n, o in nodes.items()}})
     switch = None
     if urgent and outcome == "ok":
-        switch = apply(ctx, restart=True)
+        # The switch is job-wide even when -w narrowed the push: never mix versions.
+        switch = apply(replace(ctx, nodes=None), restart=True)
         pending = job_state(ctx.store, ctx.job).pending
     message = _push_message(version, outcome, urgent, pending, switch)
     return PushReport(ctx.job, version, art.sha256, art.size, art.source, urgent, nodes,

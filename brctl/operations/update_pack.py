@@ -59,6 +59,15 @@ def _walk(root: Path) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(root).as_posix())
 
 
+def _check_link(src: Path, path: Path) -> None:
+    """A release is self-contained: its symlinks stay inside it (the nodes refuse others)."""
+    target = os.readlink(path)
+    inside = os.path.normpath(os.path.join(os.path.abspath(path.parent), target))
+    if os.path.isabs(target) or not inside.startswith(os.path.abspath(src) + os.sep):
+        raise InputError(f"{path}: symlink to {target!r} points outside the release",
+                         hint="copy the file into the release instead")
+
+
 def pack_directory(src: Path) -> bytes:
     """A deterministic ``.tar.gz`` of ``src`` (entries relative to it)."""
     raw = io.BytesIO()
@@ -69,6 +78,8 @@ def pack_directory(src: Path) -> bytes:
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
                     or stat.S_ISLNK(st.st_mode)):
                 raise InputError(f"{path}: not a file, directory or symlink; cannot be released")
+            if stat.S_ISLNK(st.st_mode):
+                _check_link(src, path)
             info = _normalise(tar.gettarinfo(str(path), arcname=rel))
             if info.isfile():
                 with path.open("rb") as fh:

@@ -249,3 +249,23 @@ def test_corrupted_transfer_fails_that_machine_only(world) -> None:
     assert [world.current(n) for n in NODES] == [None] * 4
     world.machines.transport.handler = orig  # link repaired: apply catches m4 up, then switches
     assert up.apply(world.ctx()).outcome == "ok"
+
+
+def test_symlinks_leaving_the_release_are_refused_before_sending(world) -> None:
+    world.write("v1")
+    (world.src / "sub").mkdir()
+    (world.src / "sub" / "ok.py").symlink_to("../train.py")
+    up.push(world.ctx(), str(world.src), "v1")  # inside: fine
+    (world.src / "bad.py").symlink_to("/etc/passwd")
+    with pytest.raises(InputError, match="points outside the release"):
+        up.push(world.ctx(), str(world.src), "v2")
+    assert not [r for _n, r in world.machines.requests if r.get("version") == "v2"]
+
+
+def test_urgent_push_to_a_subset_still_switches_the_whole_job(world) -> None:
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1")
+    rep = up.push(world.ctx(nodes=[world.ctx().inventory.node("m1")]), str(world.src), "v1",
+                  urgent=True)
+    assert rep.switch is not None and rep.switch.outcome == "ok"
+    assert [world.current(n) for n in NODES] == ["v1"] * 4
