@@ -1,10 +1,119 @@
-"""``daemon:``: settings of ``brctl daemon``."""
+"""``daemon:``: settings of ``brctl daemon``, ``brctl standby`` and ``brctl ettr``.
+
+Every key is optional; the defaults suit a large job with a ~1 s step that
+checkpoints every few minutes. Documented in ``inventory.example.yaml`` and
+``brctl-inventory(5)``.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Optional, Union
+
+from brctl.analysis.schema import field, positive
+from brctl.analysis.templates import check_template
+
+# Placeholders a notify command may use (one notification per action or refusal).
+NOTIFY_PLACEHOLDERS = frozenset({"job", "kind", "node", "reason", "state"})
+
+# Matches Megatron's " iteration      120/  500000 |", torchtitan's "step: 120",
+# Lightning's "step=120" and plain "Step 120" lines; group 1 is the step.
+DEFAULT_PROGRESS_REGEX = r"(?i)\b(?:iteration|step)\b[\s:=#]*(\d+)"
+
+
+def _progress_regex(value: str) -> str:
+    try:
+        compiled = re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    if compiled.groups < 1:
+        raise ValueError("needs a capturing group for the step number, e.g. 'step (\\d+)'")
+    return value
+
+
+def _fraction(value: float) -> float:
+    if not 0 < value <= 1:
+        raise ValueError(f"got {value!r}, expected a fraction in (0, 1]")
+    return value
+
+
+def _non_negative(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"got {value!r}, expected a whole number >= 0")
+    return value
+
+
+def _factor(value: float) -> float:
+    if value <= 1:
+        raise ValueError(f"got {value!r}, expected a factor greater than 1")
+    return value
+
+
+def _port(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"got {value!r}, expected a TCP port (0 turns /metrics off)")
+    return value
+
+
+def _notify_command(value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+    if value is None:
+        return None
+    from brctl.errors import InputError
+
+    try:
+        check_template(value, "notify_command", NOTIFY_PLACEHOLDERS)
+    except InputError as exc:
+        raise ValueError(exc.message.removeprefix("notify_command: ")) from None
+    return value
+
+
+def _webhook(value: Optional[str]) -> Optional[str]:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError(f"got {value!r}, expected an http:// or https:// URL")
+    return value
 
 
 @dataclass(frozen=True)
 class DaemonSection:
-    """Settings of brctl daemon (keys are added by the feature that reads them)."""
+    """Settings of the unattended loop (``brctl daemon run``) and its safety limits."""
+
+    # Seconds between polls (health + progress). One poll bounds GPU-fault detection.
+    poll_interval: float = field(10.0, check=positive)
+    # No new step for this long (seconds) is a hang. Longer than the slowest step
+    # plus a checkpoint save, or every checkpoint looks like a hang.
+    stall_after: float = field(300.0, check=positive)
+    # After a (re)start, the job gets this long (seconds) to print its first step
+    # before a missing step counts as a hang (model load, NCCL init, ckpt load).
+    startup_grace: float = field(600.0, check=positive)
+    # Regex on the job's log lines; group 1 is the step number.
+    progress_regex: str = field(DEFAULT_PROGRESS_REGEX, check=_progress_regex)
+    # Bytes read from the end of each log per poll (bounds controller CPU and traffic).
+    log_tail_bytes: int = field(16384, check=positive)
+    # A step that took this many times the recent median step time is fail-slow.
+    fail_slow_factor: float = field(3.0, check=_factor)
+    # Step times kept for that median; fewer than fail_slow_min_samples → no verdict.
+    fail_slow_window: int = field(20, check=positive)
+    fail_slow_min_samples: int = field(5, check=positive)
+    # Caps: more evictions than this in any hour are refused (exit 4, recorded, paged).
+    max_evictions_per_hour: int = field(4, check=_non_negative)
+    # …and evicting more than this fraction of the job's machines in a replenish window.
+    max_evict_fraction: float = field(0.25, check=_fraction)
+    # Restarts with no new step in between; at this many the daemon pages and stops acting.
+    max_restarts_without_progress: int = field(3, check=_non_negative)
+    # Notification per action and refusal: a JSON POST to a webhook, and/or a command
+    # (argv template; placeholders {job} {kind} {node} {reason} {state}; the JSON on stdin).
+    notify_webhook: Optional[str] = field(None, check=_webhook)
+    notify_command: Optional[Union[str, list[str]]] = field(None, check=_notify_command)
+    # Hours to replace a failed machine in the standby pool (sizing window, fraction cap).
+    replenish_window: float = field(24.0, check=positive)
+    # Seconds a daemon's lease on the job lasts without renewal (a crashed daemon's
+    # successor waits this long before acting).
+    lease_ttl: float = field(60.0, check=positive)
+    # Prometheus /metrics; 0 turns it off. Loopback by default: metrics name machines.
+    metrics_port: int = field(9469, check=_port)
+    metrics_address: str = "127.0.0.1"
+    # JSON-lines event log (default: daemon-events.jsonl in the state directory).
+    event_log: Optional[str] = None
+    # Seconds each adapter command (restart/stop/status/evict) may run.
+    command_timeout: float = field(300.0, check=positive)

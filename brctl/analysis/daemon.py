@@ -1,0 +1,277 @@
+"""The daemon's pure core: progress, symptoms, plans, safety caps, standby picks.
+
+Everything here is a function of typed data and an explicit ``now`` (no clock, no
+I/O), so the loop's decisions are exhaustively unit-testable:
+
+- ``last_step``: the step a log tail shows (``daemon.progress_regex``).
+- ``Progress`` / ``observe``: when the step last moved and recent per-step times.
+- ``detect``: an observation → the incident to handle (GPU fault, crash, hang,
+  fail-slow), most urgent first, as in ByteRobust: a confident real-time signal
+  evicts at once; a stop goes to the diagnose ladder; a stall to stack analysis.
+- ``plan_for``: an incident plus what the analysis found → the plan
+  (evict, reattempt, rollback, replay, or only notify).
+- ``refusal``: the safety caps (evictions per hour, job fraction, restarts
+  without progress) → the reason to refuse, or None.
+- ``pick_standbys``: checked, not quarantined, not in use, in pool order.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Optional
+
+from brctl.config.daemon import DaemonSection
+
+IncidentKind = Literal["gpu_fault", "crash", "hang", "fail_slow"]
+Decision = Literal["evict", "reattempt", "rollback", "replay", "notify"]
+HOUR = 3600.0
+
+
+def last_step(text: str, regex: str) -> Optional[int]:
+    """The step of the last line of ``text`` that ``regex`` matches (group 1), or None.
+
+    The last match wins, not the largest: after a restart from a checkpoint the
+    job counts up again from an earlier step, and that is progress.
+    """
+    pattern = re.compile(regex)
+    for line in reversed(text.splitlines()):
+        match = pattern.search(line)
+        if match is None:
+            continue
+        try:
+            return int(match.group(1))
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def job_step(steps: Mapping[str, Optional[int]]) -> Optional[int]:
+    """The job's step from per-node log steps: the largest any node reports.
+
+    Ranks print on different machines (Megatron's last stage prints the loss); a
+    node that prints nothing says nothing about progress.
+    """
+    seen = [s for s in steps.values() if s is not None]
+    return max(seen) if seen else None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the daemon knows about the job's progress.
+
+    Attributes:
+        step: the last step seen (None: none since the job was (re)started).
+        moved_at: when ``step`` last changed, or when the job was (re)started.
+        step_times: recent seconds per step, oldest first (for fail-slow).
+        started_at: when the job was last (re)started by the daemon (or first seen).
+    """
+
+    step: Optional[int]
+    moved_at: float
+    started_at: float
+    step_times: tuple[float, ...] = ()
+
+    @classmethod
+    def start(cls, now: float, step: Optional[int] = None) -> Progress:
+        """Fresh tracking from ``now`` (daemon start or a restart of the job)."""
+        return cls(step=step, moved_at=now, started_at=now)
+
+
+def observe(progress: Progress, step: Optional[int], now: float, window: int) -> tuple[Progress, bool]:
+    """Fold one poll's step into ``progress``; also say whether the job moved.
+
+    Per-step time is measured between polls: (now - moved_at) / steps advanced;
+    a backwards step (a restart from a checkpoint) is progress but no sample.
+    """
+    if step is None or step == progress.step:
+        return progress, False
+    times = progress.step_times
+    if progress.step is not None and step > progress.step:
+        per_step = (now - progress.moved_at) / (step - progress.step)
+        times = (*times, per_step)[-window:]
+    return replace(progress, step=step, moved_at=now, step_times=times), True
+
+
+def fail_slow(progress: Progress, cfg: DaemonSection) -> Optional[str]:
+    """Why the last step time counts as fail-slow, or None.
+
+    The newest sample is compared with the median of the ones before it, so one
+    slow step stands out against a healthy history (needs ``fail_slow_min_samples``).
+    """
+    times = progress.step_times
+    if len(times) <= cfg.fail_slow_min_samples:
+        return None
+    last, history = times[-1], times[:-1]
+    median = statistics.median(history)
+    if median > 0 and last > cfg.fail_slow_factor * median:
+        return (f"step time {last:.2f}s is {last / median:.1f}x the recent median "
+                f"{median:.2f}s (fail_slow_factor {cfg.fail_slow_factor:g})")
+    return None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One poll: health verdicts, the job's step and whether it is running.
+
+    Attributes:
+        now: the poll time.
+        evict_candidates: machine → confident hardware reason (from the health sweep).
+        unanswered: machines that gave no health verdict (never evicted on that alone).
+        step: the job's step from its logs (None: no step line found).
+        running: True/False from the status command or the process scan; None unknown.
+        stopped_on: machines where the training processes are gone (crash evidence).
+    """
+
+    now: float
+    evict_candidates: Mapping[str, str] = field(default_factory=dict)
+    unanswered: tuple[str, ...] = ()
+    step: Optional[int] = None
+    running: Optional[bool] = None
+    stopped_on: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Incident:
+    """Something the loop must handle."""
+
+    kind: IncidentKind
+    nodes: tuple[str, ...]
+    reason: str
+
+    def to_json(self) -> dict[str, object]:
+        """``{kind, nodes, reason}``."""
+        return {"kind": self.kind, "nodes": list(self.nodes), "reason": self.reason}
+
+
+def detect(obs: Observation, progress: Progress, cfg: DaemonSection,
+           members: Sequence[str]) -> Optional[Incident]:
+    """The most urgent incident in ``obs``, or None when the job looks fine.
+
+    Order: a confident GPU/hardware fault on a job machine (evict at once, even if
+    the job still runs), then a stopped job (crash → diagnose), then a stall
+    (hang → stacks), then fail-slow.
+    """
+    faulty = tuple(n for n in members if n in obs.evict_candidates)
+    if faulty:
+        reasons = "; ".join(f"{n}: {obs.evict_candidates[n]}" for n in faulty)
+        return Incident("gpu_fault", faulty, reasons)
+    # The job gets its start-up grace before a missing process counts as a crash.
+    settled = obs.now - progress.started_at >= min(cfg.poll_interval, cfg.startup_grace)
+    if obs.running is False and settled:
+        where = ", ".join(obs.stopped_on) or "the status command"
+        return Incident("crash", tuple(obs.stopped_on), f"training processes gone ({where})")
+    limit = cfg.stall_after if progress.step is not None else max(cfg.startup_grace, cfg.stall_after)
+    idle = obs.now - progress.moved_at
+    if idle > limit:
+        what = f"no new step for {idle:.0f}s" if progress.step is not None else (
+            f"no step line for {idle:.0f}s since the start")
+        return Incident("hang", (), f"{what} (stall_after {limit:g}s; last step {progress.step})")
+    slow = fail_slow(progress, cfg)
+    if slow:
+        return Incident("fail_slow", (), slow)
+    return None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the analysis of an incident said (stacks for hangs, diagnose for crashes).
+
+    Attributes:
+        decision: diagnose's decision (evict | reattempt | rollback | replay), or
+            None when no analysis ran or it found nothing.
+        faulty: machines the analysis blames.
+        reason: its one-line reason.
+    """
+
+    decision: Optional[Decision] = None
+    faulty: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the loop will do about an incident."""
+
+    decision: Decision
+    evict: tuple[str, ...]
+    reason: str
+    restart: bool
+
+    def to_json(self) -> dict[str, object]:
+        """``{decision, evict, reason, restart}``."""
+        return {"decision": self.decision, "evict": list(self.evict), "reason": self.reason,
+                "restart": self.restart}
+
+
+def plan_for(incident: Incident, finding: Finding) -> Plan:
+    """The playbook: incident + analysis → plan (ByteRobust's evict/reattempt/rollback/replay).
+
+    - GPU fault: evict the machines at once (no analysis needed), restart.
+    - Crash: follow diagnose's decision; evict its faulty machines when it says evict.
+    - Hang: evict the machines stack analysis blames; nothing blamed → reattempt.
+    - Fail-slow: evict the blamed group; nothing blamed → only notify (a slow job
+      still trains; a restart would cost more than it saves).
+    """
+    if incident.kind == "gpu_fault":
+        return Plan("evict", incident.nodes, incident.reason, restart=True)
+    if incident.kind == "crash":
+        decision = finding.decision or "reattempt"
+        if decision == "evict" and finding.faulty:
+            return Plan("evict", finding.faulty, finding.reason or incident.reason, restart=True)
+        if decision == "evict":  # evict with nobody to evict: try again
+            decision = "reattempt"
+        return Plan(decision, (), finding.reason or incident.reason,
+                    restart=decision in ("reattempt", "rollback"))
+    if finding.faulty:
+        return Plan("evict", finding.faulty, finding.reason or incident.reason, restart=True)
+    if incident.kind == "hang":
+        return Plan("reattempt", (), finding.reason or incident.reason, restart=True)
+    return Plan("notify", (), finding.reason or incident.reason, restart=False)
+
+
+def refusal(plan: Plan, *, now: float, eviction_times: Iterable[float], job_size: int,
+            restarts_without_progress: int, cfg: DaemonSection) -> Optional[str]:
+    """Why the safety caps forbid ``plan``, or None when it may go ahead.
+
+    Args:
+        plan: the plan to check.
+        now: the current time.
+        eviction_times: when earlier evictions happened (any age; older ones are ignored).
+        job_size: the job's machine count (for the fraction cap).
+        restarts_without_progress: restarts the daemon made since the last new step.
+        cfg: the caps.
+    """
+    times = list(eviction_times)
+    if plan.evict:
+        last_hour = sum(1 for t in times if now - t < HOUR)
+        if last_hour + len(plan.evict) > cfg.max_evictions_per_hour:
+            return (f"eviction cap: {last_hour} in the last hour + {len(plan.evict)} would "
+                    f"exceed max_evictions_per_hour {cfg.max_evictions_per_hour}")
+        window = cfg.replenish_window * HOUR
+        recent = sum(1 for t in times if now - t < window)
+        fraction = (recent + len(plan.evict)) / max(job_size, 1)
+        if fraction > cfg.max_evict_fraction:
+            return (f"eviction cap: {recent + len(plan.evict)} of {job_size} machines "
+                    f"({fraction:.0%}) in {cfg.replenish_window:g}h would exceed "
+                    f"max_evict_fraction {cfg.max_evict_fraction:g}")
+    if plan.restart and restarts_without_progress >= cfg.max_restarts_without_progress:
+        return (f"{restarts_without_progress} restarts without a new step "
+                f"(max_restarts_without_progress {cfg.max_restarts_without_progress}): "
+                "a human must look")
+    return None
+
+
+def pick_standbys(pool: Sequence[str], *, checked: Iterable[str], quarantined: Iterable[str],
+                  in_use: Iterable[str], count: int) -> list[str]:
+    """Up to ``count`` replacements: checked, never quarantined, not already in the job."""
+    ok = set(checked)
+    bad = set(quarantined) | set(in_use)
+    return [n for n in pool if n in ok and n not in bad][:count]
+
+
+def swap_members(members: Sequence[str], replacements: Mapping[str, str]) -> list[str]:
+    """The job's machine list with each evicted machine replaced in place (rank order kept)."""
+    return [replacements.get(n, n) for n in members]
