@@ -67,12 +67,15 @@ class Progress:
         moved_at: when ``step`` last changed, or when the job was (re)started.
         step_times: recent seconds per step, oldest first (for fail-slow).
         started_at: when the job was last (re)started by the daemon (or first seen).
+        moved_since_start: a new step was seen since ``started_at`` (until then the
+            longer ``startup_grace`` applies).
     """
 
     step: Optional[int]
     moved_at: float
     started_at: float
     step_times: tuple[float, ...] = ()
+    moved_since_start: bool = False
 
     @classmethod
     def start(cls, now: float, step: Optional[int] = None) -> Progress:
@@ -92,7 +95,7 @@ def observe(progress: Progress, step: Optional[int], now: float, window: int) ->
     if progress.step is not None and step > progress.step:
         per_step = (now - progress.moved_at) / (step - progress.step)
         times = (*times, per_step)[-window:]
-    return replace(progress, step=step, moved_at=now, step_times=times), True
+    return replace(progress, step=step, moved_at=now, step_times=times, moved_since_start=True), True
 
 
 def fail_slow(progress: Progress, cfg: DaemonSection) -> Optional[str]:
@@ -163,11 +166,11 @@ def detect(obs: Observation, progress: Progress, cfg: DaemonSection,
     if obs.running is False and settled:
         where = ", ".join(obs.stopped_on) or "the status command"
         return Incident("crash", tuple(obs.stopped_on), f"training processes gone ({where})")
-    limit = cfg.stall_after if progress.step is not None else max(cfg.startup_grace, cfg.stall_after)
+    limit = cfg.stall_after if progress.moved_since_start else max(cfg.startup_grace, cfg.stall_after)
     idle = obs.now - progress.moved_at
     if idle > limit:
-        what = f"no new step for {idle:.0f}s" if progress.step is not None else (
-            f"no step line for {idle:.0f}s since the start")
+        what = f"no new step for {idle:.0f}s" if progress.moved_since_start else (
+            f"no new step for {idle:.0f}s since the (re)start")
         return Incident("hang", (), f"{what} (stall_after {limit:g}s; last step {progress.step})")
     slow = fail_slow(progress, cfg)
     if slow:

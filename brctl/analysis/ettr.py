@@ -81,6 +81,6 @@ def sparkline(values: Sequence[Optional[float]]) -> str:
         if v is None:
             chars.append(" ")
             continue
-        idx = int(round(min(max(v, 0.0), 1.0) * (len(SPARKS) - 1)))
+        idx = round(min(max(v, 0.0), 1.0) * (len(SPARKS) - 1))
         chars.append(SPARKS[idx])
     return "".join(chars)

@@ -18,8 +18,9 @@ from brctl.analysis.templates import check_template
 NOTIFY_PLACEHOLDERS = frozenset({"job", "kind", "node", "reason", "state"})
 
 # Matches Megatron's " iteration      120/  500000 |", torchtitan's "step: 120",
-# Lightning's "step=120" and plain "Step 120" lines; group 1 is the step.
-DEFAULT_PROGRESS_REGEX = r"(?i)\b(?:iteration|step)\b[\s:=#]*(\d+)"
+# Lightning's "step=120", "global_step 120" and plain "Step 120" lines; group 1
+# is the step.
+DEFAULT_PROGRESS_REGEX = r"(?i)(?:^|[^a-z])(?:iteration|step)[\s:=#]*(\d+)"
 
 
 def _progress_regex(value: str) -> str:

@@ -1,0 +1,90 @@
+"""``brctl daemon run|status``: the unattended detect → diagnose → act loop."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+app = typer.Typer(help="Run the unattended loop (run) or read its records (status).",
+                  no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    """Add the command group to the root app."""
+    root.add_typer(app, name="daemon",
+                   help="Unattended loop: detect, diagnose, evict/reattempt/roll back, restart.")
+
+
+@app.command("run")
+def run(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Decide and record, but run no action or hook."),
+    max_iterations: Optional[int] = typer.Option(None, "--max-iterations", metavar="N",
+                                                 help="Stop after N polls."),
+    until_step: Optional[int] = typer.Option(None, "--until-step", metavar="STEP",
+                                             help="Stop once the job logs this step."),
+    duration: Optional[float] = typer.Option(None, "--for", metavar="SECONDS",
+                                             help="Stop after this long."),
+    no_metrics: bool = typer.Option(False, "--no-metrics", help="Do not serve /metrics."),
+) -> int:
+    """Watch the job and act on what breaks, until SIGTERM or a limit.
+
+    Each poll (daemon.poll_interval) sweeps health on the job's machines and reads
+    the step from its logs. A confident hardware fault evicts at once; a stopped
+    job goes to the diagnose ladder; a stall (daemon.stall_after) to stack
+    analysis; then evict (swapping in a checked standby, restoring its checkpoint
+    shards and pending updates), reattempt, roll back or ask for a replay, and
+    restart through job.restart_command. Every decision and action is recorded in
+    the state database before it is carried out, so a restart after a crash or
+    kill -9 finishes it without doing anything twice. SIGTERM stops after the
+    current step. Exit 0: nothing happened; 1: incidents were handled; 4: an
+    action was refused (caps, restarts without progress, no standby, another
+    daemon holds the job's lease).
+    """
+    import signal
+    import threading
+
+    from brctl.commands._render_daemon import event_line, render_run
+    from brctl.errors import UsageError
+    from brctl.operations.daemon import RunOptions, serve
+
+    env: Env = ctx.obj
+    for name, value in (("--max-iterations", max_iterations), ("--for", duration)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} {value}: expected a number greater than 0")
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) \
+        if threading.current_thread() is threading.main_thread() else None
+    try:
+        report = serve(env.inventory(), env.transport(), env.state_dir(),
+                       RunOptions(dry_run, max_iterations, until_step, duration, not no_metrics),
+                       timeout_scale=env.timeout_scale(), stop=stop,
+                       on_event=lambda doc: event_line(env.output, doc), warn=env.output.warn)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    render_run(env.output, report)
+    return int(report.exit_code)
+
+
+@app.command("status")
+def status(
+    ctx: typer.Context,
+    events: int = typer.Option(20, "--events", metavar="N", help="Recent events and actions shown."),
+) -> int:
+    """Show the daemon's lease, last poll, recent events, actions and quarantined machines.
+
+    Reads the state database only. Exit 0 when a daemon holds the job's lease,
+    1 when none does (the job is not being watched).
+    """
+    from brctl.commands._render_daemon import render_status
+    from brctl.operations.daemon import status as read_status
+
+    env: Env = ctx.obj
+    report = read_status(env.inventory(), env.state_dir(), events=events)
+    render_status(env.output, report)
+    return 0 if report.alive else 1

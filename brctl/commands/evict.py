@@ -1,0 +1,75 @@
+"""``brctl evict NODE --reason`` / ``brctl unevict NODE``: quarantine by hand."""
+
+from __future__ import annotations
+
+import typer
+
+from brctl.env import Env
+
+
+def register(app: typer.Typer) -> None:
+    """Add both commands to the root app."""
+    app.command("evict")(evict)
+    app.command("unevict")(unevict)
+
+
+def evict(
+    ctx: typer.Context,
+    node: str = typer.Argument(..., metavar="NODE", help="The machine to take out of service."),
+    reason: str = typer.Option(..., "--reason", metavar="TEXT",
+                               help="Why (recorded, and given to job.evict_command as {reason})."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the caps; change nothing."),
+) -> int:
+    """Take NODE out of service: quarantine it and tell the scheduler.
+
+    The record is kept in the state database; a quarantined machine is never
+    picked as a standby and the daemon never swaps it back in. job.evict_command
+    (placeholders {node} {reason}) drains it in the scheduler. The daemon's caps
+    apply (daemon.max_evictions_per_hour, daemon.max_evict_fraction): a refusal
+    is recorded and exits 4. Exit 0 when done (or already quarantined), 1 when
+    the evict_command failed.
+    """
+    from brctl.commands._render_daemon import render_evict
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.fleet import evict as do_evict
+    from brctl.state import Store
+
+    env: Env = ctx.obj
+    inv = env.inventory()
+    store = Store(env.state_dir())
+    try:
+        state = DaemonState(store, inv.job.name if inv.job else "-")
+        report = do_evict(inv, state, node, reason, dry_run=dry_run,
+                          timeout=inv.daemon.command_timeout * env.timeout_scale())
+    finally:
+        store.close()
+    render_evict(env.output, report)
+    return 1 if report.hook is not None and not report.hook.ok else 0
+
+
+def unevict(
+    ctx: typer.Context,
+    node: str = typer.Argument(..., metavar="NODE", help="The machine to return to service."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would change; change nothing."),
+) -> int:
+    """Return NODE to service: close its quarantine record.
+
+    It joins the standby pool as unchecked: run brctl standby check before the
+    daemon may swap it in. Returning it to the scheduler is the scheduler's
+    business (e.g. scontrol update nodename=NODE state=resume).
+    """
+    from brctl.commands._render_daemon import render_evict
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.fleet import unevict as do_unevict
+    from brctl.state import Store
+
+    env: Env = ctx.obj
+    inv = env.inventory()
+    store = Store(env.state_dir())
+    try:
+        report = do_unevict(inv, DaemonState(store, inv.job.name if inv.job else "-"), node,
+                            dry_run=dry_run)
+    finally:
+        store.close()
+    render_evict(env.output, report)
+    return 0

@@ -1,0 +1,95 @@
+"""``brctl standby size|check|list``: the warm standby pool."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from brctl.env import Env
+
+app = typer.Typer(help="Size, self-check and list the warm standby pool.", no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    """Add the command group to the root app."""
+    root.add_typer(app, name="standby", help="Warm standby pool: size it, self-check it, list it.")
+
+
+@app.command("size")
+def size(
+    ctx: typer.Context,
+    machines: Optional[int] = typer.Option(None, "--machines", metavar="N",
+                                           help="Machines in the job (default: the job's count)."),
+    quantile: float = typer.Option(0.99, "--quantile", metavar="Q", help="Coverage probability."),
+    window: Optional[float] = typer.Option(None, "--window", metavar="HOURS",
+                                           help="Replenish window (default daemon.replenish_window)."),
+    daily_rate: Optional[float] = typer.Option(
+        None, "--daily-failure-rate", metavar="P",
+        help="Per-machine failure probability per day (default: from the recorded history)."),
+) -> int:
+    """Size the pool: the QUANTILE of Binomial(machines, p) failures in the window.
+
+    p = 1-(1-P)^(window/24h) with P from --daily-failure-rate, or estimated from
+    the evictions recorded in the state database. JSON key: size.
+    """
+    from brctl.commands._render_daemon import render_size
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.fleet import standby_size
+    from brctl.state import Store
+
+    env: Env = ctx.obj
+    inv = env.inventory()
+    n = machines if machines is not None else (len(inv.job.nodes) if inv.job else len(inv.nodes))
+    hours = window if window is not None else inv.daemon.replenish_window
+    state = None
+    store = Store(env.state_dir()) if daily_rate is None else None
+    try:
+        if store is not None:
+            state = DaemonState(store, inv.job.name if inv.job else "-")
+        report = standby_size(n, quantile, hours, daily_rate, state)
+    finally:
+        if store is not None:
+            store.close()
+    render_size(env.output, report, have=len(inv.standby))
+    return 0
+
+
+@app.command("list")
+def list_pool(ctx: typer.Context) -> int:
+    """List the pool and each machine's standing (checked, failed, unchecked, quarantined)."""
+    from brctl.commands._render_daemon import render_pool
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.fleet import standby_list
+    from brctl.state import Store
+
+    env: Env = ctx.obj
+    inv = env.inventory()
+    store = Store(env.state_dir())
+    try:
+        report = standby_list(inv, DaemonState(store, inv.job.name if inv.job else "-"))
+    finally:
+        store.close()
+    render_pool(env.output, report)
+    return 0
+
+
+@app.command("check")
+def check(
+    ctx: typer.Context,
+    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
+                                         help="Only these pool machines."),
+) -> int:
+    """Self-check the pool (health sweep) and mark machines checked or failed.
+
+    Only checked machines are swapped into the job by the daemon. Exit 0 when
+    every checked machine passed, 1 when some failed, 3 when some gave no answer.
+    """
+    from brctl.commands._render_daemon import render_pool
+    from brctl.operations.fleet import standby_check
+
+    env: Env = ctx.obj
+    report, code = standby_check(env.inventory(), env.transport(), env.state_dir(), select,
+                                 timeout_scale=env.timeout_scale())
+    render_pool(env.output, report)
+    return code

@@ -1,0 +1,52 @@
+"""Probe: the tails of the training job's log files on this machine.
+
+Request: ``{"paths": [glob, ...], "bytes": N, "files": K}``. For each glob the
+newest ``K`` matching files are read from their last ``N`` bytes (a partial
+first line is dropped). The controller extracts the step with
+``daemon.progress_regex`` (brctl.analysis.daemon): the node ships text, not verdicts,
+so changing the regex never needs new node-side code. Standard library only.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+from brctl.diagnostics.protocol import serve
+
+
+def _tail(path: str, size: int) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        end = fh.tell()
+        start = max(0, end - size)
+        fh.seek(start)
+        data = fh.read(size)
+    if start > 0 and b"\n" in data:
+        data = data.split(b"\n", 1)[1]  # the first line was cut by the seek
+    return data.decode("utf-8", errors="replace")
+
+
+def collect(request: dict[str, Any]) -> dict[str, Any]:
+    """Tails of the newest files matching each glob in ``paths``."""
+    size = int(request.get("bytes", 16384))
+    keep = int(request.get("files", 2))
+    files = []
+    for pattern in request.get("paths", []):
+        found = []
+        for path in glob.glob(os.path.expanduser(str(pattern))):
+            try:
+                found.append((os.stat(path).st_mtime, path))
+            except OSError:
+                continue  # rotated away between glob and stat
+        for mtime, path in sorted(found, reverse=True)[:keep]:
+            try:
+                files.append({"path": path, "mtime": mtime, "tail": _tail(path, size)})
+            except OSError as exc:
+                files.append({"path": path, "mtime": mtime, "error": exc.strerror or str(exc)})
+    return {"files": files}
+
+
+if __name__ == "__main__":
+    serve(collect)

@@ -1,0 +1,306 @@
+"""Operations of ``brctl evict``/``unevict``, ``brctl standby`` and ``brctl ettr``.
+
+They share the daemon's tables (``operations.daemon_state``) and never print:
+each returns a dataclass the command renders.
+
+- ``evict`` / ``unevict``: a hand-made quarantine, under the daemon's caps; the
+  scheduler is told through ``job.evict_command``; refusals are recorded (exit 4).
+- ``standby_size``: the pool size from the binomial quantile.
+- ``standby_check`` / ``standby_list``: self-check the pool, show it.
+- ``ettr``: cumulative and sliding-window ETTR from recorded intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from brctl.analysis.daemon import Plan, refusal
+from brctl.analysis.ettr import Interval, ratio, sparkline, totals, window_series
+from brctl.analysis.inventory import Inventory
+from brctl.analysis.standby import (
+    binomial_quantile,
+    daily_rate_from_history,
+    window_probability,
+)
+from brctl.errors import InputError, RefusedError, UsageError
+from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
+from brctl.operations.jobadapter import HookRun, JobAdapter
+
+
+@dataclass(frozen=True)
+class EvictReport:
+    """What ``brctl evict``/``unevict`` did."""
+
+    node: str
+    action: str  # evict | unevict
+    changed: bool  # False: already in that state
+    reason: str
+    dry_run: bool
+    hook: Optional[HookRun] = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{node, action, changed, reason, dry_run, hook}``."""
+        return {"node": self.node, "action": self.action, "changed": self.changed,
+                "reason": self.reason, "dry_run": self.dry_run,
+                "hook": self.hook.to_json() if self.hook else None}
+
+
+def _job_name(inv: Inventory) -> str:
+    return inv.job.name if inv.job is not None else "-"
+
+
+def evict(inv: Inventory, state: DaemonState, node: str, reason: str, *, dry_run: bool,
+          timeout: float, now: Optional[float] = None) -> EvictReport:
+    """Quarantine ``node`` by hand and tell the scheduler (``job.evict_command``).
+
+    Raises:
+        InputError: ``node`` is not in the inventory.
+        RefusedError: an eviction cap forbids it (recorded as a refused action).
+    """
+    at = time.time() if now is None else now
+    if node not in inv.nodes:
+        raise InputError(f"evict: {node!r} is not a machine of {inv.source}",
+                         hint="see brctl nodes for the machine names")
+    if not reason.strip():
+        raise UsageError("evict: --reason must say why (it goes to the scheduler and the log)")
+    if node in state.quarantined():
+        return EvictReport(node, "evict", False, reason, dry_run)
+    job_size = len(inv.job.nodes) if inv.job is not None else len(inv.nodes)
+    why = refusal(Plan("evict", (node,), reason, restart=False), now=at,
+                  eviction_times=[e.at for e in state.eviction_history()], job_size=job_size,
+                  restarts_without_progress=0, cfg=inv.daemon)
+    key = f"{state.job}/hand-evict/{node}/{at:.6f}"
+    if why is not None:
+        state.intend(key, "evict", node, {"by": "hand"}, why, at)
+        state.finish(key, REFUSED, at)
+        state.event("refused", [node], {"reason": why, "by": "hand"}, at)
+        raise RefusedError(f"evict {node}: {why}", hint="raise daemon.max_evictions_per_hour or "
+                           "daemon.max_evict_fraction if this is intended")
+    if dry_run:
+        return EvictReport(node, "evict", True, reason, True)
+    state.intend(key, "evict", node, {"by": "hand"}, reason, at)
+    state.quarantine(node, reason, "hand", at)
+    hook = None
+    if inv.job is not None:
+        members = state.members(inv.job.nodes)
+        hook = JobAdapter(inv, timeout).evict(members, node, reason)
+    state.finish(key, DONE if hook is None or hook.ok else FAILED, time.time())
+    state.event("evict", [node], {"reason": reason, "by": "hand",
+                                  "hook": hook.to_json() if hook else None}, at)
+    return EvictReport(node, "evict", True, reason, False, hook)
+
+
+def unevict(inv: Inventory, state: DaemonState, node: str, *, dry_run: bool,
+            now: Optional[float] = None) -> EvictReport:
+    """Close ``node``'s quarantine (it may become a standby again after a self-check)."""
+    at = time.time() if now is None else now
+    if node not in inv.nodes:
+        raise InputError(f"unevict: {node!r} is not a machine of {inv.source}")
+    record = state.quarantined().get(node)
+    if record is None:
+        return EvictReport(node, "unevict", False, "", dry_run)
+    if not dry_run:
+        state.release(node, at)
+        state.mark_checked(node, False, "released from quarantine; not checked since", at)
+        state.event("unevict", [node], {"was": record.reason}, at)
+    return EvictReport(node, "unevict", True, record.reason, dry_run)
+
+
+@dataclass(frozen=True)
+class SizeReport:
+    """``brctl standby size``."""
+
+    size: int
+    machines: int
+    quantile: float
+    window_hours: float
+    daily_failure_rate: float
+    window_probability: float
+    source: str  # flag | history
+    expected: float
+
+    def to_json(self) -> dict[str, Any]:
+        """``{size, machines, quantile, window_hours, daily_failure_rate, ...}``."""
+        return {"size": self.size, "machines": self.machines, "quantile": self.quantile,
+                "window_hours": self.window_hours, "daily_failure_rate": self.daily_failure_rate,
+                "window_probability": self.window_probability, "source": self.source,
+                "expected_failures": self.expected}
+
+
+def standby_size(machines: int, quantile: float, window_hours: float,
+                 daily_rate: Optional[float], state: Optional[DaemonState],
+                 now: Optional[float] = None) -> SizeReport:
+    """The pool size: the ``quantile`` of Binomial(machines, p in the window).
+
+    Args:
+        machines: machines in the job.
+        quantile: e.g. 0.99.
+        window_hours: the replenish window.
+        daily_rate: per-machine daily failure probability; None reads the history.
+        state: the daemon's records (for the history).
+        now: the current time.
+
+    Raises:
+        UsageError: bad numbers, or no history to estimate from.
+    """
+    if machines < 1:
+        raise UsageError(f"--machines {machines}: expected at least 1")
+    if not 0 < quantile < 1:
+        raise UsageError(f"--quantile {quantile:g}: expected a probability in (0, 1)")
+    if window_hours <= 0:
+        raise UsageError(f"--window {window_hours:g}: expected hours greater than 0")
+    source = "flag"
+    if daily_rate is None:
+        history = state.eviction_history() if state is not None else []
+        intervals = state.intervals() if state is not None else []
+        starts = [e.at for e in history] + [iv.start for iv in intervals]
+        at = time.time() if now is None else now
+        days = (at - min(starts)) / 86400 if starts else 0.0
+        if not history or days <= 0:
+            raise UsageError("standby size: no failure history in the state database yet",
+                             hint="give --daily-failure-rate P (e.g. 0.002 for 0.2%/machine/day)")
+        daily_rate = daily_rate_from_history(len(history), machines, max(days, 1.0))
+        source = "history"
+    if not 0 <= daily_rate <= 1:
+        raise UsageError(f"--daily-failure-rate {daily_rate:g}: expected a probability in [0, 1]")
+    p = window_probability(daily_rate, window_hours)
+    return SizeReport(binomial_quantile(machines, p, quantile), machines, quantile, window_hours,
+                      daily_rate, p, source, machines * p)
+
+
+@dataclass(frozen=True)
+class PoolMachine:
+    """One standby machine's standing."""
+
+    node: str
+    status: str  # checked | failed | unchecked | quarantined | in-job
+    detail: str
+    checked_at: Optional[float]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{node, status, detail, checked_at}``."""
+        return {"node": self.node, "status": self.status, "detail": self.detail,
+                "checked_at": self.checked_at}
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """``brctl standby list|check``."""
+
+    machines: list[PoolMachine]
+
+    @property
+    def ready(self) -> list[str]:
+        """Machines that can be swapped in now."""
+        return [m.node for m in self.machines if m.status == "checked"]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{standby: [...], ready: [...]}``."""
+        return {"standby": [m.to_json() for m in self.machines], "ready": self.ready}
+
+
+def standby_list(inv: Inventory, state: DaemonState) -> PoolReport:
+    """The pool (inventory ``standby:`` plus released job machines) and each one's standing."""
+    checks = state.checks()
+    quarantined = state.quarantined()
+    members = set(state.members(inv.job.nodes)) if inv.job is not None else set()
+    pool = list(inv.standby)
+    if inv.job is not None:  # evicted-then-released job machines rejoin the pool
+        pool += [n for n in inv.job.nodes if n not in members and n not in pool]
+    out = []
+    for name in pool:
+        if name in quarantined:
+            q = quarantined[name]
+            out.append(PoolMachine(name, "quarantined", q.reason, None))
+        elif name in members:
+            out.append(PoolMachine(name, "in-job", "swapped into the job", None))
+        elif name in checks:
+            ok, at, detail = checks[name]
+            out.append(PoolMachine(name, "checked" if ok else "failed", detail, at))
+        else:
+            out.append(PoolMachine(name, "unchecked", "never checked", None))
+    return PoolReport(out)
+
+
+def pool_candidates(report: PoolReport, only: Sequence[str] = ()) -> list[str]:
+    """Machines ``standby check`` should check (not quarantined, not in the job)."""
+    chosen = set(only)
+    return [m.node for m in report.machines if m.status not in ("quarantined", "in-job")
+            and (not chosen or m.node in chosen)]
+
+
+@dataclass(frozen=True)
+class EttrReport:
+    """``brctl ettr``."""
+
+    cumulative: Optional[float]
+    window: float
+    window_ettr: Optional[float]
+    productive_seconds: float
+    observed_seconds: float
+    series: list[tuple[float, Optional[float]]] = field(default_factory=list)
+
+    @property
+    def sparkline(self) -> str:
+        """The window series as block characters."""
+        return sparkline([v for _, v in self.series])
+
+    def to_json(self) -> dict[str, Any]:
+        """``{cumulative, window_seconds, window, productive_seconds, observed_seconds, series}``."""
+        return {"cumulative": self.cumulative, "window_seconds": self.window,
+                "window": self.window_ettr, "productive_seconds": self.productive_seconds,
+                "observed_seconds": self.observed_seconds,
+                "series": [{"at": t, "ettr": v} for t, v in self.series]}
+
+
+def ettr(intervals: Sequence[Interval], *, window: float, points: int,
+         now: Optional[float] = None) -> EttrReport:
+    """Cumulative and sliding-window ETTR from the recorded intervals."""
+    if window <= 0:
+        raise UsageError(f"--window {window:g}: expected seconds greater than 0")
+    end = now if now is not None else (max(iv.end for iv in intervals) if intervals else 0.0)
+    productive, observed = totals(intervals)
+    return EttrReport(ratio(intervals), window, ratio(intervals, end - window, end) if intervals
+                      else None, productive, observed,
+                      window_series(intervals, window=window, points=points, now=end))
+
+
+def standby_check(inv: Inventory, transport: Any, state_dir: Any, select: Optional[str], *,
+                  timeout_scale: float = 1.0) -> tuple[PoolReport, int]:
+    """Health-sweep the pool machines and mark each checked or failed.
+
+    Returns:
+        The pool after the check and the exit code (0 all passed, 1 some failed,
+        3 some gave no answer).
+    """
+    from brctl.analysis import nodeset
+    from brctl.operations.daemon import LiveHooks
+    from brctl.state import Store
+
+    store = Store(state_dir)
+    try:
+        state = DaemonState(store, _job_name(inv))
+        before = standby_list(inv, state)
+        only = nodeset.expand(select) if select else []
+        unknown = [n for n in only if n not in {m.node for m in before.machines}]
+        if unknown:
+            raise UsageError(f"standby check: not pool machines: {nodeset.fold(unknown)}",
+                             hint="see brctl standby list")
+        names = pool_candidates(before, only)
+        if not names:
+            return before, 0
+        results = LiveHooks(inv, transport, store, state_dir, timeout_scale).check(
+            [inv.node(n) for n in names])
+        now = time.time()
+        for name, (ok, detail) in results.items():
+            state.mark_checked(name, ok, detail, now)
+        after = standby_list(inv, state)
+    finally:
+        store.close()
+    silent = any(not ok and detail.startswith(("unreachable", "timeout", "auth", "hostkey", "error"))
+                 for ok, detail in results.values())
+    failed = any(not ok for ok, _ in results.values())
+    return after, 3 if silent else (1 if failed else 0)

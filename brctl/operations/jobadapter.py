@@ -1,0 +1,159 @@
+"""The job adapter: how brctl restarts, stops, asks about and drains the job.
+
+``job.restart_command``, ``stop_command``, ``status_command`` and ``evict_command``
+are argv templates (never a shell) run on the controller with a timeout; their
+process group is killed when they outlive it. Placeholders are filled from the
+job's *current* machines (after standby swaps): ``{nodes}`` ``{nodes_folded}``
+``{nnodes}`` ``{nproc_per_node}`` ``{master_addr}`` ``{master_port}`` ``{job}``,
+plus ``{node}`` and ``{reason}`` for evict. Examples (Slurm requeue with the
+evicted machines excluded, a Kubernetes patch, a launcher script) are in
+``inventory.example.yaml``.
+
+Also the notifier: one JSON message per action and refusal, POSTed to
+``daemon.notify_webhook`` and/or given on stdin to ``daemon.notify_command``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from brctl.analysis.inventory import Inventory, Template
+from brctl.analysis.nodeset import fold
+from brctl.analysis.redact import redact_text
+from brctl.analysis.templates import render_argv
+
+MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
+_OUTPUT_KEEP = 2000  # characters of a hook's output kept in the action log
+
+
+@dataclass(frozen=True)
+class HookRun:
+    """What one adapter command did."""
+
+    argv: tuple[str, ...]
+    exit_code: Optional[int]  # None: it timed out (and was killed) or could not start
+    output: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Exited 0."""
+        return self.exit_code == 0
+
+    def to_json(self) -> dict[str, Any]:
+        """``{argv, exit_code, output, seconds}``."""
+        return {"argv": list(self.argv), "exit_code": self.exit_code, "output": self.output,
+                "seconds": round(self.seconds, 3)}
+
+
+def run_hook(argv: Sequence[str], timeout: float, stdin: Optional[bytes] = None,
+             environ: Optional[Mapping[str, str]] = None) -> HookRun:
+    """Run ``argv`` on the controller in its own session; kill the group after ``timeout``."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if stdin is not None else
+                                subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(environ) if environ is not None else None)
+    except OSError as exc:
+        return HookRun(tuple(argv), None, f"{argv[0]}: {exc.strerror}", time.monotonic() - start)
+    try:
+        out, _ = proc.communicate(stdin, timeout=timeout)
+        code: Optional[int] = proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out = (out or b"") + f"\nkilled after {timeout:g}s".encode()
+        code = None
+    text = redact_text((out or b"").decode("utf-8", errors="replace"), environ or os.environ)[-_OUTPUT_KEEP:]
+    return HookRun(tuple(argv), code, text, time.monotonic() - start)
+
+
+class JobAdapter:
+    """Runs the job's hooks for the current machine list."""
+
+    def __init__(self, inv: Inventory, timeout: float) -> None:
+        """Args: inv: the inventory (job hooks, machine addresses); timeout: seconds per hook."""
+        assert inv.job is not None
+        self.inv = inv
+        self.job = inv.job
+        self.timeout = timeout
+
+    def values(self, members: Sequence[str]) -> dict[str, object]:
+        """Placeholder values for the job running on ``members``."""
+        first = self.inv.nodes.get(members[0]) if members else None
+        return {
+            "job": self.job.name,
+            "nodes": ",".join(members),
+            "nodes_folded": fold(members),
+            "nnodes": len(members),
+            "nproc_per_node": first.gpus if first else 1,
+            "master_addr": first.address if first else "",
+            "master_port": MASTER_PORT,
+        }
+
+    def _run(self, template: Optional[Template], values: Mapping[str, object]) -> Optional[HookRun]:
+        if template is None:
+            return None
+        return run_hook(render_argv(template, values), self.timeout)
+
+    def restart(self, members: Sequence[str]) -> Optional[HookRun]:
+        """Run ``restart_command`` (None when there is none)."""
+        return self._run(self.job.restart_command, self.values(members))
+
+    def stop(self, members: Sequence[str]) -> Optional[HookRun]:
+        """Run ``stop_command`` (None when there is none)."""
+        return self._run(self.job.stop_command, self.values(members))
+
+    def evict(self, members: Sequence[str], node: str, reason: str) -> Optional[HookRun]:
+        """Run ``evict_command`` for ``node`` (None when there is none)."""
+        return self._run(self.job.evict_command,
+                         {**self.values(members), "node": node, "reason": reason})
+
+    def running(self, members: Sequence[str]) -> Optional[bool]:
+        """``status_command``: exit 0 running, anything else not; None without one."""
+        run = self._run(self.job.status_command, self.values(members))
+        return None if run is None else run.ok
+
+
+@dataclass(frozen=True)
+class Notifier:
+    """Sends one message per action or refusal; failures are returned, never raised."""
+
+    job: str
+    webhook: Optional[str]
+    command: Optional[Template]
+    timeout: float = 10.0
+
+    def send(self, kind: str, state: str, node: Optional[str], reason: str,
+             detail: Mapping[str, Any]) -> list[str]:
+        """Deliver the message; returns the delivery errors (empty when all went out)."""
+        message = {"job": self.job, "kind": kind, "state": state, "node": node, "reason": reason,
+                   "detail": dict(detail), "at": time.time()}
+        body = json.dumps(message, default=str).encode()
+        errors = []
+        if self.webhook:
+            request = urllib.request.Request(self.webhook, data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                    resp.read()
+            except OSError as exc:
+                errors.append(f"webhook: {exc}")
+        if self.command is not None:
+            argv = render_argv(self.command, {"job": self.job, "kind": kind, "state": state,
+                                              "node": node or "", "reason": reason})
+            run = run_hook(argv, self.timeout, stdin=body)
+            if not run.ok:
+                errors.append(f"notify_command exited {run.exit_code}: {run.output[-200:]}")
+        return errors

@@ -1,0 +1,287 @@
+"""The daemon loop with scripted hooks, a real state database and real hook commands.
+
+The job adapter's commands are real processes (python writing to a file), so the
+tests see exactly which argv the scheduler would have received and how often.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brctl.analysis.daemon import Finding
+from brctl.analysis.inventory import Inventory, from_document
+from brctl.errors import RefusedError
+from brctl.operations.daemon import Daemon, HealthView
+from brctl.operations.daemon_state import DaemonState
+from brctl.operations.jobadapter import JobAdapter, Notifier
+from brctl.remote.transport import Node
+from brctl.state import Store
+
+RECORD = "import json,sys; open(sys.argv[1],'a').write(json.dumps(sys.argv[2:])+'\\n')"
+
+
+class Killed(BaseException):
+    """Stands in for kill -9: nothing after it runs, nothing is cleaned up."""
+
+
+@dataclass
+class Script:
+    """Scripted machines: faults, log steps, liveness; records what the hooks were asked."""
+
+    step: int = 0
+    running: bool = True
+    evict: dict[str, str] = field(default_factory=dict)
+    diagnose_finding: Finding = field(default_factory=Finding)
+    stacks_finding: Finding = field(default_factory=Finding)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    kill_on: str = ""
+
+    def health(self, nodes: Sequence[Node]) -> HealthView:
+        return HealthView({n.name: r for n, r in ((n, self.evict.get(n.name)) for n in nodes) if r},
+                          (), self.running, () if self.running else tuple(n.name for n in nodes),
+                          {n.name: "fail" if n.name in self.evict else "ok" for n in nodes})
+
+    def log_tails(self, nodes: Sequence[Node]) -> dict[str, str]:
+        return {nodes[0].name: f"iteration {self.step}\n"}
+
+    def stacks(self, nodes: Sequence[Node]) -> Finding:
+        self.calls.append(("stacks", [n.name for n in nodes]))
+        return self.stacks_finding
+
+    def diagnose(self, nodes: Sequence[Node]) -> Finding:
+        self.calls.append(("diagnose", [n.name for n in nodes]))
+        return self.diagnose_finding
+
+    def restore(self, evicted: Node, standby: Node, members: Sequence[Node]) -> str:
+        self.calls.append(("restore", (evicted.name, standby.name)))
+        if self.kill_on == "restore":
+            raise Killed()
+        return "restored"
+
+    def apply_updates(self, nodes: Sequence[Node]) -> str:
+        self.calls.append(("apply", [n.name for n in nodes]))
+        return "applied"
+
+    def rollback(self, nodes: Sequence[Node]) -> str:
+        self.calls.append(("rollback", [n.name for n in nodes]))
+        return "rolled back"
+
+    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
+        self.calls.append(("check", [n.name for n in nodes]))
+        return {n.name: (True, "health ok") for n in nodes}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def inventory(tmp_path: Path, **daemon: Any) -> Inventory:
+    log = tmp_path / "hooks.jsonl"
+    py = sys.executable
+    doc = {
+        "nodes": [{"name": "n[1-4]", "connection": "local", "gpus": 2}],
+        "standby": [{"name": "s[1-2]", "connection": "local", "gpus": 2}],
+        "job": {"name": "llm", "nodes": "n[1-4]", "tp": 2, "pp": 2,
+                "restart_command": [py, "-c", RECORD, str(log), "restart", "{nodes}", "{nnodes}"],
+                "evict_command": [py, "-c", RECORD, str(log), "evict", "{node}", "{reason}"]},
+        "daemon": {"poll_interval": 1, "stall_after": 5, "startup_grace": 5, "metrics_port": 0,
+                   "notify_command": [py, "-c", RECORD, str(tmp_path / "notify.jsonl"),
+                                      "{kind}", "{state}", "{node}"], **daemon},
+    }
+    return from_document(doc, "test.yaml")
+
+
+def hooks_log(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "hooks.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def make(tmp_path: Path, script: Script, clock: Clock, inv: Inventory | None = None,
+         owner: str = "me", dry_run: bool = False) -> tuple[Daemon, Store]:
+    inv = inv or inventory(tmp_path)
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+    assert inv.job is not None
+    daemon = Daemon(inv, state, script, JobAdapter(inv, 30), owner=owner, clock=clock,
+                    notifier=Notifier("llm", None, inv.daemon.notify_command), dry_run=dry_run,
+                    event_log=tmp_path / "events.jsonl")
+    return daemon, store
+
+
+def tick(daemon: Daemon, clock: Clock, script: Script, steps: int = 1, dt: float = 1.0) -> None:
+    clock.now += dt
+    script.step += steps
+    daemon.poll()
+
+
+def test_gpu_fault_evicts_swaps_checked_standby_restores_and_restarts(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock)
+    daemon.start()
+    assert ("check", ["s1", "s2"]) in script.calls  # the pool is self-checked first
+    tick(daemon, clock, script)
+    script.evict = {"n3": "ecc: 2 volatile uncorrectable errors"}
+    tick(daemon, clock, script)
+    assert daemon.members() == ["n1", "n2", "s1", "n4"]
+    assert ("restore", ("n3", "s1")) in script.calls and ("apply", ["s1"]) in script.calls
+    log = hooks_log(tmp_path)
+    assert log == [["evict", "n3", "n3: ecc: 2 volatile uncorrectable errors"],
+                   ["restart", "n1,n2,s1,n4", "4"]]
+    state = DaemonState(store, "llm")
+    assert list(state.quarantined()) == ["n3"]
+    assert not state.unfinished()
+    # the evicted machine is out of the job: its fault is no longer an incident
+    tick(daemon, clock, script)
+    assert len(hooks_log(tmp_path)) == 2
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert "gpu_fault" in kinds and "action_evict" in kinds and "action_restart" in kinds
+    notes = (tmp_path / "notify.jsonl").read_text()
+    assert '"evict", "done", "n3"' in notes and '"restart", "done", ""' in notes
+
+
+def test_kill_9_mid_plan_then_restart_finishes_without_double_eviction(tmp_path: Path) -> None:
+    script, clock = Script(kill_on="restore"), Clock()
+    daemon, store = make(tmp_path, script, clock)
+    daemon.start()
+    tick(daemon, clock, script)
+    script.evict = {"n2": "xid 79: fell off the bus"}
+    with pytest.raises(Killed):
+        tick(daemon, clock, script)
+    store.close()  # the process is gone; its lease stays until it expires
+    assert hooks_log(tmp_path) == [["evict", "n2", "n2: xid 79: fell off the bus"]]
+
+    script2 = Script(step=script.step, evict=dict(script.evict))
+    clock.now += 1
+    second, store2 = make(tmp_path, script2, clock, owner="successor")
+    with pytest.raises(RefusedError):
+        second.start()  # the dead daemon's lease has not expired yet
+    clock.now += 61
+    second.start()
+    assert second.report.resumed and second.members() == ["n1", "s1", "n3", "n4"]
+    assert ("restore", ("n2", "s1")) in script2.calls
+    log = hooks_log(tmp_path)
+    assert [e[:2] for e in log] == [["evict", "n2"], ["restart", "n1,s1,n3,n4"]]
+    tick(second, clock, script2)
+    tick(second, clock, script2)
+    assert len(hooks_log(tmp_path)) == 2  # nothing evicted or restarted twice
+    assert DaemonState(store2, "llm").unfinished() == []
+
+
+def test_crash_reattempt_then_rollback_then_replay(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, _ = make(tmp_path, script, clock, inv=inventory(tmp_path, max_restarts_without_progress=5))
+    daemon.start()
+    tick(daemon, clock, script)
+    decisions = []
+    for _ in range(3):
+        script.running = False
+        tick(daemon, clock, script, steps=0, dt=2)
+        decisions.append(daemon.report.handled[-1].plan.decision)  # type: ignore[union-attr]
+    assert decisions == ["reattempt", "rollback", "replay"]
+    assert sum(1 for c in script.calls if c[0] == "rollback") == 1
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart"]
+
+
+def test_hang_goes_to_stacks_and_evicts_its_group(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    script.stacks_finding = Finding("evict", ("n1", "n2"), "rank 2 stuck in allreduce")
+    daemon, _ = make(tmp_path, script, clock, inv=inventory(tmp_path, max_evict_fraction=0.5))
+    daemon.start()
+    tick(daemon, clock, script)
+    for _ in range(6):  # no new step for > stall_after
+        tick(daemon, clock, script, steps=0)
+    assert any(c[0] == "stacks" for c in script.calls)
+    assert daemon.members() == ["s1", "s2", "n3", "n4"]
+
+
+def test_restarts_without_progress_cap_pages_and_halts(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock, inv=inventory(tmp_path, max_restarts_without_progress=1))
+    daemon.start()
+    tick(daemon, clock, script)
+    script.running = False
+    tick(daemon, clock, script, steps=0, dt=2)  # reattempt (1 restart)
+    tick(daemon, clock, script, steps=0, dt=2)  # crash again: rollback would be restart 2
+    assert daemon.report.refusals and "a human must look" in daemon.report.refusals[0]
+    assert int(daemon.report.exit_code) == 4
+    assert daemon.halted
+    refused = DaemonState(store, "llm").actions(["refused"])
+    assert len(refused) == 1
+    assert '"refused", "refused"' in (tmp_path / "notify.jsonl").read_text()
+
+
+def test_eviction_cap_refuses_and_records(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, _ = make(tmp_path, script, clock, inv=inventory(tmp_path, max_evict_fraction=0.25))
+    daemon.start()
+    tick(daemon, clock, script)
+    script.evict = {"n1": "ecc", "n2": "ecc"}
+    tick(daemon, clock, script)
+    assert daemon.report.refusals and "max_evict_fraction" in daemon.report.refusals[0]
+    assert hooks_log(tmp_path) == [] and daemon.members() == ["n1", "n2", "n3", "n4"]
+
+
+def test_dry_run_decides_and_records_without_acting(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock, dry_run=True)
+    daemon.start()
+    tick(daemon, clock, script)
+    script.evict = {"n4": "ecc"}
+    tick(daemon, clock, script)
+    tick(daemon, clock, script)  # the same incident is decided once
+    assert hooks_log(tmp_path) == [] and daemon.members() == ["n1", "n2", "n3", "n4"]
+    acts = DaemonState(store, "llm").actions()
+    assert [(a.kind, a.state) for a in acts] == [("plan", "dry-run")]
+    assert len(daemon.report.handled) == 1
+
+
+def test_no_checked_standby_refuses(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    inv = inventory(tmp_path)
+    inv = replace(inv, standby=())
+    daemon, _ = make(tmp_path, script, clock, inv=inv)
+    daemon.start()
+    tick(daemon, clock, script)
+    script.evict = {"n1": "ecc"}
+    tick(daemon, clock, script)
+    assert daemon.report.refusals and "no checked standby" in daemon.report.refusals[0]
+
+
+def test_ettr_intervals_follow_progress(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock)
+    daemon.start()
+    tick(daemon, clock, script)
+    for _ in range(6):
+        tick(daemon, clock, script)  # productive
+    for _ in range(2):
+        tick(daemon, clock, script, steps=0)  # stalled
+    ivs = DaemonState(store, "llm").intervals()
+    assert [(iv.end - iv.start, iv.productive) for iv in ivs] == [(6.0, True), (2.0, False)]
+
+
+def test_run_stops_on_signal_and_releases_lease(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock)
+    stop = threading.Event()
+
+    def on_poll(_: object) -> None:
+        script.step += 1
+        if daemon.report.iterations >= 2:
+            stop.set()
+
+    report = daemon.run(stop=stop, on_poll=on_poll)
+    assert report.stopped_by == "signal" and report.iterations == 2
+    assert DaemonState(store, "llm").lease() is None
