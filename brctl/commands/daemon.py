@@ -63,7 +63,8 @@ def run(
         report = serve(env.inventory(), env.transport(), env.state_dir(),
                        RunOptions(dry_run, max_iterations, until_step, duration, not no_metrics),
                        timeout_scale=env.timeout_scale(), stop=stop,
-                       on_event=lambda doc: event_line(env.output, doc), warn=env.output.warn)
+                       on_event=lambda doc: event_line(env.output, doc), warn=env.output.warn,
+                       environ=env.environ)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

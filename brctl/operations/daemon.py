@@ -414,14 +414,16 @@ class Daemon:
                        _bind(self.hooks.restore, self.inv.node(evicted), self.inv.node(spare),
                              [self.inv.node(n) for n in after]))
         if replacements:
-            spares = [self.inv.node(s) for s in replacements.values()]
-            self._step(f"{key}/apply", "apply", None, "pending updates on standbys",
-                       lambda: self.hooks.apply_updates(spares))
             self._step(f"{key}/swap", "swap", None, reason,
                        lambda: self._swap(after, replacements))
+        after_nodes = [self.inv.node(n) for n in after]
         if plan["decision"] == "rollback":
             self._step(f"{key}/rollback", "rollback", None, reason,
-                       lambda: self.hooks.rollback([self.inv.node(n) for n in after]))
+                       lambda: self.hooks.rollback(after_nodes))
+        elif plan["restart"]:
+            # a restart is when lazy updates land; standbys catch up to the job's release
+            self._step(f"{key}/apply", "apply", None, "pending updates before the restart",
+                       lambda: self.hooks.apply_updates(after_nodes))
         if plan["decision"] == "replay":
             self._notify("replay", "needed", None, reason,
                          {"hint": f"run: brctl replay (job {self.job.name})"})
@@ -511,8 +513,12 @@ class LiveHooks:
     """The real operations behind ``Hooks``, over one long-lived transport and probe runner."""
 
     def __init__(self, inv: Inventory, transport: Transport, store: Store, state_dir: Path,
-                 timeout_scale: float = 1.0) -> None:
-        """Args: the inventory, the daemon's transport and store, the state dir, $BRCTL_TIMEOUT_SCALE."""
+                 timeout_scale: float = 1.0, environ: Optional[Mapping[str, str]] = None) -> None:
+        """Args: the inventory, the daemon's transport and store, the state dir,
+        $BRCTL_TIMEOUT_SCALE, the environment (playbook search path, who for the history)."""
+        import os
+
+        self.environ: Mapping[str, str] = environ if environ is not None else dict(os.environ)
         self.inv = inv
         self.transport = transport
         self.store = store
@@ -571,16 +577,25 @@ class LiveHooks:
                        f"stack outliers: {', '.join(evict)}" if evict else "no stack outliers")
 
     def diagnose(self, nodes: Sequence[Node]) -> Finding:
-        """The diagnose ladder; its decision and faulty machines."""
-        mod = _optional("brctl.operations.diagnose")
-        if mod is None or not hasattr(mod, "daemon_diagnose"):
-            return Finding(None, (), "diagnose ladder not available in this build")
+        """brctl diagnose's ladder on the stopped job: its decision and faulty machines."""
+        from brctl.operations.diagnose import Options
+        from brctl.operations.diagnose import diagnose as run_ladder
+        from brctl.playbooks import load_playbooks, playbook_dirs
+
         try:
-            decision, faulty, reason = mod.daemon_diagnose(self.inv, self.transport, nodes,
-                                                           self.state_dir)
+            books = load_playbooks(playbook_dirs(None, self.environ))
+            # force: the daemon has already judged the job dead; ranks left hanging
+            # hold nothing worth protecting and the restart replaces them.
+            report = run_ladder(self.inv, self.transport, books,
+                                Options(force=True, timeout_scale=self.scale,
+                                        concurrency=self.inv.ssh.fanout),
+                                nodes=nodes, store=self.store)
         except BrctlError as exc:
             return Finding(None, (), f"diagnose failed: {exc.message}")
-        return Finding(decision, tuple(faulty), reason)
+        decision = report.decision if report.decision in (
+            "evict", "reattempt", "rollback", "replay") else None
+        return Finding(decision, tuple(report.faulty),  # type: ignore[arg-type]
+                       f"{report.found.playbook.name}: {report.reason}")
 
     def restore(self, evicted: Node, standby: Node, members: Sequence[Node]) -> str:
         """brctl ckpt restore of ``evicted``'s shards onto ``standby``."""
@@ -589,19 +604,30 @@ class LiveHooks:
             return "skipped: brctl ckpt restore not available in this build"
         return str(mod.restore_for_daemon(self.inv, self.transport, evicted, standby, members))
 
+    def _update(self, nodes: Sequence[Node]) -> Any:
+        from brctl.operations.update import UpdateContext, who
+
+        return UpdateContext(self.inv, self.transport, self.store,
+                             self.state_dir / "update" / "artifacts", who(self.environ),
+                             concurrency=self.inv.ssh.fanout, nodes=list(nodes))
+
     def apply_updates(self, nodes: Sequence[Node]) -> str:
-        """brctl update apply (pending lazy updates) on ``nodes``."""
-        mod = _optional("brctl.operations.update")
-        if mod is None or not hasattr(mod, "apply_for_daemon"):
-            return "skipped: brctl update not available in this build"
-        return str(mod.apply_for_daemon(self.inv, self.transport, self.store, nodes))
+        """brctl update apply: pending lazy updates, and standbys caught up to the job's release."""
+        from brctl.operations.update import apply
+
+        rep = apply(self._update(nodes))
+        if rep.outcome not in ("ok", "noop"):
+            raise BrctlError(f"update apply {rep.outcome}: {rep.reason}")
+        return f"update apply {rep.outcome}: {rep.version or '-'} ({rep.reason})"
 
     def rollback(self, nodes: Sequence[Node]) -> str:
         """brctl update rollback on the job's machines."""
-        mod = _optional("brctl.operations.update")
-        if mod is None or not hasattr(mod, "rollback_for_daemon"):
-            raise BrctlError("cannot roll back: brctl update is not available in this build")
-        return str(mod.rollback_for_daemon(self.inv, self.transport, self.store, nodes))
+        from brctl.operations.update import rollback
+
+        rep = rollback(self._update(nodes))
+        if rep.outcome not in ("ok", "noop"):
+            raise BrctlError(f"update rollback {rep.outcome}: {rep.reason}")
+        return f"rolled back {rep.from_version} -> {rep.version}"
 
     def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
         """A health sweep of standby machines: ok/warn passes, anything else fails."""
@@ -647,7 +673,8 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
           timeout_scale: float = 1.0, stop: Optional[threading.Event] = None,
           on_event: Optional[Callable[[dict[str, Any]], None]] = None,
           on_poll: Optional[Callable[[PollResult], None]] = None,
-          warn: Callable[[str], None] = lambda _m: None) -> DaemonReport:
+          warn: Callable[[str], None] = lambda _m: None,
+          environ: Optional[Mapping[str, str]] = None) -> DaemonReport:
     """Build the daemon for ``inv``'s job and run it until a limit or SIGTERM.
 
     Raises:
@@ -671,7 +698,7 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
         cfg = inv.daemon
         log = Path(cfg.event_log).expanduser() if cfg.event_log else state_dir / "daemon-events.jsonl"
         notifier = Notifier(inv.job.name, cfg.notify_webhook, cfg.notify_command)
-        daemon = Daemon(inv, state, LiveHooks(inv, transport, store, state_dir, timeout_scale),
+        daemon = Daemon(inv, state, LiveHooks(inv, transport, store, state_dir, timeout_scale, environ),
                         JobAdapter(inv, cfg.command_timeout * timeout_scale), notifier=notifier,
                         owner=owner_id(), dry_run=opts.dry_run, event_log=log, on_event=on_event)
         if opts.metrics and cfg.metrics_port:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from brctl.analysis.daemon import Plan, refusal
@@ -28,6 +29,7 @@ from brctl.analysis.standby import (
 from brctl.errors import InputError, RefusedError, UsageError
 from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter
+from brctl.remote.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -268,8 +270,8 @@ def ettr(intervals: Sequence[Interval], *, window: float, points: int,
                       window_series(intervals, window=window, points=points, now=end))
 
 
-def standby_check(inv: Inventory, transport: Any, state_dir: Any, select: Optional[str], *,
-                  timeout_scale: float = 1.0) -> tuple[PoolReport, int]:
+def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select: Optional[str],
+                  *, timeout_scale: float = 1.0) -> tuple[PoolReport, int]:
     """Health-sweep the pool machines and mark each checked or failed.
 
     Returns:

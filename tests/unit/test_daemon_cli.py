@@ -1,0 +1,121 @@
+"""brctl evict/unevict, standby size/list/check, ettr and daemon run/status through the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from brctl.operations.daemon_state import DaemonState
+from brctl.state import Store
+
+RECORD = "import json,sys; open(sys.argv[1],'a').write(json.dumps(sys.argv[2:])+'\\n')"
+
+
+def write_inv(tmp_path: Path, **daemon: Any) -> Path:
+    doc = {
+        "nodes": [{"name": "n[1-4]", "connection": "local", "gpus": 1}],
+        "standby": [{"name": "s1", "connection": "local", "gpus": 1}],
+        "job": {"name": "llm", "nodes": "n[1-4]",
+                "evict_command": [sys.executable, "-c", RECORD, str(tmp_path / "evict.jsonl"),
+                                  "{node}", "{reason}"]},
+        "health": {"checks": ["disk"]},
+        "daemon": {"max_evictions_per_hour": 1, "metrics_port": 0, **daemon},
+    }
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_evict_records_tells_scheduler_and_caps_refuse(brctl: Any, tmp_path: Path,
+                                                       state_dir: Path) -> None:
+    inv = write_inv(tmp_path)
+    res = brctl("-i", inv, "--json", "evict", "n2", "--reason", "xid 79 on GPU3")
+    assert res.exit_code == 0, res.stderr
+    assert res.json["schema"] == "brctl.evict/1" and res.json["changed"] is True
+    calls = [json.loads(x) for x in (tmp_path / "evict.jsonl").read_text().splitlines()]
+    assert calls == [["n2", "xid 79 on GPU3"]]
+    again = brctl("-i", inv, "--json", "evict", "n2", "--reason", "again")
+    assert again.exit_code == 0 and again.json["changed"] is False
+    refused = brctl("-i", inv, "evict", "n3", "--reason", "flaky")
+    assert refused.exit_code == 4 and "max_evictions_per_hour" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    store = Store(state_dir)
+    state = DaemonState(store, "llm")
+    assert list(state.quarantined()) == ["n2"]
+    assert [a.state for a in state.actions()] == ["done", "refused"]
+    store.close()
+    # quarantined machines never show as ready standbys; unevict returns them unchecked
+    assert brctl("-i", inv, "--json", "unevict", "n2").json["changed"] is True
+    pool = brctl("-i", inv, "--json", "standby", "list").json
+    assert pool["ready"] == [] and {m["node"]: m["status"] for m in pool["standby"]} == {
+        "s1": "unchecked"}
+
+
+def test_evict_errors_exit_2(brctl: Any, tmp_path: Path, state_dir: Path) -> None:
+    inv = write_inv(tmp_path)
+    res = brctl("-i", inv, "evict", "nope", "--reason", "x")
+    assert res.exit_code == 2 and "'nope' is not a machine" in res.stderr
+    assert brctl("-i", inv, "evict", "n1").exit_code == 2  # --reason is required
+    dry = brctl("-i", inv, "--json", "evict", "n1", "--reason", "x", "--dry-run")
+    assert dry.exit_code == 0 and dry.json["dry_run"] is True
+    assert not (tmp_path / "evict.jsonl").exists()
+
+
+def test_standby_size_flag_and_history(brctl: Any, tmp_path: Path, state_dir: Path) -> None:
+    inv = write_inv(tmp_path)
+    res = brctl("-i", inv, "--json", "standby", "size", "--machines", "1000",
+                "--daily-failure-rate", "0.002")
+    assert res.exit_code == 0 and res.json["schema"] == "brctl.standby-size/1"
+    assert res.json["size"] == 6  # P99 of Binomial(1000, 0.002): mean 2
+    none = brctl("-i", inv, "standby", "size")
+    assert none.exit_code == 2 and "--daily-failure-rate" in none.stderr
+    bad = brctl("-i", inv, "standby", "size", "--daily-failure-rate", "2")
+    assert bad.exit_code == 2
+    brctl("-i", inv, "evict", "n1", "--reason", "ecc")
+    hist = brctl("-i", inv, "--json", "standby", "size")
+    assert hist.exit_code == 0 and hist.json["source"] == "history" and hist.json["size"] >= 1
+
+
+def test_standby_check_marks_machines_on_local_nodes(brctl: Any, tmp_path: Path,
+                                                     state_dir: Path) -> None:
+    inv = write_inv(tmp_path)
+    res = brctl("-i", inv, "--json", "standby", "check")
+    assert res.exit_code == 0, res.stderr
+    assert res.json["ready"] == ["s1"]
+
+
+def test_ettr_and_daemon_status_read_the_database(brctl: Any, tmp_path: Path,
+                                                  state_dir: Path) -> None:
+    inv = write_inv(tmp_path)
+    assert brctl("-i", inv, "ettr").exit_code == 1
+    store = Store(state_dir)
+    state = DaemonState(store, "llm")
+    state.add_interval(0, 3000, True)
+    state.add_interval(3000, 3600, False)
+    state.event("gpu_fault", ["n3"], {"reason": "ecc"}, 3000)
+    store.close()
+    res = brctl("-i", inv, "--json", "ettr", "--window", "1200", "--points", "4")
+    assert res.exit_code == 0 and res.json["schema"] == "brctl.ettr/1"
+    assert abs(res.json["cumulative"] - 3000 / 3600) < 1e-9
+    assert abs(res.json["window"] - 0.5) < 1e-9 and len(res.json["series"]) == 4
+    human = brctl("-i", inv, "ettr")
+    assert "83.3%" in human.stdout and "|" in human.stdout
+    status = brctl("-i", inv, "--json", "daemon", "status")
+    assert status.exit_code == 1 and status.json["running"] is False
+    assert status.json["events"][0]["kind"] == "gpu_fault"
+
+
+def test_daemon_run_needs_a_restart_command_unless_dry_run(brctl: Any, tmp_path: Path,
+                                                          state_dir: Path) -> None:
+    inv = write_inv(tmp_path, poll_interval=0.2)
+    res = brctl("-i", inv, "daemon", "run", "--max-iterations", "1")
+    assert res.exit_code == 2 and "restart_command" in res.stderr
+    dry = brctl("-i", inv, "--json", "daemon", "run", "--dry-run", "--max-iterations", "2")
+    assert dry.exit_code == 0, dry.stderr
+    assert dry.json["schema"] == "brctl.daemon/1" and dry.json["iterations"] == 2
+    assert dry.json["stopped_by"] == "max-iterations"
+    assert (state_dir / "daemon-events.jsonl").exists()
