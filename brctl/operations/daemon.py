@@ -32,7 +32,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -559,22 +559,27 @@ class LiveHooks:
                 files, key=lambda f: float(f.get("mtime", 0))))
         return out
 
-    def stacks(self, nodes: Sequence[Node]) -> Finding:
-        """brctl stacks' collection and analysis; its ``evict`` list."""
-        mod = _optional("brctl.operations.stacks")
-        if mod is None:
-            return Finding(None, (), "brctl stacks is not available in this build")
+    def _current(self, nodes: Sequence[Node]) -> Inventory:
+        """The inventory with the job on its current machines (after swaps)."""
         assert self.inv.job is not None
+        return replace(self.inv, job=replace(self.inv.job, nodes=tuple(n.name for n in nodes)))
+
+    def stacks(self, nodes: Sequence[Node]) -> Finding:
+        """brctl stacks' collection and analysis; the machines it proposes to evict."""
+        from brctl.operations.stacks import analyse, collect_job
+
         try:
-            cols = mod.collect_rounds(self.runner, nodes, self.inv.job.process_match, rounds=1)
-            report = mod.analyse(self.inv, cols) if hasattr(mod, "analyse") else None
+            collections, shape = collect_job(self._current(nodes), self.transport, rounds=1,
+                                             timeout=120 * self.scale)
+            report = analyse(collections, shape)
         except BrctlError as exc:
-            return Finding(None, (), f"stack analysis failed: {exc.message}")
-        if report is None:
-            return Finding(None, (), "stack analysis returned nothing")
-        evict = tuple(getattr(report.analysis, "evict", ()) or ())
+            return Finding(None, (), f"stack analysis gave no verdict: {exc.message}")
+        evict = tuple(report.analysis.evict)
+        suspect = report.analysis.suspect
+        where = f" ({suspect.kind} group {suspect.index})" if suspect is not None else ""
         return Finding("evict" if evict else None, evict,
-                       f"stack outliers: {', '.join(evict)}" if evict else "no stack outliers")
+                       f"stack outliers{where}: evict {', '.join(evict)}" if evict
+                       else "no stack outliers")
 
     def diagnose(self, nodes: Sequence[Node]) -> Finding:
         """brctl diagnose's ladder on the stopped job: its decision and faulty machines."""
@@ -586,7 +591,7 @@ class LiveHooks:
             books = load_playbooks(playbook_dirs(None, self.environ))
             # force: the daemon has already judged the job dead; ranks left hanging
             # hold nothing worth protecting and the restart replaces them.
-            report = run_ladder(self.inv, self.transport, books,
+            report = run_ladder(self._current(nodes), self.transport, books,
                                 Options(force=True, timeout_scale=self.scale,
                                         concurrency=self.inv.ssh.fanout),
                                 nodes=nodes, store=self.store)
