@@ -73,8 +73,10 @@ def render_status(out: Output, report: StatusReport) -> None:
                             [(_when(e["at"]), e["kind"], ",".join(e["nodes"]),
                               str(e["detail"].get("reason") or e["detail"].get("detail") or ""))
                              for e in report.events if e["kind"] not in _QUIET]))
-    out.console.print(table(["action", "node", "state", "reason"],
-                            [(a["kind"], a["node"] or "", a["state"], a["reason"][:100])
+    out.console.print(table(["time", "action", "node", "state", "why / outcome"],
+                            [(_when(a["created"]), a["kind"], a["node"] or "", a["state"],
+                              a["reason"].rsplit(": ", 1)[-1][:70] if a["kind"] != "plan"
+                              else a["reason"][:70])
                              for a in report.actions]))
 
 

@@ -119,3 +119,14 @@ def test_daemon_run_needs_a_restart_command_unless_dry_run(brctl: Any, tmp_path:
     assert dry.json["schema"] == "brctl.daemon/1" and dry.json["iterations"] == 2
     assert dry.json["stopped_by"] == "max-iterations"
     assert (state_dir / "daemon-events.jsonl").exists()
+
+
+def test_demo_inventory_and_unit_file_are_valid() -> None:
+    from brctl.inventory import load_inventory
+
+    root = Path(__file__).resolve().parents[2]
+    inv = load_inventory(root / "examples" / "demo.yaml")
+    assert inv.job is not None and inv.job.restart_command and inv.standby == ("spare1", "spare2")
+    assert inv.daemon.poll_interval == 1
+    unit = (root / "contrib" / "brctl-daemon.service").read_text()
+    assert "ExecStart=/usr/local/bin/brctl -i /etc/brctl/%i.yaml daemon run" in unit
