@@ -28,6 +28,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from fractions import Fraction
 from itertools import combinations
 from math import comb
@@ -83,37 +84,62 @@ class ConflictIndex:
     """
 
     machines: tuple[str, ...]
-    kinds: tuple[str, ...]
+    kinds: tuple[str, ...]  # the indexed kinds (groups that cross machines)
     sig: tuple[frozenset[int], ...]  # per machine index: the keys of its groups
     members: Mapping[int, tuple[int, ...]]  # key → machine indices in machine order
+    first_rank: tuple[int, ...]  # per machine: its lowest rank (-1 when it has none)
+    rank_count: tuple[int, ...]  # per machine: how many ranks it runs
+    # Kinds not indexed: groups that never leave one machine (covered by evicting that
+    # machine), and expert-DP when it is the same partition as DP (CP = EP = 1).
+    local_kinds: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = dataclass_field(default_factory=dict)
 
     @classmethod
     def build(cls, topo: Topology) -> ConflictIndex:
         """Index ``topo`` in time linear in its rank count."""
-        geom = kind_geometry(topo)
-        n = max(1, len(geom))
-        sig: list[frozenset[int]] = []
+        pos = {m: i for i, m in enumerate(topo.machines)}
+        mach = [pos[m] for m in topo.rank_machines]
+        m_count = len(topo.machines)
+        first, count = [-1] * m_count, [0] * m_count
+        for r, mi in enumerate(mach):
+            if first[mi] < 0:
+                first[mi] = r
+            count[mi] += 1
+        # With the launcher's default layout (machine i runs ranks i·g … i·g+g−1), a kind
+        # whose group blocks divide g never leaves a machine: no need to index it.
+        g = count[0] if count else 0
+        contiguous = g > 0 and all(c == g for c in count) and all(
+            first[i] == i * g for i in range(m_count))
+        kept, local, aliases = [], [], {}
+        for kind, stride, size in kind_geometry(topo):
+            if contiguous and g % (stride * size) == 0:
+                local.append(kind)
+            elif kind == "edp" and topo.cp == 1 and topo.ep == 1:
+                aliases["edp"] = "dp"  # same strides and sizes: the very same groups
+            else:
+                kept.append((kind, stride, size))
+        n = max(1, len(kept))
+        sig: list[set[int]] = [set() for _ in range(m_count)]
         members: dict[int, list[int]] = {}
-        for i, machine in enumerate(topo.machines):
-            ranks = topo.ranks_on(machine)
-            keys: set[int] = set()
-            for kidx, (_kind, stride, size) in enumerate(geom):
-                block = stride * size
-                keys.update(kidx + n * (r % stride + (r // block) * stride) for r in ranks)
-            frozen = frozenset(keys)
-            sig.append(frozen)
-            for key in frozen:
-                members.setdefault(key, []).append(i)
-        return cls(topo.machines, tuple(k for k, _s, _z in geom), tuple(sig),
-                   {k: tuple(v) for k, v in members.items()})
+        world = len(mach)
+        for kidx, (_kind, stride, size) in enumerate(kept):
+            block = stride * size
+            keys = [kidx + n * (r % stride + (r // block) * stride) for r in range(world)]
+            for key, mi in set(zip(keys, mach)):
+                members.setdefault(key, []).append(mi)
+                sig[mi].add(key)
+        return cls(topo.machines, tuple(k for k, _s, _z in kept),
+                   tuple(frozenset(x) for x in sig),
+                   {k: tuple(sorted(v)) for k, v in members.items()},
+                   tuple(first), tuple(count), tuple(local), aliases)
 
     def kind_of(self, key: int) -> str:
         """The group kind of ``key``."""
-        return self.kinds[key % len(self.kinds)]
+        return self.kinds[key % max(1, len(self.kinds))]
 
     def group_id(self, key: int) -> int:
         """Megatron's group id of ``key`` within its kind."""
-        return key // len(self.kinds)
+        return key // max(1, len(self.kinds))
 
     def compatible(self, a: int, b: int) -> bool:
         """Machines ``a`` and ``b`` share no parallel group."""
@@ -200,17 +226,16 @@ class _Pool:
 
 
 def _flip_candidates(topo: Topology, index: ConflictIndex, a: int,
-                     machine_of: Mapping[int, int]) -> Iterator[int]:
+                     machine_of: Sequence[int]) -> Iterator[int]:
     """Structured peers: flip two or three dense coordinates of the machine's first rank.
 
     Flipping coordinate c to ``c XOR b`` (b the smallest power of two that leaves the
     machine) is an involution, so on regular layouts these candidates pair machines
     symmetrically, e.g. (dp, pp) ↔ (dp⊕1, pp⊕1) in reference/algorithms.md §3.5.
     """
-    ranks = topo.ranks_on(index.machines[a])
-    if not ranks:
+    r0, per = index.first_rank[a], index.rank_count[a]
+    if r0 < 0:
         return
-    r0, per = ranks[0], len(ranks)
     sizes = {"tp": topo.tp, "cp": topo.cp, "dp": topo.dp, "pp": topo.pp}
     axes, acc = [], 1
     for axis in topo.order.split("-"):
@@ -226,9 +251,9 @@ def _flip_candidates(topo: Topology, index: ConflictIndex, a: int,
         acc *= size
     for n in (2, 3):
         for combo in combinations(axes, n):
-            b = machine_of.get(r0 + sum(combo))
-            if b is not None:
-                yield b
+            r = r0 + sum(combo)
+            if 0 <= r < len(machine_of):
+                yield machine_of[r]
 
 
 def _domain_of(machines: Sequence[str], domains: Mapping[str, str] | None) -> list[str | None]:
@@ -238,9 +263,10 @@ def _domain_of(machines: Sequence[str], domains: Mapping[str, str] | None) -> li
 class _Planner:
     """The pairing search (one instance per ``plan_backups`` call)."""
 
-    def __init__(self, topo: Topology, domains: Mapping[str, str] | None) -> None:
+    def __init__(self, topo: Topology, domains: Mapping[str, str] | None,
+                 index: ConflictIndex | None) -> None:
         self.topo = topo
-        self.index = ConflictIndex.build(topo)
+        self.index = index or ConflictIndex.build(topo)
         self.m = len(topo.machines)
         self.dom = _domain_of(topo.machines, domains)
         self.rng = random.Random(_SEED)
@@ -249,8 +275,7 @@ class _Planner:
         self.how = [""] * self.m
         self._spanning: dict[int, str | None] = {}
         pos = {name: i for i, name in enumerate(topo.machines)}
-        self.machine_of = {r: pos[name] for r, name in enumerate(topo.rank_machines)
-                           if name in pos}
+        self.machine_of = [pos[name] for name in topo.rank_machines]
 
     def spanning(self, a: int) -> str | None:
         """``ConflictIndex.spanning_kind``, cached."""
@@ -447,18 +472,20 @@ class _Planner:
         return Plan(tuple(out), tuple(notes))
 
 
-def plan_backups(topo: Topology, domains: Mapping[str, str] | None = None) -> Plan:
+def plan_backups(topo: Topology, domains: Mapping[str, str] | None = None,
+                 index: ConflictIndex | None = None) -> Plan:
     """A backup peer for every machine of ``topo`` (see the module docstring).
 
     Args:
         topo: the job's topology.
         domains: machine → failure domain (rack, switch); machines missing from it
             have no known domain.
+        index: a prebuilt ``ConflictIndex`` of ``topo`` (shared with ``verify_plan``).
 
     Returns:
         The plan, in machine order; single-machine jobs get no placement.
     """
-    planner = _Planner(topo, domains)
+    planner = _Planner(topo, domains, index)
     if planner.m < 2:
         return Plan((), ("a single-machine job has no peer to back up to",))
     planner.pair_up()
@@ -526,7 +553,7 @@ def verify_plan(topo: Topology, backups: Mapping[str, str],
     for m in names:
         if backups.get(m) == m:
             violations.append(Violation("node", None, (m,), (m,)))
-    evictions = len(names)
+    evictions = len(names) + sum(topo.n_groups(k) for k in (*idx.local_kinds, *idx.aliases))
     for key in sorted(idx.members, key=lambda k: (idx.kinds.index(idx.kind_of(k)), k)):
         group = [names[i] for i in idx.members[key]]
         evictions += 1

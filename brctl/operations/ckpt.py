@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
-from brctl.analysis.placement import Plan, Verification, plan_backups, verify_plan
+from brctl.analysis.placement import ConflictIndex, Plan, Verification, plan_backups, verify_plan
 from brctl.analysis.schema import SchemaError, from_mapping
 from brctl.errors import ExitCode, InputError, UsageError
 from brctl.remote.probes import ProbeResult, ProbeRunner
@@ -57,9 +57,10 @@ def plan(inv: Inventory) -> Plan:
 def verify(inv: Inventory, backups: Mapping[str, str] | None = None) -> Verification:
     """Verify ``backups`` (default: the plan brctl would make) against the job's groups."""
     topo = job_topology(inv)
+    index = ConflictIndex.build(topo)  # built once, shared by the plan and the proof
     if backups is None:
-        backups = plan_backups(topo, domains_of(inv)).backups()
-    return verify_plan(topo, backups)
+        backups = plan_backups(topo, domains_of(inv), index).backups()
+    return verify_plan(topo, backups, index)
 
 
 @dataclass(frozen=True)

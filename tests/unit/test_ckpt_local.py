@@ -91,7 +91,7 @@ def test_verify_plan_file_from_elsewhere(brctl: Any, cluster: Any, tmp_path: Pat
     res = brctl("-i", inv_path, "--json", "ckpt", "verify", "--plan", bad)
     assert res.exit_code == 1
     assert res.json["ok"] is False
-    assert {v["kind"] for v in res.json["violations"]} == {"dp", "edp"}
+    assert {v["kind"] for v in res.json["violations"]} == {"dp"}
     human = brctl("-i", inv_path, "ckpt", "verify", "--plan", bad)
     assert human.exit_code == 1 and "dp" in human.stdout
 

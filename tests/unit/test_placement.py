@@ -95,7 +95,14 @@ def test_index_matches_megatron_groups(shape: tuple[int, int, int, int, int, int
         kind, gid = idx.kind_of(key), idx.group_id(key)
         assert [topo.machines[i] for i in members] == topo.group_machines(kind, gid)
     for kind in KINDS:
-        if topo.size(kind) > 1:
+        if topo.size(kind) == 1:
+            continue
+        if kind in idx.local_kinds:  # never leaves a machine
+            assert all(len(topo.group_machines(kind, g)) == 1 for g in range(topo.n_groups(kind)))
+        elif kind in idx.aliases:  # the very same groups as another kind
+            other = idx.aliases[kind]
+            assert topo.groups(kind) == topo.groups(other)
+        else:
             assert sum(1 for k in idx.members if idx.kind_of(k) == kind) == topo.n_groups(kind)
 
 
@@ -119,7 +126,9 @@ def test_every_single_group_eviction_survives_when_satisfiable(
     lost = _lost_by_eviction(topo, backups)
     verification = verify_plan(topo, backups)
     assert verification.ok == (not lost)
-    assert {(v.kind, v.group) for v in verification.violations} == {(k, g) for k, g, _ in lost}
+    aliases = ConflictIndex.build(topo).aliases  # edp ≡ dp when CP = EP = 1: reported as dp
+    assert {(v.kind, v.group) for v in verification.violations} == {
+        (aliases.get(k, k), g) for k, g, _ in lost}
     if all(peers.values()):
         assert plan.ok and not lost
         assert verification.loss_probability[1] == 0.0
@@ -160,7 +169,7 @@ def test_worked_example_matches_reference() -> None:
     nvrx = {f"n{i:03d}": f"n{i ^ 1:03d}" for i in range(16)}
     bad = verify_plan(topo, nvrx)
     assert not bad.ok
-    assert {v.kind for v in bad.violations} == {"dp", "edp"}  # 16 DP groups (8 tp × 2 pp)
+    assert {v.kind for v in bad.violations} == {"dp"}  # 16 DP groups (8 tp × 2 pp); edp ≡ dp
     assert {frozenset(v.nodes) for v in bad.violations if v.kind == "dp"} == {
         frozenset(f"n{i:03d}" for i in range(8)), frozenset(f"n{i:03d}" for i in range(8, 16))}
 
