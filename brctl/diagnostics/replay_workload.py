@@ -12,8 +12,9 @@ one stage per machine role) and DP' replicas, for a few steps:
 * fixed seeds and synthetic data: every group of a round computes the same thing;
 * ``torch.use_deterministic_algorithms(True)``, ``CUBLAS_WORKSPACE_CONFIG``,
   ``NCCL_ALGO=Ring``/``NCCL_PROTO=Simple`` pinned and NVLS off, cuDNN
-  benchmarking off, TF32 off; embedding and loss as one-hot matmuls (no
-  scatter-add, whose CUDA backward is not deterministic);
+  benchmarking off, TF32 off; embedding and loss as one-hot matmuls with the
+  one-hot built by comparison (no scatter or index-add, whose CUDA kernels are
+  not deterministic);
 * per step, every rank hashes its data-parallel-reduced gradients and the loss;
   rank 0 gathers the digests and reports ``sha256(digests in rank order)`` (first
   16 hex digits), or ``nan``/``inf`` when any rank saw a non-finite value.
@@ -366,6 +367,12 @@ class _Stage:
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
         return tokens[:, :-1].to(self.dev), tokens[:, 1:].to(self.dev)
 
+    def _one_hot(self, tokens: Any) -> Any:
+        # A comparison, not F.one_hot: that scatters, and CUDA scatters may not be
+        # deterministic.
+        vocab = self.torch.arange(VOCAB, device=self.dev)
+        return (tokens.unsqueeze(-1) == vocab).to(self.torch.float32)
+
     def step(self, step: int) -> tuple[bytes, str | None, float | None]:
         """One training step; returns (gradient+loss digest, nan/inf flag, loss)."""
         torch, dist, cfg = self.torch, self.dist, self.cfg
@@ -373,7 +380,7 @@ class _Stage:
         inputs, targets = self._batch(step)
         if self.first:
             x_in = None
-            x = torch.matmul(F.one_hot(inputs, VOCAB).to(self.params[0].dtype), self.params[0])
+            x = torch.matmul(self._one_hot(inputs), self.params[0])
         else:
             x_in = torch.empty(BATCH, SEQ, cfg["dim"], device=self.dev)
             dist.recv(x_in, src=self.prev)
@@ -383,7 +390,7 @@ class _Stage:
         loss_value = None
         if self.last:
             logits = torch.matmul(F.layer_norm(out, (cfg["dim"],)), self.params[-1])
-            onehot = F.one_hot(targets, VOCAB).to(logits.dtype)
+            onehot = self._one_hot(targets)
             loss = -(torch.log_softmax(logits, dim=-1) * onehot).sum(-1).mean()
             loss.backward()
             loss_value = float(loss.detach().cpu())
