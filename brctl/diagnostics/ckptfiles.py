@@ -7,7 +7,8 @@ Node-side, standard library only (Python >= 3.9). One request ``op`` per run:
 - ``scan_backup``: the backed-up steps of one source under ``root``: whether each
   is committed (a manifest, written last, says so) and, for resuming, the sha256 of
   every file already there (``deep``: re-hash committed steps too, to catch rot).
-- ``prepare``: create directories (sftp does not create parents).
+- ``prepare``: create directories (sftp does not create parents), after removing
+  ``clean`` ones (a restore's stale staging area).
 - ``commit``: re-hash a backed-up step's files; when every checksum matches, write
   the manifest atomically (temp, fsync, rename) and prune older steps beyond ``keep``.
 - ``verify``: re-hash a committed backup step against its manifest.
@@ -139,6 +140,8 @@ def scan_backup(req: dict[str, Any]) -> dict[str, Any]:
 
 def prepare(req: dict[str, Any]) -> dict[str, Any]:
     """Create directories (and drop a stale manifest so a step being rewritten is partial)."""
+    for path in req.get("clean", []):
+        shutil.rmtree(resolve(path), ignore_errors=True)  # leftovers of an earlier attempt
     resolved = {}
     for path in req.get("dirs", []):
         resolved[path] = resolve(path)

@@ -502,7 +502,8 @@ def restore(
                       notes=notes)
     staging = posixpath.join(cfg.dir, STAGING, step)
     dirs = sorted({posixpath.dirname(posixpath.join(staging, f.rel)) for f in files})
-    prep = runner.run([target_node], PROBE, {"op": "prepare", "dirs": [staging, *dirs]})[target]
+    prep = runner.run([target_node], PROBE, {"op": "prepare", "clean": [staging],
+                                              "dirs": [staging, *dirs]})[target]
     if prep.document is None:
         return result(_probe_state(prep), step, error=prep.error, notes=notes)
     real_staging = prep.document["resolved"][staging]

@@ -192,3 +192,16 @@ def test_restore_usage_errors(brctl: Any, cluster: Any) -> None:
     assert res.exit_code == 2 and "--to nope: not in the inventory" in res.stderr
     res = brctl("-i", inv_path, "ckpt", "restore", "--to", "n4", "--for", "n1")
     assert res.exit_code == 2 and "holding the copy" in res.stderr
+
+
+def test_restore_ignores_stale_staging(brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    """Leftovers of an interrupted restore never end up in the restored step."""
+    inv_path, _inv = cluster
+    want = make_step(tmp_path, "n2", "step_7")
+    assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n2").exit_code == 0
+    stale = tmp_path / "spare" / "ckpt" / ".brctl-restore" / "step_7" / "step_7"
+    stale.mkdir(parents=True)
+    (stale / "junk.pt").write_bytes(b"from an earlier attempt")
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n2")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert tree(tmp_path / "spare" / "ckpt") == want
