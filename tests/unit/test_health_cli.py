@@ -55,7 +55,12 @@ def test_watch_prints_only_changes(tmp_path: Path, brctl: Any, state_dir: Path,
     inv = write_inv(tmp_path, cluster(tmp_path), {})
     import time as time_module
 
-    def flap(_seconds: float) -> None:  # between the sweeps, m3's port goes down
+    real_sleep = time_module.sleep
+
+    def flap(seconds: float) -> None:  # between the sweeps, m3's port goes down
+        if seconds != 0.1:  # subprocess waits poll with sleeps of at most 0.05 s: not ours
+            real_sleep(seconds)
+            return
         set_port(tmp_path / "roots" / "m3", "mlx5_0", "1", DOWN_PORT)
 
     monkeypatch.setattr(time_module, "sleep", flap)
