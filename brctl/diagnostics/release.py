@@ -159,6 +159,20 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _fsync_tree(top: str) -> None:
+    """Flush every regular file and directory under ``top`` to disk."""
+    for dirpath, _dirs, files in os.walk(top):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(dirpath)
+
+
 def _existing(releases_dir: str, version: str, sha256: str) -> bool:
     """True when ``version`` is already complete with this checksum; refuse a different one."""
     path = os.path.join(releases_dir, version)
@@ -183,6 +197,7 @@ def _stage(artifact: str, releases_dir: str, version: str, sha256: str, size: in
     os.mkdir(staging)
     try:
         files = _extract(artifact, staging)
+        _fsync_tree(staging)  # the marker below promises the files are on disk
         marker = {"version": version, "sha256": sha256, "size": size, "files": files,
                   "staged_at": time.time()}
         with open(os.path.join(staging, MARKER), "w", encoding="utf-8") as fh:
@@ -255,8 +270,8 @@ def receive(request: dict[str, Any], stream: IO[bytes]) -> dict[str, Any]:
         partial = os.path.join(incoming, f"{sha256}.partial")
         fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            # No fsync here: after a crash the sha256 check catches a torn partial.
             digest = _receive_into(fd, stream, offset, size)
-            os.fsync(fd)
             have = os.fstat(fd).st_size
         finally:
             os.close(fd)
