@@ -123,7 +123,7 @@ def _address(node: Node) -> str:
     return "127.0.0.1" if node.connection == "local" else node.address
 
 
-class _Launcher:
+class RoundLauncher:
     """Runs the groups of one round at once and turns machine results into GroupRuns."""
 
     def __init__(self, transport: Transport, inv: Inventory, plan_: ReplayPlan,
@@ -145,8 +145,21 @@ class _Launcher:
                                   timeout=min(self.timeout, 120.0), concurrency=self.fanout)
         return {n: r.error or "no answer" for n, r in results.items() if not r.ok}
 
-    def run(self, groups: Sequence[tuple[str, ...]]) -> list[GroupRun]:
-        """One run of every group; all groups of the round start together."""
+    def run(self, groups: Sequence[tuple[str, ...]], *, retry: bool = True) -> list[GroupRun]:
+        """One run of every group; all groups of the round start together.
+
+        A group whose rendezvous port was taken on its first machine (a race with
+        another program) is run once more on a fresh port: that is not a verdict.
+        """
+        out = self._run_once(groups)
+        again = [i for i, r in enumerate(out) if r.status == "error" and r.error
+                 and "address already in use" in r.error.lower()]
+        if retry and again:
+            for i, run in zip(again, self._run_once([groups[i] for i in again])):
+                out[i] = run
+        return out
+
+    def _run_once(self, groups: Sequence[tuple[str, ...]]) -> list[GroupRun]:
         slots: dict[str, tuple[int, int]] = {}  # machine → (group index, node rank)
         for gi, group in enumerate(groups):
             for rank, name in enumerate(group):
@@ -282,7 +295,7 @@ def replay(
         raise UsageError(f"--port {port_base}: expected a TCP port from 1024 to {MAX_PORT}")
     plan_ = replay_plan(inv, dp)
     fanout = inv.ssh.fanout
-    launcher = _Launcher(transport, inv, plan_, workload, timeout, port_base, fanout)
+    launcher = RoundLauncher(transport, inv, plan_, workload, timeout, port_base, fanout)
     down = launcher.preflight(plan_.shape.machines) if isinstance(workload, BuiltinWorkload) else {}
     rounds: list[JudgedRound] = []
     if down:

@@ -182,3 +182,22 @@ def test_no_job_is_an_input_error(tmp_path: Path, brctl: Any) -> None:
     path.write_text(yaml.safe_dump({"nodes": [{"name": "m1", "connection": "local"}]}))
     r = brctl("-i", path, "replay")
     assert r.exit_code == 2 and "no job" in r.stderr
+
+
+def test_a_taken_rendezvous_port_is_retried_on_a_fresh_one() -> None:
+    taken: set[str] = set()
+
+    def handler(node: Node, argv: Sequence[str], _stdin: bytes | None) -> Reply:
+        port = argv[argv.index("--port") + 1]
+        if node.name == "g01" and not taken:
+            taken.add(port)
+            return Reply(stderr="RuntimeError: The server socket has failed to listen on any "
+                                "local network address. Address already in use\n", exit_code=1)
+        if node.name == "g01":
+            assert port not in taken  # the retry moved to a fresh port
+        if argv[argv.index("--rank") + 1] != "0":
+            return Reply()
+        return Reply(stdout="brctl-fingerprint 0 aa\n")
+    report = replay(FakeTransport(handler), inventory(8, 2, 1, 2),
+                    workload=command_workload(TEMPLATE))
+    assert report.verdict.verdict == "none" and taken
