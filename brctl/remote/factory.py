@@ -6,8 +6,9 @@ touch only local nodes (and ``--help``) never pay for it.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from brctl.remote.local import LocalTransport
 from brctl.remote.transport import Node, RunResult, Transport
@@ -33,6 +34,12 @@ class RoutingTransport:
 
                 self._ssh = SshTransport(connect_rate=self._connect_rate, ssh_config=self._ssh_config)
             return self._ssh
+
+    def process_factory(self, processes: int) -> Callable[[], RoutingTransport]:
+        """A picklable maker of an equivalent transport for a worker process (fanout ``processes``)."""
+        return functools.partial(
+            RoutingTransport, connect_rate=self._connect_rate / max(1, processes), ssh_config=self._ssh_config
+        )
 
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None

@@ -34,6 +34,7 @@ def run_all(
     concurrency: int = 64,
     deadline: float | None = None,
     on_done: Callable[[RunResult], None] | None = None,
+    processes: int = 1,
 ) -> dict[str, RunResult]:
     """Run ``argv`` (or ``argv(node)``) on every node; one result per node.
 
@@ -46,11 +47,24 @@ def run_all(
         concurrency: nodes in flight at once.
         deadline: seconds for the whole fan-out; later nodes get what is left.
         on_done: called (in the caller's thread) as each node finishes, e.g. progress.
+        processes: worker processes for large fan-outs of fresh connections (see
+            ``brctl.remote.shard``); used when > 1, the transport has a
+            ``process_factory`` and ``argv``/``stdin`` are picklable, else threads.
 
     Returns:
         ``{node name: RunResult}`` in the order of ``nodes``.
     """
     todo = list(nodes)
+    make = getattr(transport, "process_factory", None)
+    if processes > 1 and len(todo) > 1 and make is not None:
+        from brctl.remote.shard import picklable, run_sharded
+
+        factory = make(processes)
+        if picklable(factory, argv, stdin):
+            return run_sharded(
+                factory, todo, argv, processes=processes, timeout=timeout, stdin=stdin,
+                concurrency=concurrency, deadline=deadline, on_done=on_done,
+            )  # fmt: skip
     start = time.monotonic()
     results: dict[str, RunResult] = {}
 

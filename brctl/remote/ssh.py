@@ -60,6 +60,7 @@ referred to nonexistent channel"). ``_ChannelSocket`` serialises send and close.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -68,7 +69,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import paramiko
@@ -233,6 +234,7 @@ class SshTransport:
         self._rate = RateLimiter(connect_rate)
         self._retries = connect_retries
         self._keepalive = keepalive
+        self._config_arg = ssh_config
         self._config_path = os.path.expanduser(ssh_config or "~/.ssh/config")
         self._config: paramiko.SSHConfig | None = None
         self._known = KnownHostsCache()
@@ -242,6 +244,19 @@ class SshTransport:
         self._pkeys: dict[str, paramiko.PKey] = {}
         self._endpoints: dict[tuple[object, ...], Endpoint] = {}
         self.connections_opened = 0  # for tests and benchmarks
+
+    def process_factory(self, processes: int) -> Callable[[], SshTransport]:
+        """A picklable maker of an equivalent transport for one of ``processes`` workers.
+
+        Each worker gets its share of ``connect_rate``, so the cap stays global.
+        """
+        return functools.partial(
+            SshTransport,
+            connect_rate=self._rate.rate / max(1, processes),
+            ssh_config=self._config_arg,
+            connect_retries=self._retries,
+            keepalive=self._keepalive,
+        )
 
     # -- resolution ---------------------------------------------------------------
 

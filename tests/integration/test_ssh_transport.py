@@ -258,3 +258,24 @@ def test_put_and_get_are_atomic_copies(
     missing = transport.get(node, "/opt/train/nope", str(tmp_path / "x"), timeout=scaled(10))
     assert missing.state is NodeState.FAILED and "nope" in missing.stderr
     assert [p.name for p in tmp_path.iterdir() if "brctl-tmp" in p.name] == []
+
+
+def test_fanout_over_worker_processes(ssh_cluster: SshCluster) -> None:
+    from brctl.remote.fanout import run_all
+
+    nodes = nodes_of(ssh_cluster)
+    parent = SshTransport(ssh_config=os.devnull)
+    seen: list[str] = []
+    try:
+        results = run_all(
+            parent, nodes, ["sh", "-c", "echo $SSH_CONNECTION"], timeout=scaled(20),
+            processes=2, on_done=lambda r: seen.append(r.node),
+        )  # fmt: skip
+    finally:
+        parent.close()
+    assert sorted(seen) == sorted(n.name for n in nodes)  # progress streamed from the workers
+    for node in nodes:
+        r = results[node.name]
+        assert r.state is NodeState.OK, r
+        assert r.stdout.split()[2] == node.address
+    assert parent.connections_opened == 0  # the workers did the connecting

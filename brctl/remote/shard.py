@@ -1,0 +1,138 @@
+"""Fan-out over several worker processes, for large fan-outs of fresh connections.
+
+One paramiko process tops out near 150 new connections/s: the key exchange and
+packet handling are Python under the GIL (fanout.md §4.5). ``run_sharded`` splits
+the nodes round-robin over ``processes`` worker processes; each builds its own
+transport from ``factory`` (a picklable zero-argument callable, e.g. what
+``SshTransport.process_factory`` returns), runs the ordinary threaded fan-out on
+its shard with its share of the concurrency and of the connect rate, and streams
+each node's result back as it finishes, so progress (``on_done``) stays live.
+
+Workers are started with ``spawn`` (never ``fork``: the parent has transport
+threads whose locks a forked child could inherit held). Each costs an interpreter
+start plus the paramiko import (~0.3 s of CPU), so sharding pays off from a few
+hundred fresh connections up; connections die with the workers, so a caller that
+reuses connections (the daemon) keeps ``processes=1``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import pickle
+import queue as queue_mod
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from brctl.analysis.nodeset import fold
+from brctl.errors import InterruptedRun
+from brctl.remote.transport import Node, NodeState, RunResult, Transport
+
+_SHARD_DONE = "done"
+
+
+def picklable(*values: object) -> bool:
+    """True when every value can be sent to a spawned worker."""
+    try:
+        pickle.dumps(values)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
+
+
+def _worker(
+    factory: Callable[[], Transport],
+    nodes: list[Node],
+    argv: Any,
+    timeout: float | None,
+    stdin: Any,
+    concurrency: int,
+    deadline_at: float | None,
+    out: Any,
+) -> None:
+    from brctl.remote.fanout import run_all
+
+    transport = factory()
+    try:
+        deadline = None if deadline_at is None else max(0.0, deadline_at - time.time())
+        run_all(
+            transport, nodes, argv, timeout=timeout, stdin=stdin, concurrency=concurrency,
+            deadline=deadline, on_done=out.put,
+        )  # fmt: skip
+    finally:
+        transport.close()
+        out.put(_SHARD_DONE)
+
+
+def run_sharded(
+    factory: Callable[[], Transport],
+    nodes: Sequence[Node],
+    argv: Any,
+    *,
+    processes: int,
+    timeout: float | None = None,
+    stdin: Any = None,
+    concurrency: int = 64,
+    deadline: float | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
+) -> dict[str, RunResult]:
+    """``run_all`` over ``processes`` worker processes; same arguments and result.
+
+    ``argv`` and ``stdin`` (values or functions of the node) must be picklable
+    (module-level functions, not lambdas); ``run_all`` checks that before it
+    chooses this path.
+    """
+    todo = list(nodes)
+    shards = [todo[i::processes] for i in range(processes) if todo[i::processes]]
+    per_shard = max(1, math.ceil(concurrency / len(shards)))
+    deadline_at = None if deadline is None else time.time() + deadline
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    workers = [
+        ctx.Process(
+            target=_worker,
+            args=(factory, shard, argv, timeout, stdin, per_shard, deadline_at, out),
+            daemon=True,
+        )
+        for shard in shards
+    ]
+    results: dict[str, RunResult] = {}
+    try:
+        for w in workers:
+            w.start()
+        finished = 0
+        while finished < len(workers):
+            try:
+                item = out.get(timeout=0.5)
+            except queue_mod.Empty:
+                if all(w.exitcode is not None for w in workers) and out.empty():
+                    break  # a worker died without saying it was done
+                continue
+            if item == _SHARD_DONE:
+                finished += 1
+                continue
+            results[item.node] = item
+            if on_done is not None:
+                on_done(item)
+    except KeyboardInterrupt:
+        for w in workers:
+            w.terminate()
+        unfinished = fold(n.name for n in todo if n.name not in results)
+        raise InterruptedRun(f"interrupted; not finished: {unfinished or 'none'}") from None
+    finally:
+        for w in workers:
+            w.join(timeout=5)
+            if w.exitcode is None:
+                w.kill()
+                w.join()
+        out.close()
+    for node in todo:
+        if node.name not in results:
+            lost = RunResult(
+                node.name, NodeState.UNREACHABLE, None, "", "brctl worker process exited early", 0.0
+            )
+            results[node.name] = lost
+            if on_done is not None:
+                on_done(lost)
+    return {n.name: results[n.name] for n in todo}
