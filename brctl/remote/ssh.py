@@ -88,6 +88,7 @@ from brctl.remote.transport import Node, NodeState, RunResult, command_line, wit
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 KEEPALIVE_S = 15  # detect dead peers on cached connections between daemon polls
+IDLE_POLL_S = 1.0  # reader-thread wake-up interval on an established connection
 KILL_GRACE_S = 2  # SIGTERM, then SIGKILL this much later (timeout -k)
 CLIENT_SLACK_S = 5  # how long past the remote timeout we wait for its exit status
 RETRY_BASE_S = 0.1
@@ -500,6 +501,11 @@ class SshTransport:
         self._authenticate(t, ep, deadline)
         if self._keepalive:
             t.set_keepalive(self._keepalive)
+        if isinstance(t.sock, socket.socket):
+            # paramiko's reader thread polls its socket every 0.1 s; an idle cached
+            # connection (the daemon holds thousands) need not wake that often.
+            # Data still wakes it at once, and close() does not wait for it.
+            t.sock.settimeout(IDLE_POLL_S)
 
     @staticmethod
     def _prefer_known_key_types(t: paramiko.Transport, known_types: list[str]) -> None:

@@ -1,0 +1,241 @@
+"""Fan-out benchmark: brctl's SshTransport against clush and pdsh on real sshd nodes.
+
+Starts N (default 64) real sshd "machines" with the integration tier's cluster
+(tests/integration/cluster.py: needs root, openssh-server, util-linux), then times,
+side by side in one run, ``true`` on every node:
+
+- brctl, in process: ``fanout.run_all`` over ``SshTransport`` with fresh
+  connections, on already-open connections, and sharded over 2 worker processes;
+- ``brctl exec true`` as a whole CLI process (interpreter start included);
+- ``clush -b`` (ClusterShell) and ``pdsh`` (Debian, ssh rcmd), each at its own
+  defaults and with ``KexAlgorithms=curve25519-sha256`` pinned.
+
+Client CPU per host is the fair figure: the local sshds share the machine's cores,
+so wall time is capped by the server side whatever the client does. In-process
+CPU is ``time.process_time()`` (+ ``RUSAGE_CHILDREN`` for spawned workers);
+CLI tools are measured with ``RUSAGE_CHILDREN`` (the tool and every ssh it
+waited for). Then it loads a 12,000-entry known_hosts with brctl's parser and
+with paramiko's ``HostKeys.load`` (quadratic: measured up to ``--paramiko-max``
+entries and extrapolated as c·n², unless ``--paramiko-max 12000``).
+
+Run: ``python benchmarks/fanout.py [--nodes 64] [--runs 3] [--json]`` (as root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from brctl.remote.fanout import run_all  # noqa: E402
+from brctl.remote.known_hosts import KnownHostsCache  # noqa: E402
+from brctl.remote.ssh import SshTransport  # noqa: E402
+from brctl.remote.transport import Node, NodeState  # noqa: E402
+from tests.integration.cluster import SshCluster, missing_requirements, running_cluster  # noqa: E402
+
+CURVE = "curve25519-sha256"
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def measure(fn: Callable[[], bool], runs: int) -> dict[str, float]:
+    """Median wall and client CPU (this process + waited-for children) of ``fn``."""
+    walls, cpus = [], []
+    for _ in range(runs):
+        c0, k0, w0 = time.process_time(), _children_cpu(), time.perf_counter()
+        ok = fn()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0 + _children_cpu() - k0)
+        if not ok:
+            raise SystemExit("a run did not succeed on every node; see above")
+    return {"wall": statistics.median(walls), "cpu": statistics.median(cpus)}
+
+
+def ssh_config(cluster: SshCluster, path: Path, kex: str | None) -> Path:
+    lines = [
+        "Host 127.0.0.*",
+        f"  Port {cluster.port}",
+        "  User root",
+        f"  IdentityFile {cluster.client_key}",
+        "  IdentitiesOnly yes",
+        f"  UserKnownHostsFile {cluster.known_hosts}",
+        "  StrictHostKeyChecking yes",
+        "  BatchMode yes",
+    ]
+    if kex:
+        lines.append(f"  KexAlgorithms {kex}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cli(argv: list[str], env: dict[str, str] | None = None, expect_lines: int = 0) -> bool:
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode != 0:
+        print(f"  {argv[0]} exited {r.returncode}: {r.stderr.strip()[:400]}", file=sys.stderr)
+        return False
+    return True
+
+
+def bench_fanout(cluster: SshCluster, runs: int, work: Path) -> list[dict[str, Any]]:
+    n = len(cluster.names)
+    nodes = [
+        Node(
+            name=name, address=cluster.address(name), port=cluster.port,
+            identity_file=str(cluster.client_key), known_hosts=str(cluster.known_hosts),
+        )  # fmt: skip
+        for name in cluster.names
+    ]
+    hosts = f"127.0.0.[2-{n + 1}]"
+    rows: list[dict[str, Any]] = []
+
+    def add(label: str, fig: dict[str, float]) -> None:
+        rows.append({"tool": label, "wall_s": fig["wall"], "cpu_ms_per_host": fig["cpu"] / n * 1000})
+        print(f"  {label:<48} wall {fig['wall']:6.2f} s   CPU/host {fig['cpu'] / n * 1000:6.1f} ms",
+              file=sys.stderr)  # fmt: skip
+
+    def all_ok(results: dict[str, Any]) -> bool:
+        bad = [r for r in results.values() if r.state is not NodeState.OK]
+        for r in bad[:3]:
+            print(f"  {r.node}: {r.state.value} {r.stderr.strip()}", file=sys.stderr)
+        return not bad
+
+    def fresh() -> bool:
+        t = SshTransport(ssh_config=os.devnull)
+        try:
+            return all_ok(run_all(t, nodes, ["true"], timeout=60, concurrency=64))
+        finally:
+            t.close()
+
+    add("brctl SshTransport, fresh connections", measure(fresh, runs))
+
+    pooled = SshTransport(ssh_config=os.devnull)
+    try:
+        all_ok(run_all(pooled, nodes, ["true"], timeout=60, concurrency=64))  # open them
+        add("brctl SshTransport, open connections",
+            measure(lambda: all_ok(run_all(pooled, nodes, ["true"], timeout=60, concurrency=64)), runs))  # fmt: skip
+    finally:
+        pooled.close()
+
+    def sharded() -> bool:
+        t = SshTransport(ssh_config=os.devnull)
+        try:
+            return all_ok(run_all(t, nodes, ["true"], timeout=60, concurrency=64, processes=2))
+        finally:
+            t.close()
+
+    add("brctl SshTransport, fresh, processes=2", measure(sharded, runs))
+
+    inv = work / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(cluster.inventory(), sort_keys=False))
+    brctl = [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "true"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    add("brctl exec true (whole CLI process)", measure(lambda: run_cli(brctl, env), runs))
+
+    clush = shutil.which("clush") or str(Path(sys.executable).parent / "clush")
+    for kex in (None, CURVE):
+        cfg = ssh_config(cluster, work / f"ssh_config_{kex or 'default'}", kex)
+        label = "pinned curve25519" if kex else "defaults"
+        add(f"clush -b ({label})",
+            measure(lambda cfg=cfg: run_cli([clush, "-b", "-w", hosts, "-o", f"-F {cfg}", "true"]), runs))  # fmt: skip
+        pdsh_env = {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}
+        if shutil.which("pdsh"):
+            add(f"pdsh ({label})",
+                measure(lambda e=pdsh_env: run_cli(["pdsh", "-S", "-w", hosts, "true"], e), runs))  # fmt: skip
+    return rows
+
+
+def bench_known_hosts(work: Path, entries: int, paramiko_max: int) -> dict[str, Any]:
+    import paramiko
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    keys = [
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+        for _ in range(64)
+    ]
+    lines = [f"gpu{i:05d},10.{i // 65536}.{i // 256 % 256}.{i % 256} {keys[i % 64]}" for i in range(entries)]
+    path = work / "known_hosts_big"
+    path.write_text("\n".join(lines) + "\n")
+    t0 = time.perf_counter()
+    kh = KnownHostsCache().load(str(path))
+    ours = time.perf_counter() - t0
+    assert kh.exact.get("gpu00042")
+
+    sizes = sorted({min(paramiko_max, entries), min(paramiko_max, entries) // 2})
+    timings = {}
+    for size in sizes:
+        small = work / f"known_hosts_{size}"
+        small.write_text("\n".join(lines[:size]) + "\n")
+        t0 = time.perf_counter()
+        paramiko.HostKeys(str(small))
+        timings[size] = time.perf_counter() - t0
+    top = max(timings)
+    extrapolated = timings[top] * (entries / top) ** 2
+    return {
+        "entries": entries,
+        "brctl_s": ours,
+        "paramiko_measured": {str(k): v for k, v in timings.items()},
+        "paramiko_s": timings[top] if top == entries else extrapolated,
+        "paramiko_extrapolated": top != entries,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--known-hosts", type=int, default=12000)
+    ap.add_argument("--paramiko-max", type=int, default=3000, help="largest file paramiko loads")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args()
+    why = missing_requirements()
+    if why:
+        print(f"fanout benchmark: {why}", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="brctl-bench-"))
+    try:
+        print(f"starting {args.nodes} sshd nodes...", file=sys.stderr)
+        with running_cluster(args.nodes) as cluster:
+            rows = bench_fanout(cluster, args.runs, work)
+        print("known_hosts...", file=sys.stderr)
+        kh = bench_known_hosts(work, args.known_hosts, args.paramiko_max)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = {"nodes": args.nodes, "runs": args.runs, "fanout": rows, "known_hosts": kh}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"\n{args.nodes} nodes, `true`, median of {args.runs} runs\n")
+    print("| client | wall | client CPU / host |")
+    print("|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['tool']} | {r['wall_s']:.2f} s | {r['cpu_ms_per_host']:.1f} ms |")
+    how = "extrapolated c·n² from " + ", ".join(kh["paramiko_measured"]) if kh["paramiko_extrapolated"] else "measured"
+    print(f"\nknown_hosts, {kh['entries']} entries: brctl {kh['brctl_s']:.3f} s; "
+          f"paramiko HostKeys.load {kh['paramiko_s']:.1f} s ({how})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
