@@ -94,7 +94,7 @@ class KnownHosts:
             if pattern.startswith("|1|"):
                 salt, digest = _parse_hashed(pattern, entry.source)
                 self.hashed.append((salt, digest, entry))
-            elif any(c in pattern for c in "*?!"):
+            elif "*" in pattern or "?" in pattern or "!" in pattern:
                 wild.append(pattern)
             else:
                 self.exact.setdefault(pattern.lower(), []).append(entry)

@@ -357,7 +357,8 @@ class SshTransport:
             return hit
         try:
             key = paramiko.PKey.from_path(path)
-        except paramiko.PasswordRequiredException:
+        except (paramiko.PasswordRequiredException, TypeError):
+            # cryptography reports an encrypted OpenSSH-format key as a TypeError.
             raise _ConnectError(
                 NodeState.AUTH, f"identity file {path} is passphrase-protected; brctl never prompts"
             ) from None
@@ -443,6 +444,8 @@ class SshTransport:
         sock = socket.socket(family, stype, proto)
         # paramiko never sets it; without it every round trip waits for delayed ACKs.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The kernel notices a vanished peer on an idle cached connection, too.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             sock.connect(addr)
@@ -466,7 +469,8 @@ class SshTransport:
         except BaseException:
             transport.close()
             raise
-        self.connections_opened += 1
+        with self._lock:
+            self.connections_opened += 1
         return transport
 
     def _handshake(self, t: paramiko.Transport, ep: Endpoint, deadline: float) -> None:
