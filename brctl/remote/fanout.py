@@ -47,20 +47,22 @@ def run_all(
         concurrency: nodes in flight at once.
         deadline: seconds for the whole fan-out; later nodes get what is left.
         on_done: called (in the caller's thread) as each node finishes, e.g. progress.
-        processes: worker processes for large fan-outs of fresh connections (see
-            ``brctl.remote.shard``); used when > 1, the transport has a
-            ``process_factory`` and ``argv``/``stdin`` are picklable, else threads.
+        processes: at most this many worker processes for large fan-outs of fresh
+            connections (see ``brctl.remote.shard``: one per 128 nodes at most); used
+            when the transport has a ``process_factory`` and ``argv``/``stdin`` are
+            picklable, else threads.
 
     Returns:
         ``{node name: RunResult}`` in the order of ``nodes``.
     """
     todo = list(nodes)
     make = getattr(transport, "process_factory", None)
-    if processes > 1 and len(todo) > 1 and make is not None:
-        from brctl.remote.shard import picklable, run_sharded
+    if processes > 1 and make is not None:
+        from brctl.remote.shard import picklable, run_sharded, worth_processes
 
+        processes = worth_processes(processes, len(todo))
         factory = make(processes)
-        if picklable(factory, argv, stdin):
+        if processes > 1 and picklable(factory, argv, stdin):
             return run_sharded(
                 factory, todo, argv, processes=processes, timeout=timeout, stdin=stdin,
                 concurrency=concurrency, deadline=deadline, on_done=on_done,

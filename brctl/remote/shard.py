@@ -30,6 +30,14 @@ from brctl.errors import InterruptedRun
 from brctl.remote.transport import Node, NodeState, RunResult, Transport
 
 _SHARD_DONE = "done"
+# A worker costs ~0.3-0.5 s of CPU to start (interpreter, paramiko import) against
+# ~6-8 ms per fresh connection, so each must have this many nodes to pay for itself.
+MIN_NODES_PER_PROCESS = 128
+
+
+def worth_processes(requested: int, nodes: int) -> int:
+    """How many worker processes ``nodes`` fresh connections justify (1: stay in threads)."""
+    return max(1, min(requested, nodes // MIN_NODES_PER_PROCESS))
 
 
 def picklable(*values: object) -> bool:

@@ -224,3 +224,11 @@ def test_malformed_known_hosts_fails_preload_with_file_and_line(tmp_path: Path) 
     kh.write_text(_line("ok", K1) + "\ngarbage-line\n")
     with pytest.raises(InputError, match=f"{kh}:2: "):
         SshTransport(ssh_config=os.devnull).preload([Node(name="n", address="n", known_hosts=str(kh))])
+
+
+def test_worker_processes_only_for_large_fanouts() -> None:
+    from brctl.remote.shard import MIN_NODES_PER_PROCESS, worth_processes
+
+    assert worth_processes(8, 64) == 1
+    assert worth_processes(8, 2 * MIN_NODES_PER_PROCESS) == 2
+    assert worth_processes(2, 10_000) == 2
