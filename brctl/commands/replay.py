@@ -54,7 +54,10 @@ def replay_command(
     meets each round-1 group in at most one machine. Groups are compared with each
     other (majority of bitwise per-step fingerprints of loss and gradients), so the
     faulty machine is where the deviant groups meet. Two faulty machines get a third
-    round that replays each candidate with known-good machines. Exit 0 none, 1 found,
+    round that replays each candidate with known-good machines. The built-in workload
+    needs torch for ssh.python on the nodes; a group's ranks meet over TCP at its first
+    machine's inventory address (set GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME in a
+    node's env: when the default interface is the wrong one). Exit 0 none, 1 found,
     ambiguous or not_reproduced, 3 incomplete (groups could not run).
     """
     from brctl.commands._render_replay import render, render_plan
