@@ -588,10 +588,21 @@ class SshTransport:
                 return None, _result(node.name, exc.state, t0, exc.message)
             except KnownHostsError as exc:
                 return None, _result(node.name, NodeState.HOSTKEY, t0, exc.message)
+            asked = time.monotonic()
             try:
                 return conn.open_session(timeout=ep.connect_timeout), None
+            except paramiko.ChannelException as exc:  # e.g. MaxSessions: the connection is fine
+                return None, _result(node.name, NodeState.UNREACHABLE, t0, f"session refused: {exc}")
             except (paramiko.SSHException, EOFError, OSError) as exc:
+                hung = conn.is_active() and time.monotonic() - asked >= ep.connect_timeout * 0.95
                 self._drop(ep, conn)
+                if hung:
+                    # Alive but silent (a hung or frozen node): a new connection would
+                    # only hang as well, so report it rather than pay the timeout twice.
+                    return None, _result(
+                        node.name, NodeState.TIMEOUT, t0,
+                        f"no answer to a session request within {ep.connect_timeout:g}s (node hung?)",
+                    )  # fmt: skip
                 if new or attempt:
                     return None, _result(
                         node.name, NodeState.UNREACHABLE, t0, f"could not open a session: {exc}"

@@ -36,6 +36,7 @@ API (fixtures in ``tests/integration/conftest.py``)::
     cluster.write_inventory(tmp_path, **same) -> Path            # YAML file
     cluster.node_path(name, "/opt/train/current") -> Path         # that path as the node sees it
     cluster.stop_node(name) / cluster.start_node(name)            # make a node unreachable
+    cluster.freeze_node(name) / cluster.thaw_node(name)           # SIGSTOP it: a hung machine
     cluster.count_connections(name) -> int                        # from its sshd log
     cluster.node_pids(name, pattern) -> list[int]                 # host PIDs in its namespace
     cluster.log(name) -> str
@@ -325,6 +326,23 @@ class SshCluster:
                 time.sleep(0.01)
                 continue
             return
+
+    def freeze_node(self, name: str) -> None:
+        """SIGSTOP every process of the node: it keeps its TCP connections but answers nothing."""
+        self._signal_all(name, signal.SIGSTOP)
+
+    def thaw_node(self, name: str) -> None:
+        """Undo ``freeze_node``."""
+        self._signal_all(name, signal.SIGCONT)
+
+    def _signal_all(self, name: str, sig: signal.Signals) -> None:
+        proc = self._procs.get(name)
+        if proc is None:
+            return
+        ns = os.readlink(f"/proc/{proc.pid}/ns/pid_for_children")
+        for pid in _pids_in_namespace(ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def stop(self) -> None:
         """Stop every node and release the port."""

@@ -208,6 +208,27 @@ def _fan_out(nodes: list[Node], argv: list[str]) -> list[RunResult]:
         t.close()
 
 
+def test_hung_node_with_an_open_connection_costs_one_connect_timeout(
+    make_cluster: MakeCluster, transport: SshTransport
+) -> None:
+    cluster = make_cluster(1)
+    node = nodes_of(cluster, connect_timeout=1.5)[0]
+    assert transport.run(node, ["true"], timeout=scaled(10)).state is NodeState.OK
+    cluster.freeze_node(node.name)
+    try:
+        t0 = time.monotonic()
+        r = transport.run(node, ["true"], timeout=scaled(10))
+        elapsed = time.monotonic() - t0
+    finally:
+        cluster.thaw_node(node.name)
+    assert r.state is NodeState.TIMEOUT, r
+    assert "hung" in r.stderr
+    assert 1.4 <= elapsed < 1.5 + scaled(1.5)
+    # Once it answers again, the next run reconnects (a roomier budget: loaded CI).
+    again = transport.run(replace(node, connect_timeout=scaled(10)), ["true"], timeout=scaled(10))
+    assert again.state is NodeState.OK, again
+
+
 def test_fanout_16_nodes_and_jump_host_multiplexing(make_cluster: MakeCluster) -> None:
     cluster = make_cluster(17)
     jump, targets = cluster.names[0], cluster.names[1:]
