@@ -416,7 +416,12 @@ class SshTransport:
     def _open_socket(self, ep: Endpoint, deadline: float) -> socket.socket | _ChannelSocket:
         where = f"{ep.host}:{ep.port}"
         if ep.jump is not None:
-            jump, _ = self._connection(ep.jump)
+            try:
+                jump, _ = self._connection(ep.jump)
+            except _ConnectError as exc:
+                raise _ConnectError(
+                    exc.state, f"{ep.jump.label}: {exc.message}", retriable=exc.retriable
+                ) from None
             try:
                 chan = jump.open_channel(
                     "direct-tcpip",

@@ -245,6 +245,20 @@ def test_fanout_16_nodes_and_jump_host_multiplexing(make_cluster: MakeCluster) -
         assert after[jump] - before[jump] == (1 if round_nodes is via else 0)
 
 
+def test_jump_host_failures_say_where(make_cluster: MakeCluster, transport: SshTransport) -> None:
+    cluster = make_cluster(2)
+    jump, target = cluster.names
+    cluster.stop_node(target)
+    via = nodes_of(cluster, [target], proxy_jump=f"root@{cluster.address(jump)}:{cluster.port}")[0]
+    r = transport.run(via, ["true"], timeout=scaled(10))
+    assert r.state is NodeState.UNREACHABLE, r
+    assert "could not connect" in r.stderr and cluster.address(target) in r.stderr
+    cluster.stop_node(jump)
+    r = transport.run(replace(via, name="other"), ["true"], timeout=scaled(10))
+    assert r.state is NodeState.UNREACHABLE, r
+    assert r.stderr.startswith("jump host ")
+
+
 def test_ssh_config_is_honoured(ssh_cluster: SshCluster, tmp_path: Path) -> None:
     target = ssh_cluster.names[1]
     cfg = tmp_path / "ssh_config"
