@@ -316,3 +316,16 @@ def test_fanout_over_worker_processes(ssh_cluster: SshCluster) -> None:
         assert r.state is NodeState.OK, r
         assert r.stdout.split()[2] == node.address
     assert parent.connections_opened == 0  # the workers did the connecting
+
+
+def test_connect_rate_caps_new_connections(ssh_cluster: SshCluster) -> None:
+    t = SshTransport(ssh_config=os.devnull, connect_rate=4)  # bucket of 1: 4 nodes need >= 0.75 s
+    try:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda n: t.run(n, ["true"], timeout=scaled(20)), nodes_of(ssh_cluster)))
+        elapsed = time.monotonic() - t0
+    finally:
+        t.close()
+    assert all(r.state is NodeState.OK for r in results), results
+    assert elapsed >= 0.7
