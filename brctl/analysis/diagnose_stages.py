@@ -123,18 +123,26 @@ def judge_alltoall(docs: Mapping[str, Mapping[str, Any]], ratio: float) -> list[
             out[node] = Verdict(node, "skip", (str(doc["skipped"]),))
             continue
         status = doc.get("status")
-        if status == "hang":
-            ev = f"hung: ranks {doc.get('hung_ranks')} did not finish within {doc.get('timeout')}s"
+        if status == "hang" and doc.get("phase") == "startup":
+            ev = (f"hung: ranks {doc.get('hung_ranks')} did not reach the rendezvous within "
+                  f"{doc.get('startup_timeout')}s")
+            out[node] = Verdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
+        elif status == "hang":
+            ev = (f"hung: ranks {doc.get('hung_ranks')} did not finish within "
+                  f"{doc.get('timeout')}s of being ready")
             out[node] = Verdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
         elif status == "error":
             out[node] = Verdict(node, "fail", tuple(doc.get("errors") or ["a rank failed"]), details)
         elif status == "wrong_data":
             out[node] = Verdict(node, "fail", ("wrong data received", *doc.get("mismatches", [])),
                                 details)
-        else:
+        elif status == "pass":
             out[node] = Verdict(node, "pass", (), details)
             if isinstance(doc.get("busbw_gbps"), (int, float)):
                 measured[node] = float(doc["busbw_gbps"])
+        else:
+            out[node] = Verdict(node, "error", (f"unexpected all-to-all status {status!r}",),
+                                details)
     if len(measured) >= 3:
         median = statistics.median(measured.values())
         for node, bw in measured.items():

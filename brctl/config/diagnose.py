@@ -28,6 +28,10 @@ class DiagnoseSection:
     dcgm_timeout: float = sfield(900.0, check=positive)
     alltoall_timeout: float = sfield(120.0, check=positive)
     allgather_timeout: float = sfield(120.0, check=positive)
+    # The collective stages' timeouts count from the moment every worker is ready
+    # (torch imported, all ranks at the rendezvous); getting there has its own,
+    # generous limit: importing torch takes seconds, minutes on an overloaded host.
+    startup_timeout: float = sfield(300.0, check=positive)
     # Bytes each rank sends to each peer per all-to-all iteration: big enough to measure
     # bandwidth on GPUs, small enough for gloo on CPU.
     alltoall_bytes: int = sfield(1 << 20, check=at_least_one)

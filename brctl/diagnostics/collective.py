@@ -6,8 +6,11 @@ verifies every received element exactly and measures bus bandwidth. Rank 0 opens
 the TCPStore on port 0 and reports the port, so concurrent tests never race for one.
 ``op: allgather`` runs this machine's rank of a multi-machine all-gather (rendezvous
 at ``master_addr:master_port``, a node of the group). ``op: free_port`` picks a port
-for such a group on the master. A worker that outlives ``timeout`` is killed and the
-test reports a hang. Node-side: standard library here, torch only inside workers.
+for such a group on the master. Workers print ``ready`` once torch is imported and
+every rank has reached the rendezvous; ``timeout`` counts from then, so a slow
+``import torch`` is never taken for a hang. A worker not ready within
+``startup_timeout``, or still running ``timeout`` after readiness, is killed and the
+test reports a hang (``phase`` says which). Node-side: standard library here, torch only inside workers.
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import selectors
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 from brctl.diagnostics.protocol import serve
 
 _GRACE = 5.0  # seconds after the test timeout for workers to report before being killed
+_READY = "ready"  # a worker's line once torch is imported and every rank has joined
 
 
 def _root() -> str:
@@ -42,72 +48,155 @@ def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _spawn(config: dict[str, Any], env: dict[str, str], port_later: bool = False
-           ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "brctl.diagnostics.collective", "--worker", json.dumps(config)],
-        stdin=subprocess.PIPE if port_later else subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        env=env,
-    )
+class _Worker:
+    """One worker process and what it has said so far (stdout read raw, line by line)."""
 
+    def __init__(self, rank: int, config: dict[str, Any], env: dict[str, str],
+                 port_later: bool) -> None:
+        self.rank = rank
+        # stderr goes to a file: a chatty torch must never block on a full pipe.
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the worker
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "brctl.diagnostics.collective", "--worker",
+             json.dumps(config)],
+            stdin=subprocess.PIPE if port_later else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+        self.buffer = b""
+        self.lines: list[str] = []
+        self.ready = False
+        self.closed = False
 
-def _reap(procs: list[subprocess.Popen[str]], deadline: float) -> tuple[list[dict[str, Any]], bool]:
-    """Each worker's JSON line; kills all when ``deadline`` passes (then hung=True)."""
-    reports: list[dict[str, Any]] = []
-    hung = False
-    for rank, proc in enumerate(procs):
+    def feed(self, chunk: bytes) -> list[str]:
+        """Add output; the complete lines it finished."""
+        self.buffer += chunk
+        *done, self.buffer = self.buffer.split(b"\n")
+        lines = [ln.decode("utf-8", errors="replace") for ln in done]
+        self.lines.extend(lines)
+        return lines
+
+    def tell_port(self, port: int) -> None:
+        """Pass rank 0's store port on stdin (a dead worker is reported by ``report``)."""
+        if self.proc.stdin is None:
+            return
         try:
-            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            hung = True
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            out, err = proc.communicate()
-        reports.append(_report(rank, proc.returncode, out, err))
-    return reports, hung
+            self.proc.stdin.write(f"port {port}\n".encode())
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def report(self) -> dict[str, Any]:
+        """Its JSON result line, else an error built from the tail of stderr."""
+        for line in reversed([*self.lines, self.buffer.decode("utf-8", errors="replace")]):
+            if line.startswith("{"):
+                try:
+                    doc: dict[str, Any] = json.loads(line)
+                    return doc
+                except ValueError:
+                    break
+        self.stderr.seek(0)
+        err = self.stderr.read()[-4000:].decode("utf-8", errors="replace")
+        self.stderr.close()
+        tail = (err.strip().splitlines() or ["no output"])[-1][:300]
+        return {"rank": self.rank, "ok": False, "finished": False,
+                "exit_code": self.proc.returncode, "error": tail}
 
 
-def _report(rank: int, code: int | None, out: str, err: str) -> dict[str, Any]:
-    for line in reversed(out.splitlines()):
-        if line.startswith("{"):
-            try:
-                doc: dict[str, Any] = json.loads(line)
-                return doc
-            except ValueError:
-                break
-    tail = (err.strip().splitlines() or ["no output"])[-1][:300]
-    return {"rank": rank, "ok": False, "finished": False, "exit_code": code, "error": tail}
+def _supervise(workers: list[_Worker], startup_deadline: float, timeout: float
+               ) -> tuple[str | None, float | None]:
+    """Watch the workers until all exit; kill them all on a missed deadline.
+
+    Two clocks: every worker must be ready (torch imported, all ranks at the
+    rendezvous) by ``startup_deadline``; from the moment the last one is, the test
+    has ``timeout`` (+ a grace to report). Importing torch takes seconds on a loaded
+    machine and must never count as a hang of the collective itself.
+
+    Returns:
+        ``(phase, ready_at)``: the phase whose deadline was missed (``startup`` or
+        ``test``; None when every worker exited), and when the last worker was ready.
+    """
+    sel = selectors.DefaultSelector()
+    for w in workers:
+        assert w.proc.stdout is not None
+        sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+    ready_at: float | None = None
+    missed: str | None = None
+    abandoned = False  # a worker died before the rendezvous: its peers would wait in vain
+    while sel.get_map() and not abandoned:
+        deadline = startup_deadline if ready_at is None else ready_at + timeout + _GRACE
+        left = deadline - time.monotonic()
+        if left <= 0:
+            missed = "startup" if ready_at is None else "test"
+            break
+        for key, _ in sel.select(timeout=left):
+            w = key.data
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                w.closed = True
+                abandoned = abandoned or not w.ready
+                continue
+            if _heard(w, chunk, workers) and ready_at is None:
+                ready_at = time.monotonic()
+    for w in workers:
+        if w.proc.poll() is None and (missed or abandoned):
+            w.proc.kill()
+        w.proc.wait()
+        if not w.closed and w.proc.stdout is not None:
+            w.feed(w.proc.stdout.read() or b"")
+    sel.close()
+    return missed, ready_at
 
 
-def _summary(op: str, reports: list[dict[str, Any]], hung: bool, timeout: float,
-             start: float) -> dict[str, Any]:
+def _heard(w: _Worker, chunk: bytes, workers: list[_Worker]) -> bool:
+    """Act on a worker's output (relay rank 0's port); True once every worker is ready."""
+    for line in w.feed(chunk):
+        if line.startswith("port ") and w is workers[0]:
+            for other in workers[1:]:
+                other.tell_port(int(line.split()[1]))
+        elif line.strip() == _READY:
+            w.ready = True
+    return all(x.ready for x in workers)
+
+
+def _summary(op: str, workers: list[_Worker], missed: str | None, timeout: float,
+             startup: float, start: float, ready_at: float | None) -> dict[str, Any]:
+    reports = [w.report() for w in workers]
     if any(r.get("skip") for r in reports):
         return {"op": op, "skipped": next(r["skip"] for r in reports if r.get("skip"))}
     finished = [r for r in reports if r.get("finished")]
     bad_data = [r for r in finished if not r.get("data_ok")]
     errors = [r for r in reports if not r.get("finished")]
     status = "pass"
-    if hung:
+    if missed:
         status = "hang"
     elif errors:
         status = "error"
     elif bad_data:
         status = "wrong_data"
     busbw = [r["busbw_gbps"] for r in finished if r.get("busbw_gbps") is not None]
+    not_ready = [w.rank for w in workers if not w.ready]
     return {
         "op": op,
         "status": status,
+        # startup: some rank never reached the rendezvous within the start-up limit.
+        "phase": missed,
         "backend": next((r.get("backend") for r in reports if r.get("backend")), None),
         "world": len(reports),
         "timeout": timeout,
-        "hung_ranks": [r.get("rank") for r in errors] if hung else [],
+        "startup_timeout": startup,
+        "hung_ranks": (not_ready if missed == "startup" else
+                       [r.get("rank") for r in errors]) if missed else [],
         "errors": [f"rank {r.get('rank')}: {r.get('error')}" for r in errors][:8],
         "mismatches": [f"rank {r.get('rank')}: {r.get('mismatch')}" for r in bad_data][:8],
         "busbw_gbps": min(busbw) if busbw else None,  # the slowest rank bounds the machine
+        "startup_seconds": None if ready_at is None else ready_at - start,
         "seconds": time.monotonic() - start,
     }
+
+
+def _limits(request: dict[str, Any]) -> tuple[float, float]:
+    timeout = float(request["timeout"])
+    return timeout, float(request.get("startup_timeout", 300.0))
 
 
 def alltoall(request: dict[str, Any]) -> dict[str, Any]:
@@ -115,61 +204,35 @@ def alltoall(request: dict[str, Any]) -> dict[str, Any]:
     if importlib.util.find_spec("torch") is None:
         return {"op": "alltoall", "skipped": "torch is not installed on this machine"}
     world = int(request["world"])
-    timeout = float(request["timeout"])
+    timeout, startup = _limits(request)
     start = time.monotonic()
     base = {"op": "alltoall", "world": world, "bytes": int(request.get("bytes", 1 << 20)),
             "iterations": int(request.get("iterations", 5)), "timeout": timeout,
-            "master_addr": "127.0.0.1", "master_port": 0}
+            "startup_timeout": startup, "master_addr": "127.0.0.1", "master_port": 0}
     env = _worker_env({"GLOO_SOCKET_IFNAME": "lo"})  # machine-local: loopback only
     # Every worker starts at once (importing torch takes seconds); rank 0 reports the
     # port of its store and the others read it on stdin.
-    first = _spawn({**base, "rank": 0, "local_rank": 0}, env)
-    rest = [_spawn({**base, "rank": r, "local_rank": r}, env, port_later=True)
-            for r in range(1, world)]
-    port = _read_port(first, start + timeout)
-    for proc in rest:
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(f"port {port or 0}\n")
-            proc.stdin.flush()  # communicate() closes it later
-        except OSError:
-            pass  # it died already; _reap reports why
-    reports, hung = _reap([first, *rest], start + timeout + _GRACE)
-    return _summary("alltoall", reports, hung, timeout, start)
-
-
-def _read_port(proc: subprocess.Popen[str], deadline: float) -> int | None:
-    """Rank 0 prints ``port N`` once its store listens (or exits on failure)."""
-    import selectors
-
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = proc.stdout.readline()
-        if not line:
-            return None
-        if line.startswith("port "):
-            return int(line.split()[1])
-    return None
+    workers = [_Worker(r, {**base, "rank": r, "local_rank": r}, env, port_later=r > 0)
+               for r in range(world)]
+    missed, ready_at = _supervise(workers, start + startup, timeout)
+    return _summary("alltoall", workers, missed, timeout, startup, start, ready_at)
 
 
 def allgather(request: dict[str, Any]) -> dict[str, Any]:
     """This machine's rank of an all-gather across ``nnodes`` machines."""
     if importlib.util.find_spec("torch") is None:
         return {"op": "allgather", "skipped": "torch is not installed on this machine"}
-    timeout = float(request["timeout"])
+    timeout, startup = _limits(request)
     start = time.monotonic()
     config = {"op": "allgather", "world": int(request["nnodes"]), "rank": int(request["node_rank"]),
               "local_rank": 0, "bytes": int(request.get("bytes", 1 << 20)),
               "iterations": int(request.get("iterations", 5)), "timeout": timeout,
+              "startup_timeout": startup,
               "master_addr": request["master_addr"], "master_port": int(request["master_port"])}
     extra = {"GLOO_SOCKET_IFNAME": request["gloo_ifname"]} if request.get("gloo_ifname") else {}
-    proc = _spawn(config, _worker_env(extra))
-    reports, hung = _reap([proc], start + timeout + _GRACE)
-    return _summary("allgather", reports, hung, timeout, start)
+    workers = [_Worker(config["rank"], config, _worker_env(extra), port_later=False)]
+    missed, ready_at = _supervise(workers, start + startup, timeout)
+    return _summary("allgather", workers, missed, timeout, startup, start, ready_at)
 
 
 def free_port(request: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """One rank of a collective test (runs in a worker process started by ``collective``).
 
+Imports torch, joins the rendezvous (a TCPStore barrier bounded by
+``startup_timeout``), creates the process group and prints ``ready``; then runs the
+test, whose ``timeout`` the probe counts from that line.
 Prints one JSON line: ``finished``, ``data_ok`` (every element exactly as sent),
 ``mismatch`` (the first wrong element), ``busbw_gbps`` (nccl-tests' bus bandwidth),
 ``backend``; or ``error``/``skip``. torch is imported here only.
@@ -87,6 +90,28 @@ def _allgather(torch: Any, dist: Any, cfg: dict[str, Any], device: Any) -> dict[
     return {"data_ok": data_ok, "mismatch": mismatch, "busbw_gbps": busbw, "algbw_gbps": algbw}
 
 
+def _rendezvous(dist: Any, cfg: dict[str, Any]) -> Any:
+    """Join the TCPStore and wait until every rank has (within ``startup_timeout``).
+
+    A store-only barrier: it needs no collective of the backend under test, so a
+    broken collective is seen by the test itself, after readiness, not here.
+    """
+    startup = datetime.timedelta(seconds=cfg.get("startup_timeout", 300.0))
+    rank = cfg["rank"]
+    if cfg["master_port"] == 0 and rank != 0:
+        # The probe tells us the port rank 0's store got (0: it failed to start).
+        cfg["master_port"] = int((sys.stdin.readline().split() or ["port", "0"])[-1])
+        if not cfg["master_port"]:
+            raise RuntimeError("rank 0 did not start its rendezvous store")
+    store = dist.TCPStore(cfg["master_addr"], cfg["master_port"], cfg["world"],
+                          is_master=rank == 0, timeout=startup, wait_for_workers=False)
+    if cfg["master_port"] == 0 and rank == 0:
+        print(f"port {store.port}", flush=True)  # tells the probe where the others meet
+    store.set(f"brctl/joined/{rank}", "1")
+    store.wait([f"brctl/joined/{r}" for r in range(cfg["world"])], startup)
+    return store
+
+
 def main(cfg: dict[str, Any]) -> None:
     """Run one rank; always print one JSON line."""
     rank = cfg["rank"]
@@ -98,20 +123,10 @@ def main(cfg: dict[str, Any]) -> None:
         return
     try:
         backend, device = _device(torch, cfg["local_rank"])
-        timeout = datetime.timedelta(seconds=cfg["timeout"])
-        if cfg["master_port"] == 0 and rank != 0:
-            # The probe tells us the port rank 0's store got (0: it failed to start).
-            cfg["master_port"] = int((sys.stdin.readline().split() or ["port", "0"])[-1])
-            if not cfg["master_port"]:
-                raise RuntimeError("rank 0 did not start its rendezvous store")
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            cfg["master_addr"], cfg["master_port"], cfg["world"],
-                              is_master=rank == 0, timeout=timeout,
-                              wait_for_workers=False)
-        if cfg["master_port"] == 0 and rank == 0:
-            print(f"port {store.port}", flush=True)  # tells the probe where the others meet
+        store = _rendezvous(dist, cfg)
         dist.init_process_group(backend, store=store, rank=rank, world_size=cfg["world"],
-                                timeout=timeout)
+                                timeout=datetime.timedelta(seconds=cfg["timeout"]))
+        print("ready", flush=True)  # the probe's test clock starts now
         test = _alltoall if cfg["op"] == "alltoall" else _allgather
         result = test(torch, dist, cfg, device)
         dist.destroy_process_group()

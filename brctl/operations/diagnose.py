@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from brctl.analysis import diagnose_stages as st
-from brctl.analysis.diagnose_decide import PastVerdict, decide
+from brctl.analysis.diagnose_decide import PastVerdict, StageOutcome, decide
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.nodeset import fold
 from brctl.analysis.playbook import Classification, NodeEvidence, Playbook, Stage, classify
@@ -41,7 +41,7 @@ COMPONENT = Component("diagnose", [
     " decision TEXT NOT NULL, faulty TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL);"
     "CREATE INDEX diagnose_verdicts_job ON diagnose_verdicts(job, at)",
 ])
-_MARGIN = 20.0  # seconds a probe may take beyond its test's own timeout (python + torch start)
+_MARGIN = 20.0  # seconds a probe may take beyond its own limits (ssh, python, shipping the zip)
 # torchrun's failure summary: "exitcode  : -6 (pid: 1234)".
 _EXITCODE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")
 Progress = Callable[[str], None]
@@ -58,11 +58,23 @@ class StageReport:
     verdicts: tuple[st.Verdict, ...] = ()
     rounds: tuple[tuple[tuple[tuple[str, ...], bool], ...], ...] = ()  # allgather groups
 
+    def outcome(self) -> StageOutcome:
+        """What this stage could test, for the decision's reason."""
+        tested = tuple(v.node for v in self.verdicts if v.status in ("pass", "warn", "fail"))
+        warned = tuple(v.node for v in self.verdicts if v.status == "warn")
+        return StageOutcome(self.name, tested, warned, self.skip_reasons())
+
+    def skip_reasons(self) -> tuple[str, ...]:
+        """The distinct reasons machines were skipped, in first-seen order."""
+        return tuple(dict.fromkeys("; ".join(v.evidence) or "skipped"
+                                   for v in self.verdicts if v.status == "skip"))
+
     def to_json(self) -> dict[str, Any]:
         """The JSON of DESIGN.md (name, nodes_tested, faulty, seconds) plus the evidence."""
         out: dict[str, Any] = {
             "name": self.name, "nodes_tested": list(self.nodes_tested),
             "faulty": list(self.faulty), "seconds": round(self.seconds, 3),
+            "skipped": list(self.skip_reasons()),
             "verdicts": [v.to_json() for v in self.verdicts],
         }
         if self.rounds:
@@ -183,16 +195,37 @@ def diagnose(
             if report.faulty:
                 faulty, faulty_stage = report.faulty, stage.name
                 break  # fast isolation: the first stage that names machines ends the ladder
+        if not faulty:
+            incomplete.update(_untested(stages, candidates))
     job = inv.job.name if inv.job else "adhoc"
     when = time.time() if now is None else now
     history = _history(store, job)
     verdict = decide(found, faulty, history, now=when, window=inv.diagnose.repeat_window,
-                     faulty_stage=faulty_stage)
+                     faulty_stage=faulty_stage, stages=[s.outcome() for s in stages])
     if store is not None:
         _record(store, job, found.playbook.name, verdict.decision, verdict.faulty, verdict.reason,
                 when)
     return DiagnoseReport(job, found, tuple(stages), verdict.faulty, verdict.decision,
                           verdict.reason, incomplete, notes, time.monotonic() - start)
+
+
+def _untested(stages: Sequence[StageReport], nodes: Sequence[Node]) -> dict[str, str]:
+    """Machines no stage could test (every stage skipped them): they have no verdict.
+
+    Only asked when the ladder ran to its end; a ladder that stopped at a faulty
+    machine leaves the others untested on purpose (fast isolation).
+    """
+    if not stages:
+        return {}
+    judged = {v.node for s in stages for v in s.verdicts if v.status in ("pass", "warn", "fail")}
+    out: dict[str, str] = {}
+    for node in nodes:
+        if node.name in judged:
+            continue
+        why = [f"{s.name}: {'; '.join(v.evidence) or 'skipped'}"
+               for s in stages for v in s.verdicts if v.node == node.name and v.status == "skip"]
+        out[node.name] = "no stage could test it (" + ("; ".join(why) or "not tested") + ")"
+    return out
 
 
 def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: Options
@@ -301,12 +334,14 @@ def _alltoall(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Nod
     cfg = inv.diagnose
     timeout = (stage.timeout or cfg.alltoall_timeout) * options.timeout_scale
 
+    startup = cfg.startup_timeout * options.timeout_scale
+
     def request(node: Node) -> dict[str, Any]:
         return {"op": "alltoall", "world": node.gpus, "bytes": cfg.alltoall_bytes,
-                "iterations": cfg.iterations, "timeout": timeout}
+                "iterations": cfg.iterations, "timeout": timeout, "startup_timeout": startup}
 
     results = runner.run(nodes, "brctl.diagnostics.collective", request,
-                         timeout=timeout + _MARGIN, concurrency=options.concurrency)
+                         timeout=startup + timeout + _MARGIN, concurrency=options.concurrency)
     docs = {n.name: results[n.name].document or {} for n in nodes if results[n.name].ok}
     backends = {d.get("backend") for d in docs.values()}
     ratio = cfg.bandwidth_ratio if backends == {"nccl"} else cfg.cpu_bandwidth_ratio
@@ -374,6 +409,7 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
                 ) -> list[tuple[tuple[str, ...], bool]]:
     """Run one all-gather per group at once; a group is ok when every member passed."""
     cfg = inv.diagnose
+    startup = cfg.startup_timeout * options.timeout_scale
     masters = [g[0] for g in groups]
     ports = runner.run(masters, "brctl.diagnostics.collective",
                        lambda n: {"op": "free_port", "address": _master_addr(n)},
@@ -387,11 +423,12 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
         for rank, node in enumerate(group):
             plan[node.name] = {"op": "allgather", "nnodes": len(group), "node_rank": rank,
                                "master_addr": addr, "master_port": port or 0,
-                               "timeout": timeout, "bytes": cfg.allgather_bytes,
+                               "timeout": timeout, "startup_timeout": startup,
+                               "bytes": cfg.allgather_bytes,
                                "iterations": cfg.iterations, "gloo_ifname": ifname}
     members = [n for g in groups for n in g]
     results = runner.run(members, "brctl.diagnostics.collective", lambda n: plan[n.name],
-                         timeout=timeout + _MARGIN, concurrency=options.concurrency)
+                         timeout=startup + timeout + _MARGIN, concurrency=options.concurrency)
     outcome = []
     for group in groups:
         ok = True
@@ -415,6 +452,8 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
 
 
 def _gather_failure(doc: Mapping[str, Any]) -> str:
+    if doc.get("status") == "hang" and doc.get("phase") == "startup":
+        return f"not at the rendezvous within {doc.get('startup_timeout')}s"
     if doc.get("status") == "hang":
         return f"hung past {doc.get('timeout')}s"
     if doc.get("status") == "wrong_data":
