@@ -7,9 +7,14 @@ the machines to evict and the reason come out.
 1. User-code failure (``on_match: rollback``) → rollback at once, never evict.
 2. Confident hardware signal (``on_match: evict``) → evict the machines that show it.
 3. A stage named faulty machines → evict them.
-4. Everything passed: the same symptom right after a reattempt → rollback (the last
+4. Nothing found: the same symptom right after a reattempt → rollback (the last
    code update); still failing after a rollback → replay (find silent corruption);
    else the playbook's ``on_clean`` (reattempt, or rollback for e.g. OOM).
+
+"Nothing found" is only "clean" when the stages tested something: the reason says
+which stages passed and which were skipped (and why), and when every stage was
+skipped it says no stage could test anything, never that the machines are clean
+(the operation then reports the machines as having no verdict: exit 3).
 """
 
 from __future__ import annotations
@@ -32,6 +37,50 @@ class PastVerdict:
     symptom: str  # the playbook name
     decision: str
     at: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What one stage of the ladder managed to test (for the wording of the reason)."""
+
+    name: str
+    tested: tuple[str, ...] = ()  # machines it gave a verdict (pass, warn or fail)
+    warned: tuple[str, ...] = ()  # machines it found not clean, but not faulty
+    skip_reasons: tuple[str, ...] = ()  # distinct reasons it could not test machines
+
+
+def nothing_tested(stages: Sequence[StageOutcome]) -> bool:
+    """True when stages ran but none of them could test a single machine."""
+    return bool(stages) and not any(s.tested for s in stages)
+
+
+def describe_clean(stages: Sequence[StageOutcome]) -> str:
+    """What "no faulty machine" rests on, e.g. ``alltoall passed; eud skipped (...)``."""
+    if not stages:
+        return "the playbook runs no stage: no machine was tested"
+    if nothing_tested(stages):
+        why = "; ".join(f"{s.name}: {', '.join(s.skip_reasons) or 'nothing to test'}"
+                        for s in stages)
+        return f"no stage could test anything ({why}): the machines are not known to be clean"
+    if all(s.tested and not s.skip_reasons and not s.warned for s in stages):
+        return "every stage passed"
+    parts = []
+    ran = [s for s in stages if s.tested]
+    parts.append(f"{_names(ran)} passed" if ran else "")
+    for s in ran:
+        if s.warned:
+            parts.append(f"{s.name} warned on {fold(s.warned)}")
+        if s.skip_reasons:
+            parts.append(f"{s.name} skipped some machines ({', '.join(s.skip_reasons)})")
+    for s in stages:
+        if not s.tested:
+            parts.append(f"{s.name} skipped ({', '.join(s.skip_reasons) or 'nothing to test'})")
+    return "; ".join(p for p in parts if p)
+
+
+def _names(stages: Sequence[StageOutcome]) -> str:
+    names = [s.name for s in stages]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 @dataclass(frozen=True)
@@ -61,6 +110,7 @@ def decide(
     now: float,
     window: float,
     faulty_stage: str | None = None,
+    stages: Sequence[StageOutcome] = (),
 ) -> Verdict:
     """Decide what to do with the job.
 
@@ -71,6 +121,8 @@ def decide(
         now: the current time (seconds since the epoch), given so this stays pure.
         window: how long an earlier verdict counts as "the same failure again".
         faulty_stage: the stage that found ``stage_faulty`` (for the reason).
+        stages: what each stage that ran could test (the reason never calls skipped
+            stages passed).
     """
     book = found.playbook
     first = f": {found.hits[0].text}" if found.hits else ""
@@ -83,15 +135,21 @@ def decide(
     if stage_faulty:
         return Verdict("evict", tuple(stage_faulty),
                        f"stage {faulty_stage or '?'} found {fold(stage_faulty)} faulty")
+    clean = describe_clean(stages)
     last = last_repeat(history, book.name, now, window)
     if last is not None and last.decision == "reattempt":
-        return Verdict("rollback", (), f"{book.symptom} again after a reattempt and every stage "
-                       "passed: roll back the last code update")
+        return Verdict("rollback", (), f"{book.symptom} again after a reattempt and {clean}: "
+                       "roll back the last code update")
     if last is not None and last.decision in ("rollback", "replay"):
         return Verdict("replay", (), f"{book.symptom} still fails after a {last.decision} and "
-                       "every stage passed: replay to find a machine with silent data corruption")
+                       f"{clean}: replay to find a machine with silent data corruption")
+    if nothing_tested(stages) or not stages:
+        # Untested is not clean: no stage result supports a cause, so take the
+        # playbook's cheap default and say plainly that the machines were not checked.
+        return Verdict(book.decision.on_clean, (), f"{book.symptom}; {clean}. Nothing was found "
+                       f"because nothing was tested: {book.decision.on_clean} on the evidence "
+                       "alone, or make the stages runnable (dcgmi, torch) and diagnose again")
     if book.decision.on_clean == "rollback":
-        return Verdict("rollback", (), f"{book.symptom}, every stage passed: the likeliest cause "
+        return Verdict("rollback", (), f"{book.symptom}, {clean}: the likeliest cause "
                        "is a code or configuration change, roll back")
-    return Verdict("reattempt", (), f"{book.symptom}, every stage passed: likely transient, "
-                   "reattempt")
+    return Verdict("reattempt", (), f"{book.symptom}, {clean}: likely transient, reattempt")

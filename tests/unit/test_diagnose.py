@@ -112,9 +112,15 @@ def test_playbook_search_path(tmp_path: Path) -> None:
     env_dir = tmp_path / "env"
     env_dir.mkdir()
     dirs = playbook_dirs(str(tmp_path), {"BRCTL_PLAYBOOKS": str(env_dir)},
-                         prefix=str(tmp_path / "prefix"))
+                         builtin=lambda name: share)
     assert dirs == [share, env_dir, tmp_path]
-    assert playbook_dirs(None, {}, prefix=str(tmp_path / "none"))[0].name == "playbooks"
+    from brctl.resources import data_dir
+    assert playbook_dirs(None, {}) == [data_dir("playbooks")]
+    assert (playbook_dirs(None, {})[0] / "nccl.yaml").is_file()
+    # Nothing shipped (a broken install): only the user's directories; none → a clear error.
+    assert playbook_dirs(str(env_dir), {}, builtin=lambda name: None) == [env_dir]
+    with pytest.raises(InputError, match="no playbooks found"):
+        load_playbooks(playbook_dirs(None, {}, builtin=lambda name: None))
     with pytest.raises(InputError, match="--playbooks"):
         playbook_dirs(str(tmp_path / "missing"), {})
 
@@ -263,3 +269,131 @@ def test_decision_exhaustive(on_match: str, matched: tuple[str, ...], faulty: tu
                 "rollback": "replay", "replay": "replay"}[last]
         assert v.decision == want and v.faulty == ()
     assert v.decision in ("evict", "reattempt", "rollback", "replay") and v.reason
+
+
+def _outcome(name: str, tested: tuple[str, ...] = (), skip: tuple[str, ...] = (),
+             warned: tuple[str, ...] = ()) -> Any:
+    from brctl.analysis.diagnose_decide import StageOutcome
+    return StageOutcome(name, tested, warned, skip)
+
+
+ALL = ("a", "b", "c")
+NO_DCGMI = "dcgmi not found on PATH"
+NO_TORCH = "torch is not installed on this machine"
+
+
+def test_every_stage_skipped_is_never_called_clean() -> None:
+    stages = [_outcome("eud", skip=(NO_DCGMI,)), _outcome("alltoall", skip=(NO_TORCH,)),
+              _outcome("allgather", skip=(NO_TORCH,))]
+    v = decide(_found("nccl", ("a",)), [], [], now=NOW, window=60, stages=stages)
+    assert "no stage could test anything" in v.reason and "passed" not in v.reason
+    assert f"eud: {NO_DCGMI}" in v.reason and f"alltoall: {NO_TORCH}" in v.reason
+    assert "not known to be clean" in v.reason and v.faulty == ()
+    # the repeat rules still apply, but the reason never claims a pass
+    v = decide(_found("nccl", ("a",)), [], [PastVerdict("nccl", "reattempt", NOW - 1)],
+               now=NOW, window=60, stages=stages)
+    assert v.decision == "rollback" and "passed" not in v.reason
+
+
+def test_mixed_passed_and_skipped_stages_say_which_ran() -> None:
+    stages = [_outcome("eud", skip=(NO_DCGMI,)), _outcome("alltoall", ALL),
+              _outcome("allgather", ALL)]
+    v = decide(_found("nccl", ("a",)), [], [], now=NOW, window=60, stages=stages)
+    assert v.decision == "reattempt"
+    assert "alltoall and allgather passed; eud skipped (dcgmi not found on PATH)" in v.reason
+    assert "every stage passed" not in v.reason
+
+
+def test_all_stages_passed_and_warnings() -> None:
+    stages = [_outcome("eud", ALL), _outcome("alltoall", ALL)]
+    v = decide(_found("nccl", ("a",)), [], [], now=NOW, window=60, stages=stages)
+    assert "every stage passed" in v.reason
+    stages = [_outcome("eud", ALL, warned=("b",)), _outcome("alltoall", ALL)]
+    v = decide(_found("nccl", ("a",)), [], [], now=NOW, window=60, stages=stages)
+    assert "eud warned on b" in v.reason and "every stage passed" not in v.reason
+
+
+def test_a_stage_that_skipped_some_machines_says_so() -> None:
+    stages = [_outcome("eud", ("a",), skip=(NO_DCGMI,))]
+    v = decide(_found("nccl", ("a",)), [], [], now=NOW, window=60, stages=stages)
+    assert "eud passed; eud skipped some machines (dcgmi not found on PATH)" in v.reason
+
+
+# The whole ladder over fake machines: every probe answers as the real one would.
+
+def _machines(answers: dict[str, Any]) -> Any:
+    from brctl.remote.fake import FakeTransport, Reply
+
+    def handle(node: Any, argv: Any, stdin: bytes | None) -> Reply:
+        module = argv[5]
+        request = json.loads(stdin or b"{}")
+        doc = answers[module](node.name, request)
+        return Reply(stdout=json.dumps({"schema": "brctl.probe/1", **doc}))
+
+    return FakeTransport(handle)
+
+
+def _inv(n: int = 3) -> Any:
+    from brctl.analysis.inventory import from_document
+    return from_document({"nodes": [{"name": f"m[1-{n}]", "connection": "local", "gpus": 2}],
+                          "job": {"name": "j", "nodes": f"m[1-{n}]"}}, "inv.yaml")
+
+
+def _evidence(procs: dict[str, list[dict[str, Any]]] | None = None) -> Any:
+    def answer(node: str, request: dict[str, Any]) -> dict[str, Any]:
+        return {"logs": {"/log": ["[rank3]: Watchdog caught collective operation timeout"] if node == "m1" else ["ok"]},
+                "log_errors": [], "xid_lines": [], "kernel_error": None,
+                "processes": (procs or {}).get(node, [])}
+    return answer
+
+
+def _skip(reason: str) -> Any:
+    return lambda node, request: {"op": request.get("op"), "skipped": reason}
+
+
+def test_ladder_with_every_stage_skipped_is_incomplete() -> None:
+    from brctl.operations.diagnose import diagnose
+    t = _machines({"brctl.diagnostics.evidence": _evidence(),
+                   "brctl.diagnostics.dcgm": _skip(NO_DCGMI),
+                   "brctl.diagnostics.collective": _skip(NO_TORCH)})
+    report = diagnose(_inv(), t, BOOKS)
+    assert report.found.playbook.name == "nccl"
+    assert [s.name for s in report.stages] == ["eud", "alltoall", "allgather"]
+    assert all(s.nodes_tested == () for s in report.stages)
+    assert int(report.exit_code) == 3 and report.faulty == ()
+    assert set(report.incomplete) == {"m1", "m2", "m3"}
+    assert NO_DCGMI in report.incomplete["m2"] and NO_TORCH in report.incomplete["m2"]
+    doc = report.to_json()
+    assert doc["stages"][0]["skipped"] == [NO_DCGMI]
+    assert "no stage could test anything" in doc["reason"] and "passed" not in doc["reason"]
+
+
+def test_ladder_with_eud_skipped_and_collectives_passing() -> None:
+    from brctl.operations.diagnose import diagnose
+
+    def collective(node: str, request: dict[str, Any]) -> dict[str, Any]:
+        if request["op"] == "free_port":
+            return {"op": "free_port", "port": 1234}
+        return {"op": request["op"], "status": "pass", "backend": "gloo", "busbw_gbps": 1.0}
+
+    t = _machines({"brctl.diagnostics.evidence": _evidence(),
+                   "brctl.diagnostics.dcgm": _skip(NO_DCGMI),
+                   "brctl.diagnostics.collective": collective})
+    report = diagnose(_inv(), t, BOOKS)
+    assert int(report.exit_code) == 0 and report.decision == "reattempt" and not report.incomplete
+    assert "alltoall and allgather passed; eud skipped (dcgmi not found on PATH)" in report.reason
+
+
+def test_live_training_processes_refuse_unless_forced() -> None:
+    from brctl.errors import RefusedError
+    from brctl.operations.diagnose import Options, diagnose
+    answers = {"brctl.diagnostics.evidence": _evidence({"m2": [{"pid": 42, "cmdline": "pretrain"}]}),
+               "brctl.diagnostics.dcgm": _skip(NO_DCGMI),
+               "brctl.diagnostics.collective": _skip(NO_TORCH)}
+    t = _machines(answers)
+    with pytest.raises(RefusedError, match="alive on m2") as err:
+        diagnose(_inv(), t, BOOKS)
+    assert err.value.code == 4
+    assert not any(c.argv[5] != "brctl.diagnostics.evidence" for c in t.calls)  # no stage ran
+    report = diagnose(_inv(), _machines(answers), BOOKS, Options(force=True))
+    assert [s.name for s in report.stages] == ["eud", "alltoall", "allgather"]
