@@ -1,34 +1,39 @@
 """Find and read the playbooks (``playbooks/*.yaml``).
 
-Search path (``playbook_dirs``): ``--playbooks DIR``, then ``$BRCTL_PLAYBOOKS``, then
-the built-in set — the installed share dir ``<sys.prefix>/share/brctl/playbooks``,
-else the checkout's ``playbooks/``. A user directory extends the built-in set; a
-user playbook with the same ``name`` replaces the built-in one.
+Search path (``playbook_dirs``): the built-in set (``brctl.resources.data_dir``: the
+installed share dir ``<prefix>/share/brctl/playbooks``, else the checkout's
+``playbooks/``), then ``$BRCTL_PLAYBOOKS``, then ``--playbooks DIR``. A user directory
+extends the built-in set; a user playbook with the same ``name`` replaces the
+built-in one.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import yaml
 
 from brctl.analysis.playbook import Playbook, parse_playbook
 from brctl.errors import InputError
-
-_CHECKOUT = Path(__file__).resolve().parent.parent / "playbooks"
+from brctl.resources import data_dir
 
 
 def playbook_dirs(explicit: str | None, environ: Mapping[str, str],
-                  prefix: str = sys.prefix, checkout: Path = _CHECKOUT) -> list[Path]:
+                  builtin: Callable[[str], Path | None] = data_dir) -> list[Path]:
     """The directories to load, in order (later ones override earlier names).
+
+    Args:
+        explicit: ``--playbooks DIR``, or None.
+        environ: the environment (``$BRCTL_PLAYBOOKS``).
+        builtin: finds the shipped playbooks (``brctl.resources.data_dir``; tests
+            pass their own).
 
     Raises:
         InputError: an explicitly named directory does not exist.
     """
-    builtin = Path(prefix) / "share" / "brctl" / "playbooks"
-    dirs = [builtin if builtin.is_dir() else checkout]
+    shipped = builtin("playbooks")
+    dirs = [shipped] if shipped is not None else []
     for value, origin in ((environ.get("BRCTL_PLAYBOOKS"), "$BRCTL_PLAYBOOKS"),
                           (explicit, "--playbooks")):
         if value:
@@ -71,5 +76,7 @@ def load_playbooks(dirs: Sequence[Path]) -> list[Playbook]:
             books.pop(book.name, None)
             books[book.name] = book
     if not books:
-        raise InputError(f"no playbooks found in {', '.join(map(str, dirs))}")
+        where = ", ".join(map(str, dirs)) or "no directory (the shipped playbooks are missing)"
+        raise InputError(f"no playbooks found in {where}",
+                         hint="reinstall brctl, or pass --playbooks DIR")
     return list(books.values())

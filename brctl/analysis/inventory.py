@@ -8,13 +8,12 @@ then expands node sets, applies per-entry ssh overrides and checks cross-referen
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Optional, Union
 
 from brctl.analysis import nodeset
-from brctl.analysis.schema import SchemaError, at_least_one, from_mapping, positive
+from brctl.analysis.schema import SchemaError, at_least_one, from_mapping, positive, regex
 from brctl.analysis.schema import field as sfield
 from brctl.analysis.templates import check_template
 from brctl.config.ckpt import CkptSection
@@ -27,14 +26,6 @@ from brctl.remote.transport import Node
 
 Template = Union[str, list[str]]
 ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
-
-
-def _regex(value: str) -> str:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
-    return value
 
 
 def _template(value: Template | None) -> Template | None:
@@ -96,7 +87,7 @@ class JobSection:
     cp: int = sfield(1, check=at_least_one)
     ep: int = sfield(1, check=at_least_one)
     order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
-    process_match: str = sfield("pretrain", check=_regex)
+    process_match: str = sfield("pretrain", check=regex)
     log_paths: list[str] = sfield(factory=list)
     restart_command: Optional[Template] = sfield(None, check=_template)
     stop_command: Optional[Template] = sfield(None, check=_template)

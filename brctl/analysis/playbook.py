@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from brctl.analysis.schema import SchemaError, from_mapping, positive
+from brctl.analysis.schema import SchemaError, from_mapping, positive, regex
 from brctl.analysis.schema import field as sfield
 
 StageName = Literal["eud", "alltoall", "allgather"]
@@ -26,14 +26,6 @@ MAX_HITS_PER_NODE = 3  # evidence lines kept per node: enough to show, small eno
 # torchrun/torch.distributed prefix every line of a worker with "[rankN]:" or "[defaultN]:".
 _RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)\d+\]:\s?")
 _TRACEBACK = "Traceback (most recent call last):"
-
-
-def _regex(value: str) -> str:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
-    return value
 
 
 def _levels(value: str) -> str:
@@ -47,8 +39,8 @@ def _levels(value: str) -> str:
 class Matcher:
     """One piece of evidence a playbook looks for; exactly one key is set."""
 
-    log: Optional[str] = sfield(None, check=_regex)  # regex searched in every log line
-    exception: Optional[str] = sfield(None, check=_regex)  # regex on a traceback's last line
+    log: Optional[str] = sfield(None, check=regex)  # regex searched in every log line
+    exception: Optional[str] = sfield(None, check=regex)  # regex on a traceback's last line
     exit_code: Optional[list[int]] = None  # launcher exit codes (torchrun's "exitcode")
     xid: Optional[list[int]] = None  # NVIDIA kernel Xid numbers
 

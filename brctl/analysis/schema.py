@@ -11,6 +11,7 @@ for value rules beyond the type.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import types
 import typing
@@ -183,6 +184,15 @@ def positive(value: Any) -> Any:
     """Field check: the number must be > 0."""
     if value <= 0:
         raise ValueError(f"got {value!r}, expected a number greater than 0")
+    return value
+
+
+def regex(value: str) -> str:
+    """Field check: the string must compile as a Python regular expression."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
     return value
 
 
