@@ -36,6 +36,12 @@ rollback (user code: never evict; or the same symptom again after a reattempt),
 reattempt (every stage passed), replay (still failing after a rollback). Verdicts
 are recorded in the state database so repeats are seen.
 
+A stage that cannot run on a machine (no dcgmi, no torch) skips it with the reason;
+skipped is never passed: the reason names the stages that ran and those skipped,
+and a machine that no stage could test gets no verdict (exit 3). The collective
+stages' timeouts count from the moment every worker is ready (torch imported, all
+ranks at the rendezvous); getting ready has its own limit (diagnose.startup_timeout).
+
 Stop-time stages take the GPUs: when the job's training processes (job.process_match)
 are still alive on a machine, diagnose refuses (exit 4) unless --force.
 Exit 0: nothing faulty, reattempt; 1: faulty machines or another decision;
