@@ -58,7 +58,8 @@ def parse_dcgm(node: str, doc: Mapping[str, Any]) -> Verdict:
         tree = json.loads(doc.get("stdout") or "null")
     except ValueError:
         tree = None
-    details: dict[str, Any] = {"exit_code": code, "exit_meaning": meaning}
+    details: dict[str, Any] = {"exit_code": code, "exit_meaning": meaning,
+                               "seconds": doc.get("seconds")}
     if not isinstance(tree, dict) or "DCGM Diagnostic" not in tree:
         status: Status = "fail" if code in DCGM_FAULT_EXITS else "error"
         tail = (doc.get("stderr") or "").strip().splitlines()[-1:] or ["no JSON output"]

@@ -347,6 +347,8 @@ def _alltoall(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Nod
     ratio = cfg.bandwidth_ratio if backends == {"nccl"} else cfg.cpu_bandwidth_ratio
     if backends != {"nccl"} and any(n.gpus < 2 for n in nodes):
         ratio = 0.0  # a one-process gloo "all-to-all" is a memcpy: its speed is noise
+    if any(n.connection == "local" for n in nodes):
+        ratio = 0.0  # local "machines" share this host's CPUs: no independent speeds to compare
     judged = {v.node: v for v in st.judge_alltoall(docs, ratio)}
     return [judged[n.name] if n.name in judged else _unrun(n.name, results[n.name]) for n in nodes]
 
@@ -360,12 +362,13 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
     timeout = (stage.timeout or inv.diagnose.allgather_timeout) * options.timeout_scale
     rounds: list[tuple[tuple[tuple[str, ...], bool], ...]] = []
     evidence: dict[str, list[str]] = {n: [] for n in names}
+    spent: dict[str, float] = dict.fromkeys(names, 0.0)  # each machine's test seconds, all rounds
     skipped: dict[str, str] = {}
     cleared: set[str] = set()
 
     def run(groups: list[list[str]]) -> list[tuple[tuple[str, ...], bool]]:
         outcome = _run_groups(inv, runner, [[by_name[n] for n in g] for g in groups], timeout,
-                              options, evidence, skipped)
+                              options, evidence, skipped, spent)
         cleared.update(n for g, ok in outcome if ok for n in g)
         rounds.append(tuple(outcome))
         return outcome
@@ -373,7 +376,7 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
     if len(names) >= 3:  # one wide group first: when it passes, the stage is done
         wide = run([names])
         if wide[0][1] or skipped:
-            return _gather_verdicts(names, [], evidence, skipped, cleared), tuple(rounds)
+            return _gather_verdicts(names, [], evidence, skipped, cleared, spent), tuple(rounds)
     pairs: list[st.Round] = []
     while not skipped:
         groups = st.next_round(names, pairs)
@@ -381,22 +384,25 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
             break
         pairs.append(run(groups))
     faulty, _ = st.judge_rounds(names, pairs)
-    return _gather_verdicts(names, faulty, evidence, skipped, cleared), tuple(rounds)
+    return _gather_verdicts(names, faulty, evidence, skipped, cleared, spent), tuple(rounds)
 
 
 def _gather_verdicts(names: list[str], faulty: list[str], evidence: dict[str, list[str]],
-                     skipped: dict[str, str], cleared: set[str]) -> list[st.Verdict]:
+                     skipped: dict[str, str], cleared: set[str], spent: Mapping[str, float]
+                     ) -> list[st.Verdict]:
     out = []
     for n in names:
+        details = {"seconds": round(spent[n], 3)}
         if n in skipped:
-            out.append(st.Verdict(n, "skip", (skipped[n],)))
+            out.append(st.Verdict(n, "skip", (skipped[n],), details))
         elif n in faulty:
             out.append(st.Verdict(n, "fail", ("failed the all-gather with every partner",
-                                              *evidence[n][:4])))
+                                              *evidence[n][:4]), details))
         elif evidence[n] and n not in cleared:
-            out.append(st.Verdict(n, "warn", ("every group it was in failed", *evidence[n][:4])))
+            out.append(st.Verdict(n, "warn", ("every group it was in failed", *evidence[n][:4]),
+                                  details))
         else:
-            out.append(st.Verdict(n, "pass"))
+            out.append(st.Verdict(n, "pass", (), details))
     return out
 
 
@@ -405,8 +411,8 @@ def _master_addr(node: Node) -> str:
 
 
 def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], timeout: float,
-                options: Options, evidence: dict[str, list[str]], skipped: dict[str, str]
-                ) -> list[tuple[tuple[str, ...], bool]]:
+                options: Options, evidence: dict[str, list[str]], skipped: dict[str, str],
+                spent: dict[str, float]) -> list[tuple[tuple[str, ...], bool]]:
     """Run one all-gather per group at once; a group is ok when every member passed."""
     cfg = inv.diagnose
     startup = cfg.startup_timeout * options.timeout_scale
@@ -436,6 +442,7 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
         for node in group:
             res = results[node.name]
             doc = res.document or {}
+            spent[node.name] += float(doc.get("seconds") or 0.0)
             if "skipped" in doc:
                 skipped[node.name] = str(doc["skipped"])
                 ok = False

@@ -397,3 +397,24 @@ def test_live_training_processes_refuse_unless_forced() -> None:
     assert not any(c.argv[5] != "brctl.diagnostics.evidence" for c in t.calls)  # no stage ran
     report = diagnose(_inv(), _machines(answers), BOOKS, Options(force=True))
     assert [s.name for s in report.stages] == ["eud", "alltoall", "allgather"]
+
+
+@pytest.mark.parametrize(("connection", "judged"), [("ssh", True), ("local", False)])
+def test_bandwidth_is_judged_across_real_machines_only(connection: str, judged: bool) -> None:
+    from brctl.analysis.inventory import from_document
+    from brctl.operations.diagnose import diagnose
+
+    def collective(node: str, request: dict[str, Any]) -> dict[str, Any]:
+        if request["op"] == "free_port":
+            return {"op": "free_port", "port": 1234}
+        bw = 0.01 if node == "m2" else 1.0  # m2 is 100x slower
+        return {"op": request["op"], "status": "pass", "backend": "gloo", "busbw_gbps": bw}
+
+    inv = from_document({"nodes": [{"name": "m[1-3]", "connection": connection, "gpus": 2}],
+                         "job": {"name": "j", "nodes": "m[1-3]"}}, "inv.yaml")
+    t = _machines({"brctl.diagnostics.evidence": _evidence(),
+                   "brctl.diagnostics.dcgm": _skip(NO_DCGMI),
+                   "brctl.diagnostics.collective": collective})
+    report = diagnose(inv, t, BOOKS)
+    # local "machines" share one host's CPUs: their speeds say nothing about a machine
+    assert report.faulty == (("m2",) if judged else ())
