@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -135,7 +136,9 @@ def main() -> None:
     why = missing_requirements()
     if why is not None:
         sys.exit(f"cannot run: {why}")
-    print(f"mode {args.mode}, median of {args.runs} warm runs")
+    load = os.getloadavg()[0]
+    print(f"mode {args.mode}, median of {args.runs} warm runs, {os.cpu_count()} CPUs, "
+          f"load average {load:.1f} at the start")
     print("| machines | first run (ships bundle) | time to verdict | stage tests | "
           "ladder overhead | controller CPU | per machine | exit |")
     print("|---|---|---|---|---|---|---|---|")
