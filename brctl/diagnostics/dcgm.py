@@ -23,7 +23,7 @@ def run_diag(request: dict[str, Any]) -> dict[str, Any]:
     timeout = float(request.get("timeout", 900))
     exe = shutil.which("dcgmi")
     if exe is None:
-        return {"skipped": "dcgmi not found on PATH (install DCGM to run EUD/diag)"}
+        return {"skipped": "dcgmi not found on PATH: install DCGM to run the EUD/diag stage"}
     argv = [exe, "diag", "-r", level, "-j"]
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
