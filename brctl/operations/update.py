@@ -512,7 +512,7 @@ def switch_all(ctx: UpdateContext, action: str, version: str, sha256: str,
     nodes.update({n: NodeOutcome("already") for n in plan.already})
     movers = [by_name[n] for n in (*plan.ready, *plan.lagging)]
     if not movers:
-        return report("ok" if action != "apply" else "noop", f"every machine is on {version}")
+        return report("ok", f"every machine is already on {version}")
     switched = _switch_nodes(ctx, movers, {n.name: version for n in movers},
                              {n.name: sha256 for n in movers})
     nodes.update(switched)
@@ -669,9 +669,8 @@ def apply(ctx: UpdateContext, *, if_due: bool = False, restart: bool = False) ->
         why = "pending release is not due yet" if pending else "nothing pushed"
         return SwitchReport("apply", ctx.job, None, state.version, "noop", why, {})
     rep = switch_all(ctx, "apply", version, sha256, state.version)
-    if rep.outcome == "noop":  # machines already there: still record the job's version
-        _save_job(ctx.store, ctx.job, JobState(version, sha256, None if clear else pending))
-        return rep
+    if not clear and rep.outcome == "ok" and all(o.state == "already" for o in rep.nodes.values()):
+        return replace(rep, outcome="noop", reason=f"no drift: every machine is on {version}")
     return _finish_switch(ctx, rep, sha256, restart, state, clear)
 
 

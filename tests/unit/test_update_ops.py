@@ -269,3 +269,14 @@ def test_urgent_push_to_a_subset_still_switches_the_whole_job(world) -> None:
                   urgent=True)
     assert rep.switch is not None and rep.switch.outcome == "ok"
     assert [world.current(n) for n in NODES] == ["v1"] * 4
+
+
+def test_apply_without_anything_to_do_records_nothing(world) -> None:
+    assert up.apply(world.ctx()).outcome == "noop"  # nothing pushed yet
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1")
+    up.apply(world.ctx())
+    before = len(up.history(world.store, "demo"))
+    rep = up.apply(world.ctx())
+    assert rep.outcome == "noop" and rep.exit_code is ExitCode.OK and "no drift" in rep.reason
+    assert len(up.history(world.store, "demo")) == before
