@@ -67,7 +67,9 @@ class Env:
             from brctl.remote.factory import RoutingTransport
 
             inv = self.inventory()
-            self._transport = RoutingTransport(connect_rate=inv.ssh.connect_rate)
+            transport = RoutingTransport(connect_rate=inv.ssh.connect_rate)
+            transport.preload(inv.nodes.values())
+            self._transport = transport
         return self._transport
 
     def state_dir(self) -> Path:

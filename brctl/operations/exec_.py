@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ def execute(
     on_done: Callable[[RunResult], None] | None = None,
 ) -> ExecReport:
     """Run ``argv`` on ``nodes`` and collect every node's result."""
+    # Large fan-outs of fresh connections spread over one worker process per core
+    # (run_all shards only when each worker gets enough machines to pay for itself).
     results = run_all(transport, nodes, argv, timeout=timeout, concurrency=concurrency,
-                      on_done=on_done)
+                      on_done=on_done, processes=os.cpu_count() or 1)
     return ExecReport(tuple(argv), results)

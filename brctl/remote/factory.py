@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from brctl.remote.local import LocalTransport
 from brctl.remote.transport import Node, RunResult, Transport
@@ -40,6 +40,12 @@ class RoutingTransport:
         return functools.partial(
             RoutingTransport, connect_rate=self._connect_rate / max(1, processes), ssh_config=self._ssh_config
         )
+
+    def preload(self, nodes: Iterable[Node]) -> None:
+        """Read the ssh nodes' known_hosts now: a malformed file is exit 2 before any fan-out."""
+        ssh_nodes = [n for n in nodes if n.connection == "ssh"]
+        if ssh_nodes:
+            self._backend(ssh_nodes[0]).preload(ssh_nodes)  # type: ignore[attr-defined]
 
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None

@@ -134,3 +134,13 @@ def test_commands_never_import_paramiko_or_yaml() -> None:
                 names = [node.module]
             for name in names:
                 assert not name.startswith(("paramiko", "yaml")), f"{path.name} imports {name}"
+
+
+def test_malformed_known_hosts_is_exit_2_before_any_connection(brctl: Any, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("gpu01 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f\nthis line is not a host key\n")
+    inv = write(tmp_path, {"ssh": {"known_hosts": str(known)},
+                           "nodes": [{"name": "gpu01", "address": "192.0.2.1"}]})
+    res = brctl("-i", inv, "exec", "true")  # 192.0.2.1 (TEST-NET) is never contacted
+    assert res.exit_code == 2, res.stderr
+    assert f"{known}:2" in res.stderr and "Traceback" not in res.stderr
