@@ -603,11 +603,29 @@ class LiveHooks:
                        f"{report.found.playbook.name}: {report.reason}")
 
     def restore(self, evicted: Node, standby: Node, members: Sequence[Node]) -> str:
-        """brctl ckpt restore of ``evicted``'s shards onto ``standby``."""
-        mod = _optional("brctl.operations.ckpt")
-        if mod is None or not hasattr(mod, "restore_for_daemon"):
-            return "skipped: brctl ckpt restore not available in this build"
-        return str(mod.restore_for_daemon(self.inv, self.transport, evicted, standby, members))
+        """brctl ckpt restore: the evicted machine's newest verified backup onto ``standby``.
+
+        The backup peer is the placement of the job as it was before the swap (what
+        ``brctl ckpt backup`` used). No backup yet is not an error: the job restarts
+        from whatever checkpoint its restart command finds.
+        """
+        from brctl.operations.ckpt import plan, restore
+
+        before = [evicted if n.name == standby.name else n for n in members]
+        try:
+            backups = plan(self._current(before)).backups()
+            report = restore(self.transport, self.inv, backups, target=standby.name,
+                             evicted=evicted.name, runner=self.runner)
+        except BrctlError as exc:
+            raise BrctlError(f"ckpt restore {evicted.name} -> {standby.name}: {exc.message}") from None
+        copy = report.copies[0] if report.copies else None
+        if copy is None or copy.state != "ok":
+            error = copy.error if copy is not None else "nothing copied"
+            if copy is not None and "no complete backup" in (error or ""):
+                return f"no backup of {evicted.name} yet: {error}"
+            raise BrctlError(f"ckpt restore {evicted.name} -> {standby.name}: {error}")
+        return (f"restored {copy.step} of {evicted.name} from {copy.source} onto {standby.name} "
+                f"({copy.files} files, {copy.bytes} bytes)")
 
     def _update(self, nodes: Sequence[Node]) -> Any:
         from brctl.operations.update import UpdateContext, who
