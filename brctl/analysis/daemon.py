@@ -87,10 +87,15 @@ def observe(progress: Progress, step: Optional[int], now: float, window: int) ->
     """Fold one poll's step into ``progress``; also say whether the job moved.
 
     Per-step time is measured between polls: (now - moved_at) / steps advanced;
-    a backwards step (a restart from a checkpoint) is progress but no sample.
+    a backwards step (a restart from a checkpoint) is progress but no sample. The
+    first step ever seen only sets the baseline.
     """
     if step is None or step == progress.step:
         return progress, False
+    if progress.step is None:
+        # The first step the daemon ever sees is a baseline, not progress: the log may
+        # hold lines of a run that is gone (the daemon itself just restarted).
+        return replace(progress, step=step, moved_at=now), False
     times = progress.step_times
     if progress.step is not None and step > progress.step:
         per_step = (now - progress.moved_at) / (step - progress.step)

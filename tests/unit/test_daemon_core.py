@@ -52,9 +52,10 @@ def test_last_match_wins_not_largest() -> None:
 def test_observe_measures_step_times_between_polls() -> None:
     p = Progress.start(0.0)
     p, moved = observe(p, 10, 1.0, 20)
-    assert moved and p.step_times == ()  # first step seen: no time yet
+    assert not moved and p.step == 10 and not p.moved_since_start  # a baseline, maybe stale
+    p, moved = observe(p, 10, 1.0, 20)
     p, moved = observe(p, 20, 3.0, 20)
-    assert moved and p.step_times == (0.2,)
+    assert moved and p.step_times == (0.2,) and p.moved_since_start
     p, moved = observe(p, 20, 9.0, 20)
     assert not moved and p.moved_at == 3.0
     p, moved = observe(p, 5, 10.0, 20)  # went back: a restart from a checkpoint is progress

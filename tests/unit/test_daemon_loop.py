@@ -286,3 +286,25 @@ def test_run_stops_on_signal_and_releases_lease(tmp_path: Path) -> None:
     report = daemon.run(stop=stop, on_poll=on_poll)
     assert report.stopped_by == "signal" and report.iterations == 2
     assert DaemonState(store, "llm").lease() is None
+
+
+def test_metrics_collector_reads_the_state(tmp_path: Path) -> None:
+    from brctl.operations.daemon_metrics import _Collector
+
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock)
+    daemon.start()
+    tick(daemon, clock, script)
+    script.evict = {"n3": "ecc"}
+    tick(daemon, clock, script)
+    families = {f.name: f for f in _Collector(DaemonState(store, "llm"),
+                                              lambda: daemon.health_status, lambda: 1).collect()}
+    health = {s.labels["node"]: s.value for s in families["brctl_node_health"].samples}
+    assert health["n3"] == 0.0 and health["n1"] == 1.0
+    events = {s.labels["kind"]: s.value for s in families["brctl_daemon_events"].samples}
+    assert events["gpu_fault"] == 1
+    actions = {(s.labels["kind"], s.labels["state"]): s.value
+               for s in families["brctl_daemon_actions"].samples}
+    assert actions[("evict", "done")] == 1
+    assert families["brctl_standby_ready"].samples[0].value == 1
+    assert {s.labels["window"] for s in families["brctl_ettr"].samples} >= {"all"}

@@ -1,0 +1,291 @@
+"""brctl daemon end to end over the real sshd cluster with a real torch gloo job.
+
+Phase 1 (GPU fault, kill -9) and phase 2 (hang, bad update, rollback) below.
+
+The job (tests/integration/trainjob.py) runs on node01,node02 with node03 as the
+warm standby and checkpoints every 5 steps (``brctl ckpt backup`` copies each
+machine's newest step to its peer); every machine's NVML is the fake pynvml on its PYTHONPATH (the
+node's ``env`` in the test inventory). The test injects an uncorrectable ECC
+error on node02 and checks that the daemon — a separate ``python -m brctl``
+process — evicts node02 (the "scheduler" is told once), restores node02's checkpoint
+shards from its backup peer onto node03, swaps node03 in and restarts the job there through the test's restart script; the daemon is
+``kill -9``-ed while that restart is in flight, a second daemon waits out the
+dead one's lease, finishes the recorded plan and evicts nothing twice; the job
+keeps making progress. Then a code update is pushed lazily and node03's rank is
+stopped (a hang): the stall goes to stack analysis, node03 is evicted and node04
+swapped in, the pending update lands at that restart and crashes every rank, the
+diagnose ladder blames user code and the daemon rolls the update back and
+restarts; the job makes progress again on v1. The ETTR the daemon recorded
+matches the test's own measurement of the job's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from brctl.operations.daemon_state import DaemonState
+from brctl.state import Store
+from tests.healthkit import fake_nvml, healthy_gpus
+from tests.integration.cluster import SshCluster, scaled
+from tests.integration.trainjob import TAG
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The job's code releases, as brctl update ships them: the ranks run with
+# PYTHONPATH=/opt/train/current, so a release's sitecustomize is the job's own code.
+GOOD_RELEASE = "# release v1: the training code as it was\n"
+BAD_RELEASE = """# release v2: a code change that breaks every rank at its first step
+import os, time
+if os.environ.get("RANK") is not None:
+    def _first_step(seconds):
+        raise ValueError("hidden size 1000 is not divisible by 12 attention heads")
+    time.sleep = _first_step
+"""
+
+RESTART = r'''
+"""The test's restart script: kill the job everywhere, then launch it on --nodes."""
+import json, os, shlex, subprocess, sys, time, types
+sys.path.insert(0, os.environ["BRCTL_TEST_ROOT"])
+from tests.integration.trainjob import _ssh, start_trainjob
+
+cfg = json.load(open(sys.argv[1]))
+nodes = sys.argv[3].split(",")
+cluster = types.SimpleNamespace(
+    names=list(cfg["addresses"]), address=cfg["addresses"].__getitem__, port=cfg["port"],
+    client_key=cfg["client_key"], known_hosts=cfg["known_hosts"])
+# the tag goes in hex so this command line (and its shell's) does not match itself
+kill = ("import os,signal\n"
+        "t=bytes.fromhex('HEX')\n"
+        "for p in os.listdir('/proc'):\n"
+        "  try:\n"
+        "    c=open('/proc/%s/cmdline'%p,'rb').read()\n"
+        "  except Exception: continue\n"
+        "  if t in c: os.kill(int(p),signal.SIGKILL)\n").replace("HEX", cfg["tag"].encode().hex())
+for name in cfg["addresses"]:  # every machine, the evicted one included
+    _ssh(cluster, name, "%s -c %s" % (cfg["python"], shlex.quote(kill)))
+gate, waiting = cfg["gate"], cfg["waiting"]
+if os.path.exists(gate):  # the test holds the restart here to kill -9 the daemon mid-action
+    open(waiting, "w").close()
+    deadline = time.time() + 120
+    while os.path.exists(gate) and time.time() < deadline:
+        time.sleep(0.1)
+with open(cfg["launches"], "a") as fh:
+    fh.write(",".join(nodes) + "\n")
+from pathlib import Path
+start_trainjob(cluster, Path(cfg["workdir"]), nodes=nodes, nproc=1, step_seconds=0.3,
+               ckpt_every=5, python=cfg["python"], env={"PYTHONPATH": "/opt/train/current"})
+'''
+
+
+def _ecc(directory: Path, node: str, errors: int) -> dict[str, str]:
+    gpus = healthy_gpus(1)
+    gpus[0]["ecc_volatile"] = errors
+    return fake_nvml(directory / node, gpus)
+
+
+class StepSampler:
+    """The test's own view of progress: the job's log sampled every 0.1 s."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.samples: list[tuple[float, str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _last(self) -> str:
+        try:
+            lines = [ln for ln in self.log.read_text().splitlines() if ln.startswith("step ")]
+        except OSError:
+            return ""
+        return f"{len(lines)}:{lines[-1]}" if lines else ""
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append((time.time(), self._last()))
+            self.stop.wait(0.1)
+
+
+def _cli(inv: Path, env: dict[str, str], state: Path) -> Any:
+    def run(*args: str) -> Any:
+        res = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "--json", *args],
+                             capture_output=True, text=True, timeout=scaled(120),
+                             env=dict(env, BRCTL_STATE=str(state)))
+        assert res.returncode == 0, (args, res.stderr)
+        return json.loads(res.stdout)
+
+    return run
+
+
+def _daemon(inv: Path, state: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, BRCTL_STATE=str(state), PYTHONPATH=str(ROOT), BRCTL_TEST_ROOT=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "brctl", "-i", str(inv), "--json", "daemon",
+                             "run", "--for", str(int(scaled(240))), "--no-metrics"],
+                            stdout=subprocess.PIPE, stderr=log.open("ab"), env=env)
+
+
+def _wait(what: str, pred: Any, timeout: float, log: Path | None = None) -> None:
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+
+
+@pytest.mark.slow
+def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Path) -> None:
+    cluster: SshCluster = make_cluster(4, private_dirs=("/local/ckpt", "/opt/train"))
+    work, nvml, state = tmp_path / "job", tmp_path / "nvml", tmp_path / "state"
+    work.mkdir()
+    node_env = {n: _ecc(nvml, n, 0) for n in cluster.names}
+    cfg = {"addresses": {n: cluster.address(n) for n in cluster.names}, "port": cluster.port,
+           "client_key": str(cluster.client_key), "known_hosts": str(cluster.known_hosts),
+           "python": sys.executable, "tag": TAG, "workdir": str(work),
+           "gate": str(tmp_path / "gate"), "waiting": str(tmp_path / "waiting"),
+           "launches": str(tmp_path / "launches.log")}
+    (tmp_path / "restart.json").write_text(json.dumps(cfg))
+    (tmp_path / "restart.py").write_text(RESTART)
+    record = "import sys; open(sys.argv[1], 'a').write(' '.join(sys.argv[2:]) + '\\n')"
+    doc = cluster.inventory(
+        job={"name": "e2e", "nodes": "node[01-02]", "process_match": TAG,
+             "log_paths": [str(work / "logs" / "rank0.log"),
+                           str(work / "logs" / "*.launcher.log")],
+             "restart_command": [sys.executable, str(tmp_path / "restart.py"),
+                                 str(tmp_path / "restart.json"), "--nodes", "{nodes}"],
+             "evict_command": [sys.executable, "-c", record, str(tmp_path / "scheduler.log"),
+                               "drain", "{node}", "{reason}"]},
+        node_env=node_env, python=sys.executable,
+        extra={"health": {"checks": ["gpu_count", "ecc", "process"]},
+               "update": {"root": "/opt/train"},
+               "daemon": {"poll_interval": 1, "stall_after": scaled(10),
+                          "startup_grace": scaled(90), "lease_ttl": 4, "metrics_port": 0,
+                          "max_evict_fraction": 1.0}})
+    for entry in doc["nodes"]:
+        entry["gpus"] = 1
+    doc["standby"] = [e for e in doc["nodes"] if e["name"] in ("node03", "node04")]
+    doc["nodes"] = [e for e in doc["nodes"] if e["name"] not in ("node03", "node04")]
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BRCTL_TEST_ROOT=str(ROOT))
+    brctl = _cli(inv, env, state)
+    for version, code in (("v1", GOOD_RELEASE), ("v2", BAD_RELEASE)):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "sitecustomize.py").write_text(code)
+    brctl("update", "push", str(tmp_path / "v1"), "--version", "v1")
+    brctl("update", "apply")
+    subprocess.run([sys.executable, str(tmp_path / "restart.py"), str(tmp_path / "restart.json"),
+                    "--nodes", "node01,node02"], check=True, env=env, timeout=scaled(60))
+    rank0 = work / "logs" / "rank0.log"
+    sampler = StepSampler(rank0)
+    first: subprocess.Popen[bytes] | None = None
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _wait("the job's first steps", lambda: rank0.exists() and "step 3 " in rank0.read_text(), 90)
+        _wait("a checkpoint", lambda: "step 7 " in rank0.read_text(), 60)
+        backed = {c["owner"]: c["step"] for c in brctl("ckpt", "backup")["copies"]}
+        dlog = tmp_path / "daemon.log"
+        first = _daemon(inv, state, dlog)
+        time.sleep(scaled(4))
+        (tmp_path / "gate").touch()  # hold the coming restart so the daemon dies mid-action
+        node_env["node02"] = _ecc(nvml, "node02", 2)  # same file, now 2 volatile uncorrectable
+        _wait("the restart under way", (tmp_path / "waiting").exists, 60, dlog)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        (tmp_path / "gate").unlink()
+        assert (tmp_path / "scheduler.log").read_text().splitlines() == [
+            "drain node02 node02: ecc: GPU0 (00000000:18:00.0): 2 volatile uncorrectable ECC errors"]
+
+        second = _daemon(inv, state, dlog)
+        time.sleep(scaled(1))
+        if second.poll() is not None:  # the dead daemon's lease had not expired: exit 4
+            assert second.returncode == 4
+            time.sleep(scaled(5))
+            second = _daemon(inv, state, dlog)
+        launches = tmp_path / "launches.log"
+        _wait("the resumed restart", lambda: launches.read_text().count("node01,node03") >= 2, 60,
+              dlog)
+        mark = len(rank0.read_text().splitlines())
+        _wait("progress on node01,node03",
+              lambda: len(rank0.read_text().splitlines()) >= mark + 8, 120, dlog)
+        # Phase 2: a code update is pushed lazily (it lands at the next restart), then
+        # node03's rank stops (SIGSTOP: a hang). Stall → stack analysis → evict node03,
+        # swap node04 in, apply v2, restart → v2 crashes every rank → diagnose says user
+        # code → roll back to v1 → restart → progress.
+        brctl("update", "push", str(tmp_path / "v2"), "--version", "v2")
+        rank1 = [p for p in cluster.node_pids("node03", TAG)
+                 if b"\0rank\0" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(rank1) == 1
+        os.kill(rank1[0], signal.SIGSTOP)
+        _wait("the rollback's restart", lambda: launches.read_text().count("node01,node04") >= 2,
+              240, dlog)
+        mark = len(rank0.read_text().splitlines())
+        _wait("progress on node01,node04 with v1",
+              lambda: len(rank0.read_text().splitlines()) >= mark + 8, 120, dlog)
+        second.send_signal(signal.SIGTERM)
+        out, _ = second.communicate(timeout=scaled(60))
+        assert second.returncode in (0, 1), dlog.read_text()[-2000:]
+        report = json.loads(out)
+        assert report["members"] == ["node01", "node04"] and report["resumed"]
+        kinds = [(i["incident"]["kind"], i["plan"]["decision"]) for i in report["incidents"]]
+        assert kinds == [("hang", "evict"), ("crash", "rollback")], kinds
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for node in cluster.names:
+            for pid in cluster.node_pids(node, TAG):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    # node02's shards came from its backup peer onto the standby that replaced it
+    assert (cluster.node_path("node03", f"/local/ckpt/{backed['node02']}") / "rank1.pt").exists()
+    # nothing done twice: one drain per evicted machine, no step left unfinished
+    drains = [ln.split()[1] for ln in (tmp_path / "scheduler.log").read_text().splitlines()]
+    assert drains == ["node02", "node03"]
+    for node in ("node01", "node04"):  # v2 was rolled back everywhere the job runs
+        assert cluster.node_path(node, "/opt/train/current").readlink().name == "v1"
+    store = Store(state)
+    try:
+        st = DaemonState(store, "e2e")
+        assert list(st.quarantined()) == ["node02", "node03"]
+        assert st.members([]) == ["node01", "node04"] and st.unfinished() == []
+        done = [(a.kind, a.node) for a in st.actions(["done"])]
+        assert done.count(("evict", "node02")) == 1 and done.count(("evict", "node03")) == 1
+        assert done.count(("swap", None)) == 2 and done.count(("rollback", None)) == 1
+        assert any(e["kind"] == "resume" for e in st.events(200))
+        intervals = st.intervals()
+        recorded = sum(iv.end - iv.start for iv in intervals if iv.productive) / sum(
+            iv.end - iv.start for iv in intervals)
+    finally:
+        store.close()
+    # The daemon saw nothing while it was dead: compare over the spans it observed.
+    sampler.stop.set()
+    sampler.thread.join()
+    measured = _ettr_within(sampler, [(iv.start, iv.end) for iv in intervals])
+    assert abs(recorded - measured) < 0.12, (recorded, measured)
+
+
+def _ettr_within(sampler: StepSampler, spans: list[tuple[float, float]]) -> float:
+    """The test's ETTR over ``spans``: the job is productive between two new steps that
+    come at most 2 s apart (a step takes ~0.3 s), idle otherwise."""
+    pts = sampler.samples
+    changes = [t1 for (_, s0), (t1, s1) in zip(pts, pts[1:]) if s1 != s0]
+    busy = [(a, b) for a, b in zip(changes, changes[1:]) if b - a <= 2.0]
+    total = sum(e - s for s, e in spans)
+    productive = sum(max(0.0, min(b, e) - max(a, s)) for a, b in busy for s, e in spans)
+    return productive / total
