@@ -62,6 +62,7 @@ from brctl.remote.transport import Node, Transport
 from brctl.state import Store
 
 LOGTAIL = "brctl.diagnostics.logtail"
+FAIL_SLOW_ROUNDS = 3  # stack rounds for fail-slow (brctl stacks --rounds), one poll apart
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ class Hooks(Protocol):
         """node → the tail of its job logs (empty when none)."""
         ...
 
-    def stacks(self, nodes: Sequence[Node]) -> Finding:
-        """Stack analysis of a stalled or slow job: machines to evict (over-eviction)."""
+    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
+        """Stack analysis of a stalled (1 round) or slow job (several): machines to evict."""
         ...
 
     def diagnose(self, nodes: Sequence[Node]) -> Finding:
@@ -313,8 +314,10 @@ class Daemon:
         if incident.kind == "crash":
             finding = self.hooks.diagnose(nodes)
             return _escalate(finding, self.crash_history)
-        if incident.kind in ("hang", "fail_slow"):
-            return self.hooks.stacks(nodes)
+        if incident.kind == "hang":
+            return self.hooks.stacks(nodes, 1)
+        if incident.kind == "fail_slow":  # a slow rank shows over rounds, not in one dump
+            return self.hooks.stacks(nodes, FAIL_SLOW_ROUNDS)
         return Finding()
 
     def _handle(self, incident: Incident, nodes: Sequence[Node], result: PollResult) -> None:
@@ -564,12 +567,13 @@ class LiveHooks:
         assert self.inv.job is not None
         return replace(self.inv, job=replace(self.inv.job, nodes=tuple(n.name for n in nodes)))
 
-    def stacks(self, nodes: Sequence[Node]) -> Finding:
+    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
         """brctl stacks' collection and analysis; the machines it proposes to evict."""
         from brctl.operations.stacks import analyse, collect_job
 
         try:
-            collections, shape = collect_job(self._current(nodes), self.transport, rounds=1,
+            collections, shape = collect_job(self._current(nodes), self.transport, rounds=rounds,
+                                             interval=self.inv.daemon.poll_interval,
                                              timeout=120 * self.scale)
             report = analyse(collections, shape)
         except BrctlError as exc:

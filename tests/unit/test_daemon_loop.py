@@ -52,7 +52,7 @@ class Script:
     def log_tails(self, nodes: Sequence[Node]) -> dict[str, str]:
         return {nodes[0].name: f"iteration {self.step}\n"}
 
-    def stacks(self, nodes: Sequence[Node]) -> Finding:
+    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
         self.calls.append(("stacks", [n.name for n in nodes]))
         return self.stacks_finding
 
