@@ -216,6 +216,19 @@ def rollback_target(events: Sequence[Event], current: Optional[str]) -> Optional
     return None
 
 
+def retained(pushed: Sequence[str], keep: int, protect: Sequence[Optional[str]]) -> set[str]:
+    """The releases to keep: the ``keep`` most recently pushed, plus every protected one.
+
+    Args:
+        pushed: versions in push order, oldest first.
+        keep: how many recent releases to keep.
+        protect: the job's version, the one before it (a rollback target, and what a
+            lazily updated job may still run), the pending one; None entries are ignored.
+    """
+    recent = list(pushed)[-keep:] if keep > 0 else []
+    return set(recent) | {v for v in protect if v is not None}
+
+
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from brctl.analysis.schema import field, positive
+from brctl.analysis.schema import at_least_one, field, positive
 
 
 def _root(value: str) -> str:
@@ -26,3 +26,6 @@ class UpdateSection:
     root: str = field("/opt/train", check=_root)
     # a lazy push is applied by `brctl update apply --if-due` once this many seconds passed
     window: float = field(24 * 3600.0, check=positive)
+    # releases kept on each machine (and artifacts on the controller) after a switch:
+    # the most recently pushed ones, plus always the job's, the previous and the pending one
+    keep: int = field(5, check=at_least_one)

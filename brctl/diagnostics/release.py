@@ -17,6 +17,7 @@ Actions (the request's ``action``):
   sha256, extract into a staging directory, write the marker inside it and
   rename the directory into place. Staging is idempotent; a version already
   staged with a different checksum is refused (releases are immutable).
+- ``prune``: delete complete releases not in ``keep`` (never ``current``'s).
 - ``switch``: point ``current`` at a complete release: a new symlink under a
   temporary name, then ``rename(2)`` over ``current``, so a reader always sees
   either the old or the new target, never a missing link.
@@ -323,9 +324,31 @@ def switch(request: dict[str, Any]) -> dict[str, Any]:
     return {"previous": previous, "current": version}
 
 
+def prune(request: dict[str, Any]) -> dict[str, Any]:
+    """Remove complete releases not in ``keep`` (never the one ``current`` points at).
+
+    A release is renamed out of ``releases/`` before it is deleted, so a reader never
+    finds a half-deleted one under its version's name.
+    """
+    root = _root(request)
+    keep = set(request.get("keep") or [])
+    current = _current(root)
+    releases_dir = os.path.join(root, "releases")
+    removed = []
+    for version, _sha in sorted(inspect({"root": root})["releases"].items()):
+        if version in keep or version == current:
+            continue
+        trash = os.path.join(releases_dir, f".trash-{version}-{os.getpid()}")
+        os.rename(os.path.join(releases_dir, version), trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(version)
+    return {"removed": removed}
+
+
 ACTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "inspect": inspect,
     "switch": switch,
+    "prune": prune,
 }
 
 

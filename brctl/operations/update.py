@@ -37,6 +37,7 @@ from brctl.analysis.update import (
     is_due,
     plan_switch,
     plan_transfer,
+    retained,
     rollback_target,
 )
 from brctl.errors import ExitCode, InputError
@@ -585,12 +586,42 @@ def _finish_switch(ctx: UpdateContext, rep: SwitchReport, sha256: str, restart: 
                             f"update {rep.action} {rep.version}", _hook_timeout(ctx))
             rep = SwitchReport(rep.action, rep.job, rep.version, rep.from_version, rep.outcome,
                                rep.reason, rep.nodes, hook)
-    detail = {"switched": rep.outcome == "ok", "reason": rep.reason,
-              "nodes": {n: o.to_json() for n, o in rep.nodes.items()},
-              "restart": hook.to_json() if hook else None}
+    detail: dict[str, Any] = {"switched": rep.outcome == "ok", "reason": rep.reason,
+                              "nodes": {n: o.to_json() for n, o in rep.nodes.items()},
+                              "restart": hook.to_json() if hook else None}
+    if rep.outcome == "ok":
+        detail["pruned"] = prune(ctx, [rep.version, rep.from_version,
+                                       state.pending.version if state.pending else None])
     _record(ctx, rep.action, rep.version or "", sha256, rep.from_version,
             [n.name for n in ctx.targets()], rep.outcome, detail)
     return rep
+
+
+def prune(ctx: UpdateContext, protect: Sequence[Optional[str]]) -> dict[str, Any]:
+    """Drop releases beyond ``update.keep`` on the machines and artifacts on the controller.
+
+    Best effort: a machine that fails to prune keeps its releases (reported, not fatal).
+
+    Returns:
+        ``{"removed": {machine: [versions]}, "errors": {machine: why}, "artifacts": n}``.
+    """
+    rows = ctx.store.query("SELECT version, sha256 FROM update_releases ORDER BY pushed_at, rowid")
+    keep = retained([r["version"] for r in rows], ctx.inventory.update.keep, protect)
+    results = ctx.runner.run(ctx.targets(), PROBE, lambda n: {"action": "prune",
+                                                              "root": ctx.root(n),
+                                                              "keep": sorted(keep)},
+                             timeout=ctx.timeout, concurrency=ctx.concurrency)
+    removed = {n: r.document["removed"] for n, r in results.items()
+               if r.document is not None and r.document.get("removed")}
+    errors = {n: r.error or "" for n, r in results.items() if r.document is None}
+    kept_sha = {r["sha256"] for r in rows if r["version"] in keep}
+    dropped = 0
+    for row in rows:
+        path = ctx.artifacts / f"{row['sha256']}.tar.gz"
+        if row["sha256"] not in kept_sha and path.exists():
+            path.unlink()
+            dropped += 1
+    return {"removed": removed, "errors": errors, "artifacts": dropped}
 
 
 # ---------------------------------------------------------------- operations

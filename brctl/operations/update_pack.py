@@ -172,8 +172,9 @@ def load(store_dir: Path, sha256: str, source: str) -> Artifact:
     try:
         data = path.read_bytes()
     except OSError:
-        raise InputError(f"artifact {sha256[:12]} is no longer in {store_dir}",
-                         hint="push that release again") from None
+        raise InputError(f"release {source}: its artifact {sha256[:12]} is no longer in "
+                         f"{store_dir} (releases beyond update.keep are pruned)",
+                         hint="push that release again, under a new version") from None
     if hashlib.sha256(data).hexdigest() != sha256:
         raise InputError(f"{path}: content does not match its sha256 (corrupted on the controller)",
                          hint="push that release again")

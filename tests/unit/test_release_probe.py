@@ -152,3 +152,13 @@ def test_bad_requests(tmp_path: Path) -> None:
     out = io.StringIO()
     assert release.main([], io.BytesIO(b"[1]"), out) == 1
     assert "JSON object" in json.loads(out.getvalue())["probe_error"]
+
+
+def test_prune_keeps_the_list_and_current(tmp_path: Path, artifact: bytes) -> None:
+    root = tmp_path / "root"
+    for v, extra in (("v1", b""), ("v2", b"\0" * 512), ("v3", b"\0" * 1024)):
+        receive(root, artifact + extra, version=v)
+    call({"action": "switch", "root": str(root), "version": "v1"}, via_argv=False)
+    code, doc = call({"action": "prune", "root": str(root), "keep": ["v3"]}, via_argv=False)
+    assert code == 0 and doc["removed"] == ["v2"]  # v1 is current: never removed
+    assert sorted(p.name for p in (root / "releases").iterdir()) == ["v1", "v3"]

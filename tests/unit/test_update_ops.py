@@ -280,3 +280,28 @@ def test_apply_without_anything_to_do_records_nothing(world) -> None:
     rep = up.apply(world.ctx())
     assert rep.outcome == "noop" and rep.exit_code is ExitCode.OK and "no drift" in rep.reason
     assert len(up.history(world.store, "demo")) == before
+
+
+def test_old_releases_are_pruned_after_a_switch(world, tmp_path: Path) -> None:
+    import dataclasses
+
+    small = dataclasses.replace(world.ctx().inventory,
+                                update=dataclasses.replace(world.ctx().inventory.update, keep=2))
+
+    def ctx() -> up.UpdateContext:
+        return up.UpdateContext(small, world.machines.transport, world.store,
+                                tmp_path / "artifacts", "me@ctl", now=world.clock)
+
+    for v in ("v1", "v2", "v3", "v4"):
+        world.write(v)
+        up.push(ctx(), str(world.src), v)
+        up.apply(ctx())
+    for node in NODES:
+        assert sorted(p.name for p in (world.root / node / "releases").iterdir()) == ["v3", "v4"]
+    assert len(list((tmp_path / "artifacts").glob("*.tar.gz"))) == 2
+    pruned = [e.detail["pruned"]["removed"].get("m1") for e in up.history(world.store, "demo")
+              if e.action == "apply"]
+    assert pruned == [None, None, ["v1"], ["v2"]]
+    assert up.rollback(ctx()).version == "v3"  # the previous release is always kept
+    with pytest.raises(InputError, match=r"release v1: its artifact .* is no longer in"):
+        up.rollback(ctx(), to="v1")  # pruned everywhere, artifact gone too

@@ -116,3 +116,13 @@ def test_durations(text, seconds):
 def test_bad_durations(bad):
     with pytest.raises(UsageError, match="--window"):
         parse_duration(bad, "--window")
+
+
+def test_retained_keeps_recent_and_protected_releases():
+    from brctl.analysis.update import retained
+
+    pushed = ["v1", "v2", "v3", "v4", "v5"]
+    assert retained(pushed, 2, ["v5", "v4", None]) == {"v4", "v5"}
+    assert retained(pushed, 2, ["v1", "v5", "v3"]) == {"v1", "v3", "v4", "v5"}  # rolled back
+    assert retained(pushed, 10, []) == set(pushed)
+    assert retained([], 3, [None]) == set()
