@@ -48,17 +48,25 @@ def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-class _Worker:
-    """One worker process and what it has said so far (stdout read raw, line by line)."""
+def _worker_argv(config: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", "brctl.diagnostics.collective", "--worker", json.dumps(config)]
 
-    def __init__(self, rank: int, config: dict[str, Any], env: dict[str, str],
+
+class _Worker:
+    """One worker process and what it has said so far (stdout read raw, line by line).
+
+    Raw ``os.read`` on the pipe, never a buffered reader: a buffered ``readline``
+    could swallow the result line that follows ``port N`` in the same read (a
+    one-process test finishes right after it), and the result was lost.
+    """
+
+    def __init__(self, rank: int, argv: list[str], env: dict[str, str],
                  port_later: bool) -> None:
         self.rank = rank
         # stderr goes to a file: a chatty torch must never block on a full pipe.
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the worker
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "brctl.diagnostics.collective", "--worker",
-             json.dumps(config)],
+            argv,
             stdin=subprocess.PIPE if port_later else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=self.stderr, env=env)
         self.buffer = b""
@@ -212,8 +220,8 @@ def alltoall(request: dict[str, Any]) -> dict[str, Any]:
     env = _worker_env({"GLOO_SOCKET_IFNAME": "lo"})  # machine-local: loopback only
     # Every worker starts at once (importing torch takes seconds); rank 0 reports the
     # port of its store and the others read it on stdin.
-    workers = [_Worker(r, {**base, "rank": r, "local_rank": r}, env, port_later=r > 0)
-               for r in range(world)]
+    workers = [_Worker(r, _worker_argv({**base, "rank": r, "local_rank": r}), env,
+                       port_later=r > 0) for r in range(world)]
     missed, ready_at = _supervise(workers, start + startup, timeout)
     return _summary("alltoall", workers, missed, timeout, startup, start, ready_at)
 
@@ -230,7 +238,7 @@ def allgather(request: dict[str, Any]) -> dict[str, Any]:
               "startup_timeout": startup,
               "master_addr": request["master_addr"], "master_port": int(request["master_port"])}
     extra = {"GLOO_SOCKET_IFNAME": request["gloo_ifname"]} if request.get("gloo_ifname") else {}
-    workers = [_Worker(config["rank"], config, _worker_env(extra), port_later=False)]
+    workers = [_Worker(config["rank"], _worker_argv(config), _worker_env(extra), port_later=False)]
     missed, ready_at = _supervise(workers, start + startup, timeout)
     return _summary("allgather", workers, missed, timeout, startup, start, ready_at)
 
