@@ -15,11 +15,15 @@ Returns dataclasses; never prints.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -40,7 +44,7 @@ from brctl.analysis.update import (
     retained,
     rollback_target,
 )
-from brctl.errors import ExitCode, InputError
+from brctl.errors import ExitCode, InputError, RefusedError
 from brctl.operations import update_pack
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner, parse_document
@@ -627,14 +631,50 @@ def prune(ctx: UpdateContext, protect: Sequence[Optional[str]]) -> dict[str, Any
 # ---------------------------------------------------------------- operations
 
 
+@contextmanager
+def exclusive(ctx: UpdateContext) -> Iterator[None]:
+    """Hold the job's update lock (``<state>/update/<job>.lock``) for one push/apply/rollback.
+
+    Raises:
+        RefusedError: another brctl (a person, cron or the daemon) is changing this
+            job's releases right now (exit 4).
+    """
+    path = ctx.artifacts.parent / (re.sub(r"[^A-Za-z0-9._-]", "_", ctx.job) + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held across the yield
+    except OSError as exc:
+        raise InputError(f"update lock {path}: {exc.strerror}") from None
+    with fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise RefusedError(f"job {ctx.job}: another brctl update is changing its releases "
+                               f"({holder})", hint="wait for it to finish, then rerun") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{ctx.who}, pid {os.getpid()}\n")
+        fh.flush()
+        yield  # closing the file releases the lock, also when the process dies
+
+
 def push(ctx: UpdateContext, src: str, version: str, *, rev: Optional[str] = None,
          urgent: bool = False, window_s: Optional[float] = None) -> PushReport:
     """Pack ``src`` once, send it to every target machine, stage it; urgent: switch now.
 
     Raises:
         InputError / UsageError: a bad source or version, or the version exists with other code.
+        RefusedError: another push/apply/rollback of this job is running.
     """
     check_version(version)
+    with exclusive(ctx):
+        return _push(ctx, src, version, rev, urgent, window_s)
+
+
+def _push(ctx: UpdateContext, src: str, version: str, rev: Optional[str], urgent: bool,
+          window_s: Optional[float]) -> PushReport:
     art = update_pack.pack(src, rev, ctx.artifacts)
     _register_release(ctx, version, art)
     targets = ctx.targets()
@@ -660,7 +700,7 @@ def push(ctx: UpdateContext, src: str, version: str, *, rev: Optional[str] = Non
     switch = None
     if urgent and outcome == "ok":
         # The switch is job-wide even when -w narrowed the push: never mix versions.
-        switch = apply(replace(ctx, nodes=None), restart=True)
+        switch = _apply(replace(ctx, nodes=None), False, True)
         pending = job_state(ctx.store, ctx.job).pending
     message = _push_message(version, outcome, urgent, pending, switch)
     return PushReport(ctx.job, version, art.sha256, art.size, art.source, urgent, nodes,
@@ -689,7 +729,15 @@ def apply(ctx: UpdateContext, *, if_due: bool = False, restart: bool = False) ->
         if_due: only apply a pending release whose window has passed (or an urgent one);
             for cron, with ``restart`` so the job picks the code up.
         restart: run ``job.restart_command`` after a successful switch.
+
+    Raises:
+        RefusedError: another push/apply/rollback of this job is running.
     """
+    with exclusive(ctx):
+        return _apply(ctx, if_due, restart)
+
+
+def _apply(ctx: UpdateContext, if_due: bool, restart: bool) -> SwitchReport:
     state = job_state(ctx.store, ctx.job)
     pending = state.pending
     if pending is not None and (not if_due or is_due(pending, ctx.now())):
@@ -711,7 +759,13 @@ def rollback(ctx: UpdateContext, *, to: Optional[str] = None, restart: bool = Fa
 
     Raises:
         InputError: there is no earlier release to go back to, or ``to`` was never pushed.
+        RefusedError: another push/apply/rollback of this job is running.
     """
+    with exclusive(ctx):
+        return _rollback(ctx, to, restart)
+
+
+def _rollback(ctx: UpdateContext, to: Optional[str], restart: bool) -> SwitchReport:
     state = job_state(ctx.store, ctx.job)
     target = to if to is not None else rollback_target(history(ctx.store, ctx.job), state.version)
     if target is None:

@@ -305,3 +305,17 @@ def test_old_releases_are_pruned_after_a_switch(world, tmp_path: Path) -> None:
     assert up.rollback(ctx()).version == "v3"  # the previous release is always kept
     with pytest.raises(InputError, match=r"release v1: its artifact .* is no longer in"):
         up.rollback(ctx(), to="v1")  # pruned everywhere, artifact gone too
+
+
+def test_a_second_changer_of_the_same_job_is_refused(world) -> None:
+    from brctl.errors import RefusedError
+
+    world.write("v1")
+    with up.exclusive(world.ctx()):  # e.g. a person's push still streaming
+        with pytest.raises(RefusedError, match=r"another brctl update .*me@ctl, pid") as info:
+            up.apply(world.ctx())
+        assert info.value.code is ExitCode.REFUSED
+        with pytest.raises(RefusedError):
+            up.push(world.ctx(), str(world.src), "v1")
+        assert up.status(world.ctx()).exit_code is ExitCode.OK  # reading is never blocked
+    assert up.push(world.ctx(), str(world.src), "v1", urgent=True).exit_code is ExitCode.OK
