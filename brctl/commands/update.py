@@ -76,7 +76,7 @@ def push(
     short resumes from where it stopped. Exit 0 when staged everywhere (and, with
     --urgent, switched and restarted), 1 when a machine failed (e.g. the artifact
     arrived corrupted), 3 when machines did not answer (they are caught up by the
-    next push or apply).
+    next push or apply), 4 when another push/apply/rollback of the job is running.
     """
     from brctl.analysis.update import parse_duration
     from brctl.commands._render_update import render_push
@@ -106,7 +106,8 @@ def apply(
     Lagging machines (unreachable at push time, or new) are sent the release
     first. Without a pending release, machines that drifted are switched back to
     the job's version. Exit 0 switched (or nothing to do), 1 the switch failed
-    and was rolled back, 3 machines did not answer (nothing switched).
+    and was rolled back, 3 machines did not answer (nothing switched), 4 another
+    push/apply/rollback of the job is running.
     """
     from brctl.commands._render_update import render_switch
     from brctl.operations.update import apply as do_apply
