@@ -173,8 +173,10 @@ def _collect(procs: list[Any], pipes: list[Any], timeout: float) -> list[tuple[s
         if pipe.poll(left):
             try:
                 results.append(pipe.recv())
-            except EOFError:
-                results.append(("error", f"rank process exited with code {proc.exitcode}"))
+            except EOFError:  # it died before answering (killed, segfault, os._exit)
+                proc.join(5)
+                results.append(("error", f"rank process exited with code {proc.exitcode} "
+                                         "before reporting"))
         else:
             results.append(("error", f"rank process gave no result within {timeout:g}s"))
     for proc in procs:
