@@ -79,9 +79,13 @@ def replay_command(
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device {device!r}: expected auto, cpu or cuda")
     inv = env.inventory()
+    the_plan = replay_plan(inv, dp)
     if plan_only:
-        render_plan(env.output, replay_plan(inv, dp))
+        render_plan(env.output, the_plan)
         return 0
+    if not the_plan.can_vote:
+        env.output.warn(f"only {len(the_plan.round1)} replay group(s) per round: if they "
+                        "disagree, no majority says which is wrong (NaN/Inf still does)")
     workload: Workload = (command_workload(command) if command is not None
                           else BuiltinWorkload(steps=steps, seed=seed, device=device))
     if port is None:
