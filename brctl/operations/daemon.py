@@ -234,6 +234,7 @@ class Daemon:
         """
         now = self.clock()
         self.state.acquire_lease(self.owner, now, self.cfg.lease_ttl)
+        self.last_poll = now  # ETTR counts from here: finishing a plan is not training time
         self._event("daemon_start", [], {"owner": self.owner, "dry_run": self.dry_run,
                                          "members": self.members()})
         if not self.dry_run:

@@ -270,7 +270,8 @@ def test_ettr_intervals_follow_progress(tmp_path: Path) -> None:
     for _ in range(2):
         tick(daemon, clock, script, steps=0)  # stalled
     ivs = DaemonState(store, "llm").intervals()
-    assert [(iv.end - iv.start, iv.productive) for iv in ivs] == [(6.0, True), (2.0, False)]
+    assert [(iv.end - iv.start, iv.productive) for iv in ivs] == [
+        (1.0, False), (6.0, True), (2.0, False)]  # the first poll only sets the baseline
 
 
 def test_run_stops_on_signal_and_releases_lease(tmp_path: Path) -> None:
