@@ -290,3 +290,34 @@ def _ettr_within(sampler: StepSampler, spans: list[tuple[float, float]]) -> floa
     total = sum(e - s for s, e in spans)
     productive = sum(max(0.0, min(b, e) - max(a, s)) for a, b in busy for s, e in spans)
     return productive / total
+
+
+def test_notify_webhook_posts_one_json_message_per_action() -> None:
+    """The webhook gets a real HTTP POST (loopback) with the action as JSON."""
+    import http.server
+
+    from brctl.operations.jobadapter import Notifier
+
+    got: list[dict[str, Any]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/brctl"
+        errors = Notifier("llm", url, None).send("evict", "done", "gpu07", "xid 79", {"key": "k"})
+        assert errors == [] and got[0]["kind"] == "evict" and got[0]["node"] == "gpu07"
+        server.shutdown()
+        errors = Notifier("llm", url, None, timeout=2).send("restart", "done", None, "r", {})
+        assert errors and errors[0].startswith("webhook:")  # a dead hook is reported, not raised
+    finally:
+        server.server_close()
