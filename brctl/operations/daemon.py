@@ -431,6 +431,8 @@ class Daemon:
         if plan["decision"] == "replay":
             self._notify("replay", "needed", None, reason,
                          {"hint": f"run: brctl replay (job {self.job.name})"})
+        if plan["decision"] == "notify":  # e.g. fail-slow with nobody to blame: a human looks
+            self._notify(str(payload["incident"]["kind"]), "needs-attention", None, reason, {})
         if plan["restart"]:
             restarted = self._step(f"{key}/restart", "restart", None, reason,
                                    lambda: self._hook(self.adapter.restart(after), "restart_command"))

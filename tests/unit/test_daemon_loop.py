@@ -309,3 +309,16 @@ def test_metrics_collector_reads_the_state(tmp_path: Path) -> None:
     assert actions[("evict", "done")] == 1
     assert families["brctl_standby_ready"].samples[0].value == 1
     assert {s.labels["window"] for s in families["brctl_ettr"].samples} >= {"all"}
+
+
+def test_fail_slow_runs_stack_rounds_and_notifies_when_nobody_is_blamed(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, _ = make(tmp_path, script, clock)
+    daemon.start()
+    for _ in range(8):
+        tick(daemon, clock, script)  # 1 s per step
+    tick(daemon, clock, script, dt=4)  # 4 s for one step: 4x the median
+    assert daemon.report.handled[-1].incident.kind == "fail_slow"  # type: ignore[union-attr]
+    assert daemon.report.handled[-1].plan.decision == "notify"  # type: ignore[union-attr]
+    assert any(c[0] == "stacks" for c in script.calls) and hooks_log(tmp_path) == []
+    assert '"fail_slow", "needs-attention"' in (tmp_path / "notify.jsonl").read_text()
