@@ -283,15 +283,15 @@ class StatusReport:
 
     @property
     def unknown(self) -> list[str]:
-        """Machines that did not answer."""
+        """Machines whose releases are unknown (no answer, or the probe failed there)."""
         return [n for n, s in self.nodes.items() if s.state != "ok"]
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when machines did not answer, 1 on drift, else 0."""
-        if self.unknown:
+        """3 when machines did not answer, 1 on drift or a probe failure there, else 0."""
+        if any(s.state in _TRANSPORT_STATES for s in self.nodes.values()):
             return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if self.drifted else ExitCode.OK
+        return ExitCode.FINDINGS if self.drifted or self.unknown else ExitCode.OK
 
     def to_json(self) -> dict[str, object]:
         """JSON form."""

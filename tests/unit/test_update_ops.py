@@ -319,3 +319,12 @@ def test_a_second_changer_of_the_same_job_is_refused(world) -> None:
             up.push(world.ctx(), str(world.src), "v1")
         assert up.status(world.ctx()).exit_code is ExitCode.OK  # reading is never blocked
     assert up.push(world.ctx(), str(world.src), "v1", urgent=True).exit_code is ExitCode.OK
+
+
+def test_status_probe_failure_is_a_finding_not_incomplete(world) -> None:
+    world.machines.fault = lambda node, req: Reply(
+        stdout='{"probe_error": "PermissionError: /opt/train"}\n', exit_code=1) \
+        if node == "m2" else None
+    st = up.status(world.ctx())
+    assert st.exit_code is ExitCode.FINDINGS and st.unknown == ["m2"]
+    assert "PermissionError" in st.nodes["m2"].error
