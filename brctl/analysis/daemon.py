@@ -12,6 +12,8 @@ I/O), so the loop's decisions are exhaustively unit-testable:
   (evict, reattempt, rollback, replay, or only notify).
 - ``refusal``: the safety caps (evictions per hour, job fraction, restarts
   without progress) → the reason to refuse, or None.
+- ``plan_after_replay``: a replay's verdict → the follow-up plan (evict the
+  machines it proved faulty, or reattempt and page a human with the evidence).
 - ``pick_standbys``: checked, not quarantined, not in use, in pool order.
 """
 
@@ -238,6 +240,54 @@ def plan_for(incident: Incident, finding: Finding) -> Plan:
     if incident.kind == "hang":
         return Plan("reattempt", (), finding.reason or incident.reason, restart=True)
     return Plan("notify", (), finding.reason or incident.reason, restart=False)
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """What ``brctl replay`` answered, as the daemon records it in its action log.
+
+    Attributes:
+        verdict: found | none | ambiguous | not_reproduced | incomplete.
+        faulty: machines proven to corrupt data (``found`` only).
+        candidates: machines still suspected but not resolved.
+        reason: replay's one sentence for the operator.
+    """
+
+    verdict: str
+    faulty: tuple[str, ...] = ()
+    candidates: tuple[str, ...] = ()
+    reason: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """``{verdict, faulty, candidates, reason}``."""
+        return {"verdict": self.verdict, "faulty": list(self.faulty),
+                "candidates": list(self.candidates), "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> ReplayOutcome:
+        """The inverse of ``to_json`` (a resumed plan reads the recorded verdict back)."""
+        faulty = doc.get("faulty") or []
+        candidates = doc.get("candidates") or []
+        assert isinstance(faulty, list) and isinstance(candidates, list)
+        return cls(str(doc.get("verdict", "incomplete")), tuple(str(n) for n in faulty),
+                   tuple(str(n) for n in candidates), str(doc.get("reason", "")))
+
+
+def plan_after_replay(outcome: ReplayOutcome) -> Plan:
+    """The plan that follows a replay (ByteRobust: replay proves SDC machines, then evict).
+
+    ``found`` with machines → evict them and restart on standbys. Anything else
+    (none, not_reproduced, ambiguous, incomplete) proves nobody: reattempt, and the
+    caller pages a human with the evidence; the restarts-without-progress cap stops
+    the loop when reattempts keep failing.
+    """
+    if outcome.verdict == "found" and outcome.faulty:
+        return Plan("evict", outcome.faulty,
+                    f"replay found silent data corruption on {', '.join(outcome.faulty)}: "
+                    f"{outcome.reason}", restart=True)
+    suspects = f" (still suspected: {', '.join(outcome.candidates)})" if outcome.candidates else ""
+    return Plan("reattempt", (), f"replay {outcome.verdict}: {outcome.reason}{suspects}",
+                restart=True)
 
 
 def refusal(plan: Plan, *, now: float, eviction_times: Iterable[float], job_size: int,

@@ -13,10 +13,16 @@ database and the job adapter. Each poll:
 6. writes the plan and then each step as ``intent`` before doing it (evict →
    stop → restore checkpoint shards onto the standby → apply pending updates →
    swap membership → roll back → restart), marking each ``done``/``failed``.
+   A replay decision stops the job, runs ``brctl replay`` on its current machines
+   and records the verdict; the follow-up (evict what it proved faulty and swap
+   standbys in, or reattempt and page a human with the evidence) is a plan of its
+   own under the same caps and the same action log.
 
 A restart after ``kill -9`` first finishes every plan left as ``intent`` (steps
-already ``done`` are skipped, the standby chosen is in the plan), so nothing is
-evicted or swapped twice. ``--dry-run`` records the decisions only. A refusal
+already ``done`` are skipped, the standby chosen is in the plan, a replay's
+verdict is read back from its step), so nothing is evicted, swapped or replayed
+twice; the restarts-without-progress count and the crash escalation ladder are
+read back from the database too. ``--dry-run`` records the decisions only. A refusal
 (caps, restarts without progress, no checked standby) is recorded, notified,
 and stops further actions: the daemon keeps observing and exits 4.
 
@@ -34,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 from brctl.analysis.daemon import (
     Decision,
@@ -43,11 +49,13 @@ from brctl.analysis.daemon import (
     Observation,
     Plan,
     Progress,
+    ReplayOutcome,
     detect,
     job_step,
     last_step,
     observe,
     pick_standbys,
+    plan_after_replay,
     plan_for,
     refusal,
     swap_members,
@@ -114,6 +122,10 @@ class Hooks(Protocol):
 
     def rollback(self, nodes: Sequence[Node]) -> str:
         """Roll the job's code back to the previous release."""
+        ...
+
+    def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
+        """Replay the stopped job on ``nodes`` (``brctl replay``) and return its verdict."""
         ...
 
     def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
@@ -235,11 +247,16 @@ class Daemon:
         now = self.clock()
         self.state.acquire_lease(self.owner, now, self.cfg.lease_ttl)
         self.last_poll = now  # ETTR counts from here: finishing a plan is not training time
+        # The caps and the escalation ladder survive a kill -9: read them back.
+        since = self.state.last_progress()
+        self.restarts_without_progress = self.state.restarts_since(since)
+        self.crash_history = cast(list[Decision], self.state.crash_decisions_since(since))
         self._event("daemon_start", [], {"owner": self.owner, "dry_run": self.dry_run,
                                          "members": self.members()})
         if not self.dry_run:
             for action in self.state.unfinished():
-                if action.kind == "plan":
+                current = self.state.action(action.key)  # a parent plan may have finished it
+                if action.kind == "plan" and current is not None and current.state == "intent":
                     self._event("resume", [], {"plan": action.key})
                     self.report.resumed.append(action.key)
                     self._execute(action.key, action.payload)
@@ -295,8 +312,9 @@ class Daemon:
             self._handle(incident, nodes, result)
             self.report.handled.append(result)
         self.last_signature = signature if incident is not None else None
-        if result.plan is not None and result.plan.restart and not result.refused and not self.dry_run:
-            self.last_signature = None  # a restarted job starts a fresh story
+        restarted = result.plan is not None and (result.plan.restart or result.plan.decision == "replay")
+        if restarted and not result.refused and not self.dry_run:
+            self.last_signature = None  # a restarted job starts a fresh story (a replay ends in one)
         self.state.save_status(self.status_doc(step, running), now)
         self.report.iterations += 1
         return result
@@ -334,6 +352,22 @@ class Daemon:
         members = [n.name for n in nodes]
         self._event("decision", plan.evict, {"plan": plan.to_json(), "incident": event_id,
                                              "dry_run": self.dry_run})
+        why, replacements = self._authorize(plan, members)
+        if why is not None:
+            self._refuse(f"{self.job.name}/refused/{event_id}", plan, why, result)
+            return
+        key = f"{self.job.name}/plan/{event_id}"
+        payload = {"plan": plan.to_json(), "members": members, "replacements": replacements,
+                   "incident": incident.to_json()}
+        if self.dry_run:
+            self.state.intend(key, "plan", None, payload, plan.reason, self.clock())
+            self.state.finish(key, "dry-run", self.clock())
+            return
+        self.state.intend(key, "plan", None, payload, plan.reason, self.clock())
+        self._execute(key, payload)
+
+    def _authorize(self, plan: Plan, members: Sequence[str]) -> tuple[Optional[str], dict[str, str]]:
+        """(why the caps refuse ``plan`` or None, evicted machine → checked standby)."""
         why = self.halted or refusal(
             plan, now=self.clock(), eviction_times=[e.at for e in self.state.eviction_history()],
             job_size=len(members), restarts_without_progress=self.restarts_without_progress,
@@ -348,23 +382,12 @@ class Daemon:
                 missing = [n for n in plan.evict if n not in replacements]
                 why = (f"no checked standby for {', '.join(missing)} "
                        "(run brctl standby check, or add machines to standby:)")
-        if why is not None:
-            self._refuse(event_id, plan, why, result)
-            return
-        key = f"{self.job.name}/plan/{event_id}"
-        payload = {"plan": plan.to_json(), "members": members, "replacements": replacements,
-                   "incident": incident.to_json()}
-        if self.dry_run:
-            self.state.intend(key, "plan", None, payload, plan.reason, self.clock())
-            self.state.finish(key, "dry-run", self.clock())
-            return
-        self.state.intend(key, "plan", None, payload, plan.reason, self.clock())
-        self._execute(key, payload)
+        return why, replacements
 
-    def _refuse(self, event_id: int, plan: Plan, why: str, result: PollResult) -> None:
-        result.refused = why
+    def _refuse(self, key: str, plan: Plan, why: str, result: Optional[PollResult]) -> None:
+        if result is not None:
+            result.refused = why
         self.report.refusals.append(why)
-        key = f"{self.job.name}/refused/{event_id}"
         self.state.intend(key, "plan", None, {"plan": plan.to_json()}, why, self.clock())
         self.state.finish(key, REFUSED, self.clock())
         self._event("refused", plan.evict, {"reason": why, "plan": plan.to_json()})
@@ -410,7 +433,8 @@ class Daemon:
         for node in plan["evict"]:
             self._step(f"{key}/evict/{node}", "evict", node, reason,
                        _bind(self._evict, before, node, reason))
-        if plan["restart"] and self.job.stop_command is not None:
+        stop = plan["restart"] or plan["decision"] == "replay"
+        if stop and self.job.stop_command is not None and not payload.get("follows"):
             self._step(f"{key}/stop", "stop", None, reason,
                        lambda: self._hook(self.adapter.stop(before), "stop_command"))
         for evicted, spare in replacements.items():
@@ -429,20 +453,61 @@ class Daemon:
             self._step(f"{key}/apply", "apply", None, "pending updates before the restart",
                        lambda: self.hooks.apply_updates(after_nodes))
         if plan["decision"] == "replay":
-            self._notify("replay", "needed", None, reason,
-                         {"hint": f"run: brctl replay (job {self.job.name})"})
+            self._after_replay(key, payload, self._replay(key, before, reason))
         if plan["decision"] == "notify":  # e.g. fail-slow with nobody to blame: a human looks
             self._notify(str(payload["incident"]["kind"]), "needs-attention", None, reason, {})
         if plan["restart"]:
+            recorded = self.state.action(f"{key}/restart")
             restarted = self._step(f"{key}/restart", "restart", None, reason,
                                    lambda: self._hook(self.adapter.restart(after), "restart_command"))
-            self.restarts_without_progress += 1
+            if recorded is None or recorded.state != DONE:  # a resumed, done restart is counted
+                self.restarts_without_progress += 1
             # Keep the last step: the old log lines are still there after a restart,
             # and only a different step is progress of the new run.
             self.progress = Progress.start(self.clock(), self.progress.step)
             if not restarted:
                 self._event("restart_failed", [], {"plan": key})
         self.state.finish(key, DONE, self.clock())
+
+    def _replay(self, key: str, members: Sequence[str], reason: str) -> ReplayOutcome:
+        """Replay the stopped job once per plan; a resumed plan reads the verdict back."""
+        step = f"{key}/replay"
+        action = self.state.intend(step, "replay", None, {}, reason, self.clock())
+        if action.state == DONE and action.payload.get("verdict"):
+            return ReplayOutcome.from_json(action.payload)
+        try:
+            outcome = self.hooks.replay([self.inv.node(n) for n in members])
+        except BrctlError as exc:
+            outcome = ReplayOutcome("incomplete", (), (), f"replay failed: {exc.message}")
+        self.state.finish(step, DONE, self.clock(), f"replay {outcome.verdict}: {outcome.reason}"[:2000],
+                          payload=outcome.to_json())
+        self._event("action_replay", list(outcome.faulty or outcome.candidates),
+                    {"key": step, "ok": outcome.verdict != "incomplete", **outcome.to_json()})
+        return outcome
+
+    def _after_replay(self, key: str, payload: Mapping[str, Any], outcome: ReplayOutcome) -> None:
+        """Carry out what the replay's verdict calls for, as its own recorded plan."""
+        sub = f"{key}/after-replay"
+        existing = self.state.action(sub)
+        if existing is not None:  # decided before a kill -9: the same standbys, no new decision
+            if existing.state == "intent":
+                self._execute(sub, existing.payload)
+            return
+        follow = plan_after_replay(outcome)
+        members = list(payload["members"])
+        self._event("decision", follow.evict, {"plan": follow.to_json(), "replay": outcome.to_json(),
+                                               "dry_run": self.dry_run})
+        if outcome.verdict != "found":  # nobody proven: a human looks at the evidence
+            self._notify("replay", outcome.verdict, None, follow.reason,
+                         {"replay": outcome.to_json(), "job": self.job.name})
+        why, replacements = self._authorize(follow, members)
+        if why is not None:
+            self._refuse(f"{sub}/refused", follow, why, None)
+            return
+        doc = {"plan": follow.to_json(), "members": members, "replacements": replacements,
+               "incident": payload["incident"], "follows": key}
+        action = self.state.intend(sub, "plan", None, doc, follow.reason, self.clock())
+        self._execute(sub, action.payload)
 
     def _evict(self, members: Sequence[str], node: str, reason: str) -> str:
         fresh = self.state.quarantine(node, reason, "daemon", self.clock())
@@ -658,6 +723,18 @@ class LiveHooks:
         if rep.outcome not in ("ok", "noop"):
             raise BrctlError(f"update rollback {rep.outcome}: {rep.reason}")
         return f"rolled back {rep.from_version} -> {rep.version}"
+
+    def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
+        """brctl replay's built-in workload on the job's current machines."""
+        import random
+
+        from brctl.operations.replay import BuiltinWorkload, replay
+
+        port = random.SystemRandom().randrange(20000, 40000)  # as brctl replay picks one
+        report = replay(self.transport, self._current(nodes), workload=BuiltinWorkload(),
+                        timeout=300 * self.scale, port_base=port)
+        v = report.verdict
+        return ReplayOutcome(v.verdict, tuple(v.faulty), tuple(v.candidates), v.reason)
 
     def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
         """A health sweep of standby machines: ok/warn passes, anything else fails."""

@@ -161,9 +161,13 @@ class DaemonState:
             row = db.execute("SELECT * FROM daemon_actions WHERE key = ?", (key,)).fetchone()
         return _action(row)
 
-    def finish(self, key: str, state: str, at: float, reason: Optional[str] = None) -> None:
-        """Mark an action ``done``/``failed``/``refused``."""
+    def finish(self, key: str, state: str, at: float, reason: Optional[str] = None,
+               payload: Optional[dict[str, Any]] = None) -> None:
+        """Mark an action ``done``/``failed``/``refused`` (and keep its result in ``payload``)."""
         with self.store.transaction() as db:
+            if payload is not None:
+                db.execute("UPDATE daemon_actions SET payload = ? WHERE key = ?",
+                           (json.dumps(payload, default=str), key))
             if reason is None:
                 db.execute("UPDATE daemon_actions SET state = ?, finished = ? WHERE key = ?",
                            (state, at, key))
@@ -181,6 +185,40 @@ class DaemonState:
             params += wanted
         rows = self.store.query(sql + " ORDER BY id DESC LIMIT ?", [*params, limit])
         return [_action(r) for r in reversed(rows)]
+
+    def action(self, key: str) -> Optional[Action]:
+        """The action recorded under ``key``, or None."""
+        rows = self.store.query("SELECT * FROM daemon_actions WHERE key = ?", (key,))
+        return _action(rows[0]) if rows else None
+
+    def last_progress(self) -> float:
+        """When the job last made progress (end of the newest productive interval), or 0."""
+        rows = self.store.query("SELECT MAX(end) AS t FROM ettr_intervals WHERE job = ? "
+                                "AND productive = 1", (self.job,))
+        return float(rows[0]["t"] or 0.0) if rows else 0.0
+
+    def restarts_since(self, since: float) -> int:
+        """Restarts carried out (done or failed) since ``since``: the no-progress count."""
+        rows = self.store.query("SELECT COUNT(*) AS n FROM daemon_actions WHERE job = ? AND "
+                                "kind = 'restart' AND state IN (?, ?) AND created > ?",
+                                (self.job, DONE, FAILED, since))
+        return int(rows[0]["n"])
+
+    def crash_decisions_since(self, since: float) -> list[str]:
+        """Decisions of the plans made for crashes since ``since``, oldest first.
+
+        The escalation ladder (reattempt → rollback → replay) reads this back after a
+        restart of the daemon, so a ``kill -9`` does not reset it. Follow-up plans
+        (after a replay) are not crash decisions of their own.
+        """
+        rows = self.store.query("SELECT payload FROM daemon_actions WHERE job = ? AND "
+                                "kind = 'plan' AND created > ? ORDER BY id", (self.job, since))
+        out = []
+        for row in rows:
+            doc = json.loads(row["payload"])
+            if (doc.get("incident") or {}).get("kind") == "crash" and not doc.get("follows"):
+                out.append(str(doc["plan"]["decision"]))
+        return out
 
     def unfinished(self) -> list[Action]:
         """Steps written as intent and never finished (a crash or kill -9 in between)."""

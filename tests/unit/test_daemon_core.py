@@ -151,3 +151,18 @@ def test_pick_standbys_never_quarantined_or_unchecked() -> None:
     got = pick_standbys(pool, checked=["s1", "s2", "s4"], quarantined=["s1"], in_use=["s2"], count=3)
     assert got == ["s4"]
     assert swap_members(["a", "b", "c"], {"b": "s4"}) == ["a", "s4", "c"]
+
+
+def test_plan_after_replay_evicts_only_what_replay_proved() -> None:
+    from brctl.analysis.daemon import ReplayOutcome, plan_after_replay
+
+    found = plan_after_replay(ReplayOutcome("found", ("n2",), (), "n2 deviates"))
+    assert (found.decision, found.evict, found.restart) == ("evict", ("n2",), True)
+    for verdict in ("none", "not_reproduced", "ambiguous", "incomplete"):
+        plan = plan_after_replay(ReplayOutcome(verdict, (), ("n3",), "why"))
+        assert (plan.decision, plan.evict, plan.restart) == ("reattempt", (), True)
+        assert verdict in plan.reason and "n3" in plan.reason
+    # found with no machine named proves nobody
+    assert plan_after_replay(ReplayOutcome("found", (), (), "?")).decision == "reattempt"
+    doc = ReplayOutcome("found", ("a",), ("b",), "r")
+    assert ReplayOutcome.from_json(doc.to_json()) == doc

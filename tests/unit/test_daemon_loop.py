@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis.daemon import Finding
+from brctl.analysis.daemon import Finding, ReplayOutcome
 from brctl.analysis.inventory import Inventory, from_document
 from brctl.errors import RefusedError
 from brctl.operations.daemon import Daemon, HealthView
@@ -41,6 +41,8 @@ class Script:
     evict: dict[str, str] = field(default_factory=dict)
     diagnose_finding: Finding = field(default_factory=Finding)
     stacks_finding: Finding = field(default_factory=Finding)
+    replay_outcome: ReplayOutcome = field(
+        default_factory=lambda: ReplayOutcome("none", (), (), "every group matched the reference"))
     calls: list[tuple[str, Any]] = field(default_factory=list)
     kill_on: str = ""
 
@@ -73,6 +75,12 @@ class Script:
     def rollback(self, nodes: Sequence[Node]) -> str:
         self.calls.append(("rollback", [n.name for n in nodes]))
         return "rolled back"
+
+    def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
+        self.calls.append(("replay", [n.name for n in nodes]))
+        if self.kill_on == "replay":
+            raise Killed()
+        return self.replay_outcome
 
     def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
         self.calls.append(("check", [n.name for n in nodes]))
@@ -192,7 +200,111 @@ def test_crash_reattempt_then_rollback_then_replay(tmp_path: Path) -> None:
         decisions.append(daemon.report.handled[-1].plan.decision)  # type: ignore[union-attr]
     assert decisions == ["reattempt", "rollback", "replay"]
     assert sum(1 for c in script.calls if c[0] == "rollback") == 1
-    assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart"]
+    # the replay ran on the job's machines, proved nobody: a reattempt (third restart)
+    assert ("replay", ["n1", "n2", "n3", "n4"]) in script.calls
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart", "restart"]
+
+
+def crash_until_replay(daemon: Daemon, clock: Clock, script: Script) -> None:
+    """Crash three times without progress: reattempt, rollback, then replay."""
+    tick(daemon, clock, script)
+    for _ in range(3):
+        script.running = False
+        tick(daemon, clock, script, steps=0, dt=2)
+
+
+def test_replay_found_evicts_the_proven_machine_and_swaps_a_standby(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    script.replay_outcome = ReplayOutcome("found", ("n2",), (), "n2 deviates in both rounds")
+    daemon, store = make(tmp_path, script, clock,
+                         inv=inventory(tmp_path, max_restarts_without_progress=5))
+    daemon.start()
+    crash_until_replay(daemon, clock, script)
+    assert daemon.members() == ["n1", "s1", "n3", "n4"]
+    assert ("restore", ("n2", "s1")) in script.calls
+    log = hooks_log(tmp_path)
+    assert [e[:2] for e in log] == [["restart", "n1,n2,n3,n4"], ["restart", "n1,n2,n3,n4"],
+                                    ["evict", "n2"], ["restart", "n1,s1,n3,n4"]]
+    assert "silent data corruption" in log[2][2]
+    state = DaemonState(store, "llm")
+    assert list(state.quarantined()) == ["n2"] and not state.unfinished()
+    replays = [a for a in state.actions() if a.kind == "replay"]
+    assert len(replays) == 1 and replays[0].payload["verdict"] == "found"
+
+
+def test_replay_proving_nobody_pages_with_evidence_and_reattempts(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    script.replay_outcome = ReplayOutcome("ambiguous", (), ("n3", "n4"), "groups disagree")
+    daemon, _ = make(tmp_path, script, clock,
+                     inv=inventory(tmp_path, max_restarts_without_progress=5))
+    daemon.start()
+    crash_until_replay(daemon, clock, script)
+    notes = [json.loads(line) for line in (tmp_path / "notify.jsonl").read_text().splitlines()]
+    assert ["replay", "ambiguous", ""] in notes  # a human gets the evidence
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    decided = [e for e in events if e["kind"] == "decision" and "replay" in e["detail"]]
+    assert decided and decided[0]["detail"]["replay"]["candidates"] == ["n3", "n4"]
+    assert decided[0]["detail"]["plan"]["decision"] == "reattempt"
+    assert daemon.members() == ["n1", "n2", "n3", "n4"]
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart"] * 3
+
+
+def test_replay_proving_nobody_at_the_restart_cap_halts(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    daemon, _ = make(tmp_path, script, clock,
+                     inv=inventory(tmp_path, max_restarts_without_progress=2))
+    daemon.start()
+    crash_until_replay(daemon, clock, script)
+    assert any(c[0] == "replay" for c in script.calls)  # the replay itself is no restart
+    assert daemon.halted and "a human must look" in daemon.report.refusals[0]
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart"]  # no third one
+    assert int(daemon.report.exit_code) == 4
+
+
+def test_kill_9_after_the_replay_verdict_resumes_without_replaying_or_evicting_twice(
+        tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    script.replay_outcome = ReplayOutcome("found", ("n3",), (), "n3 deviates")
+    script.kill_on = "restore"
+    daemon, store = make(tmp_path, script, clock,
+                         inv=inventory(tmp_path, max_restarts_without_progress=5))
+    daemon.start()
+    with pytest.raises(Killed):
+        crash_until_replay(daemon, clock, script)
+    store.close()
+    assert [e[:2] for e in hooks_log(tmp_path)][-1] == ["evict", "n3"]
+
+    script2 = Script(step=script.step, running=False)
+    clock.now += 120  # the dead daemon's lease expires
+    second, store2 = make(tmp_path, script2, clock, owner="successor",
+                          inv=inventory(tmp_path, max_restarts_without_progress=5))
+    second.start()
+    assert not any(c[0] == "replay" for c in script2.calls)  # the verdict is read back
+    assert ("restore", ("n3", "s1")) in script2.calls
+    assert second.members() == ["n1", "n2", "s1", "n4"]
+    log = [e[:2] for e in hooks_log(tmp_path)]
+    assert log.count(["evict", "n3"]) == 1 and log[-1] == ["restart", "n1,n2,s1,n4"]
+    assert DaemonState(store2, "llm").unfinished() == []
+
+
+def test_kill_9_keeps_the_escalation_ladder_and_the_restart_cap(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    inv = inventory(tmp_path, max_restarts_without_progress=2)
+    daemon, store = make(tmp_path, script, clock, inv=inv)
+    daemon.start()
+    tick(daemon, clock, script)
+    script.running = False
+    tick(daemon, clock, script, steps=0, dt=2)  # reattempt: restart 1
+    store.close()  # kill -9 (no clean stop)
+
+    clock.now += 120
+    second, _ = make(tmp_path, script, clock, owner="successor", inv=inv)
+    second.start()
+    assert second.restarts_without_progress == 1
+    tick(second, clock, script, steps=0, dt=2)
+    assert second.report.handled[-1].plan.decision == "rollback"  # type: ignore[union-attr]
+    tick(second, clock, script, steps=0, dt=2)  # replay: nobody proven, the cap is reached
+    assert second.halted and [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart"]
 
 
 def test_hang_goes_to_stacks_and_evicts_its_group(tmp_path: Path) -> None:
