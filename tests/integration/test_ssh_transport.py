@@ -66,6 +66,23 @@ def test_env_and_stdin_and_quoting(ssh_cluster: SshCluster, transport: SshTransp
     assert r.stdout == "a b $HOME 'q'|; rm -rf /x|from-stdin"
 
 
+def test_large_stdin_echoed_back_does_not_deadlock(ssh_cluster: SshCluster,
+                                                    transport: SshTransport) -> None:
+    # cat writes back while it reads: stdin must be fed while stdout is drained.
+    node = nodes_of(ssh_cluster)[2]
+    data = bytes(range(256)) * (8 * 4096)  # 8 MiB, far above the channel windows
+    r = transport.run(node, ["sh", "-c", "cat | sha256sum"], timeout=scaled(60),
+                      stdin=data)
+    assert r.state is NodeState.OK, r.stderr
+    import hashlib
+
+    assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+    text = b"brctl stdin test line\n" * (8 << 20 // 22)  # ~8 MiB echoed straight back
+    echoed = transport.run(node, ["cat"], timeout=scaled(60), stdin=text)
+    assert echoed.state is NodeState.OK, echoed.stderr
+    assert echoed.stdout == text.decode()
+
+
 def test_timeout_kills_the_remote_process_group(ssh_cluster: SshCluster, transport: SshTransport) -> None:
     node = nodes_of(ssh_cluster)[2]
     marker = r"^sleep 7\.77\s*$"  # the sleeps themselves, not the sh -c around them
