@@ -14,6 +14,8 @@ I/O), so the loop's decisions are exhaustively unit-testable:
   without progress) → the reason to refuse, or None.
 - ``plan_after_replay``: a replay's verdict → the follow-up plan (evict the
   machines it proved faulty, or reattempt and page a human with the evidence).
+- ``standby_outcome``: a pool machine's health + self-check stages → checked,
+  failed or untested (every stage skipped is not a clean bill).
 - ``pick_standbys``: checked, not quarantined, not in use, in pool order.
 """
 
@@ -320,6 +322,41 @@ def refusal(plan: Plan, *, now: float, eviction_times: Iterable[float], job_size
                 f"(max_restarts_without_progress {cfg.max_restarts_without_progress}): "
                 "a human must look")
     return None
+
+
+StandbyOutcome = Literal["checked", "failed", "untested"]
+
+
+def standby_outcome(health_ok: bool, health_detail: str,
+                    stages: Sequence[tuple[str, str, Sequence[str]]]) -> tuple[StandbyOutcome, str]:
+    """Judge one pool machine's self-check.
+
+    Args:
+        health_ok: the health sweep answered with no failed check.
+        health_detail: what the sweep said (the failed checks, or why no answer).
+        stages: (stage, status, evidence) per diagnose stage run on the machine;
+            status is pass | warn | fail | skip | error.
+
+    Returns:
+        (outcome, detail): ``checked`` only when health passed and every stage that
+        could run passed; ``failed`` on a failed health check or a stage that failed
+        or could not run its probe; ``untested`` when health passed but every stage
+        was skipped (no dcgmi, no torch): nothing proved the machine good.
+    """
+    if not health_ok:
+        return "failed", health_detail
+    bad = [f"{name}: {status}: {'; '.join(evidence) or 'no detail'}"
+           for name, status, evidence in stages if status in ("fail", "error")]
+    if bad:
+        return "failed", "; ".join(bad)
+    skipped = [f"{name} skipped ({'; '.join(evidence) or 'no reason'})"
+               for name, status, evidence in stages if status == "skip"]
+    ran = [f"{name} {status}" for name, status, _ in stages if status in ("pass", "warn")]
+    if stages and not ran:
+        return "untested", "health ok, but no diagnose stage could run: " + "; ".join(skipped)
+    if not stages:
+        return "checked", "health ok (no self-check stages: daemon.standby_stages is empty)"
+    return "checked", "; ".join(["health ok", *ran, *skipped])
 
 
 def pick_standbys(pool: Sequence[str], *, checked: Iterable[str], quarantined: Iterable[str],

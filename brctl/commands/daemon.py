@@ -39,8 +39,9 @@ def run(
     analysis; then evict (swapping in a checked standby, restoring its checkpoint
     shards and pending updates), reattempt, roll back or replay (brctl replay on
     the stopped job: evict the machines it proves faulty, or reattempt and page a
-    human with its evidence), and restart through job.restart_command. Every decision and action is recorded in
-    the state database before it is carried out, so a restart after a crash or
+    human with its evidence), and restart through job.restart_command. Every
+    decision and action is recorded in the state database before it is carried
+    out, so a restart after a crash or
     kill -9 finishes it without doing anything twice. SIGTERM stops after the
     current step. Exit 0: nothing happened; 1: incidents were handled; 4: an
     action was refused (caps, restarts without progress, no standby, another

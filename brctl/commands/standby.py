@@ -80,10 +80,15 @@ def check(
     select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
                                          help="Only these pool machines."),
 ) -> int:
-    """Self-check the pool (health sweep) and mark machines checked or failed.
+    """Self-check the pool and mark each machine checked, failed or untested.
 
-    Only checked machines are swapped into the job by the daemon. Exit 0 when
-    every checked machine passed, 1 when some failed, 3 when some gave no answer.
+    Runs the health sweep, then the diagnose ladder's machine-local stages (EUD
+    with dcgmi diag where dcgmi exists, the intra-machine all-to-all) with no
+    symptom needed. Checked: health and every stage that could run passed.
+    Untested: every stage was skipped (no dcgmi, no torch): nothing proved the
+    machine good. Only checked machines are swapped into the job by the daemon.
+    Exit 0 when every machine passed, 1 when some failed, 3 when some gave no
+    answer or could not be tested.
     """
     from brctl.commands._render_daemon import render_pool
     from brctl.operations.fleet import standby_check

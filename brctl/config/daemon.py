@@ -69,6 +69,13 @@ def _notify_command(value: Union[str, list[str], None]) -> Union[str, list[str],
     return value
 
 
+def _standby_stages(value: list[str]) -> list[str]:
+    unknown = [v for v in value if v not in ("eud", "alltoall")]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; expected eud and/or alltoall")
+    return value
+
+
 def _webhook(value: Optional[str]) -> Optional[str]:
     if value is not None and not value.startswith(("http://", "https://")):
         raise ValueError(f"got {value!r}, expected an http:// or https:// URL")
@@ -116,5 +123,10 @@ class DaemonSection:
     metrics_address: str = "127.0.0.1"
     # JSON-lines event log (default: daemon-events.jsonl in the state directory).
     event_log: Optional[str] = None
+    # The diagnose stages a standby self-check runs after the health sweep (brctl standby
+    # check, and the daemon at start): eud (dcgmi diag, where dcgmi exists) and alltoall
+    # (inside the machine). A machine whose stages all skip is "untested", never checked;
+    # [] checks health only (machines without GPUs, e.g. the local demo).
+    standby_stages: list[str] = field(factory=lambda: ["eud", "alltoall"], check=_standby_stages)
     # Seconds each adapter command (restart/stop/status/evict) may run.
     command_timeout: float = field(300.0, check=positive)

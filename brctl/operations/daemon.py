@@ -50,6 +50,7 @@ from brctl.analysis.daemon import (
     Plan,
     Progress,
     ReplayOutcome,
+    StandbyOutcome,
     detect,
     job_step,
     last_step,
@@ -58,10 +59,12 @@ from brctl.analysis.daemon import (
     plan_after_replay,
     plan_for,
     refusal,
+    standby_outcome,
     swap_members,
 )
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
+from brctl.analysis.playbook import StageName
 from brctl.errors import BrctlError, ExitCode
 from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter, Notifier
@@ -128,8 +131,8 @@ class Hooks(Protocol):
         """Replay the stopped job on ``nodes`` (``brctl replay``) and return its verdict."""
         ...
 
-    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
-        """Self-check standby machines: node → (ok, detail)."""
+    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[StandbyOutcome, str]]:
+        """Self-check standby machines: node → (checked | failed | untested, detail)."""
         ...
 
 
@@ -270,10 +273,11 @@ class Daemon:
         if not todo:
             return
         results = self.hooks.check(todo)
-        for name, (ok, detail) in results.items():
-            self.state.mark_checked(name, ok, detail, self.clock())
-        self._event("standby_check", list(results), {n: {"ok": ok, "detail": d}
-                                                       for n, (ok, d) in results.items()})
+        for name, (outcome, detail) in results.items():
+            self.state.mark_checked(name, outcome == "checked", detail, self.clock(), outcome)
+        self._event("standby_check", list(results), {
+            n: {"ok": outcome == "checked", "outcome": outcome, "detail": d}
+            for n, (outcome, d) in results.items()})
 
     def stop(self) -> None:
         """Give the lease back (clean exit)."""
@@ -736,18 +740,31 @@ class LiveHooks:
         v = report.verdict
         return ReplayOutcome(v.verdict, tuple(v.faulty), tuple(v.candidates), v.reason)
 
-    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
-        """A health sweep of standby machines: ok/warn passes, anything else fails."""
+    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[StandbyOutcome, str]]:
+        """Self-check standby machines: the health sweep, then the diagnose ladder's
+        machine-local stages (EUD where dcgmi exists, intra-machine all-to-all) on the
+        machines whose health passed; ``standby_outcome`` judges each."""
+        from brctl.operations.diagnose import Options, self_check
         from brctl.operations.health import sweep
 
         report = sweep(self.inv, self.transport, nodes, self.state_dir, runner=self.runner,
                        store=self.store, timeout=self.inv.health.timeout * self.scale)
-        out = {}
+        health: dict[str, tuple[bool, str]] = {}
         for name, verdict in report.nodes.items():
             bad = [f"{c.name}: {c.message}" for c in verdict.checks if c.status == "fail"]
             ok = verdict.answered and not bad
-            out[name] = (ok, "health ok" if ok else "; ".join(bad) or (verdict.error or verdict.status))
-        return out
+            health[name] = (ok, "health ok" if ok else "; ".join(bad) or (verdict.error or verdict.status))
+        healthy = [n for n in nodes if health.get(n.name, (False, ""))[0]]
+        stages: dict[str, list[tuple[str, str, Sequence[str]]]] = {n.name: [] for n in nodes}
+        wanted = cast(list[StageName], list(self.inv.daemon.standby_stages))
+        if healthy and wanted:
+            opts = Options(timeout_scale=self.scale, concurrency=self.inv.ssh.fanout)
+            for stage in self_check(self.inv, self.transport, healthy, opts, stages=wanted,
+                                    runner=self.runner):
+                for v in stage.verdicts:
+                    stages[v.node].append((stage.name, v.status, v.evidence))
+        return {n.name: standby_outcome(*health.get(n.name, (False, "no health verdict")),
+                                        stages[n.name]) for n in nodes}
 
 
 def _bind(fn: Callable[..., str], *args: Any) -> Callable[[], str]:

@@ -61,6 +61,8 @@ COMPONENT = Component("daemon", [
     CREATE TABLE daemon_status (
       job TEXT PRIMARY KEY, at REAL NOT NULL, doc TEXT NOT NULL)
     """,
+    # checked | failed | untested (every self-check stage skipped); NULL on older rows.
+    "ALTER TABLE standby_checks ADD COLUMN outcome TEXT",
 ])
 
 INTENT, DONE, FAILED, REFUSED = "intent", "done", "failed", "refused"
@@ -285,12 +287,20 @@ class DaemonState:
                 for r in rows]
 
     # standby pool -------------------------------------------------------------
-    def mark_checked(self, node: str, ok: bool, detail: str, at: float) -> None:
-        """Record a self-check of a pool machine."""
+    def mark_checked(self, node: str, ok: bool, detail: str, at: float,
+                     outcome: Optional[str] = None) -> None:
+        """Record a self-check of a pool machine (``outcome``: checked | failed | untested)."""
+        outcome = outcome or ("checked" if ok else "failed")
         with self.store.transaction() as db:
-            db.execute("INSERT INTO standby_checks(node, ok, at, detail) VALUES(?, ?, ?, ?) "
-                       "ON CONFLICT(node) DO UPDATE SET ok = excluded.ok, at = excluded.at,"
-                       " detail = excluded.detail", (node, int(ok), at, detail))
+            db.execute("INSERT INTO standby_checks(node, ok, at, detail, outcome) "
+                       "VALUES(?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET ok = excluded.ok,"
+                       " at = excluded.at, detail = excluded.detail, outcome = excluded.outcome",
+                       (node, int(ok), at, detail, outcome))
+
+    def outcomes(self) -> dict[str, str]:
+        """node → checked | failed | untested of its last self-check."""
+        return {r["node"]: r["outcome"] or ("checked" if r["ok"] else "failed")
+                for r in self.store.query("SELECT node, ok, outcome FROM standby_checks")}
 
     def checks(self) -> dict[str, tuple[bool, float, str]]:
         """node → (ok, when, detail) of its last self-check."""

@@ -28,7 +28,14 @@ from brctl.analysis import diagnose_stages as st
 from brctl.analysis.diagnose_decide import PastVerdict, StageOutcome, decide
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.nodeset import fold
-from brctl.analysis.playbook import Classification, NodeEvidence, Playbook, Stage, classify
+from brctl.analysis.playbook import (
+    Classification,
+    NodeEvidence,
+    Playbook,
+    Stage,
+    StageName,
+    classify,
+)
 from brctl.diagnostics.xid import parse_xid_lines
 from brctl.errors import ExitCode, RefusedError, UsageError
 from brctl.remote.probes import ProbeResult, ProbeRunner
@@ -296,6 +303,18 @@ def _node_evidence(node: str, lines: list[str], xid_lines: list[str]) -> NodeEvi
             xids.append(event.code)
             xid_text.append(line)
     return NodeEvidence(node, tuple(lines), codes, tuple(xids), tuple(xid_text))
+
+
+def self_check(inv: Inventory, transport: Transport, nodes: Sequence[Node], options: Options, *,
+               stages: Sequence[StageName] = ("eud", "alltoall"),
+               runner: ProbeRunner | None = None) -> list[StageReport]:
+    """Run ladder stages on idle machines with no symptom and no evidence (a self-check).
+
+    ``brctl standby check`` and the daemon use it on pool machines: the same stage
+    code and verdicts as the ladder, each stage on every machine given.
+    """
+    runner = runner or ProbeRunner(transport)
+    return [_run_stage(inv, runner, Stage(name), list(nodes), options) for name in stages]
 
 
 def _run_stage(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],

@@ -178,7 +178,7 @@ class PoolMachine:
     """One standby machine's standing."""
 
     node: str
-    status: str  # checked | failed | unchecked | quarantined | in-job
+    status: str  # checked | failed | untested | unchecked | quarantined | in-job
     detail: str
     checked_at: Optional[float]
 
@@ -207,6 +207,7 @@ class PoolReport:
 def standby_list(inv: Inventory, state: DaemonState) -> PoolReport:
     """The pool (inventory ``standby:`` plus released job machines) and each one's standing."""
     checks = state.checks()
+    outcomes = state.outcomes()
     quarantined = state.quarantined()
     members = set(state.members(inv.job.nodes)) if inv.job is not None else set()
     pool = list(inv.standby)
@@ -220,8 +221,8 @@ def standby_list(inv: Inventory, state: DaemonState) -> PoolReport:
         elif name in members:
             out.append(PoolMachine(name, "in-job", "swapped into the job", None))
         elif name in checks:
-            ok, at, detail = checks[name]
-            out.append(PoolMachine(name, "checked" if ok else "failed", detail, at))
+            _, at, detail = checks[name]
+            out.append(PoolMachine(name, outcomes[name], detail, at))
         else:
             out.append(PoolMachine(name, "unchecked", "never checked", None))
     return PoolReport(out)
@@ -272,11 +273,14 @@ def ettr(intervals: Sequence[Interval], *, window: float, points: int,
 
 def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select: Optional[str],
                   *, timeout_scale: float = 1.0) -> tuple[PoolReport, int]:
-    """Health-sweep the pool machines and mark each checked or failed.
+    """Self-check the pool machines (health, then EUD and intra-machine all-to-all).
+
+    Each machine is marked checked (health and every stage that could run passed),
+    failed, or untested (health passed but every stage was skipped).
 
     Returns:
         The pool after the check and the exit code (0 all passed, 1 some failed,
-        3 some gave no answer).
+        3 some gave no answer or could not be tested).
     """
     from brctl.analysis import nodeset
     from brctl.operations.daemon import LiveHooks
@@ -297,12 +301,12 @@ def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select:
         results = LiveHooks(inv, transport, store, state_dir, timeout_scale).check(
             [inv.node(n) for n in names])
         now = time.time()
-        for name, (ok, detail) in results.items():
-            state.mark_checked(name, ok, detail, now)
+        for name, (outcome, detail) in results.items():
+            state.mark_checked(name, outcome == "checked", detail, now, outcome)
         after = standby_list(inv, state)
     finally:
         store.close()
-    silent = any(not ok and detail.startswith(("unreachable", "timeout", "auth", "hostkey", "error"))
-                 for ok, detail in results.values())
-    failed = any(not ok for ok, _ in results.values())
+    silent = any(outcome == "untested" or (outcome == "failed" and detail.startswith(
+        ("unreachable", "timeout", "auth", "hostkey", "error"))) for outcome, detail in results.values())
+    failed = any(outcome == "failed" for outcome, _ in results.values())
     return after, 3 if silent else (1 if failed else 0)

@@ -82,10 +82,60 @@ def test_standby_size_flag_and_history(brctl: Any, tmp_path: Path, state_dir: Pa
 
 def test_standby_check_marks_machines_on_local_nodes(brctl: Any, tmp_path: Path,
                                                      state_dir: Path) -> None:
-    inv = write_inv(tmp_path)
+    inv = write_inv(tmp_path, standby_stages=[])  # health only, said so in the detail
     res = brctl("-i", inv, "--json", "standby", "check")
     assert res.exit_code == 0, res.stderr
     assert res.json["ready"] == ["s1"]
+    assert "standby_stages is empty" in res.json["standby"][0]["detail"]
+
+
+DCGM_FAIL = Path(__file__).parent / "data" / "dcgm_diag_fail.json"
+
+
+def pool_inv(tmp_path: Path, spares: list[dict[str, Any]]) -> Path:
+    path = write_inv(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["standby"] = spares
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_standby_check_runs_the_diagnose_stages(brctl: Any, tmp_path: Path,
+                                                state_dir: Path) -> None:
+    # s2's dcgmi (a fake on its PATH) reports a failed memory test with real dcgmi JSON;
+    # s1 has no dcgmi: its EUD skips, and its all-to-all (torch, gloo) decides.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dcgmi").write_text(f"#!/bin/sh\ncat {DCGM_FAIL}\nexit 226\n")
+    (fake / "dcgmi").chmod(0o755)
+    py = sys.executable  # the interpreter with torch: the all-to-all can run
+    inv = pool_inv(tmp_path, [
+        {"name": "s1", "connection": "local", "gpus": 1, "python": py},
+        {"name": "s2", "connection": "local", "gpus": 1, "python": py,
+         "env": {"PATH": f"{fake}:/usr/bin:/bin"}}])
+    res = brctl("-i", inv, "--json", "standby", "check")
+    assert res.exit_code == 1, res.stderr
+    pool = {m["node"]: m for m in res.json["standby"]}
+    assert pool["s1"]["status"] == "checked" and "alltoall pass" in pool["s1"]["detail"]
+    assert "eud skipped (dcgmi not found" in pool["s1"]["detail"]
+    assert pool["s2"]["status"] == "failed" and pool["s2"]["detail"].startswith("eud: fail")
+    assert res.json["ready"] == ["s1"]
+
+
+def test_standby_check_with_every_stage_skipped_is_untested(brctl: Any, tmp_path: Path,
+                                                            state_dir: Path) -> None:
+    # no dcgmi, and an interpreter without torch: nothing proves the machine good
+    inv = pool_inv(tmp_path, [{"name": "s1", "connection": "local", "gpus": 1,
+                               "env": {"PYTHONPATH": str(tmp_path / "notorch")}}])
+    (tmp_path / "notorch").mkdir()
+    (tmp_path / "notorch" / "torch.py").write_text("raise ImportError('no torch here')\n")
+    res = brctl("-i", inv, "--json", "standby", "check")
+    assert res.exit_code == 3, res.stderr
+    machine = res.json["standby"][0]
+    assert machine["status"] == "untested" and res.json["ready"] == []
+    assert "no diagnose stage could run" in machine["detail"]
+    listed = brctl("-i", inv, "--json", "standby", "list").json
+    assert listed["standby"][0]["status"] == "untested"
 
 
 def test_ettr_and_daemon_status_read_the_database(brctl: Any, tmp_path: Path,

@@ -166,3 +166,22 @@ def test_plan_after_replay_evicts_only_what_replay_proved() -> None:
     assert plan_after_replay(ReplayOutcome("found", (), (), "?")).decision == "reattempt"
     doc = ReplayOutcome("found", ("a",), ("b",), "r")
     assert ReplayOutcome.from_json(doc.to_json()) == doc
+
+
+def test_standby_outcome_is_checked_only_when_a_stage_ran_and_passed() -> None:
+    from brctl.analysis.daemon import standby_outcome
+
+    no_dcgmi = ("eud", "skip", ("dcgmi not found on PATH",))
+    no_torch = ("alltoall", "skip", ("torch is not installed on this machine",))
+    outcome, detail = standby_outcome(True, "health ok", [no_dcgmi, no_torch])
+    assert outcome == "untested" and "no diagnose stage could run" in detail
+    assert "dcgmi not found" in detail and "torch is not installed" in detail
+    outcome, detail = standby_outcome(True, "health ok", [no_dcgmi, ("alltoall", "pass", ())])
+    assert outcome == "checked" and "alltoall pass" in detail and "eud skipped" in detail
+    outcome, detail = standby_outcome(True, "health ok", [("eud", "fail", ("GPU 1: Memory",)),
+                                                         ("alltoall", "pass", ())])
+    assert outcome == "failed" and detail == "eud: fail: GPU 1: Memory"
+    assert standby_outcome(True, "ok", [("alltoall", "error", ("timed out",))])[0] == "failed"
+    assert standby_outcome(False, "ecc: 2 uncorrectable", []) == ("failed", "ecc: 2 uncorrectable")
+    outcome, detail = standby_outcome(True, "health ok", [])
+    assert outcome == "checked" and "standby_stages is empty" in detail

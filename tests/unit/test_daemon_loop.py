@@ -82,9 +82,9 @@ class Script:
             raise Killed()
         return self.replay_outcome
 
-    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[bool, str]]:
+    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[str, str]]:
         self.calls.append(("check", [n.name for n in nodes]))
-        return {n.name: (True, "health ok") for n in nodes}
+        return {n.name: ("checked", "health ok") for n in nodes}
 
 
 class Clock:
