@@ -51,22 +51,37 @@ class Env:
     debug: bool = False
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     _inventory: Inventory | None = None
+    _current: Inventory | None = None
     _transport: Transport | None = None
 
-    def inventory(self) -> Inventory:
-        """The validated inventory (exit 2 with a hint when there is none)."""
+    def inventory(self, *, as_listed: bool = False) -> Inventory:
+        """The validated inventory (exit 2 with a hint when there is none).
+
+        The job is on the machines it runs on now: when the daemon recorded a swap
+        in the state database, its list replaces ``job.nodes`` and one warning on
+        stderr names the swaps (``brctl.operations.membership``). ``as_listed``:
+        the file as written (the daemon's own commands, which read the record).
+        """
         if self._inventory is None:
             from brctl.inventory import find_inventory, load_inventory
 
             self._inventory = load_inventory(find_inventory(self.inventory_path, dict(self.environ)))
-        return self._inventory
+        if as_listed:
+            return self._inventory
+        if self._current is None:
+            from brctl.operations.membership import current_inventory
+
+            self._current, note = current_inventory(self._inventory, self.state_dir())
+            if note:
+                self.output.warn(note)
+        return self._current
 
     def transport(self) -> Transport:
         """The transport for this run (ssh opened lazily, only for ssh nodes)."""
         if self._transport is None:
             from brctl.remote.factory import RoutingTransport
 
-            inv = self.inventory()
+            inv = self.inventory(as_listed=True)  # every machine either way; no warning here
             transport = RoutingTransport(connect_rate=inv.ssh.connect_rate)
             transport.preload(inv.nodes.values())
             self._transport = transport

@@ -17,6 +17,8 @@ I/O), so the loop's decisions are exhaustively unit-testable:
 - ``standby_outcome``: a pool machine's health + self-check stages → checked,
   failed or untested (every stage skipped is not a clean bill).
 - ``pick_standbys``: checked, not quarantined, not in use, in pool order.
+- ``recorded_membership``: the job's machines per the state database vs the
+  inventory → which list holds now, and the warning that says why.
 """
 
 from __future__ import annotations
@@ -370,3 +372,33 @@ def pick_standbys(pool: Sequence[str], *, checked: Iterable[str], quarantined: I
 def swap_members(members: Sequence[str], replacements: Mapping[str, str]) -> list[str]:
     """The job's machine list with each evicted machine replaced in place (rank order kept)."""
     return [replacements.get(n, n) for n in members]
+
+
+def recorded_membership(job: str, listed: Sequence[str], recorded: Optional[Sequence[str]],
+                        known: Iterable[str]) -> tuple[list[str], Optional[str]]:
+    """The job's machines now, and a warning when they are not the inventory's ``job.nodes``.
+
+    The daemon records the job's machines after each swap; the inventory file is
+    not rewritten. The recorded list wins while it differs, unless it names a
+    machine the inventory no longer has (then the inventory wins, and says so).
+
+    Args:
+        job: the job's name (for the message).
+        listed: ``job.nodes`` as the inventory lists them.
+        recorded: the state database's list, or None when the daemon recorded none.
+        known: every machine in the inventory.
+    """
+    if recorded is None or list(recorded) == list(listed):
+        return list(listed), None
+    missing = [n for n in recorded if n not in set(known)]
+    if missing:
+        return list(listed), (f"job {job}: the state database lists machines the inventory no "
+                              f"longer has ({', '.join(missing)}); using the inventory's job.nodes")
+    if len(recorded) == len(listed):
+        swaps = [(old, new) for old, new in zip(listed, recorded) if old != new]
+        what = ", ".join(f"{new} in for {old}" for old, new in swaps)
+        still = ", ".join(old for old, _ in swaps)
+        return list(recorded), (f"job {job}: the daemon swapped {what} (state DB); the inventory "
+                                f"still lists {still}")
+    return list(recorded), (f"job {job}: the state DB lists {len(recorded)} machines "
+                            f"({', '.join(recorded)}); the inventory's job.nodes lists {len(listed)}")

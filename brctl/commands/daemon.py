@@ -88,6 +88,6 @@ def status(
     from brctl.operations.daemon import status as read_status
 
     env: Env = ctx.obj
-    report = read_status(env.inventory(), env.state_dir(), events=events)
+    report = read_status(env.inventory(as_listed=True), env.state_dir(), events=events)
     render_status(env.output, report)
     return 0 if report.alive else 1

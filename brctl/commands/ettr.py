@@ -31,7 +31,7 @@ def ettr(
     from brctl.state import Store
 
     env: Env = ctx.obj
-    inv = env.inventory()
+    inv = env.inventory(as_listed=True)
     if inv.job is None:
         raise UsageError(f"ettr: {inv.source} has no job: section")
     if points < 1:

@@ -35,7 +35,7 @@ def evict(
     from brctl.state import Store
 
     env: Env = ctx.obj
-    inv = env.inventory()
+    inv = env.inventory(as_listed=True)
     store = Store(env.state_dir())
     try:
         state = DaemonState(store, inv.job.name if inv.job else "-")
@@ -64,7 +64,7 @@ def unevict(
     from brctl.state import Store
 
     env: Env = ctx.obj
-    inv = env.inventory()
+    inv = env.inventory(as_listed=True)
     store = Store(env.state_dir())
     try:
         report = do_unevict(inv, DaemonState(store, inv.job.name if inv.job else "-"), node,

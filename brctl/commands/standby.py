@@ -39,7 +39,7 @@ def size(
     from brctl.state import Store
 
     env: Env = ctx.obj
-    inv = env.inventory()
+    inv = env.inventory(as_listed=True)
     n = machines if machines is not None else (len(inv.job.nodes) if inv.job else len(inv.nodes))
     hours = window if window is not None else inv.daemon.replenish_window
     state = None
@@ -64,7 +64,7 @@ def list_pool(ctx: typer.Context) -> int:
     from brctl.state import Store
 
     env: Env = ctx.obj
-    inv = env.inventory()
+    inv = env.inventory(as_listed=True)
     store = Store(env.state_dir())
     try:
         report = standby_list(inv, DaemonState(store, inv.job.name if inv.job else "-"))
@@ -94,7 +94,7 @@ def check(
     from brctl.operations.fleet import standby_check
 
     env: Env = ctx.obj
-    report, code = standby_check(env.inventory(), env.transport(), env.state_dir(), select,
-                                 timeout_scale=env.timeout_scale())
+    report, code = standby_check(env.inventory(as_listed=True), env.transport(), env.state_dir(),
+                                 select, timeout_scale=env.timeout_scale())
     render_pool(env.output, report)
     return code

@@ -605,8 +605,10 @@ class LiveHooks:
         """brctl health's sweep: eviction candidates and process liveness."""
         from brctl.operations.health import sweep
 
-        report = sweep(self.inv, self.transport, nodes, self.state_dir, runner=self.runner,
-                       store=self.store, timeout=self.inv.health.timeout * self.scale)
+        # the job's machines now: a swapped-in standby's training processes count
+        report = sweep(self._current(nodes), self.transport, nodes, self.state_dir,
+                       runner=self.runner, store=self.store,
+                       timeout=self.inv.health.timeout * self.scale)
         stopped, seen_process = [], False
         for name, verdict in report.nodes.items():
             for check in verdict.checks:

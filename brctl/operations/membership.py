@@ -1,0 +1,55 @@
+"""The job's machines now: the inventory's ``job.nodes`` after the daemon's swaps.
+
+``brctl daemon`` swaps a checked standby in for an evicted machine and records the
+job's new machine list in the state database (``job_members``); the inventory file
+is never rewritten. Every job-aware command sees the job through
+``Env.inventory()``, which calls ``current_inventory`` here: when the database has
+a list for the job that differs from ``job.nodes``, that list is the job (and
+one warning on stderr names the swaps). The database is opened read-only and
+only if it exists: a command never creates it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+from brctl.analysis.daemon import recorded_membership
+from brctl.analysis.inventory import Inventory
+from brctl.state import DB_NAME
+
+
+def recorded_members(state_dir: Path, job: str) -> Optional[list[str]]:
+    """The job's machines as the daemon last recorded them, or None (no database, no record)."""
+    path = state_dir / DB_NAME
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = db.execute("SELECT node FROM job_members WHERE job = ? ORDER BY position",
+                          (job,)).fetchall()
+    except sqlite3.Error:  # no daemon tables yet (an older or fresh database)
+        return None
+    finally:
+        db.close()
+    return [str(r[0]) for r in rows] or None
+
+
+def current_inventory(inv: Inventory, state_dir: Path) -> tuple[Inventory, Optional[str]]:
+    """``inv`` with its job on the machines it runs on now, and the warning to print (or None).
+
+    Machines swapped into the job leave ``standby`` in the returned inventory.
+    """
+    if inv.job is None:
+        return inv, None
+    nodes, note = recorded_membership(inv.job.name, inv.job.nodes,
+                                      recorded_members(state_dir, inv.job.name), inv.nodes)
+    if list(nodes) == list(inv.job.nodes):
+        return inv, note
+    standby = tuple(n for n in inv.standby if n not in set(nodes))
+    return replace(inv, job=replace(inv.job, nodes=tuple(nodes)), standby=standby), note
