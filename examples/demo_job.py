@@ -8,7 +8,7 @@ everyone, the others wait in ``all_reduce``), ``step N loss X`` lines in a log,
 a checkpoint every few steps, and training code loaded from the machine's
 ``update.root``/current release (so ``brctl update`` and its rollback matter).
 
-Subcommands (all state lives under ``/tmp/brctl-demo``, the paths of examples/local.yaml):
+Subcommands (all state lives under ``/tmp/brctl-demo``, the paths of examples/demo.yaml):
 
     demo_job.py launch --nodes local1,local2,...   # job.restart_command: (re)start all ranks
     demo_job.py stop                               # job.stop_command
@@ -128,10 +128,10 @@ def train(run_id: str) -> None:
             if step % CKPT_EVERY == 0:
                 (JOB / "ckpt").mkdir(exist_ok=True)
                 (JOB / "ckpt" / "latest").write_text(str(step))
-        ckpt = BASE / node / "ckpt"
-        if step % CKPT_EVERY == 0:
-            ckpt.mkdir(parents=True, exist_ok=True)
-            (ckpt / f"step_{step}.rank{rank}").write_text(json.dumps({"step": step}))
+        if step % CKPT_EVERY == 0:  # this machine's shards: ckpt.dir/step_N/rankR.json
+            shard = BASE / node / "ckpt" / f"step_{step}"
+            shard.mkdir(parents=True, exist_ok=True)
+            (shard / f"rank{rank}.json").write_text(json.dumps({"step": step, "rank": rank}))
 
 
 def main() -> None:

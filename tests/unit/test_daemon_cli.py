@@ -178,5 +178,9 @@ def test_demo_inventory_and_unit_file_are_valid() -> None:
     inv = load_inventory(root / "examples" / "demo.yaml")
     assert inv.job is not None and inv.job.restart_command and inv.standby == ("spare1", "spare2")
     assert inv.daemon.poll_interval == 1
+    # scripts/demo wipes /tmp/brctl-demo: the local example must keep its files elsewhere
+    local = load_inventory(root / "examples" / "local.yaml")
+    assert not local.update.root.startswith("/tmp/brctl-demo")
+    assert inv.update.root.startswith("/tmp/brctl-demo/")
     unit = (root / "contrib" / "brctl-daemon.service").read_text()
     assert "ExecStart=/usr/local/bin/brctl -i /etc/brctl/%i.yaml daemon run" in unit
