@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from brctl.analysis.update import Event, Pending
+from brctl.operations.jobadapter import HookRun
 from brctl.operations.update import (
-    HookResult,
     NodeOutcome,
     PushReport,
     StatusReport,
@@ -32,7 +32,7 @@ def _outcomes(out: Output, nodes: Mapping[str, NodeOutcome]) -> None:
         out.console.print(f"{escape(folded)}: [{colour}]{state}[/]{tail}")
 
 
-def _hook(out: Output, hook: Optional[HookResult], wanted: bool) -> None:
+def _hook(out: Output, hook: Optional[HookRun], wanted: bool) -> None:
     if hook is None:
         if wanted:
             out.warn("no job.restart_command in the inventory: restart the job yourself")

@@ -15,11 +15,8 @@ Also the notifier: one JSON message per action and refusal, POSTed to
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -30,6 +27,8 @@ from brctl.analysis.inventory import Inventory, Template
 from brctl.analysis.nodeset import fold
 from brctl.analysis.redact import redact_text
 from brctl.analysis.templates import render_argv
+from brctl.remote.local import LocalTransport
+from brctl.remote.transport import Node, NodeState
 
 MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
 _OUTPUT_KEEP = 2000  # characters of a hook's output kept in the action log
@@ -37,11 +36,12 @@ _OUTPUT_KEEP = 2000  # characters of a hook's output kept in the action log
 
 @dataclass(frozen=True)
 class HookRun:
-    """What one adapter command did."""
+    """What one controller-side hook (a job adapter command, update's restart hook) did."""
 
     argv: tuple[str, ...]
-    exit_code: Optional[int]  # None: it timed out (and was killed) or could not start
-    output: str
+    exit_code: Optional[int]  # None: it timed out (and was killed)
+    stdout: str
+    stderr: str
     seconds: float
 
     @property
@@ -49,34 +49,31 @@ class HookRun:
         """Exited 0."""
         return self.exit_code == 0
 
+    @property
+    def output(self) -> str:
+        """stdout then stderr, for one-line reasons."""
+        return "\n".join(part for part in (self.stdout, self.stderr) if part.strip())
+
     def to_json(self) -> dict[str, Any]:
-        """``{argv, exit_code, output, seconds}``."""
-        return {"argv": list(self.argv), "exit_code": self.exit_code, "output": self.output,
-                "seconds": round(self.seconds, 3)}
+        """``{argv, exit_code, stdout, stderr, seconds}``."""
+        return {"argv": list(self.argv), "exit_code": self.exit_code, "stdout": self.stdout,
+                "stderr": self.stderr, "seconds": round(self.seconds, 3)}
 
 
-def run_hook(argv: Sequence[str], timeout: float, stdin: Optional[bytes] = None,
-             environ: Optional[Mapping[str, str]] = None) -> HookRun:
-    """Run ``argv`` on the controller in its own session; kill the group after ``timeout``."""
-    start = time.monotonic()
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if stdin is not None else
-                                subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(environ) if environ is not None else None)
-    except OSError as exc:
-        return HookRun(tuple(argv), None, f"{argv[0]}: {exc.strerror}", time.monotonic() - start)
-    try:
-        out, _ = proc.communicate(stdin, timeout=timeout)
-        code: Optional[int] = proc.returncode
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        out = (out or b"") + f"\nkilled after {timeout:g}s".encode()
-        code = None
-    text = redact_text((out or b"").decode("utf-8", errors="replace"), environ or os.environ)[-_OUTPUT_KEEP:]
-    return HookRun(tuple(argv), code, text, time.monotonic() - start)
+# The controller as a "machine" of LocalTransport: hooks run here, with brctl's environment.
+CONTROLLER = Node(name="controller", address="127.0.0.1", connection="local")
+
+
+def run_hook(argv: Sequence[str], timeout: float, stdin: Optional[bytes] = None) -> HookRun:
+    """Run ``argv`` on the controller (LocalTransport: own session, group killed after
+    ``timeout``); output redacted (secrets from the environment) and trimmed."""
+    res = LocalTransport().run(CONTROLLER, list(argv), timeout=timeout, stdin=stdin)
+
+    def keep(text: str) -> str:
+        return redact_text(text, os.environ)[-_OUTPUT_KEEP:]
+
+    code = None if res.state is NodeState.TIMEOUT else res.exit_code
+    return HookRun(tuple(argv), code, keep(res.stdout), keep(res.stderr), res.seconds)
 
 
 class JobAdapter:

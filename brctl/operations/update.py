@@ -19,7 +19,6 @@ import fcntl
 import json
 import os
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,13 +45,14 @@ from brctl.analysis.update import (
 )
 from brctl.errors import ExitCode, InputError, RefusedError
 from brctl.operations import update_pack
+from brctl.operations.jobadapter import HookRun, JobAdapter
+from brctl.operations.jobadapter import run_hook as run_controller_hook
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner, parse_document
 from brctl.remote.transport import Node, NodeState, RunResult, Transport
 from brctl.state import Component, Store
 
 PROBE = "brctl.diagnostics.release"
-MASTER_PORT = 29500  # torchrun's default rendezvous port, for {master_port} in the hook
 
 COMPONENT = Component("update", [
     """
@@ -148,27 +148,6 @@ class NodeOutcome:
 
 
 @dataclass(frozen=True)
-class HookResult:
-    """The job's restart hook, run on the controller."""
-
-    argv: tuple[str, ...]
-    exit_code: Optional[int]
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        """It exited 0."""
-        return self.exit_code == 0
-
-    def to_json(self) -> dict[str, object]:
-        """JSON form."""
-        return {"argv": list(self.argv), "exit_code": self.exit_code, "stdout": self.stdout,
-                "stderr": self.stderr, "seconds": round(self.seconds, 3)}
-
-
-@dataclass(frozen=True)
 class SwitchReport:
     """The result of apply, rollback, or the switch of an urgent push.
 
@@ -185,7 +164,7 @@ class SwitchReport:
     outcome: str
     reason: str
     nodes: Mapping[str, NodeOutcome]
-    restart: Optional[HookResult] = None
+    restart: Optional[HookRun] = None
 
     @property
     def exit_code(self) -> ExitCode:
@@ -549,29 +528,15 @@ def _revert(ctx: UpdateContext, report: Callable[[str, str], SwitchReport],
     return report("rolled_back", f"switch failed on {why}; every machine was switched back")
 
 
-def run_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optional[HookResult]:
-    """Run ``job.restart_command`` on the controller (argv, never a shell); None without one."""
+def run_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optional[HookRun]:
+    """Run ``job.restart_command`` on the controller (the job adapter's hook runner, with
+    ``{version}`` and ``{reason}`` too); None without one."""
     job = inv.job
     if job is None or job.restart_command is None:
         return None
-    nodes = job.nodes
-    first = inv.node(nodes[0])
-    values = {"nodes": ",".join(nodes), "nodes_folded": nodeset.fold(nodes),
-              "nnodes": len(nodes), "nproc_per_node": first.gpus,
-              "master_addr": first.address, "master_port": MASTER_PORT,
-              "reason": reason, "version": version, "job": job.name}
-    argv = render_argv(job.restart_command, values)
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        return HookResult(tuple(argv), 127, "", f"{argv[0]}: not found", time.monotonic() - start)
-    except subprocess.TimeoutExpired:
-        return HookResult(tuple(argv), None, "", f"timed out after {timeout:g}s",
-                          time.monotonic() - start)
-    return HookResult(tuple(argv), proc.returncode, proc.stdout.decode(errors="replace"),
-                      proc.stderr.decode(errors="replace"), time.monotonic() - start)
+    values = {**JobAdapter(inv, timeout).values(list(job.nodes)), "reason": reason,
+              "version": version}
+    return run_controller_hook(render_argv(job.restart_command, values), timeout)
 
 
 def _hook_timeout(ctx: UpdateContext) -> float:
