@@ -57,7 +57,11 @@ def size(
 
 @app.command("list")
 def list_pool(ctx: typer.Context) -> int:
-    """List the pool and each machine's standing (checked, failed, unchecked, quarantined)."""
+    """List the pool and each machine's standing.
+
+    Standing: checked, failed, untested (every self-check stage skipped),
+    unchecked, quarantined, or in-job (swapped in by the daemon).
+    """
     from brctl.commands._render_daemon import render_pool
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import standby_list
