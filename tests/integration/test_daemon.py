@@ -268,11 +268,23 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
         assert done.count(("evict", "node02")) == 1 and done.count(("evict", "node03")) == 1
         assert done.count(("swap", None)) == 2 and done.count(("rollback", None)) == 1
         assert any(e["kind"] == "resume" for e in st.events(200))
+        # the standbys' self-check ran the all-to-all over ssh (no dcgmi there: EUD skipped)
+        checked = [e["detail"] for e in st.events(200) if e["kind"] == "standby_check"]
+        assert checked and set(checked[0]) == {"node03", "node04"}, checked
+        for verdict in checked[0].values():
+            assert verdict["outcome"] == "checked" and "alltoall pass" in verdict["detail"], verdict
         intervals = st.intervals()
         recorded = sum(iv.end - iv.start for iv in intervals if iv.productive) / sum(
             iv.end - iv.start for iv in intervals)
     finally:
         store.close()
+    # every job-aware command now sees the job where it runs (the state DB), and says so once
+    shown = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "--json", "nodes"],
+                           capture_output=True, text=True, timeout=scaled(60),
+                           env=dict(env, BRCTL_STATE=str(state)))
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["job"]["nodes"] == ["node01", "node04"]
+    assert " ".join(shown.stderr.split()).count("the daemon swapped node04 in for node02") == 1
     # The daemon saw nothing while it was dead: compare over the spans it observed.
     sampler.stop.set()
     sampler.thread.join()
