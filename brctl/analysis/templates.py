@@ -19,6 +19,10 @@ PLACEHOLDERS = frozenset({
     "master_addr", "master_port", "job", "version",
 })
 
+# What a replay workload command may use (brctl replay --command, daemon.replay_command).
+REPLAY_PLACEHOLDERS = frozenset({"nodes", "nodes_folded", "nnodes", "node_rank", "nproc_per_node",
+                                 "master_addr", "master_port", "node"})
+
 Template = Union[str, Sequence[str]]
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from brctl.analysis.schema import field, positive
-from brctl.analysis.templates import check_template
+from brctl.analysis.templates import REPLAY_PLACEHOLDERS, check_template
 
 # Placeholders a notify command may use (one notification per action or refusal).
 NOTIFY_PLACEHOLDERS = frozenset({"job", "kind", "node", "reason", "state"})
@@ -66,6 +66,18 @@ def _notify_command(value: Union[str, list[str], None]) -> Union[str, list[str],
         check_template(value, "notify_command", NOTIFY_PLACEHOLDERS)
     except InputError as exc:
         raise ValueError(exc.message.removeprefix("notify_command: ")) from None
+    return value
+
+
+def _replay_command(value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+    if value is None:
+        return None
+    from brctl.errors import InputError
+
+    try:
+        check_template(value, "replay_command", REPLAY_PLACEHOLDERS)
+    except InputError as exc:
+        raise ValueError(exc.message.removeprefix("replay_command: ")) from None
     return value
 
 
@@ -128,5 +140,10 @@ class DaemonSection:
     # (inside the machine). A machine whose stages all skip is "untested", never checked;
     # [] checks health only (machines without GPUs, e.g. the local demo).
     standby_stages: list[str] = field(factory=lambda: ["eud", "alltoall"], check=_standby_stages)
+    # The replay workload the daemon runs when the ladder says replay (silent data
+    # corruption): brctl replay's built-in tiny GPT when unset, else this argv template
+    # on every machine of each group (brctl replay --command's placeholders); each
+    # group run may take command_timeout seconds.
+    replay_command: Optional[Union[str, list[str]]] = field(None, check=_replay_command)
     # Seconds each adapter command (restart/stop/status/evict) may run.
     command_timeout: float = field(300.0, check=positive)

@@ -731,14 +731,19 @@ class LiveHooks:
         return f"rolled back {rep.from_version} -> {rep.version}"
 
     def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
-        """brctl replay's built-in workload on the job's current machines."""
+        """brctl replay on the job's current machines: ``daemon.replay_command``, else the
+        built-in workload."""
         import random
 
-        from brctl.operations.replay import BuiltinWorkload, replay
+        from brctl.analysis.templates import template_argv
+        from brctl.operations.replay import BuiltinWorkload, CommandWorkload, Workload, replay
 
+        cfg = self.inv.daemon
+        workload: Workload = BuiltinWorkload() if cfg.replay_command is None else \
+            CommandWorkload(tuple(template_argv(cfg.replay_command)))
         port = random.SystemRandom().randrange(20000, 40000)  # as brctl replay picks one
-        report = replay(self.transport, self._current(nodes), workload=BuiltinWorkload(),
-                        timeout=300 * self.scale, port_base=port)
+        report = replay(self.transport, self._current(nodes), workload=workload,
+                        timeout=cfg.command_timeout * self.scale, port_base=port)
         v = report.verdict
         return ReplayOutcome(v.verdict, tuple(v.faulty), tuple(v.candidates), v.reason)
 

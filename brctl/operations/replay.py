@@ -74,9 +74,7 @@ def command_workload(template: str) -> CommandWorkload:
     Raises:
         InputError: an empty template or an unknown placeholder.
     """
-    allowed = frozenset({"nodes", "nodes_folded", "nnodes", "node_rank", "nproc_per_node",
-                         "master_addr", "master_port", "node"})
-    templates.check_template(template, "--command", allowed)
+    templates.check_template(template, "--command", templates.REPLAY_PLACEHOLDERS)
     return CommandWorkload(tuple(templates.template_argv(template)))
 
 
