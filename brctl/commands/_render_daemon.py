@@ -115,7 +115,7 @@ def render_pool(out: Output, report: PoolReport) -> None:
         out.emit_json("standby", report.to_json())
         return
     out.console.print(table(["machine", "status", "checked", "detail"],
-                            [(m.node, m.status, _when(m.checked_at), m.detail[:100])
+                            [(m.node, m.status, _when(m.checked_at), m.detail[:200])
                              for m in report.machines]))
     out.err.print(f"{len(report.ready)} ready: {escape(','.join(report.ready) or 'none')}")
 
