@@ -197,8 +197,13 @@ class ProbeRunner:
         def argv_for(node: Node) -> list[str]:
             return self._argv(node, module)
 
+        def finished(res: RunResult) -> None:
+            # Progress as each node finishes; a node that asks for the bundle is not done yet.
+            if on_done is not None and not _is_missing(res):
+                on_done(res)
+
         results = run_all(self.transport, todo, argv_for, timeout=timeout, stdin=stdin_for,
-                          concurrency=concurrency)
+                          concurrency=concurrency, on_done=finished)
         missing = [n for n in todo if _is_missing(results[n.name])]
         if missing:
             shipped = self.ship(missing, self.bundle, timeout=timeout, concurrency=concurrency)
@@ -206,13 +211,12 @@ class ProbeRunner:
             for n in missing:
                 if shipped[n.name].state is not NodeState.OK:
                     results[n.name] = shipped[n.name]
+                    finished(shipped[n.name])
             results.update(run_all(self.transport, retry, argv_for, timeout=timeout,
-                                   stdin=stdin_for, concurrency=concurrency))
+                                   stdin=stdin_for, concurrency=concurrency, on_done=finished))
         out: dict[str, ProbeResult] = {}
         for node in todo:
             res = results[node.name]
-            if on_done is not None:
-                on_done(res)
             doc, err = parse_document(res)
             out[node.name] = ProbeResult(node.name, res, doc, err)
         return out

@@ -127,8 +127,11 @@ def bare_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
 
 def test_probe_ships_once_then_runs_from_cache(bare_node: Node, tmp_path: Path) -> None:
     runner = ProbeRunner(LocalTransport())
-    first = runner.run([bare_node], "brctl.diagnostics.sysinfo", {"echo": 1})["bare"]
+    done: list[str] = []
+    first = runner.run([bare_node], "brctl.diagnostics.sysinfo", {"echo": 1},
+                       on_done=lambda r: done.append(r.node))["bare"]
     assert first.ok, first.error
+    assert done == ["bare"]  # progress once per node, after shipping and the rerun
     assert first.document is not None and first.document["echo"] == 1
     shipped = runner.bytes_shipped
     assert shipped == len(runner.bundle.data) > 0
