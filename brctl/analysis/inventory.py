@@ -9,7 +9,7 @@ then expands node sets, applies per-entry ssh overrides and checks cross-referen
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Optional, Union
 
 from brctl.analysis import nodeset
@@ -264,7 +264,3 @@ def from_document(data: Any, source: str) -> Inventory:
         raise SchemaError(source, "", "expected a mapping at the top level (ssh:, nodes:, job: …)")
     return build(from_mapping(RawInventory, data, source), source)
 
-
-def with_nodes(inv: Inventory, extra: Mapping[str, Node]) -> Inventory:
-    """A copy of ``inv`` with more machines (used by tests and the daemon's pool swaps)."""
-    return replace(inv, nodes={**inv.nodes, **extra})

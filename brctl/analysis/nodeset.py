@@ -170,11 +170,6 @@ def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(t)) if t.isdigit() else (1, t) for t in _TOKEN.split(name) if t)
 
 
-def natural_sorted(names: Iterable[str]) -> list[str]:
-    """Names in human order (gpu2 before gpu10)."""
-    return sorted(names, key=_natural_key)
-
-
 def select(available: Sequence[str], include: str | None, exclude: str | None) -> list[str]:
     """Names of ``available`` (in its order) picked by ``-w`` and not dropped by ``-x``.
 

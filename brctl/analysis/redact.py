@@ -14,11 +14,6 @@ def is_secret(key: str) -> bool:
     return bool(SECRET_KEY.search(key))
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with secret-looking values replaced."""
-    return {k: (REDACTED if is_secret(k) else v) for k, v in env.items()}
-
-
 def redact_text(text: str, env: Mapping[str, str]) -> str:
     """``text`` with every secret value of ``env`` (at least 4 characters) replaced."""
     for key, value in env.items():

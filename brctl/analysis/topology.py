@@ -215,10 +215,6 @@ class Topology:
         """The ranks that run on ``machine``."""
         return self._machine_ranks.get(machine, [])
 
-    def machine_group_ids(self, machine: str, kind: str) -> set[int]:
-        """Ids of the groups of ``kind`` that have a rank on ``machine``."""
-        return {self.group_id(r, kind) for r in self.ranks_on(machine)}
-
 
 def stage_of_machine(topo: Topology, machine: str) -> int | None:
     """The pipeline stage of a machine when all its ranks share one (else None)."""

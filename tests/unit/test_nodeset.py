@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from brctl.analysis.nodeset import expand, fold, natural_sorted, select
+from brctl.analysis.nodeset import expand, fold, select
 from brctl.errors import InputError
 
 
@@ -77,10 +77,6 @@ def test_fold_then_expand_round_trips_random_sets() -> None:
         names = {f"{rng.choice(['gpu', 'n', 'r1n'])}{str(rng.randrange(1, 300)).zfill(width)}"
                  for _ in range(rng.randrange(1, 40))}
         assert set(expand(fold(names))) == names
-
-
-def test_natural_sort() -> None:
-    assert natural_sorted(["gpu10", "gpu2", "gpu1"]) == ["gpu1", "gpu2", "gpu10"]
 
 
 def test_select_include_exclude_keeps_inventory_order() -> None:

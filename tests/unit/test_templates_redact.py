@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from brctl.analysis.redact import REDACTED, redact_env, redact_text
+from brctl.analysis.redact import redact_text
 from brctl.analysis.templates import check_template, placeholders, render_argv
 from brctl.errors import InputError
 
@@ -38,6 +38,4 @@ def test_missing_value_names_the_placeholder() -> None:
 
 def test_redaction() -> None:
     env = {"RANK": "3", "HF_TOKEN": "hf_abcdef", "AWS_SECRET_ACCESS_KEY": "s3cr3t!", "PATH": "/bin"}
-    assert redact_env(env) == {"RANK": "3", "HF_TOKEN": REDACTED,
-                               "AWS_SECRET_ACCESS_KEY": REDACTED, "PATH": "/bin"}
     assert redact_text("login hf_abcdef with s3cr3t! ok", env) == "login *** with *** ok"
