@@ -64,10 +64,12 @@ daemon: {}
     assert inv.update.root == "/opt/train" and inv.ckpt.glob == "step_*"
 
 
-def test_repository_examples_load() -> None:
-    for path in [ROOT / "examples" / "local.yaml", ROOT / "inventory.example.yaml"]:
-        if path.exists():
-            assert load_inventory(path).nodes
+@pytest.mark.parametrize("name", ["inventory.example.yaml", "examples/local.yaml",
+                                  "examples/demo.yaml"])
+def test_repository_examples_load(name: str) -> None:
+    # Documentation that users copy must stay valid: a missing file fails too.
+    inv = load_inventory(ROOT / name)
+    assert inv.nodes and inv.job is not None
 
 
 def test_per_entry_ssh_overrides_win() -> None:
