@@ -47,6 +47,13 @@ class Check:
         return out
 
 
+def _xid_event(data: Mapping[str, Any]) -> XidEvent:
+    """Inverse of ``XidEvent.to_json`` (probe documents and stored samples alike)."""
+    return XidEvent(pci=str(data.get("pci", "")), code=int(data.get("code", 0)),
+                    message=str(data.get("message", "")), timestamp=data.get("timestamp"),
+                    pid=data.get("pid"), process=data.get("process"))
+
+
 @dataclass(frozen=True)
 class Sample:
     """What is kept per node between polls (the state directory)."""
@@ -64,10 +71,7 @@ class Sample:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Sample:
         """Inverse of ``to_json`` (tolerant: unknown keys ignored)."""
-        xids = tuple(XidEvent(pci=str(x.get("pci", "")), code=int(x.get("code", 0)),
-                              message=str(x.get("message", "")), timestamp=x.get("timestamp"),
-                              pid=x.get("pid"), process=x.get("process"))
-                     for x in data.get("xids") or [])
+        xids = tuple(_xid_event(x) for x in data.get("xids") or [])
         return cls(boot_id=data.get("boot_id"), counters=dict(data.get("counters") or {}),
                    xid_cursor=dict(data.get("xid_cursor") or {}), xids=xids)
 
@@ -113,10 +117,7 @@ def merge_sample(doc: Mapping[str, Any], before: Optional[Sample]) -> Sample:
     boot_id = doc.get("boot_id")
     kept = before.xids if before is not None and before.boot_id == boot_id else ()
     log = doc.get("kernel_log") or {}
-    new = tuple(XidEvent(pci=str(e.get("pci", "")), code=int(e.get("code", 0)),
-                         message=str(e.get("message", "")), timestamp=e.get("timestamp"),
-                         pid=e.get("pid"), process=e.get("process"))
-                for e in log.get("events") or [])
+    new = tuple(_xid_event(e) for e in log.get("events") or [])
     cursor = log.get("cursor") if "kernel_log" in doc else (before.xid_cursor if before else {})
     return Sample(boot_id=boot_id, counters=counters_of(doc), xid_cursor=dict(cursor or {}),
                   xids=(kept + new)[-_MAX_XIDS:])
