@@ -27,6 +27,9 @@ from brctl.diagnostics.xid import XidEvent, classify
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 _RANK = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}
 _MAX_XIDS = 50  # remembered per node and boot: enough evidence, bounded state
+# The checks judged from the NVML sample (the probe's "nvml" part), in report order.
+GPU_CHECKS = ("gpu_count", "ecc", "retired_pages", "remapped_rows", "temperature", "throttle",
+              "power", "nvlink", "pcie", "recovery_action")
 
 
 @dataclass(frozen=True)
@@ -449,11 +452,9 @@ def evaluate(doc: Mapping[str, Any], before: Optional[Sample], cfg: HealthSectio
     enabled = set(cfg.checks)
     out: dict[str, Check] = {}
     nvml = doc.get("nvml") or {}
-    gpu_checks = ("gpu_count", "ecc", "retired_pages", "remapped_rows", "temperature",
-                  "throttle", "power", "nvlink", "pcie", "recovery_action")
     if nvml.get("status") != "ok":
         status = FAIL if nvml.get("status") == "error" else SKIP
-        for name in gpu_checks:
+        for name in GPU_CHECKS:
             out[name] = Check(name, status, str(nvml.get("reason", "NVML not sampled")))
     else:
         gpus = nvml.get("gpus") or []

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from brctl.analysis.health import (
     FAIL,
+    GPU_CHECKS,
     OK,
     WARN,
     Check,
@@ -57,8 +58,6 @@ COMPONENT = Component("health", [
     " sample TEXT NOT NULL,"  # analysis.health.Sample as JSON
     " updated REAL NOT NULL)",
 ])
-_GPU_CHECKS = {"gpu_count", "ecc", "retired_pages", "remapped_rows", "temperature", "throttle",
-               "power", "nvlink", "pcie", "recovery_action"}
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ def probe_request(inv: Inventory, node: Node, before: Optional[Sample]) -> dict[
     cfg = inv.health
     enabled = set(cfg.checks)
     parts = []
-    if enabled & _GPU_CHECKS:
+    if enabled.intersection(GPU_CHECKS):
         parts.append("nvml")
     for check, part in (("xid", "kernel_log"), ("ib", "ib"), ("net", "net"), ("disk", "disk")):
         if check in enabled:
