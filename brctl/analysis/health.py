@@ -286,12 +286,14 @@ def check_nvlink(gpus: Sequence[Mapping[str, Any]], now: Mapping[str, int],
                           "active", True))
         where = g.get("pci") or f"gpu{g.get('index')}"
         parts = []
+        total = 0
         for key in ("replay", "recovery", "crc_flit", "crc_data"):
             d = delta(now, before, boot_id, f"nvlink:{where}:{key}")
             baseline = baseline or d is not None
             if d:
                 parts.append(f"+{d} {key}")
-        if parts and sum(int(p.split()[0][1:]) for p in parts) >= max(1, cfg.nvlink_errors_warn):
+                total += d
+        if parts and total >= max(1, cfg.nvlink_errors_warn):
             found.append((WARN, f"{_gpu_label(g)}: NVLink errors {' '.join(parts)}", False))
     note = "" if baseline else " (error baseline recorded)"
     return _worst(found, "nvlink", f"{best} links active per GPU{note}")
