@@ -383,19 +383,18 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
     evidence: dict[str, list[str]] = {n: [] for n in names}
     spent: dict[str, float] = dict.fromkeys(names, 0.0)  # each machine's test seconds, all rounds
     skipped: dict[str, str] = {}
-    cleared: set[str] = set()
 
     def run(groups: list[list[str]]) -> list[tuple[tuple[str, ...], bool]]:
         outcome = _run_groups(inv, runner, [[by_name[n] for n in g] for g in groups], timeout,
                               options, evidence, skipped, spent)
-        cleared.update(n for g, ok in outcome if ok for n in g)
         rounds.append(tuple(outcome))
         return outcome
 
     if len(names) >= 3:  # one wide group first: when it passes, the stage is done
         wide = run([names])
         if wide[0][1] or skipped:
-            return _gather_verdicts(names, [], evidence, skipped, cleared, spent), tuple(rounds)
+            return (_gather_verdicts(names, [], evidence, skipped, st.cleared_nodes(rounds),
+                                     spent), tuple(rounds))
     pairs: list[st.Round] = []
     while not skipped:
         groups = st.next_round(names, pairs)
@@ -403,7 +402,8 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
             break
         pairs.append(run(groups))
     faulty, _ = st.judge_rounds(names, pairs)
-    return _gather_verdicts(names, faulty, evidence, skipped, cleared, spent), tuple(rounds)
+    return (_gather_verdicts(names, faulty, evidence, skipped, st.cleared_nodes(rounds), spent),
+            tuple(rounds))
 
 
 def _gather_verdicts(names: list[str], faulty: list[str], evidence: dict[str, list[str]],
