@@ -60,25 +60,25 @@ def _folded(out: Output, rows: dict[tuple[str, str, str], list[str]]) -> None:
 def render_changes(out: Output, before: HealthReport, after: HealthReport) -> None:
     """Only what changed since the previous sweep: node states and check statuses."""
     stamp = time.strftime("%H:%M:%S")
-    changes: dict[str, tuple[str, str]] = {}
+    changes: dict[tuple[str, str], tuple[str, str]] = {}  # (node, check or "") -> (what, text)
     for name, health in after.nodes.items():
         old = before.nodes.get(name)
         if old is None or old.status != health.status:
             was = old.status if old is not None else "new"
-            changes[name] = ("node", f"{was} -> {health.status} {health.error or ''}".rstrip())
+            changes[(name, "")] = ("node", f"{was} -> {health.status} {health.error or ''}".rstrip())
         old_checks = {c.name: c for c in old.checks} if old is not None else {}
         for check in health.checks:
             prev = old_checks.get(check.name)
             if prev is not None and prev.status != check.status:
-                changes.setdefault(f"{name}\0{check.name}", (
-                    check.name, f"{prev.status} -> {check.status}: {check.message}"))
+                changes[(name, check.name)] = (
+                    check.name, f"{prev.status} -> {check.status}: {check.message}")
     if out.json:
         out.emit_json("health", {**after.to_json(), "changes": [
-            {"node": key.split("\0")[0], "check": what, "change": text}
-            for key, (what, text) in changes.items()]})
+            {"node": node, "check": what, "change": text}
+            for (node, _), (what, text) in changes.items()]})
         return
     by_value: dict[tuple[str, str], list[str]] = {}
-    for key, value in changes.items():
-        by_value.setdefault(value, []).append(key.split("\0")[0])
+    for (node, _), value in changes.items():
+        by_value.setdefault(value, []).append(node)
     for (what, text), nodes in by_value.items():
         out.console.print(f"{stamp} {escape(fold(nodes))} {what}: {escape(text)}")
