@@ -14,7 +14,6 @@ and never restored. The daemon calls ``backup``/``restore`` directly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -30,13 +29,12 @@ from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.placement import ConflictIndex, Plan, Verification, plan_backups, verify_plan
 from brctl.analysis.schema import SchemaError, from_mapping
+from brctl.diagnostics.ckptfiles import STAGING, sha256_file
 from brctl.errors import ExitCode, InputError, UsageError
 from brctl.remote.probes import ProbeResult, ProbeRunner
 from brctl.remote.transport import Node, NodeState, Transport
 
 PROBE = "brctl.diagnostics.ckptfiles"
-STAGING = ".brctl-restore"
-_CHUNK = 1 << 20
 
 
 # -- plan and verify -------------------------------------------------------------------
@@ -192,7 +190,7 @@ class _Mover:
             got = self.transport.get(src, src_path, local, timeout=src.command_timeout)
             if got.state is not NodeState.OK:
                 return f"{src.name}:{src_path}: {got.state.value}: {got.stderr.strip()[-200:]}"
-            digest = _sha256(local)
+            digest = sha256_file(local)
             if digest != f.sha256:
                 return (f"{src.name}:{src_path}: sha256 {digest[:12]}… read, {f.sha256[:12]}… "
                         "expected (changed or corrupted at the source)")
@@ -203,14 +201,6 @@ class _Mover:
         finally:
             if os.path.exists(local):
                 os.unlink(local)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _batch(runner: ProbeRunner, inv: Inventory, per_node: Mapping[str, list[dict[str, Any]]]
