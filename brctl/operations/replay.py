@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 from brctl.analysis import templates
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
+from brctl.analysis.nodeset import fold
 from brctl.analysis.replay import (
     GroupRun,
     JudgedRound,
@@ -175,7 +176,7 @@ class RoundLauncher:
 
     def _values(self, group: tuple[str, ...], rank: int, port: int) -> dict[str, object]:
         first = self.inv.nodes[group[0]]
-        return {"nodes": ",".join(group), "nodes_folded": ",".join(group), "node": group[rank],
+        return {"nodes": ",".join(group), "nodes_folded": fold(group), "node": group[rank],
                 "nnodes": len(group), "node_rank": rank,
                 "nproc_per_node": self.plan.shape.gpus, "master_addr": _address(first),
                 "master_port": port}

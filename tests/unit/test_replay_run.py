@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from brctl.analysis.inventory import from_document
+from brctl.analysis.nodeset import fold
 from brctl.operations.replay import command_workload, parse_fingerprints, replay
 from brctl.remote.fake import FakeTransport, Reply
 from brctl.remote.transport import Node, NodeState
@@ -201,3 +202,13 @@ def test_a_taken_rendezvous_port_is_retried_on_a_fresh_one() -> None:
     report = replay(FakeTransport(handler), inventory(8, 2, 1, 2),
                     workload=command_workload(TEMPLATE))
     assert report.verdict.verdict == "none" and taken
+
+
+def test_nodes_folded_is_the_group_as_a_folded_node_set() -> None:
+    seen: list[list[str]] = []
+    template = TEMPLATE + " --set {nodes_folded}"
+    replay(scripted({"g03"}, seen), inventory(8, 2, 1, 2), workload=command_workload(template),
+           port_base=31000)
+    folded = {tuple(a[a.index("--nodes") + 1].split(",")): a[a.index("--set") + 1] for a in seen}
+    assert all(value == fold(nodes) for nodes, value in folded.items())
+    assert all(value.startswith("g[") for value in folded.values())  # not the plain list
