@@ -128,14 +128,6 @@ def _classes(topo: Topology) -> tuple[list[frozenset[Position]], list[list[str]]
     return roles, members
 
 
-def dp_choices(topo: Topology) -> list[int]:
-    """Valid values of ``--dp`` for this job (each splits every role's machines evenly)."""
-    roles, members = _classes(topo)
-    per_machine = len(topo.ranks_on(topo.machines[0])) // len(roles[0])
-    rows = len(members[0])
-    return [k * per_machine for k in range(1, rows + 1) if rows % k == 0]
-
-
 def _default_k(rows: int, n_roles: int) -> int:
     # The smallest jobs that still give a voting majority and a 2-round grid.
     for k in range(1, rows + 1):
