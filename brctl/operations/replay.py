@@ -166,7 +166,7 @@ class RoundLauncher:
         ports = [self._port() for _ in groups]
         nodes = [self.inv.nodes[m] for g in groups for m in g]
         # Every machine of a round must run at once: a group's ranks wait for each other.
-        concurrency = max(self.fanout, max((len(g) for g in groups), default=1), len(nodes))
+        concurrency = max(self.fanout, len(nodes))
         results: dict[str, Any]
         if isinstance(self.workload, BuiltinWorkload):
             results = self._run_builtin(nodes, groups, slots, ports, concurrency)
