@@ -22,7 +22,6 @@ from tests.integration.cluster import SshCluster, scaled
 from tests.replay_fault import write_fault
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-pytest.importorskip("brctl.remote.ssh", reason="brctl.remote.ssh (SshTransport) not on main yet")
 pytest.importorskip("torch")
 
 
