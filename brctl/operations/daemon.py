@@ -33,7 +33,6 @@ diagnose, ckpt, update) in one place.
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 import time
@@ -777,16 +776,6 @@ class LiveHooks:
 def _bind(fn: Callable[..., str], *args: Any) -> Callable[[], str]:
     """``fn`` with its arguments bound now (a loop variable in a lambda binds late)."""
     return lambda: fn(*args)
-
-
-def _optional(module: str) -> Any:
-    """A sibling operation that may not be in this build (imported lazily)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
 
 
 @dataclass(frozen=True)
