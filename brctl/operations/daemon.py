@@ -267,8 +267,9 @@ class Daemon:
     def _check_pool(self) -> None:
         checks = self.state.checks()
         quarantined = self.state.quarantined()
+        members = set(self.members())
         todo = [self.inv.node(n) for n in self.inv.standby
-                if n not in checks and n not in quarantined and n not in self.members()]
+                if n not in checks and n not in quarantined and n not in members]
         if not todo:
             return
         results = self.hooks.check(todo)
