@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from brctl.analysis.schema import field, positive
+from brctl.analysis.schema import field, positive, regex
 from brctl.analysis.templates import REPLAY_PLACEHOLDERS, check_template
 
 # Placeholders a notify command may use (one notification per action or refusal).
@@ -24,11 +24,7 @@ DEFAULT_PROGRESS_REGEX = r"(?i)(?:^|[^a-z])(?:iteration|step)[\s:=#]*(\d+)"
 
 
 def _progress_regex(value: str) -> str:
-    try:
-        compiled = re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
-    if compiled.groups < 1:
+    if re.compile(regex(value)).groups < 1:
         raise ValueError("needs a capturing group for the step number, e.g. 'step (\\d+)'")
     return value
 
