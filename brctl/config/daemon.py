@@ -8,6 +8,7 @@ checkpoints every few minutes. Documented in ``inventory.example.yaml`` and
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -53,28 +54,20 @@ def _port(value: int) -> int:
     return value
 
 
-def _notify_command(value: Union[str, list[str], None]) -> Union[str, list[str], None]:
-    if value is None:
-        return None
-    from brctl.errors import InputError
+def _template(name: str, placeholders: frozenset[str]
+              ) -> Callable[[Union[str, list[str], None]], Union[str, list[str], None]]:
+    """Field check: an optional argv template using only ``placeholders``."""
+    def check(value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+        if value is None:
+            return None
+        from brctl.errors import InputError
 
-    try:
-        check_template(value, "notify_command", NOTIFY_PLACEHOLDERS)
-    except InputError as exc:
-        raise ValueError(exc.message.removeprefix("notify_command: ")) from None
-    return value
-
-
-def _replay_command(value: Union[str, list[str], None]) -> Union[str, list[str], None]:
-    if value is None:
-        return None
-    from brctl.errors import InputError
-
-    try:
-        check_template(value, "replay_command", REPLAY_PLACEHOLDERS)
-    except InputError as exc:
-        raise ValueError(exc.message.removeprefix("replay_command: ")) from None
-    return value
+        try:
+            check_template(value, name, placeholders)
+        except InputError as exc:
+            raise ValueError(exc.message.removeprefix(f"{name}: ")) from None
+        return value
+    return check
 
 
 def _standby_stages(value: list[str]) -> list[str]:
@@ -120,7 +113,8 @@ class DaemonSection:
     # Notification per action and refusal: a JSON POST to a webhook, and/or a command
     # (argv template; placeholders {job} {kind} {node} {reason} {state}; the JSON on stdin).
     notify_webhook: Optional[str] = field(None, check=_webhook)
-    notify_command: Optional[Union[str, list[str]]] = field(None, check=_notify_command)
+    notify_command: Optional[Union[str, list[str]]] = field(
+        None, check=_template("notify_command", NOTIFY_PLACEHOLDERS))
     # Hours to replace a failed machine in the standby pool (sizing window, fraction cap).
     replenish_window: float = field(24.0, check=positive)
     # Seconds a daemon's lease on the job lasts without renewal (a crashed daemon's
@@ -140,6 +134,7 @@ class DaemonSection:
     # corruption): brctl replay's built-in tiny GPT when unset, else this argv template
     # on every machine of each group (brctl replay --command's placeholders); each
     # group run may take command_timeout seconds.
-    replay_command: Optional[Union[str, list[str]]] = field(None, check=_replay_command)
+    replay_command: Optional[Union[str, list[str]]] = field(
+        None, check=_template("replay_command", REPLAY_PLACEHOLDERS))
     # Seconds each adapter command (restart/stop/status/evict) may run.
     command_timeout: float = field(300.0, check=positive)
