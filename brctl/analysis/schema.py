@@ -180,6 +180,13 @@ def from_mapping(cls: type[T], data: Any, source: str, path: str = "") -> T:
     return cls(**kwargs)
 
 
+def non_negative(value: Any) -> Any:
+    """Field check: a whole number >= 0 (a count or threshold where 0 means "any")."""
+    if value < 0:
+        raise ValueError(f"got {value!r}, expected a whole number >= 0")
+    return value
+
+
 def positive(value: Any) -> Any:
     """Field check: the number must be > 0."""
     if value <= 0:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from brctl.analysis.schema import field, positive, regex
+from brctl.analysis.schema import field, non_negative, positive, regex
 from brctl.analysis.templates import REPLAY_PLACEHOLDERS, check_template
 
 # Placeholders a notify command may use (one notification per action or refusal).
@@ -33,12 +33,6 @@ def _progress_regex(value: str) -> str:
 def _fraction(value: float) -> float:
     if not 0 < value <= 1:
         raise ValueError(f"got {value!r}, expected a fraction in (0, 1]")
-    return value
-
-
-def _non_negative(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"got {value!r}, expected a whole number >= 0")
     return value
 
 
@@ -105,11 +99,11 @@ class DaemonSection:
     fail_slow_window: int = field(20, check=positive)
     fail_slow_min_samples: int = field(5, check=positive)
     # Caps: more evictions than this in any hour are refused (exit 4, recorded, paged).
-    max_evictions_per_hour: int = field(4, check=_non_negative)
+    max_evictions_per_hour: int = field(4, check=non_negative)
     # …and evicting more than this fraction of the job's machines in a replenish window.
     max_evict_fraction: float = field(0.25, check=_fraction)
     # Restarts with no new step in between; at this many the daemon pages and stops acting.
-    max_restarts_without_progress: int = field(3, check=_non_negative)
+    max_restarts_without_progress: int = field(3, check=non_negative)
     # Notification per action and refusal: a JSON POST to a webhook, and/or a command
     # (argv template; placeholders {job} {kind} {node} {reason} {state}; the JSON on stdin).
     notify_webhook: Optional[str] = field(None, check=_webhook)

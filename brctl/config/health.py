@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from brctl.analysis.schema import field, positive
+from brctl.analysis.schema import field, non_negative, positive
 
 # Every check brctl health knows, in report order (the names in JSON and in ``checks:``).
 CHECKS = (
@@ -28,12 +28,6 @@ def _check_names(value: list[str]) -> list[str]:
 def _percent(value: float) -> float:
     if not 0 <= value <= 100:
         raise ValueError(f"got {value!r}, expected a percentage between 0 and 100")
-    return value
-
-
-def _non_negative(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"got {value!r}, expected a whole number >= 0")
     return value
 
 
@@ -62,9 +56,9 @@ class HealthSection:
     ib_min_rate_gbps: float = 0.0
     # link_downed increments between two samples that fail the port: one flap resets
     # every NCCL connection over it (NVRx's NicHealthCheck uses the same signal).
-    ib_link_downed_fail: int = field(1, check=_non_negative)
+    ib_link_downed_fail: int = field(1, check=non_negative)
     # symbol_error increments between samples that warn: a marginal cable or transceiver.
-    ib_symbol_error_warn: int = field(100, check=_non_negative)
+    ib_symbol_error_warn: int = field(100, check=non_negative)
     # Ethernet interfaces (RoCE, storage, management) whose operstate must be "up".
     interfaces: list[str] = field(factory=list)
     # Filesystems whose free space is checked (checkpoint and log directories).
@@ -73,7 +67,7 @@ class HealthSection:
     # Below this a checkpoint write fails mid-save: the machine must not hold a shard.
     disk_fail_free_percent: float = field(3.0, check=_percent)
     # Warn this many degrees below the GPU's own slowdown threshold; at it, fail.
-    temperature_margin_c: int = field(5, check=_non_negative)
+    temperature_margin_c: int = field(5, check=non_negative)
     # Hardware clock slowdown (HW slowdown, HW thermal, power brake) makes the GPU a
     # straggler that slows the whole synchronous job: warn by default, fail if set.
     throttle_status: Literal["warn", "fail"] = "warn"
@@ -81,9 +75,9 @@ class HealthSection:
     power_over_limit_percent: float = field(5.0, check=_percent)
     # NVLink replay+recovery+CRC errors between two samples that warn (the link retrains
     # but NCCL throughput drops); inactive links on one GPU fail.
-    nvlink_errors_warn: int = field(1, check=_non_negative)
+    nvlink_errors_warn: int = field(1, check=non_negative)
     # PCIe replays between two samples that warn: a marginal riser or slot.
-    pcie_replay_warn: int = field(100, check=_non_negative)
+    pcie_replay_warn: int = field(100, check=non_negative)
     # Aggregate (lifetime) uncorrectable ECC with no volatile error: history, not a fault now.
     ecc_aggregate_status: Literal["ok", "warn", "fail"] = "warn"
     # Seconds one probe may take on a node (multiplied by $BRCTL_TIMEOUT_SCALE).

@@ -27,7 +27,6 @@ from tests.integration.cluster import SshCluster
 
 pytestmark = pytest.mark.integration
 # Until the paramiko transport lands on main this test cannot reach the cluster.
-pytest.importorskip("brctl.remote.ssh", reason="brctl.remote.ssh (SshTransport) not on main yet")
 
 XID13 = "NVRM: Xid (PCI:0000:86:00): 13, pid=9001, name=pretrain, Graphics Exception: ESR"
 

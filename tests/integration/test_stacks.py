@@ -21,7 +21,6 @@ from tests.integration.cluster import SshCluster, scaled
 from tests.integration.trainjob import TAG, start_trainjob
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-pytest.importorskip("brctl.remote.ssh", reason="brctl.remote.ssh (SshTransport) not on main yet")
 
 JOB = {"tp": 1, "pp": 2, "process_match": TAG}
 
