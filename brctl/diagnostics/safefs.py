@@ -1,0 +1,362 @@
+"""File safety for node-side code that runs as root in trees a job user can write.
+
+Node-side, standard library only (Python >= 3.9); the controller imports it too
+(the name validators), so it imports nothing of brctl.
+
+Threat. brctl usually runs as root on the machines; the training job's user is
+untrusted and owns directories brctl reads and writes (``ckpt.dir``, logs,
+``update.root``); a name that arrives from another machine is untrusted too.
+Given a path, the job user can swap any component it may write for a symlink (to
+``/etc``, ``/root/.ssh``), a FIFO (an open that never returns) or a hard link to
+a root-only file, at any moment, including between a check and a use.
+
+Rules this module enforces, so callers need not re-derive them:
+
+- Names. ``check_component`` accepts one directory entry name: non-empty, no
+  ``/``, no NUL, not ``.`` or ``..``. ``check_relpath`` accepts a relative path
+  already in normal form (``posixpath.normpath(p) == p``): not absolute, no
+  ``..`` component, no NUL, not ``.``. Both raise ``UnsafeName`` (a
+  ``ValueError``) whose message quotes the bad name, and return their argument.
+- Never follow a symlink. ``open_dir`` opens a path one component at a time with
+  ``O_DIRECTORY|O_NOFOLLOW`` relative to the previous component's fd, so no
+  component, including the first, may be a symlink; the fd it returns is the
+  directory that was checked, whatever happens to its path afterwards. Every
+  later operation is relative to such an fd (``dir_fd=``), one component at a
+  time. A symlink where a directory or file was expected raises
+  ``SymlinkRefused`` (an ``OSError``, errno ``ELOOP``) naming the path.
+- Files. ``open_file`` opens one name relative to a dir fd with ``O_NOFOLLOW``;
+  for reading, the open is non-blocking (a planted FIFO cannot hang it) and
+  anything but a regular file is refused (``NotRegular``, errno ``EINVAL``).
+  Creating a file always means ``O_CREAT|O_EXCL`` with an explicit mode: an
+  existing name, link or not, is never reused.
+- Directories. ``make_dir`` is ``mkdir(name, mode, dir_fd=)`` followed by an
+  ``O_NOFOLLOW`` open of what was made (``exist_ok``: an existing directory is
+  opened the same way, an existing symlink is refused).
+- Walking. ``walk_files`` lists the regular files of a tree by fd, breadth
+  first, sorted; symlinks, FIFOs, sockets, devices and (given ``owner``) hard
+  links to files of another user are not listed but returned in ``skipped``
+  with a reason, so callers can report them. Nothing is ever read through them.
+- Removing. ``remove_tree`` empties and removes one directory entry by fd:
+  symlinks inside are unlinked, never followed; a subdirectory swapped for a
+  symlink mid-walk is unlinked as the link it now is.
+- Ownership. ``unsafe_owner_chain`` is OpenSSH's StrictModes rule (misc.c
+  ``safe_path``) for a whole path: every directory from ``/`` down to the path
+  (and the path itself) must be owned by an allowed uid and not group/other
+  writable. As in OpenSSH there is no exception for sticky directories: ``/tmp``
+  (1777) fails. Symlinks along the way are followed only if owned by an allowed
+  uid (their directory was already checked), the target's chain is then checked.
+  It returns the first reason (path, owner, mode) or ``None``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import pwd
+import stat
+from dataclasses import dataclass, field
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_SYMLINKS = 40  # as the kernel's MAXSYMLINKS
+
+
+class UnsafeName(ValueError):
+    """A name or relative path that must not be used as a path (message quotes it)."""
+
+
+class SymlinkRefused(OSError):
+    """A symlink (or non-directory) found where brctl will not follow one."""
+
+    def __init__(self, path: str, what: str = "is a symlink; not followed") -> None:
+        super().__init__(errno.ELOOP, f"{path!r} {what}")
+        self.path = path
+
+
+class NotRegular(OSError):
+    """Not a regular file (FIFO, socket, device, directory) where a file was expected."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(errno.EINVAL, f"{path!r} is a {kind}, not a regular file")
+        self.path = path
+
+
+def check_component(name: str) -> str:
+    """``name`` if it is one plain directory entry name, else ``UnsafeName``."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise UnsafeName(f"unsafe name {name!r}: expected one path component "
+                         "(not empty, '.', '..'; no '/' or NUL)")
+    return name
+
+
+def check_relpath(path: str) -> str:
+    """``path`` if it is a normalised relative path staying below its base, else ``UnsafeName``."""
+    if (not isinstance(path, str) or not path or "\0" in path or path.startswith("/")
+            or posixpath.normpath(path) != path or path == "."
+            or ".." in path.split("/")):
+        raise UnsafeName(f"unsafe relative path {path!r}: expected a normalised path below "
+                         "its base (not absolute, no '..', no NUL)")
+    return path
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISDIR, "directory"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "regular file" if stat.S_ISREG(mode) else "special file"
+
+
+def _open_component(name: str, dir_fd: int, shown: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            try:
+                kind = _kind(os.lstat(name, dir_fd=dir_fd).st_mode)
+            except OSError:
+                kind = "not a directory"
+            raise SymlinkRefused(shown, "is a symlink; not followed" if kind == "symlink"
+                                 else f"is a {kind}, not a directory") from None
+        raise
+
+
+def open_dir(path: str, dir_fd: int | None = None) -> int:
+    """An fd of directory ``path`` (absolute, or relative to ``dir_fd``); no symlink followed.
+
+    A relative ``path`` must pass ``check_relpath``; an absolute one must be in normal
+    form. The caller closes the fd.
+    """
+    if dir_fd is None:
+        if not path.startswith("/") or path.startswith("//") or posixpath.normpath(path) != path:
+            raise UnsafeName(f"expected an absolute normalised directory path, got {path!r}")
+        parts = [p for p in path.split("/") if p]
+        fd = os.open("/", _DIR_FLAGS)
+        shown = ""
+    else:
+        parts = check_relpath(path).split("/") if path != "." else []
+        fd = os.dup(dir_fd)
+        shown = "."
+    try:
+        for part in parts:
+            shown = f"{shown}/{part}" if shown else f"/{part}"
+            nxt = _open_component(part, fd, shown)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_file(dir_fd: int, name: str, flags: int = os.O_RDONLY, mode: int | None = None) -> int:
+    """Open file ``name`` (one component) in ``dir_fd`` with ``O_NOFOLLOW``.
+
+    With ``O_CREAT`` in ``flags`` the file must be new (``O_EXCL`` is added) and
+    gets exactly ``mode`` (required; the umask does not apply). Otherwise only a
+    regular file opens; a read open does not block on a FIFO. The caller closes the fd.
+    """
+    check_component(name)
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC
+    if flags & os.O_CREAT:
+        if mode is None:
+            raise ValueError("creating a file needs an explicit mode")
+        fd = os.open(name, flags | os.O_EXCL, mode, dir_fd=dir_fd)
+        os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
+        return fd
+    try:
+        fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SymlinkRefused(name) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(name, _kind(st.st_mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_path(dir_fd: int, relpath: str, flags: int = os.O_RDONLY, mode: int | None = None) -> int:
+    """``open_file`` of ``relpath`` (``check_relpath``) below ``dir_fd``, every directory by fd."""
+    parent, name = posixpath.split(check_relpath(relpath))
+    pfd = open_dir(parent or ".", dir_fd)
+    try:
+        return open_file(pfd, name, flags, mode)
+    finally:
+        os.close(pfd)
+
+
+def make_dir(dir_fd: int, name: str, mode: int = 0o700, *, exist_ok: bool = False) -> int:
+    """``mkdir`` ``name`` in ``dir_fd`` and return an fd of it, opened without following links."""
+    check_component(name)
+    try:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+    return _open_component(name, dir_fd, name)
+
+
+def make_dirs(dir_fd: int, relpath: str, mode: int = 0o700) -> int:
+    """``make_dir(exist_ok=True)`` for each component of ``relpath``; an fd of the last."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in check_relpath(relpath).split("/"):
+            nxt = make_dir(fd, part, mode, exist_ok=True)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@dataclass(frozen=True)
+class Walk:
+    """A tree's regular files (relative paths, sorted) and what was skipped, with why."""
+
+    files: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def walk_files(dir_fd: int, *, owner: int | None = None, exclude: frozenset[str] = frozenset()) -> Walk:
+    """The regular files below ``dir_fd``, found by fd; nothing is followed.
+
+    ``owner``: a file of another uid with more than one link (a hard link the job
+    user made to someone else's file) is skipped. Names in ``exclude`` are ignored
+    at every level (brctl's own manifests).
+    """
+    out = Walk()
+    pending = ["."]
+    while pending:
+        rel = pending.pop(0)
+        try:
+            fd = open_dir(rel, dir_fd)
+        except SymlinkRefused as exc:  # swapped for a link after it was listed
+            out.skipped.append((rel, str(exc.strerror)))
+            continue
+        try:
+            with os.scandir(fd) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            for entry in entries:
+                if entry.name in exclude:
+                    continue
+                path = entry.name if rel == "." else f"{rel}/{entry.name}"
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    pending.append(path)
+                elif not stat.S_ISREG(st.st_mode):
+                    why = "symlink; not followed" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
+                    out.skipped.append((path, why))
+                elif owner is not None and st.st_uid != owner and st.st_nlink > 1:
+                    out.skipped.append((path, f"hard link to a file of uid {st.st_uid}"))
+                else:
+                    out.files.append(path)
+        finally:
+            os.close(fd)
+    out.files.sort()
+    return out
+
+
+def remove_tree(dir_fd: int, name: str) -> None:
+    """Remove directory ``name`` in ``dir_fd`` and everything below it, following no link."""
+    fd = _open_component(check_component(name), dir_fd, name)
+    try:
+        _empty(fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _empty(fd: int) -> None:
+    with os.scandir(fd) as it:
+        entries = list(it)
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            try:
+                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                os.unlink(entry.name, dir_fd=fd)  # swapped for a link: remove the link
+                continue
+            try:
+                _empty(sub)
+            finally:
+                os.close(sub)
+            os.rmdir(entry.name, dir_fd=fd)
+        else:
+            os.unlink(entry.name, dir_fd=fd)
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _unsafe(path: str, allowed_uids: tuple[int, ...]) -> str | None:
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if st.st_uid not in allowed_uids:
+        return f"{path} is owned by {_owner(st.st_uid)}"
+    if st.st_mode & 0o022:
+        return f"{path} is group/other writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def unsafe_owner_chain(path: str, allowed_uids: tuple[int, ...] = (0,)) -> str | None:
+    """Why ``path`` fails OpenSSH's StrictModes rule, or ``None`` when it passes.
+
+    Every directory from ``/`` to ``path`` and ``path`` itself: owned by a uid in
+    ``allowed_uids`` and not group/other writable (sticky bit or not). A symlink on
+    the way must be owned by an allowed uid; its target is checked the same way.
+    A missing component is a reason too.
+    """
+    if not path.startswith("/"):
+        return f"{path}: not an absolute path"
+    todo = [p for p in path.split("/") if p]
+    done = ""
+    links = 0
+    checked: set[str] = set()
+    while True:
+        here = done or "/"
+        if here not in checked:
+            reason = _unsafe(here, allowed_uids)
+            if reason:
+                return reason
+            checked.add(here)
+        if not todo:
+            return None
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            done = posixpath.dirname(done) if done else ""
+            continue
+        nxt = f"{done}/{part}"
+        try:
+            st = os.lstat(nxt)
+        except OSError as exc:
+            return f"{nxt}: {exc.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if st.st_uid not in allowed_uids:
+                return f"{nxt} is a symlink owned by {_owner(st.st_uid)}"
+            if links > _MAX_SYMLINKS:
+                return f"{path}: too many levels of symbolic links"
+            target = os.readlink(nxt)
+            todo = [p for p in target.split("/") if p] + todo
+            if target.startswith("/"):
+                done = ""
+            continue
+        done = nxt
