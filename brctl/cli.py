@@ -19,7 +19,7 @@ import typer
 import brctl
 from brctl.env import Env
 from brctl.errors import BrctlError, ExitCode
-from brctl.render import Output
+from brctl.render import Output, visible
 
 HELP = """Find the machines that must leave a large training job, with evidence, fast.
 
@@ -79,9 +79,10 @@ def build_app() -> typer.Typer:
 
 
 def _print_error(message: str, hint: str | None) -> None:
-    sys.stderr.write(f"brctl: error: {message}\n")
+    # A message may quote a node's bytes: controls are shown escaped, never sent raw.
+    sys.stderr.write(f"brctl: error: {visible(message)}\n")
     if hint:
-        sys.stderr.write(f"hint: {hint}\n")
+        sys.stderr.write(f"hint: {visible(hint)}\n")
 
 
 def run(argv: list[str]) -> int:

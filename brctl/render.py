@@ -8,6 +8,7 @@ Progress, warnings and errors go to stderr only.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
@@ -113,13 +114,34 @@ def _ignore(_item: Any = None) -> None:
     """Progress callback when no bar is shown."""
 
 
+# C0 controls but newline and tab, DEL, C1 controls (0x9b is a one-byte CSI to some
+# terminals) and the bidi overrides that reorder what a reader sees ("Trojan source").
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character but newline and tab written as ``\\xNN``/``\\uNNNN``.
+
+    Node bytes never reach the terminal raw: no escape sequences (colours, cursor
+    moves, OSC 52 clipboard writes), no carriage returns overwriting a line.
+    """
+    return _CONTROL.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def escape(text: str) -> str:
-    """Escape rich markup in text that came from nodes or users."""
-    return text.replace("[", r"\[")
+    """Text from nodes or users made safe inside rich markup: tags escaped, controls visible."""
+    from rich.markup import escape as markup_escape
+
+    return markup_escape(visible(text))
 
 
 def table(columns: Iterable[str], rows: Iterable[Iterable[Any]], title: str | None = None) -> Any:
-    """A rich Table with plain text cells (node output is escaped, never markup)."""
+    """A rich Table; plain cells are ``Text`` (never markup) with controls made visible."""
     from rich.table import Table
     from rich.text import Text
 
@@ -127,6 +149,6 @@ def table(columns: Iterable[str], rows: Iterable[Iterable[Any]], title: str | No
     for col in columns:
         tbl.add_column(col)
     for row in rows:
-        tbl.add_row(*(c if hasattr(c, "__rich__") or isinstance(c, Text) else Text(str(c))
+        tbl.add_row(*(c if hasattr(c, "__rich__") or isinstance(c, Text) else Text(visible(str(c)))
                       for c in row))
     return tbl

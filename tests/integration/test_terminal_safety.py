@@ -1,0 +1,76 @@
+"""Node bytes are text, never markup or terminal commands: a real ``brctl`` process, output piped.
+
+A node (real sshd, and a ``connection: local`` one) prints rich-markup lookalikes, ANSI CSI
+and OSC 52 (clipboard write) sequences and invalid UTF-8, on stdout and stderr. ``brctl
+exec`` must exit 0, show every control character escaped (``\\x1b``) and never send a raw
+ESC/BEL to the terminal; ``--json`` carries the exact decoded text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from tests.integration.cluster import SshCluster, scaled
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# printf formats: markup lookalikes, a colour (CSI), an OSC 52 clipboard write ended by BEL,
+# a cursor-up + erase-line, a carriage return, then two bytes that are not UTF-8.
+HOSTILE = r"a \\[/] b [bold]x[/bold] [/]\n\033[31mred\033[0m\n\033]52;c;SGVsbG8=\a\n\033[1A\033[2K\rover\n\377\376 bad\n"
+DECODED = ("a \\[/] b [bold]x[/bold] [/]\n\x1b[31mred\x1b[0m\n\x1b]52;c;SGVsbG8=\x07\n"
+           "\x1b[1A\x1b[2K\rover\n\ufffd\ufffd bad\n")
+SHOWN = ["a \\[/] b [bold]x[/bold] [/]", "\\x1b[31mred\\x1b[0m", "\\x1b]52;c;SGVsbG8=\\x07",
+         "\\x1b[1A\\x1b[2K\\x0dover", "\ufffd\ufffd bad"]
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "brctl", *map(str, args)], capture_output=True,
+                          env=env, cwd=ROOT, timeout=scaled(120))
+
+
+def _inventory(cluster: SshCluster, tmp_path: Path) -> Path:
+    inv = cluster.inventory()
+    inv["nodes"].append({"name": "here", "connection": "local"})
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def test_hostile_node_output_is_shown_escaped_and_exact_in_json(
+        make_cluster: Callable[..., SshCluster], tmp_path: Path) -> None:
+    inv = _inventory(make_cluster(1), tmp_path)
+    script = f"printf '{HOSTILE}'; printf '{HOSTILE}' >&2"
+    proc = _cli("-i", inv, "exec", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    for stream in (proc.stdout, proc.stderr):
+        assert b"\x1b" not in stream and b"\x07" not in stream and b"\r" not in stream
+    out = proc.stdout.decode()
+    assert "here,node01 (2) ok" in out
+    for line in SHOWN:
+        assert out.count(line) == 2, (line, out)  # once for stdout, once for stderr
+
+    proc = _cli("-i", inv, "--json", "exec", "--", "sh", "-c", script)
+    assert proc.returncode == 0
+    assert b"\x1b" not in proc.stdout  # JSON escapes it: \u001b
+    doc = json.loads(proc.stdout)
+    for name in ("node01", "here"):
+        assert doc["nodes"][name]["stdout"] == DECODED
+        assert doc["nodes"][name]["stderr"] == DECODED
+
+
+def test_a_failing_node_with_markup_in_its_stderr_is_exit_1_not_a_crash(
+        make_cluster: Callable[..., SshCluster], tmp_path: Path) -> None:
+    inv = _inventory(make_cluster(1), tmp_path)
+    proc = _cli("-i", inv, "exec", "--", "sh", "-c", r"printf 'oops \\[/]\033]0;pwned\a\n' >&2; exit 3")
+    assert proc.returncode == 1, proc.stderr.decode(errors="replace")
+    out = proc.stdout.decode()
+    assert "exit 3" in out and "oops \\[/]\\x1b]0;pwned\\x07" in out
+    assert b"\x1b" not in proc.stdout + proc.stderr

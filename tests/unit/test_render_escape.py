@@ -1,0 +1,47 @@
+"""Node text inside rich markup: never parsed as markup, never sent to the terminal raw."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from brctl.render import escape, table, visible
+
+HOSTILE = [
+    "a \\[/] b", "x\\", "\\", "[/]", "[bold red]no[/]", "[link=file:///etc/passwd]x[/link]",
+    "\x1b[31mred\x1b[0m", "\x1b]52;c;SGVsbG8=\x07", "\x9b31m", "cr\rover", "del\x7f",
+    "nul\x00", "bidi \u202eevil\u202c", "bad \ufffd utf-8", "tab\tand\nnewline",
+]
+
+
+def _render(markup: str) -> str:
+    buf = io.StringIO()
+    Console(file=buf, highlight=False, soft_wrap=True, width=200).print(markup)
+    return buf.getvalue().removesuffix("\n")
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_escaped_text_renders_as_itself_with_controls_visible(text: str) -> None:
+    shown = _render(f"[dim]{escape(text)}[/]")  # inside the markup brctl wraps it in
+    assert shown == visible(text).expandtabs(8)  # rich expands tabs, as a terminal would
+    assert not any(ord(c) < 0x20 and c not in "\n\t" for c in shown)
+
+
+def test_visible_spells_controls_and_keeps_newline_and_tab() -> None:
+    assert visible("\x1b[1A\rx\ty\n\x07\x9b\u202e") == "\\x1b[1A\\x0dx\ty\n\\x07\\x9b\\u202e"
+    assert visible("plain [text] ünïcode") == "plain [text] ünïcode"
+
+
+def test_table_cells_show_controls_escaped() -> None:
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(table(["node", "message"], [["n1", "\x1b]0;title\x07 [/]"]]))
+    assert "\\x1b]0;title\\x07 [/]" in buf.getvalue() and "\x1b" not in buf.getvalue()
+
+
+def test_error_messages_show_controls_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    from brctl.cli import _print_error
+
+    _print_error("node said \x1b[2J", "hint \x07")
+    assert capsys.readouterr().err == "brctl: error: node said \\x1b[2J\nhint: hint \\x07\n"
