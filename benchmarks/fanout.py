@@ -42,11 +42,11 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
+from brctl.core.transport import Node, NodeState  # noqa: E402
 from brctl.remote.fanout import run_all  # noqa: E402
 from brctl.remote.known_hosts import KnownHostsCache  # noqa: E402
 from brctl.remote.shard import run_sharded  # noqa: E402
 from brctl.remote.ssh import SshTransport  # noqa: E402
-from brctl.remote.transport import Node, NodeState  # noqa: E402
 from tests.integration.cluster import SshCluster, missing_requirements, running_cluster  # noqa: E402
 
 CURVE = "curve25519-sha256"

@@ -17,8 +17,8 @@ from typing import Optional
 import typer
 
 import brctl
+from brctl.core.errors import BrctlError, ExitCode
 from brctl.env import Env
-from brctl.errors import BrctlError, ExitCode
 from brctl.render import Output, visible
 
 HELP = """Find the machines that must leave a large training job, with evidence, fast.

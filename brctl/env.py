@@ -17,7 +17,7 @@ from brctl.render import Output
 
 if TYPE_CHECKING:
     from brctl.analysis.inventory import Inventory
-    from brctl.remote.transport import Transport
+    from brctl.core.transport import Transport
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
@@ -36,7 +36,7 @@ def timeout_scale(environ: Mapping[str, str]) -> float:
     except ValueError:
         value = 0.0
     if value <= 0:
-        from brctl.errors import UsageError
+        from brctl.core.errors import UsageError
 
         raise UsageError(f"$BRCTL_TIMEOUT_SCALE={raw!r}: expected a number greater than 0")
     return value

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from brctl.analysis.inventory import Inventory, from_document
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 
 def find_inventory(explicit: str | None, environ: dict[str, str] | None = None) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from brctl.analysis.playbook import Playbook, parse_playbook
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 from brctl.resources import data_dir
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from brctl.analysis.nodeset import fold
+from brctl.core.nodeset import fold
 
 if TYPE_CHECKING:
     from rich.console import Console

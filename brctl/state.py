@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 DB_NAME = "brctl.db"
 _BUSY_TIMEOUT_MS = 30_000  # the daemon and a cron job may write at the same moment

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from brctl.analysis.nodeset import fold
 from brctl.analysis.playbook import Classification
+from brctl.core.nodeset import fold
 
 DecisionName = Literal["evict", "reattempt", "rollback", "replay"]
 DECISIONS = ("evict", "reattempt", "rollback", "replay")

@@ -12,17 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Optional, Union
 
-from brctl.analysis import nodeset
-from brctl.analysis.schema import SchemaError, at_least_one, from_mapping, positive, regex
-from brctl.analysis.schema import field as sfield
-from brctl.analysis.templates import check_template
 from brctl.config.ckpt import CkptSection
 from brctl.config.daemon import DaemonSection
 from brctl.config.diagnose import DiagnoseSection
 from brctl.config.health import HealthSection
 from brctl.config.update import UpdateSection
-from brctl.errors import InputError
-from brctl.remote.transport import Node
+from brctl.core import nodeset
+from brctl.core.errors import InputError
+from brctl.core.schema import SchemaError, at_least_one, from_mapping, positive, regex
+from brctl.core.schema import field as sfield
+from brctl.core.templates import check_template
+from brctl.core.transport import Node
 
 Template = Union[str, list[str]]
 ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")

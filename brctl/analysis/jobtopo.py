@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.topology import Topology
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 
 def job_topology(inv: Inventory, rank_machines: Sequence[str] | None = None) -> Topology:

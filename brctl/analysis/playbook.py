@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from brctl.analysis.schema import SchemaError, from_mapping, positive, regex
-from brctl.analysis.schema import field as sfield
+from brctl.core.schema import SchemaError, from_mapping, positive, regex
+from brctl.core.schema import field as sfield
 
 StageName = Literal["eud", "alltoall", "allgather"]
 STAGES: tuple[StageName, ...] = ("eud", "alltoall", "allgather")  # the ladder, in order
@@ -220,7 +220,7 @@ def classify(
     if forced is not None:
         chosen = [b for b in playbooks if b.name == forced]
         if not chosen:
-            from brctl.errors import InputError
+            from brctl.core.errors import InputError
 
             raise InputError(f"--symptom {forced}: no such playbook",
                              hint=f"known: {', '.join(b.name for b in playbooks)}")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
 from brctl.analysis.topology import Topology, TopologyError
-from brctl.errors import UsageError
+from brctl.core.errors import UsageError
 
 Group = tuple[str, ...]  # a replay job's machines in slot (node rank) order
 Position = tuple[int, int, int]  # (tp, cp, pp) coordinates of one rank

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 KINDS = ("tp", "cp", "ep", "dp", "edp", "pp")  # every parallel-group kind, smallest first
 DENSE_KINDS = ("tp", "cp", "dp", "pp")

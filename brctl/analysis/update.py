@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from brctl.errors import UsageError
+from brctl.core.errors import UsageError
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 DEFAULT_WINDOW_S = 24 * 3600.0  # ByteRobust applies non-urgent changes within a day

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from brctl.analysis.nodeset import fold
 from brctl.analysis.placement import Plan, Verification
+from brctl.core.nodeset import fold
 from brctl.operations.ckpt import CopyReport, dumps_yaml, plan_document
 from brctl.render import Output, escape, table
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from brctl.core.transport import NodeState
 from brctl.operations.exec_ import ExecReport
-from brctl.remote.transport import NodeState
 from brctl.render import Output, escape, fold_by
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from brctl.analysis.nodeset import fold
+from brctl.core.nodeset import fold
 from brctl.operations.health import HealthReport
 from brctl.render import Output, escape, fold_by
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from brctl.analysis.nodeset import fold
-from brctl.errors import UsageError
+from brctl.core.errors import UsageError
+from brctl.core.nodeset import fold
 from brctl.operations.nodes import NodesReport
 from brctl.remote.probes import ProbeResult
 from brctl.render import Output, fold_by, table

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from brctl.analysis.nodeset import fold
 from brctl.analysis.replay import JudgedGroup, JudgedRound, ReplayPlan
+from brctl.core.nodeset import fold
 from brctl.operations.replay import ReplayReport
 from brctl.render import Output, escape, table
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from brctl.analysis.nodeset import fold
 from brctl.analysis.stacks import TreeNode, fold_ranks, frame_label
+from brctl.core.nodeset import fold
 from brctl.operations.stacks import StacksReport
 from brctl.render import Output, escape, table
 

@@ -104,7 +104,7 @@ def render_status(out: Output, report: StatusReport) -> None:
         rows.append((folded, str(count), _markup(cur), staged))
     out.console.print(table(("MACHINES", "N", "CURRENT", "PENDING"), rows))
     if report.drifted:
-        from brctl.analysis.nodeset import fold
+        from brctl.core.nodeset import fold
 
         out.console.print(f"[red]drift:[/] {escape(fold(report.drifted))} not on "
                           f"{escape(report.version or 'the majority version')}; "
@@ -125,7 +125,7 @@ def render_history(out: Output, job: str, events: Sequence[Event]) -> None:
     if not events:
         out.console.print(f"job {escape(job)}: no update recorded")
         return
-    from brctl.analysis.nodeset import fold
+    from brctl.core.nodeset import fold
 
     rows = [(_when(e.at, short=True), e.who, e.action, e.version, e.sha256[:8],
              e.from_version or "-",

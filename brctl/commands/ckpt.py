@@ -45,7 +45,7 @@ def plan_command(
     the rule, 1 when some do not.
     """
     from brctl.commands._render_ckpt import render_plan
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations import ckpt as ops
 
     env: Env = ctx.obj
@@ -91,9 +91,9 @@ def backup_command(
     with the right sha256 are not sent again. Exit 0 when every copy is complete, 1 when
     one failed or a machine had no step, 3 when a node could not be reached.
     """
-    from brctl.analysis.nodeset import select as pick
     from brctl.commands._render_ckpt import render_copies
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
+    from brctl.core.nodeset import select as pick
     from brctl.operations import ckpt as ops
 
     env: Env = ctx.obj

@@ -51,7 +51,7 @@ def run(
     import threading
 
     from brctl.commands._render_daemon import event_line, render_run
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.daemon import RunOptions, serve
 
     env: Env = ctx.obj

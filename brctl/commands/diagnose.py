@@ -73,7 +73,7 @@ def diagnose_command(
     from pathlib import Path
 
     from brctl.commands._render_diagnose import render
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.diagnose import Options, diagnose
     from brctl.playbooks import load_playbooks, playbook_dirs
     from brctl.state import Store

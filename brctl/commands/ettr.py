@@ -25,7 +25,7 @@ def ettr(
     over time. Exit 0; 1 when nothing has been recorded for the job yet.
     """
     from brctl.commands._render_daemon import render_ettr
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import ettr as compute
     from brctl.state import Store

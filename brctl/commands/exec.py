@@ -40,7 +40,7 @@ def exec_command(
     3 when some were unreachable, timed out, or refused auth or the host key.
     """
     from brctl.commands._render_exec import render
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.exec_ import execute
 
     env: Env = ctx.obj

@@ -40,7 +40,7 @@ def health_command(
     check failed, 3 some machine gave no answer.
     """
     from brctl.commands._render_health import render, render_changes
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.health import sweep
     from brctl.remote.probes import ProbeRunner
 

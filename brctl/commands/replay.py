@@ -61,7 +61,7 @@ def replay_command(
     ambiguous or not_reproduced, 3 incomplete (groups could not run).
     """
     from brctl.commands._render_replay import render, render_plan
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.replay import (
         BuiltinWorkload,
         Workload,

@@ -50,7 +50,7 @@ def stacks(
     from pathlib import Path
 
     from brctl.commands._render_stacks import render
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations import stacks as op
 
     env: Env = ctx.obj

@@ -37,7 +37,7 @@ def register(root: typer.Typer) -> None:
 
 def _context(env: Env, select: Optional[str], exclude: Optional[str],
              timeout: Optional[float]) -> UpdateContext:
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.update import UpdateContext, who
     from brctl.state import Store
 

@@ -6,8 +6,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Optional
 
-from brctl.analysis.schema import at_least_one
-from brctl.analysis.schema import field as sfield
+from brctl.core.schema import at_least_one
+from brctl.core.schema import field as sfield
 
 
 def _absolute(value: str | None) -> str | None:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from brctl.analysis.schema import field, non_negative, positive, regex
-from brctl.analysis.templates import REPLAY_PLACEHOLDERS, check_template
+from brctl.core.schema import field, non_negative, positive, regex
+from brctl.core.templates import REPLAY_PLACEHOLDERS, check_template
 
 # Placeholders a notify command may use (one notification per action or refusal).
 NOTIFY_PLACEHOLDERS = frozenset({"job", "kind", "node", "reason", "state"})
@@ -54,7 +54,7 @@ def _template(name: str, placeholders: frozenset[str]
     def check(value: Union[str, list[str], None]) -> Union[str, list[str], None]:
         if value is None:
             return None
-        from brctl.errors import InputError
+        from brctl.core.errors import InputError
 
         try:
             check_template(value, name, placeholders)

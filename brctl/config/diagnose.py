@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from brctl.analysis.schema import at_least_one, positive
-from brctl.analysis.schema import field as sfield
+from brctl.core.schema import at_least_one, positive
+from brctl.core.schema import field as sfield
 
 
 def _ratio(value: float) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from brctl.analysis.schema import field, non_negative, positive
+from brctl.core.schema import field, non_negative, positive
 
 # Every check brctl health knows, in report order (the names in JSON and in ``checks:``).
 CHECKS = (

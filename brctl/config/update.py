@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from brctl.analysis.schema import at_least_one, field, positive
+from brctl.core.schema import at_least_one, field, positive
 
 
 def _root(value: str) -> str:

@@ -28,11 +28,11 @@ from typing import Any, Optional
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.placement import ConflictIndex, Plan, Verification, plan_backups, verify_plan
-from brctl.analysis.schema import SchemaError, from_mapping
+from brctl.core.errors import ExitCode, InputError, UsageError
+from brctl.core.schema import SchemaError, from_mapping
+from brctl.core.transport import Node, NodeState, Transport
 from brctl.diagnostics.ckptfiles import STAGING, sha256_file
-from brctl.errors import ExitCode, InputError, UsageError
 from brctl.remote.probes import ProbeResult, ProbeRunner
-from brctl.remote.transport import Node, NodeState, Transport
 
 PROBE = "brctl.diagnostics.ckptfiles"
 

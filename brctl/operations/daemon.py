@@ -64,11 +64,11 @@ from brctl.analysis.daemon import (
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.playbook import StageName
-from brctl.errors import BrctlError, ExitCode
+from brctl.core.errors import BrctlError, ExitCode
+from brctl.core.transport import Node, Transport
 from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter, Notifier
 from brctl.remote.probes import ProbeRunner
-from brctl.remote.transport import Node, Transport
 from brctl.state import Store
 
 LOGTAIL = "brctl.diagnostics.logtail"
@@ -735,7 +735,7 @@ class LiveHooks:
         built-in workload."""
         import random
 
-        from brctl.analysis.templates import template_argv
+        from brctl.core.templates import template_argv
         from brctl.operations.replay import BuiltinWorkload, CommandWorkload, Workload, replay
 
         cfg = self.inv.daemon
@@ -802,7 +802,7 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
         UsageError: the inventory has no job, or no restart_command (without --dry-run).
         RefusedError: another daemon holds the job's lease.
     """
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
     from brctl.operations.daemon_state import owner_id
 
     if inv.job is None:
@@ -871,7 +871,7 @@ class StatusReport:
 
 def status(inv: Inventory, state_dir: Path, *, events: int = 20) -> StatusReport:
     """Read the daemon's records for ``inv``'s job (no machine is contacted)."""
-    from brctl.errors import UsageError
+    from brctl.core.errors import UsageError
 
     if inv.job is None:
         raise UsageError(f"daemon status: {inv.source} has no job: section")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from brctl.analysis.ettr import Interval
-from brctl.errors import RefusedError
+from brctl.core.errors import RefusedError
 from brctl.state import Component, Store
 
 COMPONENT = Component("daemon", [

@@ -27,7 +27,6 @@ from typing import Any
 from brctl.analysis import diagnose_stages as st
 from brctl.analysis.diagnose_decide import PastVerdict, StageOutcome, decide
 from brctl.analysis.inventory import Inventory
-from brctl.analysis.nodeset import fold
 from brctl.analysis.playbook import (
     Classification,
     NodeEvidence,
@@ -36,10 +35,11 @@ from brctl.analysis.playbook import (
     StageName,
     classify,
 )
+from brctl.core.errors import ExitCode, RefusedError, UsageError
+from brctl.core.nodeset import fold
+from brctl.core.transport import Node, Transport
 from brctl.diagnostics.xid import parse_xid_lines
-from brctl.errors import ExitCode, RefusedError, UsageError
 from brctl.remote.probes import ProbeResult, ProbeRunner
-from brctl.remote.transport import Node, Transport
 from brctl.state import Component, Store
 
 COMPONENT = Component("diagnose", [

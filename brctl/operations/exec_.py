@@ -6,9 +6,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from brctl.errors import ExitCode
+from brctl.core.errors import ExitCode
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.fanout import run_all
-from brctl.remote.transport import Node, NodeState, RunResult, Transport
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from brctl.analysis.standby import (
     daily_rate_from_history,
     window_probability,
 )
-from brctl.errors import InputError, RefusedError, UsageError
+from brctl.core.errors import InputError, RefusedError, UsageError
+from brctl.core.transport import Transport
 from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter
-from brctl.remote.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select:
         The pool after the check and the exit code (0 all passed, 1 some failed,
         3 some gave no answer or could not be tested).
     """
-    from brctl.analysis import nodeset
+    from brctl.core import nodeset
     from brctl.operations.daemon import LiveHooks
     from brctl.state import Store
 

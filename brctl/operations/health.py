@@ -46,9 +46,9 @@ from brctl.analysis.health import (
     process_pids,
 )
 from brctl.analysis.inventory import Inventory
-from brctl.errors import ExitCode
+from brctl.core.errors import ExitCode
+from brctl.core.transport import Node, RunResult, Transport
 from brctl.remote.probes import ProbeResult, ProbeRunner
-from brctl.remote.transport import Node, RunResult, Transport
 from brctl.state import Component, Store
 
 PROBE = "brctl.diagnostics.health_probe"

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from brctl.analysis.inventory import Inventory, Template
-from brctl.analysis.nodeset import fold
 from brctl.analysis.redact import redact_text
-from brctl.analysis.templates import render_argv
+from brctl.core.nodeset import fold
+from brctl.core.templates import render_argv
+from brctl.core.transport import Node, NodeState
 from brctl.remote.local import LocalTransport
-from brctl.remote.transport import Node, NodeState
 
 MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
 _OUTPUT_KEEP = 2000  # characters of a hook's output kept in the action log

@@ -7,9 +7,9 @@ from typing import Any
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
-from brctl.analysis.nodeset import fold
 from brctl.analysis.topology import KINDS, Topology
-from brctl.errors import ExitCode
+from brctl.core.errors import ExitCode
+from brctl.core.nodeset import fold
 from brctl.remote.probes import ProbeResult, ProbeRunner
 
 

@@ -16,10 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from brctl.analysis import templates
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
-from brctl.analysis.nodeset import fold
 from brctl.analysis.replay import (
     GroupRun,
     JudgedRound,
@@ -32,10 +30,12 @@ from brctl.analysis.replay import (
     reference_of,
     shape_of,
 )
-from brctl.errors import ExitCode, UsageError
+from brctl.core import templates
+from brctl.core.errors import ExitCode, UsageError
+from brctl.core.nodeset import fold
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner
-from brctl.remote.transport import Node, NodeState, RunResult, Transport
 
 PROBE = "brctl.diagnostics.replay_workload"
 FINGERPRINT = re.compile(r"^brctl-fingerprint\s+(\d+)\s+(\S+)\s*$")

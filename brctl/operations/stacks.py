@@ -31,9 +31,9 @@ from brctl.analysis.pyspy import PySpyFormatError, parse_dump
 from brctl.analysis.stacks import Frame, RankSample, Round, StackAnalysis
 from brctl.analysis.stacks import analyse as analyse_rounds
 from brctl.analysis.topology import Topology
-from brctl.errors import ExitCode, IncompleteError, InputError, RemoteDataError
+from brctl.core.errors import ExitCode, IncompleteError, InputError, RemoteDataError
+from brctl.core.transport import Node, RunResult, Transport
 from brctl.remote.probes import Bundle, ProbeRunner
-from brctl.remote.transport import Node, RunResult, Transport
 
 PROBE = "brctl.diagnostics.stacks_probe"
 SAVE_SCHEMA = "brctl.stacks-save/1"

@@ -27,9 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from brctl.analysis import nodeset
 from brctl.analysis.inventory import Inventory
-from brctl.analysis.templates import render_argv
 from brctl.analysis.update import (
     Event,
     NodeView,
@@ -43,13 +41,15 @@ from brctl.analysis.update import (
     retained,
     rollback_target,
 )
-from brctl.errors import ExitCode, InputError, RefusedError
+from brctl.core import nodeset
+from brctl.core.errors import ExitCode, InputError, RefusedError
+from brctl.core.templates import render_argv
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.operations import update_pack
 from brctl.operations.jobadapter import HookRun, JobAdapter
 from brctl.operations.jobadapter import run_hook as run_controller_hook
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner, parse_document
-from brctl.remote.transport import Node, NodeState, RunResult, Transport
 from brctl.state import Component, Store
 
 PROBE = "brctl.diagnostics.release"

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 EXCLUDE = frozenset({".git", "__pycache__"})  # VCS metadata and bytecode are not code
 _GZIP_LEVEL = 1  # code compresses ~4x even at level 1; higher levels cost CPU, gain little

@@ -10,8 +10,8 @@ import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
+from brctl.core.transport import Node, RunResult, Transport
 from brctl.remote.local import LocalTransport
-from brctl.remote.transport import Node, RunResult, Transport
 
 
 class RoutingTransport:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from brctl.remote.transport import Node, NodeState, RunResult, state_for_exit
+from brctl.core.transport import Node, NodeState, RunResult, state_for_exit
 
 
 @dataclass(frozen=True)

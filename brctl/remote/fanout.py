@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Union
 
-from brctl.analysis.nodeset import fold
-from brctl.errors import InterruptedRun
-from brctl.remote.transport import Node, NodeState, RunResult, Transport
+from brctl.core.errors import InterruptedRun
+from brctl.core.nodeset import fold
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 
 ArgvFor = Union[Sequence[str], Callable[[Node], Sequence[str]]]
 StdinFor = Union[bytes, None, Callable[[Node], Union[bytes, None]]]

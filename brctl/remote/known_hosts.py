@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 
 class KnownHostsError(InputError):

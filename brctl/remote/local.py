@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from brctl.remote.transport import Node, NodeState, RunResult, state_for_exit
+from brctl.core.transport import Node, NodeState, RunResult, state_for_exit
 
 
 def _decode(data: bytes | None) -> str:

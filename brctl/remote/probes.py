@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Union
 
 import brctl
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.fanout import run_all
-from brctl.remote.transport import Node, NodeState, RunResult, Transport
 
 MISSING_EXIT = 97  # the bootstrap's "ship me the bundle" answer
 MISSING_MARK = "brctl-bundle-missing"

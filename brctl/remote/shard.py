@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from brctl.analysis.nodeset import fold
-from brctl.errors import InterruptedRun
-from brctl.remote.transport import Node, NodeState, RunResult, Transport
+from brctl.core.errors import InterruptedRun
+from brctl.core.nodeset import fold
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 
 _SHARD_DONE = "done"
 # A worker costs ~0.3-0.5 s of CPU to start (interpreter, paramiko import) against

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 
 import paramiko
 
+from brctl.core.transport import Node, NodeState, RunResult, command_line, with_env
 from brctl.remote.known_hosts import (
     HostKeyStatus,
     KnownHostsCache,
@@ -81,7 +82,6 @@ from brctl.remote.known_hosts import (
     fingerprint,
     host_names,
 )
-from brctl.remote.transport import Node, NodeState, RunResult, command_line, with_env
 
 # paramiko logs transport errors at ERROR; with no handler configured Python's
 # last-resort handler would print them on brctl's stderr. Results carry the message.

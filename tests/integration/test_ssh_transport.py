@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from brctl.core.transport import Node, NodeState, RunResult
 from brctl.remote.ssh import ACCEPTED_SUFFIX, SshTransport
-from brctl.remote.transport import Node, NodeState, RunResult
 from tests.integration.cluster import SshCluster, _write_ed25519, scaled, silent_listener
 
 pytestmark = pytest.mark.integration

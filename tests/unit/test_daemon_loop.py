@@ -18,11 +18,11 @@ import pytest
 
 from brctl.analysis.daemon import Finding, ReplayOutcome
 from brctl.analysis.inventory import Inventory, from_document
-from brctl.errors import RefusedError
+from brctl.core.errors import RefusedError
+from brctl.core.transport import Node
 from brctl.operations.daemon import Daemon, HealthView
 from brctl.operations.daemon_state import DaemonState
 from brctl.operations.jobadapter import JobAdapter, Notifier
-from brctl.remote.transport import Node
 from brctl.state import Store
 
 RECORD = "import json,sys; open(sys.argv[1],'a').write(json.dumps(sys.argv[2:])+'\\n')"

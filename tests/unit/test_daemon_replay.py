@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from brctl.analysis.inventory import from_document
-from brctl.analysis.schema import SchemaError
+from brctl.core.schema import SchemaError
+from brctl.core.transport import Node
 from brctl.operations.daemon import LiveHooks
 from brctl.remote.fake import FakeTransport, Reply
-from brctl.remote.transport import Node
 from brctl.state import Store
 
 COMMAND = ["train", "--nodes", "{nodes}", "--rank", "{node_rank}", "--port", "{master_port}"]

@@ -12,7 +12,7 @@ import pytest
 from brctl.analysis import diagnose_stages as st
 from brctl.analysis.diagnose_decide import PastVerdict, decide
 from brctl.analysis.playbook import NodeEvidence, Playbook, classify, exception_lines
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 from brctl.operations.diagnose import _node_evidence
 from brctl.playbooks import load_playbooks, playbook_dirs
 
@@ -385,7 +385,7 @@ def test_ladder_with_eud_skipped_and_collectives_passing() -> None:
 
 
 def test_live_training_processes_refuse_unless_forced() -> None:
-    from brctl.errors import RefusedError
+    from brctl.core.errors import RefusedError
     from brctl.operations.diagnose import Options, diagnose
     answers = {"brctl.diagnostics.evidence": _evidence({"m2": [{"pid": 42, "cmdline": "pretrain"}]}),
                "brctl.diagnostics.dcgm": _skip(NO_DCGMI),

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from brctl.core.transport import Node
 from brctl.diagnostics import health_probe as hp
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner
-from brctl.remote.transport import Node
 from tests.healthkit import (
     ACTIVE_PORT,
     DOWN_PORT,

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from brctl.analysis.inventory import from_document
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 from brctl.inventory import find_inventory, load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -145,8 +145,8 @@ def test_fingerprint_is_openssh_format() -> None:
 
 
 def test_ssh_config_fills_only_what_the_inventory_leaves_default(tmp_path: Path) -> None:
+    from brctl.core.transport import Node
     from brctl.remote.ssh import SshTransport
-    from brctl.remote.transport import Node
 
     cfg = tmp_path / "config"
     cfg.write_text(
@@ -174,8 +174,8 @@ def test_ssh_config_fills_only_what_the_inventory_leaves_default(tmp_path: Path)
 
 
 def test_multi_hop_proxy_jump_is_refused(tmp_path: Path) -> None:
+    from brctl.core.transport import Node
     from brctl.remote.ssh import SshTransport
-    from brctl.remote.transport import Node
 
     t = SshTransport(ssh_config=os.devnull)
     with pytest.raises(ValueError, match="only one jump host"):
@@ -186,8 +186,8 @@ def test_passphrase_protected_key_is_auth_without_prompt(tmp_path: Path) -> None
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from brctl.core.transport import NodeState
     from brctl.remote.ssh import SshTransport, _ConnectError
-    from brctl.remote.transport import NodeState
 
     path = tmp_path / "locked"
     path.write_bytes(
@@ -216,9 +216,9 @@ def test_rate_limiter_caps_new_connections_per_second() -> None:
 
 
 def test_malformed_known_hosts_fails_preload_with_file_and_line(tmp_path: Path) -> None:
-    from brctl.errors import InputError
+    from brctl.core.errors import InputError
+    from brctl.core.transport import Node
     from brctl.remote.ssh import SshTransport
-    from brctl.remote.transport import Node
 
     kh = tmp_path / "known_hosts"
     kh.write_text(_line("ok", K1) + "\ngarbage-line\n")

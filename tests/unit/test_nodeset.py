@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from brctl.analysis.nodeset import expand, fold, select
-from brctl.errors import InputError
+from brctl.core.errors import InputError
+from brctl.core.nodeset import expand, fold, select
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from brctl.core.transport import Node, NodeState, with_env
 from brctl.remote.fake import FakeTransport, Reply
 from brctl.remote.fanout import run_all
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner, probe_bundle
-from brctl.remote.transport import Node, NodeState, with_env
 
 
 def local(name: str, **kw: object) -> Node:
@@ -169,7 +169,7 @@ def test_probe_garbage_and_failures_become_per_node_errors() -> None:
 
 
 def test_interrupt_names_the_unfinished_nodes() -> None:
-    from brctl.errors import ExitCode, InterruptedRun
+    from brctl.core.errors import ExitCode, InterruptedRun
 
     def handler(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
         if node.name == "a":

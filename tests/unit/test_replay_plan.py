@@ -25,7 +25,7 @@ from brctl.analysis.replay import (
     staff,
 )
 from brctl.analysis.topology import Topology, stage_of_machine
-from brctl.errors import UsageError
+from brctl.core.errors import UsageError
 
 HEALTHY = ("h0", "h1", "h2")
 

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from brctl.analysis.inventory import from_document
-from brctl.analysis.nodeset import fold
+from brctl.core.nodeset import fold
+from brctl.core.transport import Node, NodeState
 from brctl.operations.replay import command_workload, parse_fingerprints, replay
 from brctl.remote.fake import FakeTransport, Reply
-from brctl.remote.transport import Node, NodeState
 
 TEMPLATE = "train --nodes {nodes} --rank {node_rank} --port {master_port} --addr {master_addr}"
 

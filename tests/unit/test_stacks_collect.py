@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from brctl.analysis.pyspy import PySpyFormatError, parse_dump
+from brctl.core.transport import Node
 from brctl.operations import stacks as op
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner
-from brctl.remote.transport import Node
 
 DATA = Path(__file__).parent / "data"
 GOLDEN_PID = 27080  # the process tests/unit/data/pyspy_dump.json was taken from
@@ -157,7 +157,7 @@ def test_failing_py_spy_makes_the_rank_undumpable_with_the_reason(
 
 
 def test_no_training_process_is_incomplete(tmp_path: Path) -> None:
-    from brctl.errors import IncompleteError
+    from brctl.core.errors import IncompleteError
 
     col = op.collect(ProbeRunner(LocalTransport()), local_nodes(tmp_path)[:1],
                      "no-such-process-anywhere-[x]", timeout=60)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from brctl.analysis.redact import redact_text
-from brctl.analysis.templates import check_template, placeholders, render_argv
-from brctl.errors import InputError
+from brctl.core.errors import InputError
+from brctl.core.templates import check_template, placeholders, render_argv
 
 
 def test_string_template_is_split_then_substituted_per_argument() -> None:

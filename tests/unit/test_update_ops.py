@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from brctl.analysis.inventory import from_document
-from brctl.errors import ExitCode, InputError
+from brctl.core.errors import ExitCode, InputError
 from brctl.operations import update as up
 from brctl.remote.fake import Reply
 from brctl.state import Store
@@ -308,7 +308,7 @@ def test_old_releases_are_pruned_after_a_switch(world, tmp_path: Path) -> None:
 
 
 def test_a_second_changer_of_the_same_job_is_refused(world) -> None:
-    from brctl.errors import RefusedError
+    from brctl.core.errors import RefusedError
 
     world.write("v1")
     with up.exclusive(world.ctx()):  # e.g. a person's push still streaming

@@ -16,7 +16,7 @@ from brctl.analysis.update import (
     plan_transfer,
     rollback_target,
 )
-from brctl.errors import UsageError
+from brctl.core.errors import UsageError
 
 SHA = "a" * 64
 OTHER = "b" * 64

@@ -12,9 +12,9 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from brctl.core.transport import Node, NodeState
 from brctl.diagnostics import release
 from brctl.remote.fake import FakeTransport, Reply
-from brctl.remote.transport import Node, NodeState
 
 Fault = Callable[[str, dict], "Reply | None"]
 

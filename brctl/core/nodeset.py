@@ -12,7 +12,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 _MAX_EXPANSION = 1_000_000  # a typo like n[1-99999999] must fail fast, not eat memory
 _TOKEN = re.compile(r"(\d+)")

@@ -18,7 +18,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 T = TypeVar("T")
 

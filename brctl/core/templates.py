@@ -12,7 +12,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Union
 
-from brctl.errors import InputError
+from brctl.core.errors import InputError
 
 PLACEHOLDERS = frozenset({
     "nodes", "nodes_folded", "node", "reason", "nnodes", "node_rank", "nproc_per_node",
