@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from brctl.analysis.inventory import from_document  # noqa: E402
-from brctl.operations.daemon import Daemon, LiveHooks, RunOptions, serve  # noqa: E402
+from brctl.operations.daemon import Daemon, RunOptions, serve  # noqa: E402
+from brctl.operations.daemon_hooks import LiveHooks  # noqa: E402
 from brctl.operations.daemon_state import DaemonState  # noqa: E402
 from brctl.operations.jobadapter import JobAdapter  # noqa: E402
 from brctl.remote.factory import RoutingTransport  # noqa: E402

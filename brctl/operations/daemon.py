@@ -27,8 +27,8 @@ read back from the database too. ``--dry-run`` records the decisions only. A ref
 and stops further actions: the daemon keeps observing and exits 4.
 
 The analyses and remote actions are behind ``Hooks`` so the loop is tested with
-scripted ones; ``LiveHooks`` wires the real operations (health, stacks,
-diagnose, ckpt, update) in one place.
+scripted ones; ``operations.daemon_hooks.LiveHooks`` wires the real operations (health,
+stacks, diagnose, ckpt, update) in one place.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol, cast
+from typing import Any, Optional, cast
 
 from brctl.analysis.daemon import (
     Decision,
@@ -49,7 +49,6 @@ from brctl.analysis.daemon import (
     Plan,
     Progress,
     ReplayOutcome,
-    StandbyOutcome,
     detect,
     job_step,
     last_step,
@@ -58,81 +57,18 @@ from brctl.analysis.daemon import (
     plan_after_replay,
     plan_for,
     refusal,
-    standby_outcome,
     swap_members,
 )
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
-from brctl.analysis.playbook import StageName
 from brctl.core.errors import BrctlError, ExitCode
 from brctl.core.transport import Node, Transport
+from brctl.operations.daemon_hooks import Hooks, LiveHooks
 from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter, Notifier
-from brctl.remote.probes import ProbeRunner
 from brctl.state import Store
 
-LOGTAIL = "brctl.diagnostics.logtail"
 FAIL_SLOW_ROUNDS = 3  # stack rounds for fail-slow (brctl stacks --rounds), one poll apart
-
-
-@dataclass(frozen=True)
-class HealthView:
-    """What the loop needs from one health sweep.
-
-    Attributes:
-        evict: machine → confident eviction reason.
-        unanswered: machines with no verdict.
-        running: False when training processes are gone on some job machine
-            (True when all have them; None when not checked).
-        stopped_on: job machines without training processes.
-        status: machine → ok | warn | fail | why no verdict (for /metrics).
-    """
-
-    evict: Mapping[str, str] = field(default_factory=dict)
-    unanswered: tuple[str, ...] = ()
-    running: Optional[bool] = None
-    stopped_on: tuple[str, ...] = ()
-    status: Mapping[str, str] = field(default_factory=dict)
-
-
-class Hooks(Protocol):
-    """The loop's window on the machines: analyses and remote actions."""
-
-    def health(self, nodes: Sequence[Node]) -> HealthView:
-        """One health sweep of ``nodes``."""
-        ...
-
-    def log_tails(self, nodes: Sequence[Node]) -> dict[str, str]:
-        """node → the tail of its job logs (empty when none)."""
-        ...
-
-    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
-        """Stack analysis of a stalled (1 round) or slow job (several): machines to evict."""
-        ...
-
-    def diagnose(self, nodes: Sequence[Node]) -> Finding:
-        """The stop-time diagnose ladder of a stopped job."""
-        ...
-
-    def restore(self, evicted: Node, standby: Node, members: Sequence[Node]) -> str:
-        """Copy the evicted machine's checkpoint shards onto ``standby`` from its backup peer."""
-        ...
-
-    def apply_updates(self, nodes: Sequence[Node]) -> str:
-        """Apply pending lazy code updates on ``nodes``."""
-        ...
-
-    def rollback(self, nodes: Sequence[Node]) -> str:
-        """Roll the job's code back to the previous release."""
-        ...
-
-    def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
-        """Replay the stopped job on ``nodes`` (``brctl replay``) and return its verdict."""
-        ...
-
-    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[StandbyOutcome, str]]:
-        """Self-check standby machines: node → (checked | failed | untested, detail)."""
-        ...
 
 
 @dataclass
@@ -582,196 +518,6 @@ def _escalate(finding: Finding, history: Sequence[Decision]) -> Finding:
         return Finding("rollback", (), "crashed again after a reattempt: roll the last code "
                        "update back (" + (finding.reason or "no fault found") + ")")
     return Finding("reattempt", (), finding.reason or "no fault found: reattempt")
-
-
-class LiveHooks:
-    """The real operations behind ``Hooks``, over one long-lived transport and probe runner."""
-
-    def __init__(self, inv: Inventory, transport: Transport, store: Store, state_dir: Path,
-                 timeout_scale: float = 1.0, environ: Optional[Mapping[str, str]] = None) -> None:
-        """Args: the inventory, the daemon's transport and store, the state dir,
-        $BRCTL_TIMEOUT_SCALE, the environment (playbook search path, who for the history)."""
-        import os
-
-        self.environ: Mapping[str, str] = environ if environ is not None else dict(os.environ)
-        self.inv = inv
-        self.transport = transport
-        self.store = store
-        self.state_dir = state_dir
-        self.scale = timeout_scale
-        self.runner = ProbeRunner(transport)
-
-    def health(self, nodes: Sequence[Node]) -> HealthView:
-        """brctl health's sweep: eviction candidates and process liveness."""
-        from brctl.operations.health import sweep
-
-        # the job's machines now: a swapped-in standby's training processes count
-        report = sweep(self._current(nodes), self.transport, nodes, self.state_dir,
-                       runner=self.runner, store=self.store,
-                       timeout=self.inv.health.timeout * self.scale)
-        stopped, seen_process = [], False
-        for name, verdict in report.nodes.items():
-            for check in verdict.checks:
-                if check.name != "process":
-                    continue
-                seen_process = seen_process or check.status != "skip"
-                if check.status in ("fail", "warn"):
-                    stopped.append(name)
-        running = (not stopped) if seen_process else None
-        return HealthView(report.evict_candidates(), tuple(report.incomplete()), running,
-                          tuple(stopped), {n: h.status for n, h in report.nodes.items()})
-
-    def log_tails(self, nodes: Sequence[Node]) -> dict[str, str]:
-        """The tails of ``job.log_paths`` on each machine (the logtail probe)."""
-        assert self.inv.job is not None
-        if not self.inv.job.log_paths:
-            return {}
-        request = {"paths": list(self.inv.job.log_paths), "bytes": self.inv.daemon.log_tail_bytes}
-        results = self.runner.run(nodes, LOGTAIL, request, timeout=30 * self.scale,
-                                  concurrency=self.inv.ssh.fanout)
-        out = {}
-        for name, res in results.items():
-            files = (res.document or {}).get("files", [])
-            out[name] = "\n".join(str(f.get("tail", "")) for f in sorted(
-                files, key=lambda f: float(f.get("mtime", 0))))
-        return out
-
-    def _current(self, nodes: Sequence[Node]) -> Inventory:
-        """The inventory with the job on its current machines (after swaps)."""
-        assert self.inv.job is not None
-        return replace(self.inv, job=replace(self.inv.job, nodes=tuple(n.name for n in nodes)))
-
-    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
-        """brctl stacks' collection and analysis; the machines it proposes to evict."""
-        from brctl.operations.stacks import analyse, collect_job
-
-        try:
-            collections, shape = collect_job(self._current(nodes), self.transport, rounds=rounds,
-                                             interval=self.inv.daemon.poll_interval,
-                                             timeout=120 * self.scale)
-            report = analyse(collections, shape)
-        except BrctlError as exc:
-            return Finding(None, (), f"stack analysis gave no verdict: {exc.message}")
-        evict = tuple(report.analysis.evict)
-        suspect = report.analysis.suspect
-        where = f" ({suspect.kind} group {suspect.index})" if suspect is not None else ""
-        return Finding("evict" if evict else None, evict,
-                       f"stack outliers{where}: evict {', '.join(evict)}" if evict
-                       else "no stack outliers")
-
-    def diagnose(self, nodes: Sequence[Node]) -> Finding:
-        """brctl diagnose's ladder on the stopped job: its decision and faulty machines."""
-        from brctl.operations.diagnose import Options
-        from brctl.operations.diagnose import diagnose as run_ladder
-        from brctl.playbooks import load_playbooks, playbook_dirs
-
-        try:
-            books = load_playbooks(playbook_dirs(None, self.environ))
-            # force: the daemon has already judged the job dead; ranks left hanging
-            # hold nothing worth protecting and the restart replaces them.
-            report = run_ladder(self._current(nodes), self.transport, books,
-                                Options(force=True, timeout_scale=self.scale,
-                                        concurrency=self.inv.ssh.fanout),
-                                nodes=nodes, store=self.store)
-        except BrctlError as exc:
-            return Finding(None, (), f"diagnose failed: {exc.message}")
-        decision = report.decision if report.decision in (
-            "evict", "reattempt", "rollback", "replay") else None
-        return Finding(decision, tuple(report.faulty),  # type: ignore[arg-type]
-                       f"{report.found.playbook.name}: {report.reason}")
-
-    def restore(self, evicted: Node, standby: Node, members: Sequence[Node]) -> str:
-        """brctl ckpt restore: the evicted machine's newest verified backup onto ``standby``.
-
-        The backup peer is the placement of the job as it was before the swap (what
-        ``brctl ckpt backup`` used). No backup yet is not an error: the job restarts
-        from whatever checkpoint its restart command finds.
-        """
-        from brctl.operations.ckpt import plan, restore
-
-        before = [evicted if n.name == standby.name else n for n in members]
-        try:
-            backups = plan(self._current(before)).backups()
-            report = restore(self.transport, self.inv, backups, target=standby.name,
-                             evicted=evicted.name, runner=self.runner)
-        except BrctlError as exc:
-            raise BrctlError(f"ckpt restore {evicted.name} -> {standby.name}: {exc.message}") from None
-        copy = report.copies[0] if report.copies else None
-        if copy is None or copy.state != "ok":
-            error = copy.error if copy is not None else "nothing copied"
-            if copy is not None and "no complete backup" in (error or ""):
-                return f"no backup of {evicted.name} yet: {error}"
-            raise BrctlError(f"ckpt restore {evicted.name} -> {standby.name}: {error}")
-        return (f"restored {copy.step} of {evicted.name} from {copy.source} onto {standby.name} "
-                f"({copy.files} files, {copy.bytes} bytes)")
-
-    def _update(self, nodes: Sequence[Node]) -> Any:
-        from brctl.operations.update import UpdateContext, who
-
-        return UpdateContext(self.inv, self.transport, self.store,
-                             self.state_dir / "update" / "artifacts", who(self.environ),
-                             concurrency=self.inv.ssh.fanout, nodes=list(nodes))
-
-    def apply_updates(self, nodes: Sequence[Node]) -> str:
-        """brctl update apply: pending lazy updates, and standbys caught up to the job's release."""
-        from brctl.operations.update import apply
-
-        rep = apply(self._update(nodes))
-        if rep.outcome not in ("ok", "noop"):
-            raise BrctlError(f"update apply {rep.outcome}: {rep.reason}")
-        return f"update apply {rep.outcome}: {rep.version or '-'} ({rep.reason})"
-
-    def rollback(self, nodes: Sequence[Node]) -> str:
-        """brctl update rollback on the job's machines."""
-        from brctl.operations.update import rollback
-
-        rep = rollback(self._update(nodes))
-        if rep.outcome not in ("ok", "noop"):
-            raise BrctlError(f"update rollback {rep.outcome}: {rep.reason}")
-        return f"rolled back {rep.from_version} -> {rep.version}"
-
-    def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
-        """brctl replay on the job's current machines: ``daemon.replay_command``, else the
-        built-in workload."""
-        import random
-
-        from brctl.core.templates import template_argv
-        from brctl.operations.replay import BuiltinWorkload, CommandWorkload, Workload, replay
-
-        cfg = self.inv.daemon
-        workload: Workload = BuiltinWorkload() if cfg.replay_command is None else \
-            CommandWorkload(tuple(template_argv(cfg.replay_command)))
-        port = random.SystemRandom().randrange(20000, 40000)  # as brctl replay picks one
-        report = replay(self.transport, self._current(nodes), workload=workload,
-                        timeout=cfg.command_timeout * self.scale, port_base=port)
-        v = report.verdict
-        return ReplayOutcome(v.verdict, tuple(v.faulty), tuple(v.candidates), v.reason)
-
-    def check(self, nodes: Sequence[Node]) -> dict[str, tuple[StandbyOutcome, str]]:
-        """Self-check standby machines: the health sweep, then the diagnose ladder's
-        machine-local stages (EUD where dcgmi exists, intra-machine all-to-all) on the
-        machines whose health passed; ``standby_outcome`` judges each."""
-        from brctl.operations.diagnose import Options, self_check
-        from brctl.operations.health import sweep
-
-        report = sweep(self.inv, self.transport, nodes, self.state_dir, runner=self.runner,
-                       store=self.store, timeout=self.inv.health.timeout * self.scale)
-        health: dict[str, tuple[bool, str]] = {}
-        for name, verdict in report.nodes.items():
-            bad = [f"{c.name}: {c.message}" for c in verdict.checks if c.status == "fail"]
-            ok = verdict.answered and not bad
-            health[name] = (ok, "health ok" if ok else "; ".join(bad) or (verdict.error or verdict.status))
-        healthy = [n for n in nodes if health.get(n.name, (False, ""))[0]]
-        stages: dict[str, list[tuple[str, str, Sequence[str]]]] = {n.name: [] for n in nodes}
-        wanted = cast(list[StageName], list(self.inv.daemon.standby_stages))
-        if healthy and wanted:
-            opts = Options(timeout_scale=self.scale, concurrency=self.inv.ssh.fanout)
-            for stage in self_check(self.inv, self.transport, healthy, opts, stages=wanted,
-                                    runner=self.runner):
-                for v in stage.verdicts:
-                    stages[v.node].append((stage.name, v.status, v.evidence))
-        return {n.name: standby_outcome(*health.get(n.name, (False, "no health verdict")),
-                                        stages[n.name]) for n in nodes}
 
 
 def _bind(fn: Callable[..., str], *args: Any) -> Callable[[], str]:

@@ -283,7 +283,7 @@ def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select:
         3 some gave no answer or could not be tested).
     """
     from brctl.core import nodeset
-    from brctl.operations.daemon import LiveHooks
+    from brctl.operations.daemon_hooks import LiveHooks
     from brctl.state import Store
 
     store = Store(state_dir)

@@ -20,7 +20,8 @@ from brctl.analysis.daemon import Finding, ReplayOutcome
 from brctl.analysis.inventory import Inventory, from_document
 from brctl.core.errors import RefusedError
 from brctl.core.transport import Node
-from brctl.operations.daemon import Daemon, HealthView
+from brctl.operations.daemon import Daemon
+from brctl.operations.daemon_hooks import HealthView
 from brctl.operations.daemon_state import DaemonState
 from brctl.operations.jobadapter import JobAdapter, Notifier
 from brctl.state import Store
