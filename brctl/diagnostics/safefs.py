@@ -302,25 +302,33 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _unsafe(path: str, allowed_uids: tuple[int, ...]) -> str | None:
+def _unsafe(path: str, allowed_uids: tuple[int, ...], sticky_ok: bool) -> str | None:
     try:
         st = os.lstat(path)
     except OSError as exc:
         return f"{path}: {exc.strerror}"
     if st.st_uid not in allowed_uids:
         return f"{path} is owned by {_owner(st.st_uid)}"
-    if st.st_mode & 0o022:
+    sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & 0o022 and not (sticky_ok and sticky_dir):
         return f"{path} is group/other writable (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
-def unsafe_owner_chain(path: str, allowed_uids: tuple[int, ...] = (0,)) -> str | None:
+def unsafe_owner_chain(path: str, allowed_uids: tuple[int, ...] = (0,), *,
+                       sticky_ok: bool = False) -> str | None:
     """Why ``path`` fails OpenSSH's StrictModes rule, or ``None`` when it passes.
 
     Every directory from ``/`` to ``path`` and ``path`` itself: owned by a uid in
     ``allowed_uids`` and not group/other writable (sticky bit or not). A symlink on
     the way must be owned by an allowed uid; its target is checked the same way.
     A missing component is a reason too.
+
+    ``sticky_ok``: a sticky directory (``/tmp``, 1777) owned by an allowed uid may
+    be group/other writable: others may add names there but cannot rename or
+    remove an entry they do not own, and every entry on the path is checked to be
+    owned by an allowed uid. For code brctl only reads (an inventory, an
+    interpreter, an import path), not for directories it writes into.
     """
     if not path.startswith("/"):
         return f"{path}: not an absolute path"
@@ -331,7 +339,7 @@ def unsafe_owner_chain(path: str, allowed_uids: tuple[int, ...] = (0,)) -> str |
     while True:
         here = done or "/"
         if here not in checked:
-            reason = _unsafe(here, allowed_uids)
+            reason = _unsafe(here, allowed_uids, sticky_ok)
             if reason:
                 return reason
             checked.add(here)

@@ -273,6 +273,21 @@ def test_owner_chain_refuses_sticky_world_writable_dirs_like_openssh(tmp_path: P
     assert reason is not None and "group/other writable" in reason
 
 
+def test_sticky_ok_accepts_a_sticky_dir_only_for_entries_of_allowed_owners(tmp_path: Path) -> None:
+    # /tmp is 1777: others may add names there, never rename or remove ours.
+    mine = tmp_path / "inv.yaml"
+    mine.write_text("x")
+    assert safefs.unsafe_owner_chain(str(mine), sticky_ok=True) is None
+    os.chown(mine, NOBODY, NOBODY)
+    reason = safefs.unsafe_owner_chain(str(mine), sticky_ok=True)
+    assert reason is not None and "uid 65534" in reason
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)  # world writable without the sticky bit: anyone may swap entries
+    reason = safefs.unsafe_owner_chain(str(loose), sticky_ok=True)
+    assert reason == f"{loose} is group/other writable (mode 0777)"
+
+
 def test_owner_chain_follows_only_root_owned_symlinks_and_checks_the_target(
     safe_base: Path, tmp_path: Path
 ) -> None:
