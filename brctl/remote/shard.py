@@ -28,6 +28,7 @@ from typing import Any
 from brctl.core.errors import InterruptedRun
 from brctl.core.nodeset import fold
 from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.remote.threads import run_threads
 
 _SHARD_DONE = "done"
 # A worker costs ~0.3-0.5 s of CPU to start (interpreter, paramiko import) against
@@ -59,12 +60,10 @@ def _worker(
     deadline_at: float | None,
     out: Any,
 ) -> None:
-    from brctl.remote.fanout import run_all
-
     transport = factory()
     try:
         deadline = None if deadline_at is None else max(0.0, deadline_at - time.time())
-        run_all(
+        run_threads(
             transport, nodes, argv, timeout=timeout, stdin=stdin, concurrency=concurrency,
             deadline=deadline, on_done=out.put,
         )  # fmt: skip

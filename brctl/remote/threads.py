@@ -1,0 +1,68 @@
+"""The threaded fan-out: a fixed pool of workers over one transport, never raising midway.
+
+``brctl.remote.fanout.run_all`` calls it in-process, and each worker process of
+``brctl.remote.shard`` calls it on its shard.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Union
+
+from brctl.core.errors import InterruptedRun
+from brctl.core.nodeset import fold
+from brctl.core.transport import Node, NodeState, RunResult, Transport
+
+ArgvFor = Union[Sequence[str], Callable[[Node], Sequence[str]]]
+StdinFor = Union[bytes, None, Callable[[Node], Union[bytes, None]]]
+
+
+def _resolve(value: ArgvFor | StdinFor, node: Node) -> object:
+    return value(node) if callable(value) else value
+
+
+def run_threads(
+    transport: Transport,
+    nodes: Iterable[Node],
+    argv: ArgvFor,
+    *,
+    timeout: float | None = None,
+    stdin: StdinFor = None,
+    concurrency: int = 64,
+    deadline: float | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
+) -> dict[str, RunResult]:
+    """``run_all`` in this process's threads; same arguments (but ``processes``) and result."""
+    todo = list(nodes)
+    start = time.monotonic()
+    results: dict[str, RunResult] = {}
+
+    def one(node: Node) -> RunResult:
+        limit = node.command_timeout if timeout is None else timeout
+        if deadline is not None:
+            left = deadline - (time.monotonic() - start)
+            if left <= 0:
+                return RunResult(node.name, NodeState.TIMEOUT, None, "", "deadline passed before start", 0.0)
+            limit = min(limit, left)
+        cmd = _resolve(argv, node)
+        data = _resolve(stdin, node)
+        return transport.run(node, list(cmd), timeout=limit, stdin=data)  # type: ignore[call-overload, arg-type]
+
+    pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo) or 1)))
+    pending: set[Future[RunResult]] = {pool.submit(one, n) for n in todo}
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                res = fut.result()
+                results[res.node] = res
+                if on_done is not None:
+                    on_done(res)
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        unfinished = fold(n.name for n in todo if n.name not in results)
+        raise InterruptedRun(f"interrupted; not finished: {unfinished or 'none'}") from None
+    pool.shutdown(wait=True)
+    return {n.name: results[n.name] for n in todo}
