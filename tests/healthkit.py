@@ -27,11 +27,15 @@ def make_root(
     boot_id: str = "5f1c1e7a-0000-4000-8000-000000000001",
     ib: Optional[Mapping[str, Mapping[str, Mapping[str, Any]]]] = None,
     net: Optional[Mapping[str, str]] = None,
-    kmsg: Optional[Sequence[str]] = None,
+    kmsg: Optional[Sequence[str]] = (),
     kern_log: Optional[str] = None,
     proc_link: bool = False,
 ) -> Path:
-    """Build a fixture machine tree; ``ib`` is {device: {port: {file: value}}}."""
+    """Build a fixture machine tree; ``ib`` is {device: {port: {file: value}}}.
+
+    A machine has a kernel log: an empty ``dev/kmsg`` unless ``kmsg`` or ``kern_log``
+    is given (``kmsg=None`` and no ``kern_log``: none, the xid check is unknown).
+    """
     path.mkdir(parents=True, exist_ok=True)
     if proc_link:  # processes and boot_id are the machine's own; only the rest is a fixture
         (path / "proc").symlink_to("/proc")
@@ -42,7 +46,7 @@ def make_root(
             set_port(path, dev, port, values)
     for iface, state in (net or {}).items():
         _write(path / f"sys/class/net/{iface}/operstate", state + "\n")
-    if kmsg is not None:
+    if kmsg is not None and (kmsg or kern_log is None):
         _write(path / "dev/kmsg", "".join(line + "\n" for line in kmsg))
     if kern_log is not None:
         _write(path / "var/log/kern.log", kern_log)

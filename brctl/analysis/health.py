@@ -2,7 +2,7 @@
 
 Pure functions on typed data (no I/O, no clock): ``evaluate`` turns one node's
 probe document (``brctl.diagnostics.health_probe``) into ``Check``s, each
-ok / warn / fail / skip with a one-line message; ``apply_process_rule`` decides
+ok / warn / fail / unknown / skip with a one-line message; ``apply_process_rule`` decides
 training-process liveness across the job's machines; ``merge_sample`` builds the
 state kept for the next poll (counters for deltas, the kernel-log cursor, the
 evict-class Xids seen during the current boot).
@@ -13,6 +13,12 @@ retirement or remap, a driver-requested reset, an Xid of the evict class, an
 inactive NVLink, an RDMA port down or flapping, a configured NIC down).
 Anything else (heat, throttling, disk, a missing process) is a finding but not
 a reason to evict by itself.
+
+``unknown`` is a check that should have looked and could not (NVML unusable on a
+machine the inventory declares with GPUs, a kernel log or /proc not readable):
+never ``ok``, never an eviction reason, and it makes the run incomplete (exit 3).
+``skip`` is only for a check that does not apply (``gpus: 0``, no RDMA devices,
+nothing configured).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from typing import Any, Optional
 from brctl.config.health import CHECKS, HealthSection
 from brctl.diagnostics.xid import XidEvent, classify
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-_RANK = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}
+OK, WARN, FAIL, SKIP, UNKNOWN = "ok", "warn", "fail", "skip", "unknown"
+# A node's status is its worst check's: a failure outranks a check that could not look.
+_RANK = {OK: 0, SKIP: 0, WARN: 1, UNKNOWN: 2, FAIL: 3}
 _MAX_XIDS = 50  # remembered per node and boot: enough evidence, bounded state
 # The checks judged from the NVML sample (the probe's "nvml" part), in report order.
 GPU_CHECKS = ("gpu_count", "ecc", "retired_pages", "remapped_rows", "temperature", "throttle",
@@ -341,7 +348,7 @@ def check_xid(doc: Mapping[str, Any], sample: Sample) -> Check:
     """Evict-class Xids this boot fail; unknown ones warn; application ones are noted."""
     log = doc.get("kernel_log") or {}
     if log.get("error") and not sample.xids:
-        return Check("xid", SKIP, f"kernel log not readable: {log['error']}")
+        return Check("xid", UNKNOWN, f"kernel log not readable: {log['error']}")
     by_kind: dict[str, list[XidEvent]] = {"evict": [], "unknown": [], "application": []}
     for event in sample.xids:
         by_kind[classify(event.code).kind].append(event)
@@ -454,10 +461,17 @@ def evaluate(doc: Mapping[str, Any], before: Optional[Sample], cfg: HealthSectio
     enabled = set(cfg.checks)
     out: dict[str, Check] = {}
     nvml = doc.get("nvml") or {}
-    if nvml.get("status") != "ok":
-        status = FAIL if nvml.get("status") == "error" else SKIP
+    if expected_gpus == 0:
         for name in GPU_CHECKS:
-            out[name] = Check(name, status, str(nvml.get("reason", "NVML not sampled")))
+            out[name] = Check(name, SKIP, "no GPUs on this machine (gpus: 0)")
+    elif nvml.get("status") != "ok":
+        # NVML unusable where the inventory says there are GPUs: nothing was seen, so
+        # nothing is ok (driver not loaded, library or module missing: unknown, exit 3);
+        # an NVML that loads and then errors is a finding about the machine.
+        status = FAIL if nvml.get("status") == "error" else UNKNOWN
+        reason = str(nvml.get("reason", "NVML not sampled"))
+        for name in GPU_CHECKS:
+            out[name] = Check(name, status, reason)
     else:
         gpus = nvml.get("gpus") or []
         usable = [g for g in gpus if "error" not in g]
@@ -506,7 +520,7 @@ def apply_process_rule(pids: Mapping[str, Optional[list[int]]], errors: Mapping[
         if node not in job:
             out[node] = Check("process", SKIP, "not a job machine")
         elif found is None:
-            out[node] = Check("process", SKIP, errors.get(node, "process list not read"))
+            out[node] = Check("process", UNKNOWN, errors.get(node, "process list not read"))
         elif found:
             out[node] = Check("process", OK, f"{len(found)} training processes")
         elif running:
@@ -519,9 +533,9 @@ def apply_process_rule(pids: Mapping[str, Optional[list[int]]], errors: Mapping[
 
 
 def node_status(checks: Sequence[Check]) -> str:
-    """fail if any check failed, else warn if any warned, else ok."""
+    """fail if any check failed, else unknown if one could not look, else warn, else ok."""
     worst = max((_RANK[c.status] for c in checks), default=0)
-    return {0: OK, 1: WARN, 2: FAIL}[worst]
+    return {0: OK, 1: WARN, 2: UNKNOWN, 3: FAIL}[worst]
 
 
 def eviction_reason(checks: Sequence[Check]) -> Optional[str]:

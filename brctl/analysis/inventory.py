@@ -19,7 +19,7 @@ from brctl.config.health import HealthSection
 from brctl.config.update import UpdateSection
 from brctl.core import nodeset
 from brctl.core.errors import InputError
-from brctl.core.schema import SchemaError, at_least_one, from_mapping, positive, regex
+from brctl.core.schema import SchemaError, at_least_one, from_mapping, non_negative, positive, regex
 from brctl.core.schema import field as sfield
 from brctl.core.templates import check_template
 from brctl.core.transport import Node
@@ -61,7 +61,7 @@ class NodeEntry:
 
     name: str
     address: Optional[str] = None
-    gpus: int = sfield(8, check=at_least_one)
+    gpus: int = sfield(8, check=non_negative)  # 0: a CPU-only machine (GPU checks skip)
     connection: Literal["ssh", "local"] = "ssh"
     env: dict[str, str] = sfield(factory=dict)
     labels: dict[str, str] = sfield(factory=dict)  # e.g. {rack: r12}: failure domains
@@ -227,6 +227,14 @@ def build(raw: RawInventory, source: str) -> Inventory:
                 "job.nodes",
                 f"not defined under nodes: {nodeset.fold(missing)}",
                 hint="every job machine needs an entry under nodes:",
+            )
+        cpu_only = [n for n in job_names if nodes[n].gpus == 0]
+        if cpu_only:
+            raise SchemaError(
+                source,
+                "job.nodes",
+                f"{nodeset.fold(cpu_only)} declared with gpus: 0",
+                hint="a job machine holds ranks: give it gpus: N (N >= 1)",
             )
         j = raw.job
         job = Job(

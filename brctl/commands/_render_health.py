@@ -8,7 +8,7 @@ from brctl.core.nodeset import fold
 from brctl.operations.health import HealthReport
 from brctl.render import Output, escape, fold_by
 
-_COLOUR = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+_COLOUR = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "magenta", "skip": "dim"}
 
 
 def render(out: Output, report: HealthReport) -> None:
@@ -31,7 +31,7 @@ def render(out: Output, report: HealthReport) -> None:
             merged.setdefault((check.status, check.message), []).append(check.name)
         for (state, message), checks in merged.items():
             key = (", ".join(checks), state, message)
-            if state in ("warn", "fail"):
+            if state in ("warn", "fail", "unknown"):
                 findings.setdefault(key, []).append(name)
             elif state == "skip" and out.verbose:
                 skips.setdefault(key, []).append(name)
@@ -49,7 +49,7 @@ def render(out: Output, report: HealthReport) -> None:
 
 
 def _folded(out: Output, rows: dict[tuple[str, str, str], list[str]]) -> None:
-    order = {"fail": 0, "warn": 1, "skip": 2}
+    order = {"fail": 0, "unknown": 1, "warn": 2, "skip": 3}
     for (checks, state, message), nodes in sorted(rows.items(),
                                                   key=lambda r: (order[r[0][1]], r[0][0])):
         colour = _COLOUR.get(state, "red")

@@ -31,13 +31,16 @@ def health_command(
 ) -> int:
     """Check GPUs (NVML), kernel-log Xids, InfiniBand/NICs, disks and training processes.
 
-    Each check is ok, warn, fail or skip with a one-line reason; healthy machines
+    Each check is ok, warn, fail, unknown (it should have looked and could not:
+    NVML unusable on a machine declared with GPUs, a log or /proc not readable) or
+    skip (it does not apply) with a one-line reason; healthy machines
     fold into one line (gpu[001-015]: ok) and each finding names its machines.
     Deltas (link_downed, NVLink and PCIe errors) and the kernel-log cursor are kept
     per machine in the state directory; thresholds and the checks that run come
     from the inventory's health: section (brctl-inventory(5)). Machines with a
     confident eviction signal are listed under "evict". Exit 0 healthy, 1 some
-    check failed, 3 some machine gave no answer.
+    check failed, 3 some machine gave no answer or some check is unknown (turn a
+    check off in health.checks where it cannot apply).
     """
     from brctl.commands._render_health import render, render_changes
     from brctl.core.errors import UsageError

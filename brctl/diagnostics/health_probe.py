@@ -14,7 +14,7 @@ Request (JSON on stdin, every key optional)::
      "interfaces": ["eth0"], "ib_devices": [], "disk_paths": ["/"],
      "process_match": "pretrain"}
 
-Document: ``boot_id``, ``nvml`` {status, reason, driver, gpus: [...]},
+Document: ``boot_id``, ``nvml`` {status: ok|unavailable|error, reason, driver, gpus: [...]},
 ``kernel_log`` {source, events, cursor, error}, ``ib`` {ports, error},
 ``net`` {iface: operstate}, ``disk`` {path: {total, free} | {error}},
 ``process`` {pids} | {error}, ``seconds`` (the probe's own wall time).
@@ -176,27 +176,33 @@ def _gpu(nv: Any, index: int) -> dict[str, Any]:
     }
 
 
-NO_DRIVER = "no NVIDIA driver (libnvidia-ml not found)"
+# Why NVML cannot be used: the three reasons a machine with GPUs reports as unknown.
+NO_DRIVER = "NVML library missing: no NVIDIA driver (libnvidia-ml not found)"
+NOT_LOADED = "NVIDIA driver not loaded (nvmlInit failed)"
+NO_MODULE = "pynvml module missing on the node (pip install nvidia-ml-py)"
 
 
 def sample_nvml() -> dict[str, Any]:
-    """Per-GPU NVML values; ``status`` skip with the reason when NVML cannot be used."""
+    """Per-GPU NVML values; ``status`` unavailable with the reason when NVML cannot be used.
+
+    The reason names which of the three it is (driver not loaded, library missing,
+    module missing): the controller reports it as ``unknown``, never as ok.
+    """
     try:
         import pynvml as nv
     except ImportError:
         import ctypes.util
 
         if ctypes.util.find_library("nvidia-ml") is None:
-            return {"status": "skip", "reason": NO_DRIVER}
-        return {"status": "skip",
-                "reason": "pynvml not installed on the node (pip install nvidia-ml-py)"}
+            return {"status": "unavailable", "reason": NO_DRIVER}
+        return {"status": "unavailable", "reason": NO_MODULE}
     try:
         nv.nvmlInit()
     except Exception as exc:
         if getattr(exc, "value", None) == getattr(nv, "NVML_ERROR_LIBRARY_NOT_FOUND", 12):
-            return {"status": "skip", "reason": NO_DRIVER}
+            return {"status": "unavailable", "reason": NO_DRIVER}
         if getattr(exc, "value", None) == getattr(nv, "NVML_ERROR_DRIVER_NOT_LOADED", 9):
-            return {"status": "skip", "reason": "NVIDIA driver not loaded (nvmlInit failed)"}
+            return {"status": "unavailable", "reason": NOT_LOADED}
         return {"status": "error", "reason": f"nvmlInit failed: {_nvml_error(exc)}"}
     try:
         driver = _try({}, "driver", lambda: _text(nv.nvmlSystemGetDriverVersion()))

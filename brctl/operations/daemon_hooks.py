@@ -113,7 +113,7 @@ class LiveHooks:
             for check in verdict.checks:
                 if check.name != "process":
                     continue
-                seen_process = seen_process or check.status != "skip"
+                seen_process = seen_process or check.status not in ("skip", "unknown")
                 if check.status in ("fail", "warn"):
                     stopped.append(name)
         running = (not stopped) if seen_process else None

@@ -36,6 +36,7 @@ from brctl.analysis.health import (
     FAIL,
     GPU_CHECKS,
     OK,
+    UNKNOWN,
     WARN,
     Check,
     Sample,
@@ -65,8 +66,9 @@ class NodeHealth:
     """One machine's verdict.
 
     Attributes:
-        status: ok | warn | fail, or the transport state (unreachable, timeout, auth,
-            hostkey) or ``error`` (the probe ran but returned nothing usable).
+        status: ok | warn | unknown | fail (the worst check), or the transport state
+            (unreachable, timeout, auth, hostkey) or ``error`` (the probe ran but
+            returned nothing usable).
         checks: the checks in report order (empty when the probe gave no document).
         error: why there is no verdict, when ``status`` is not ok/warn/fail.
         seconds: wall time of the probe round trip seen from the controller.
@@ -81,7 +83,7 @@ class NodeHealth:
     @property
     def answered(self) -> bool:
         """The probe produced a verdict."""
-        return self.status in (OK, WARN, FAIL)
+        return self.status in (OK, WARN, UNKNOWN, FAIL)
 
     def to_json(self) -> dict[str, Any]:
         """``{status, checks: [{name, status, message}], error, seconds}``."""
@@ -108,10 +110,16 @@ class HealthReport:
         """Machines with no verdict (unreachable, timed out, refused, probe failed)."""
         return [n for n, h in self.nodes.items() if not h.answered]
 
+    def unknown(self) -> list[str]:
+        """Machines where a configured check could not look (status ``unknown``)."""
+        return [n for n, h in self.nodes.items()
+                if any(c.status == UNKNOWN for c in h.checks)]
+
     @property
     def exit_code(self) -> ExitCode:
-        """3 if any machine gave no verdict, else 1 if any check failed, else 0."""
-        if self.incomplete():
+        """3 if any machine gave no verdict or a check could not look, else 1 if any
+        check failed, else 0."""
+        if self.incomplete() or self.unknown():
             return ExitCode.INCOMPLETE
         if any(h.status == FAIL for h in self.nodes.values()):
             return ExitCode.FINDINGS
@@ -128,7 +136,7 @@ def probe_request(inv: Inventory, node: Node, before: Optional[Sample]) -> dict[
     cfg = inv.health
     enabled = set(cfg.checks)
     parts = []
-    if enabled.intersection(GPU_CHECKS):
+    if enabled.intersection(GPU_CHECKS) and node.gpus > 0:
         parts.append("nvml")
     for check, part in (("xid", "kernel_log"), ("ib", "ib"), ("net", "net"), ("disk", "disk")):
         if check in enabled:

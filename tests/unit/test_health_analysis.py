@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from brctl.analysis.health import (
+    GPU_CHECKS,
+    Check,
     Sample,
     apply_process_rule,
     evaluate,
@@ -102,13 +104,32 @@ def test_missing_and_lost_gpus() -> None:
     assert c.message == "7 of 8 GPUs usable (GPU7: GPU is lost)"
 
 
-def test_no_driver_skips_every_gpu_check_with_the_reason() -> None:
-    d = doc(nvml={"status": "skip", "reason": "no NVIDIA driver (libnvidia-ml not found)"})
+@pytest.mark.parametrize("reason", [
+    "NVML library missing: no NVIDIA driver (libnvidia-ml not found)",
+    "NVIDIA driver not loaded (nvmlInit failed)",
+    "pynvml module missing on the node (pip install nvidia-ml-py)"])
+def test_gpus_nvml_cannot_see_are_unknown_never_ok(reason: str) -> None:
+    d = doc(nvml={"status": "unavailable", "reason": reason})
     checks, _ = evaluate(d, None, CFG, 8)
-    gpu_checks = [c for c in checks if c.name in ("gpu_count", "ecc", "nvlink", "pcie")]
+    gpu_checks = [c for c in checks if c.name in GPU_CHECKS]
+    assert len(gpu_checks) == len(GPU_CHECKS)
+    assert {(c.status, c.message, c.evict) for c in gpu_checks} == {("unknown", reason, False)}
+    assert node_status(checks) == "unknown"
+    assert eviction_reason(checks) is None  # could not look: never a reason to evict
+
+
+def test_cpu_only_machine_skips_gpu_checks() -> None:
+    checks, _ = evaluate(doc(nvml=None), None, CFG, 0)
+    gpu_checks = [c for c in checks if c.name in GPU_CHECKS]
     assert {(c.status, c.message) for c in gpu_checks} == {
-        ("skip", "no NVIDIA driver (libnvidia-ml not found)")}
+        ("skip", "no GPUs on this machine (gpus: 0)")}
     assert node_status(checks) == "ok"
+
+
+def test_a_failure_outranks_unknown() -> None:
+    fail = Check("ecc", "fail", "x", evict=True)
+    assert node_status([Check("xid", "unknown", "y"), fail]) == "fail"
+    assert node_status([Check("xid", "unknown", "y"), Check("disk", "warn", "z")]) == "unknown"
 
 
 def test_counter_deltas_need_a_baseline_of_the_same_boot() -> None:
@@ -181,7 +202,7 @@ def test_application_xids_never_evict_unknown_ones_warn() -> None:
     assert checks_of(xid_doc(8))["xid"].status == "warn"
     unreadable = doc(kernel_log={"source": None, "events": [], "cursor": {},
                                  "error": "/dev/kmsg: Permission denied"})
-    assert checks_of(unreadable)["xid"].status == "skip"
+    assert checks_of(unreadable)["xid"].status == "unknown"
 
 
 def test_sample_round_trips_through_json() -> None:
@@ -200,7 +221,7 @@ def test_process_rule() -> None:
     out = apply_process_rule({"a": [11, 12], "b": [], "c": None, "s": None},
                              {"c": "no /proc"}, job)
     assert (out["a"].status, out["b"].status, out["c"].status, out["s"].status) == (
-        "ok", "fail", "skip", "skip")
+        "ok", "fail", "unknown", "skip")
     assert out["b"].message == "no training process here; alive on 1 other job machines"
     assert not out["b"].evict  # a dead process is a finding, not a hardware signal
     idle = apply_process_rule({"a": [], "b": []}, {}, job)

@@ -88,7 +88,7 @@ def test_text_log_append_rotate_and_boot_banner(tmp_path: Path) -> None:
 
 
 def test_kernel_log_unreadable_is_a_reason(tmp_path: Path) -> None:
-    out = hp.sample_kernel_log(str(make_root(tmp_path)), {}, "b")
+    out = hp.sample_kernel_log(str(make_root(tmp_path, kmsg=None)), {}, "b")
     assert out["events"] == [] and "no /dev/kmsg" in out["error"]
 
 
@@ -140,10 +140,13 @@ def test_nvml_through_the_real_probe_with_fake_pynvml(tmp_path: Path) -> None:
     assert g0["temperature_slowdown"] == 87 and g0["power_limit_mw"] == 700000
 
 
-def test_nvml_library_missing_is_a_skip(tmp_path: Path) -> None:
+def test_nvml_library_missing_or_driver_not_loaded_is_unavailable(tmp_path: Path) -> None:
     env = fake_nvml(tmp_path / "nvml", [], init_error=12)
     doc = _run_probe(tmp_path, env, {"checks": ["nvml"]})
-    assert doc["nvml"] == {"status": "skip", "reason": hp.NO_DRIVER}
+    assert doc["nvml"] == {"status": "unavailable", "reason": hp.NO_DRIVER}
+    env = fake_nvml(tmp_path / "nvml", [], init_error=9)
+    doc = _run_probe(tmp_path, env, {"checks": ["nvml"]})
+    assert doc["nvml"] == {"status": "unavailable", "reason": hp.NOT_LOADED}
 
 
 def test_lost_gpu_is_reported_per_index(tmp_path: Path) -> None:

@@ -87,7 +87,9 @@ def test_per_entry_ssh_overrides_win() -> None:
     [
         ({"nodes": [{"name": "a1", "gpuz": 2}]}, "x.yaml: nodes[0].gpuz: unknown key"),
         ({"nodes": [{"name": "a1", "gpus": "two"}]}, "x.yaml: nodes[0].gpus: got 'two', expected a whole number"),
-        ({"nodes": [{"name": "a1", "gpus": 0}]}, "x.yaml: nodes[0].gpus: got 0, expected a whole number >= 1"),
+        ({"nodes": [{"name": "a1", "gpus": -1}]}, "x.yaml: nodes[0].gpus: got -1, expected a whole number >= 0"),
+        ({"nodes": [{"name": "a[1-2]", "gpus": 0}], "job": {"nodes": "a[1-2]"}},
+         "x.yaml: job.nodes: a[1-2] declared with gpus: 0"),
         ({"nodes": [{"name": "a[1-"}]}, "x.yaml: nodes[0].name: node set"),
         ({"nodes": [{"name": "a[1-3]", "address": "10.0.0.[1-2]"}]}, "3 names"),
         ({"nodes": [{"name": "a1"}, {"name": "a1"}]}, "listed twice"),
