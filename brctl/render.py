@@ -33,9 +33,10 @@ def fold_by(items: Mapping[str, K]) -> list[tuple[str, K, int]]:
     return sorted(rows, key=lambda r: (-r[2], r[0]))
 
 
-def json_document(schema: str, payload: Mapping[str, Any]) -> str:
+def json_document(schema: str, payload: Mapping[str, Any], version: int = 1) -> str:
     """The one JSON document a command prints with ``--json``."""
-    return json.dumps({"schema": f"brctl.{schema}/1", **payload}, indent=2, default=_jsonable)
+    return json.dumps({"schema": f"brctl.{schema}/{version}", **payload}, indent=2,
+                      default=_jsonable)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -77,9 +78,9 @@ class Output:
             self._err = Console(file=self.stderr, highlight=False, stderr=True, soft_wrap=True)
         return self._err
 
-    def emit_json(self, schema: str, payload: Mapping[str, Any]) -> None:
-        """Print the command's JSON document on stdout."""
-        self.stdout.write(json_document(schema, payload) + "\n")
+    def emit_json(self, schema: str, payload: Mapping[str, Any], version: int = 1) -> None:
+        """Print the command's JSON document on stdout (``version``: the schema's /N)."""
+        self.stdout.write(json_document(schema, payload, version) + "\n")
         self.stdout.flush()
 
     def warn(self, message: str) -> None:

@@ -13,8 +13,9 @@ Pure functions on typed data (reference/algorithms.md §1, after LLNL STAT):
   (the same pipeline stage): the minority classes of each stage, plus undumpable
   and missing ranks. ``moving_outliers`` uses several rounds: a rank whose stack
   moves while its stage's does not, or stands still while the stage moves.
-- ``map_to_group`` finds the smallest parallel-group instance containing every
-  outlier, else the kind whose touched instances cover the fewest machines.
+- ``eviction_groups`` covers the outliers with whole parallel-group instances,
+  fewest machines first (``evictset``): one containing group or a union of
+  smaller ones, whichever is smaller.
 - ``analyse`` runs all of it over one or more rounds and, for fail-slow jobs,
   votes per group instance across rounds (ByteRobust: the group with the most
   outliers over the rounds is the degrader).
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from brctl.analysis.evictset import SuspectGroup, minimal_cover
 from brctl.analysis.topology import KINDS, Topology
 
 
@@ -230,33 +232,13 @@ class Outlier:
 
 
 @dataclass(frozen=True)
-class SuspectGroup:
-    """The parallel-group instance(s) blamed; ``index`` is set when one instance holds them all."""
-
-    kind: str
-    indices: tuple[int, ...]
-    nodes: tuple[str, ...]
-    contains_all: bool
-
-    @property
-    def index(self) -> int | None:
-        """The one group id when a single instance contains every outlier."""
-        return self.indices[0] if len(self.indices) == 1 else None
-
-    def to_json(self) -> dict[str, object]:
-        """``{kind, index, indices, nodes, contains_all}``."""
-        return {"kind": self.kind, "index": self.index, "indices": list(self.indices),
-                "nodes": list(self.nodes), "contains_all": self.contains_all}
-
-
-@dataclass(frozen=True)
 class StackAnalysis:
     """What ``analyse`` concludes over all rounds."""
 
     classes: tuple[StackClass, ...]
     tree: TreeNode
     outliers: tuple[Outlier, ...]
-    suspect: SuspectGroup | None
+    suspects: tuple[SuspectGroup, ...]
     evict: tuple[str, ...]
     rounds: int
     group_votes: Mapping[tuple[str, int], int] = field(default_factory=dict)
@@ -388,70 +370,67 @@ def _kinds(topo: Topology) -> list[str]:
     return [k for k in KINDS if k == "tp" or topo.size(k) > 1]
 
 
-def map_to_group(outliers: Iterable[int], topo: Topology) -> SuspectGroup | None:
-    """The smallest group instance holding every outlier, else the cheapest kind.
+def eviction_groups(outliers: Iterable[int], topo: Topology) -> tuple[SuspectGroup, ...]:
+    """The smallest eviction covering the outliers with whole group instances.
 
-    Candidates are ordered by machines, then ranks, then kind (TP before PP). When
-    no single instance contains them all, the kind whose touched instances cover
-    the fewest machines wins.
+    Fewest machines, then fewest instances (``evictset.minimal_cover``): the one
+    group holding every outlier when that is smallest, else a union of smaller ones.
 
     Args:
         outliers: outlier ranks.
         topo: the job's topology.
 
     Returns:
-        The suspect group, or None without outliers.
+        One SuspectGroup per kind used; empty without outliers.
     """
-    ranks = sorted(set(outliers))
-    if not ranks:
-        return None
-    best: tuple[tuple[int, int, int], SuspectGroup] | None = None
-    for order, kind in enumerate(_kinds(topo)):
-        gids = sorted({topo.group_id(r, kind) for r in ranks})
-        members = [r for g in gids for r in topo.group_ranks(kind, g)]
-        machines = tuple(topo.machines_of(members))
-        contained = len(gids) == 1
-        # a containing instance always beats a union of instances
-        key = (0 if contained else 1, len(machines), len(members) * len(KINDS) + order)
-        if best is None or key < best[0]:
-            best = (key, SuspectGroup(kind, tuple(gids), machines, contained))
-    return best[1] if best else None
+    return minimal_cover(outliers, topo, _kinds(topo))
 
 
 def _vote(per_round: Sequence[set[int]], topo: Topology
-          ) -> tuple[SuspectGroup | None, Counter[tuple[str, int]]]:
-    """The suspect over several rounds and the outlier counts per group instance.
+          ) -> tuple[tuple[SuspectGroup, ...], Counter[tuple[str, int]]]:
+    """The suspects over several rounds and the outlier counts per group instance.
 
-    When every round names the same suspect (the smallest group holding all of
-    its outliers), the cause is steady (a hang) and it stands. Otherwise
-    (fail-slow, where each round also catches noise) outlier counts accumulate
-    per group instance over the rounds, and the instance with the densest count
-    (outliers per member; ties: more outliers, fewer machines) is the degrader:
-    a slow rank and the peers waiting on it return round after round, while
-    noise lands on different ranks each time.
+    When every round names the same eviction (the smallest cover of its
+    outliers), the cause is steady (a hang) and it stands. Otherwise (fail-slow,
+    where each round also catches noise) outlier counts accumulate per group
+    instance over the rounds, and the instance with the densest count (outliers
+    per member; ties: more outliers, fewer machines) is the degrader: a slow rank
+    and the peers waiting on it return round after round, while noise lands on
+    different ranks each time. Group sizes are arithmetic; machines are counted
+    only for the instances tied at the top.
     """
-    votes: Counter[tuple[str, int]] = Counter()
     kinds = _kinds(topo)
-    for outliers in per_round:
-        for rank in outliers:
-            votes.update((k, topo.group_id(rank, k)) for k in kinds)
+    votes: Counter[tuple[str, int]] = Counter({(kind, gid): n for kind in kinds
+                     for gid, n in Counter(topo.group_id(r, kind)
+                                           for o in per_round for r in o).items()})
     if not votes:
-        return None, votes
-    whole = [map_to_group(o, topo) for o in per_round]
-    if len({(g.kind, g.indices) if g else None for g in whole}) == 1:
-        return whole[-1], votes  # the same outliers' group every round: a steady hang
+        return (), votes
+    first = eviction_groups(per_round[0], topo)
 
-    def key(item: tuple[str, int]) -> tuple[float, int, int, int, int]:
-        kind, gid = item
-        ranks = topo.group_ranks(kind, gid)
-        return (-votes[item] / len(ranks), -votes[item], len(topo.machines_of(ranks)),
-                len(ranks), kinds.index(kind))
+    def same(o: set[int]) -> bool:
+        other = eviction_groups(o, topo)
+        return [(g.kind, g.indices) for g in other] == [(g.kind, g.indices) for g in first]
 
-    kind, gid = min(votes, key=key)
-    everyone = set().union(*per_round)
-    members = set(topo.group_ranks(kind, gid))
-    return SuspectGroup(kind, (gid,), tuple(topo.group_machines(kind, gid)),
-                        everyone <= members), votes
+    steady = all(o == per_round[0] or same(o) for o in per_round[1:])
+    if steady:
+        return first, votes  # the same outliers' eviction every round: a steady hang
+
+    def density(item: tuple[str, int]) -> tuple[float, int]:
+        return -votes[item] / topo.size(item[0]), -votes[item]
+
+    top = min(density(item) for item in votes)
+    tied = [item for item in votes if density(item) == top]
+    kind, gid = min(tied, key=lambda it: (len(topo.group_machines(*it)), topo.size(it[0]),
+                                          kinds.index(it[0]), it[1]))
+    members = tuple(topo.group_machines(kind, gid))
+    rounds_with = sum(1 for o in per_round if any(topo.group_id(r, kind) == gid for r in o))
+    why = (f"most outliers over {len(per_round)} rounds: {votes[(kind, gid)]} in "
+           f"{topo.size(kind)} ranks, in {rounds_with} of the rounds")
+    return (SuspectGroup(kind, (gid,), members, why),), votes
+
+
+def _ranks_of(group: SuspectGroup, topo: Topology) -> Iterable[int]:
+    return (r for gid in group.indices for r in topo.group_ranks(group.kind, gid))
 
 
 def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
@@ -486,11 +465,11 @@ def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
         # motion decides only when the snapshots alone show nothing
         moving = moving_outliers([{s.rank: s.stack for s in r.samples} for r in rounds], stage)
     if len(rounds) == 1:
-        suspect = map_to_group(per_round[0], topo)
+        suspects = eviction_groups(per_round[0], topo)
         votes: Counter[tuple[str, int]] = Counter(
-            {(suspect.kind, i): 1 for i in suspect.indices} if suspect else {})
+            {(g.kind, i): 1 for g in suspects for i in g.indices})
     else:
-        suspect, votes = _vote([set(o) for o in per_round] if not moving else [set(moving)],
+        suspects, votes = _vote([set(o) for o in per_round] if not moving else [set(moving)],
                                topo)
 
     counts: Counter[int] = Counter(r for o in per_round for r in o)
@@ -512,8 +491,8 @@ def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
         classes=tuple(classes),
         tree=build_tree({c.signature: c.ranks for c in classes}),
         outliers=tuple(outliers),
-        suspect=suspect,
-        evict=suspect.nodes if suspect else (),
+        suspects=suspects,
+        evict=tuple(topo.machines_of(r for g in suspects for r in _ranks_of(g, topo))),
         rounds=len(rounds),
         group_votes=dict(votes),
         silent_nodes=tuple(silent),

@@ -11,7 +11,7 @@ as Megatron enumerates them (unmasked coordinates, first axis fastest).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -199,10 +199,23 @@ class Topology:
         """The machines of one group, in machine order, without repeats."""
         return self.machines_of(self.group_ranks(kind, gid))
 
-    def machines_of(self, ranks: Sequence[int]) -> list[str]:
-        """Machines running ``ranks``, in machine order."""
-        wanted = {self.rank_machines[r] for r in ranks}
-        return [m for m in self.machines if m in wanted]
+    def machines_of(self, ranks: Iterable[int]) -> list[str]:
+        """Machines running ``ranks``, in machine order (linear in ``ranks``, not in machines)."""
+        where, names = self.machine_index, self._indexed_machines
+        return [names[i] for i in sorted({where[r] for r in ranks})]
+
+    @cached_property
+    def _indexed_machines(self) -> tuple[str, ...]:
+        """``machines``, then any machine a live rank reported that the job does not list."""
+        listed = set(self.machines)
+        extra = dict.fromkeys(m for m in self.rank_machines if m not in listed)
+        return self.machines + tuple(extra)
+
+    @cached_property
+    def machine_index(self) -> tuple[int, ...]:
+        """rank → its machine's position (in ``machines``, unlisted ones after them)."""
+        pos = {m: i for i, m in enumerate(self._indexed_machines)}
+        return tuple(pos[m] for m in self.rank_machines)
 
     @cached_property
     def _machine_ranks(self) -> dict[str, list[int]]:

@@ -43,13 +43,13 @@ def stack_tree(root: TreeNode, outliers: set[int]) -> Any:
 
 
 def payload(report: StacksReport) -> dict[str, Any]:
-    """The JSON document's body (DESIGN.md: classes, outliers, suspect_group, evict)."""
+    """The JSON document's body (DESIGN.md: classes, outliers, suspect_groups, evict)."""
     a, topo = report.analysis, report.topology
     last = report.collections[-1]
     return {
         "classes": [c.to_json() for c in a.classes],
         "outliers": [o.to_json() for o in a.outliers],
-        "suspect_group": a.suspect.to_json() if a.suspect else None,
+        "suspect_groups": [g.to_json() for g in a.suspects],
         "evict": list(a.evict),
         "rounds": a.rounds,
         "group_votes": [{"kind": k, "index": i, "votes": v}
@@ -66,7 +66,7 @@ def payload(report: StacksReport) -> dict[str, Any]:
 def render(out: Output, report: StacksReport) -> None:
     """Tree, outlier table, suspect group and eviction list; or the JSON document."""
     if out.json:
-        out.emit_json("stacks", payload(report))
+        out.emit_json("stacks", payload(report), version=2)
         return
     a = report.analysis
     outlier_ranks = {o.rank for o in a.outliers}
@@ -76,11 +76,12 @@ def render(out: Output, report: StacksReport) -> None:
                  f"{o.rounds}/{a.rounds}", o.detail) for o in a.outliers]
         out.console.print(table(["node", "rank", "pid", "reason", "rounds", "detail"], rows,
                                 title="outliers"))
-    if a.suspect is not None:
-        s = a.suspect
-        which = f"{s.kind} group {s.index}" if s.index is not None else \
-            f"{s.kind} groups {','.join(map(str, s.indices))} (no single group holds them all)"
-        out.console.print(f"suspect: {escape(which)} on {escape(fold(list(s.nodes)))}")
+    if a.suspects:
+        for s in a.suspects:
+            noun = "group" if len(s.indices) == 1 else "groups"
+            which = f"{s.kind} {noun} {','.join(map(str, s.indices))}"
+            out.console.print(f"suspect: {escape(which)} on {escape(fold(list(s.members)))}: "
+                              f"{escape(s.why)}")
         out.console.print(f"[bold red]evict:[/] {escape(fold(list(a.evict)))}")
     else:
         out.console.print("[green]no outlier: every rank looks like its pipeline stage[/]")

@@ -39,9 +39,12 @@ def stacks(
     is shipped to machines without one). The main threads' stacks are merged into
     a STAT-style prefix tree labelled with rank ranges; ranks are compared only
     with their pipeline stage; minority classes, undumpable and missing ranks are
-    outliers. The smallest parallel group (TP, CP, EP, DP, PP) holding every
-    outlier is the suspect and its machines are proposed for eviction. With
-    several rounds the group named most often wins (fail-slow), and a rank that
+    outliers. They are covered with whole parallel-group instances (TP, CP, EP,
+    DP, PP) using the fewest machines, then the fewest groups: one group holding
+    every outlier, or a union of smaller ones when that is smaller (two hung GPUs
+    on two machines cost those two machines, not their DP group); those machines
+    are proposed for eviction (JSON: suspect_groups, evict). With several rounds
+    the group with the most outliers per rank wins (fail-slow), and a rank that
     moves while its stage stands still (or the reverse) is an outlier too.
 
     Exit 0 when no outlier, 1 when an eviction is proposed, 3 when machines did not

@@ -61,8 +61,11 @@ def test_hung_rank_evicts_its_pp_group(
         main = next(t for t in dump if t["os_thread_id"] == t["pid"])
         assert "stuck_in_data_loader" in [f["name"] for f in main["frames"]]
         assert {(o["rank"], o["node"]) for o in doc["outliers"]} == {(0, "node01"), (4, "node03")}
-        assert doc["suspect_group"] == {"kind": "pp", "index": 0, "indices": [0],
-                                        "nodes": ["node01", "node03"], "contains_all": True}
+        assert doc["schema"] == "brctl.stacks/2"
+        [group] = doc["suspect_groups"]
+        assert (group["kind"], group["indices"], group["members"]) == (
+            "pp", [0], ["node01", "node03"])
+        assert "all 2 outlier ranks" in group["why"]
         assert doc["evict"] == ["node01", "node03"] and job.machine_of(0) in doc["evict"]
         sigs = {c["ranks"]: c["signature"][-2:] for c in doc["classes"]}
         assert any("stuck_in_data_loader" in s[-1] for s in sigs.values())
@@ -91,7 +94,7 @@ def test_slow_rank_evicts_its_pp_group(
         # the dumps of one round are not simultaneous and some rounds catch rank 0
         # alone; the vote (outliers per member) then names its own machine, the smaller
         # group. Either way the slow machine is evicted and nothing outside its PP group.
-        suspect = doc["suspect_group"]
-        assert (suspect["kind"], suspect["index"], doc["evict"]) in (
-            ("pp", 0, ["node01", "node03"]), ("tp", 0, ["node01"])), suspect
+        [suspect] = doc["suspect_groups"]
+        assert (suspect["kind"], suspect["indices"], doc["evict"]) in (
+            ("pp", [0], ["node01", "node03"]), ("tp", [0], ["node01"])), suspect
         assert {o["rank"] for o in doc["outliers"]} >= {0}

@@ -15,8 +15,8 @@ from brctl.analysis.stacks import (
     analyse,
     build_tree,
     classify,
+    eviction_groups,
     fold_ranks,
-    map_to_group,
     signature,
 )
 from brctl.analysis.topology import Topology
@@ -94,7 +94,7 @@ def test_tree_carries_rank_sets() -> None:
 @pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
 def test_healthy_job_has_no_outlier(topo: Topology) -> None:
     a = analyse([round_of(topo, dict.fromkeys(range(topo.world), HEALTHY))], topo)
-    assert a.outliers == () and a.suspect is None and a.evict == ()
+    assert a.outliers == () and a.suspects == () and a.evict == ()
     assert len(a.classes) == 1 and a.classes[0].ranks == tuple(range(topo.world))
 
 
@@ -106,8 +106,7 @@ def test_single_stuck_rank_evicts_its_smallest_group(topo: Topology) -> None:
         a = analyse([round_of(topo, stacks)], topo)
         assert [o.rank for o in a.outliers] == [bad]
         assert a.outliers[0].reason == "minority"
-        assert a.suspect is not None and a.suspect.kind == "tp"
-        assert a.suspect.index == topo.group_id(bad, "tp")
+        assert [(g.kind, g.indices) for g in a.suspects] == [("tp", (topo.group_id(bad, "tp"),))]
         assert list(a.evict) == topo.group_machines("tp", topo.group_id(bad, "tp"))
         assert topo.machine_of(bad) in a.evict
 
@@ -123,7 +122,7 @@ def test_hang_propagating_down_the_pipeline_evicts_the_pp_group(topo: Topology) 
                   for r in range(topo.world)}
         a = analyse([round_of(topo, stacks)], topo)
         assert {o.rank for o in a.outliers} == peers
-        assert a.suspect is not None and (a.suspect.kind, a.suspect.index) == ("pp", gid)
+        assert [(g.kind, g.indices) for g in a.suspects] == [("pp", (gid,))]
         assert list(a.evict) == topo.group_machines("pp", gid)
         assert topo.machine_of(bad) in a.evict
 
@@ -161,21 +160,24 @@ def test_two_way_tie_is_broken_by_the_job_wide_wait_point() -> None:
     stacks = {0: STUCK, 1: HEALTHY, 2: RECV, 3: HEALTHY}
     a = analyse([round_of(topo, stacks)], topo)
     assert {o.rank for o in a.outliers} == {0, 2}
-    assert a.suspect is not None and (a.suspect.kind, a.suspect.index) == ("pp", 0)
+    assert [(g.kind, g.indices) for g in a.suspects] == [("pp", (0,))]
     assert a.evict == ("m0", "m2")
 
 
-def test_outliers_in_no_common_group_pick_the_cheapest_kind() -> None:
+def test_outliers_in_no_common_group_evict_their_own_machines() -> None:
+    """The DP group holding ranks 0 and 2 spans 4 machines; their own 2 machines cover them.
+
+    (Before brctl.stacks/2 a containing group always won, so this evicted the DP group.)
+    """
     topo = Topology.build([f"m{i}" for i in range(8)], 2, tp=2, pp=2)  # dp=4
     stacks = dict.fromkeys(range(topo.world), HEALTHY)
     stacks[0] = stacks[2] = STUCK  # different TP groups, same DP group
-    g = map_to_group([0, 2], topo)
-    assert g is not None and g.kind == "dp" and g.contains_all
+    groups = eviction_groups([0, 2], topo)
+    assert [(g.kind, g.indices, g.members) for g in groups] == [("tp", (0, 1), ("m0", "m1"))]
     stacks[9] = STUCK  # stage 1: no group holds 0, 2 and 9
     a = analyse([round_of(topo, stacks)], topo)
-    assert a.suspect is not None and not a.suspect.contains_all and a.suspect.index is None
-    assert set(a.evict) >= {topo.machine_of(r) for r in (0, 2, 9)}
-    assert len(a.evict) == 3  # three TP groups, each on one machine
+    assert [g.kind for g in a.suspects] == ["tp"]
+    assert set(a.evict) == {topo.machine_of(r) for r in (0, 2, 9)}  # three TP groups
 
 
 @pytest.mark.parametrize("topo", [t for t in TOPOLOGIES if t.pp > 1], ids=[
@@ -197,7 +199,7 @@ def test_fail_slow_vote_names_the_degrader(topo: Topology) -> None:
             rounds.append(round_of(topo, stacks))
         a = analyse(rounds, topo)
         assert a.rounds == 5
-        assert a.suspect is not None and (a.suspect.kind, a.suspect.index) == ("pp", gid)
+        assert [(g.kind, g.indices) for g in a.suspects] == [("pp", (gid,))]
         assert topo.machine_of(slow) in a.evict
         assert a.group_votes[("pp", gid)] >= 4
 
@@ -230,8 +232,8 @@ def test_a_rank_that_stands_still_while_its_stage_moves_is_stuck() -> None:
 def test_expert_groups_are_candidates() -> None:
     topo = Topology.build([f"m{i}" for i in range(4)], 4, tp=1, pp=1, ep=4)  # dp=16, ep=4
     ranks = topo.group_ranks("ep", topo.group_id(5, "ep"))
-    g = map_to_group(ranks[:2], topo)
-    assert g is not None and g.kind == "ep" and set(g.nodes) == set(topo.machines_of(ranks))
+    [g] = eviction_groups(ranks[:2], topo)
+    assert g.kind == "ep" and set(g.members) == set(topo.machines_of(ranks))
 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
@@ -239,3 +241,56 @@ def test_stage_list_matches_topology(topo: Topology) -> None:
     from brctl.analysis.stacks import stages
 
     assert stages(topo) == [topo.coord(r, "pp") for r in range(topo.world)]
+
+
+def test_two_hung_gpus_on_two_machines_of_a_16k_machine_job_evict_two() -> None:
+    """tp8 pp16 dp1024: same local GPU on two machines of one stage share a 1,024-machine DP
+    group; the eviction is those 2 machines (before brctl.stacks/2: the whole DP group)."""
+    topo = Topology.build([f"g{i:05d}" for i in range(16_384)], 8, tp=8, pp=16)
+    assert topo.dp == 1024
+    bad = [3, 8 * 5 + 3]  # local GPU 3 of machines 0 and 5, both in stage 0
+    assert topo.group_id(bad[0], "dp") == topo.group_id(bad[1], "dp")
+    groups = eviction_groups(bad, topo)
+    assert [(g.kind, g.members) for g in groups] == [("tp", ("g00000", "g00005"))]
+
+
+def test_two_hung_ranks_on_one_machine_evict_that_machine() -> None:
+    """tp=2 on 8-GPU machines: ranks 0 and 2 sit in two TP groups of one machine (and in one
+    DP group of 4 machines): the machine goes, not the DP group."""
+    topo = Topology.build([f"m{i}" for i in range(8)], 8, tp=2, pp=2)  # dp=16
+    stacks = dict.fromkeys(range(topo.world), HEALTHY)
+    stacks[0] = stacks[2] = STUCK
+    a = analyse([round_of(topo, stacks)], topo)
+    assert a.evict == ("m0",)
+    assert [(g.kind, g.indices) for g in a.suspects] == [("tp", (0, 1))]
+
+
+def _oracle(outliers: set[int], topo: Topology) -> tuple[int, int]:
+    """(machines, instances) of the smallest cover, by enumerating every assignment of each
+    outlier to one of its instances (every minimal cover is such an assignment's set)."""
+    kinds = [k for k in ("tp", "cp", "ep", "dp", "edp", "pp") if k == "tp" or topo.size(k) > 1]
+    options = [[(k, topo.group_id(r, k)) for k in kinds] for r in sorted(outliers)]
+    best = (10**9, 10**9)
+    for combo in itertools.product(*options):
+        chosen = set(combo)
+        covered = {r for c in chosen for r in topo.group_ranks(*c)}
+        best = min(best, (len(topo.machines_of(covered)), len(chosen)))
+    return best
+
+
+@pytest.mark.parametrize("topo", [*TOPOLOGIES[::3],
+                                  Topology.build([f"m{i}" for i in range(4)], 4, tp=1, ep=4),
+                                  Topology.build([f"m{i}" for i in range(8)], 2, tp=4, pp=2),
+                                  Topology.build([f"m{i}" for i in range(6)], 4, tp=2, pp=3,
+                                                 cp=2, ep=2)])
+def test_eviction_is_the_smallest_cover(topo: Topology) -> None:
+    """Against exhaustive enumeration: fewest machines, then fewest instances."""
+    rng = random.Random(topo.world * 7 + topo.pp)
+    for _ in range(25):
+        outliers = set(rng.sample(range(topo.world), rng.randint(1, min(4, topo.world))))
+        groups = eviction_groups(outliers, topo)
+        covered = {r for g in groups for gid in g.indices for r in topo.group_ranks(g.kind, gid)}
+        assert outliers <= covered
+        machines = topo.machines_of(covered)
+        assert sorted({m for g in groups for m in g.members}) == sorted(machines)
+        assert (len(machines), sum(len(g.indices) for g in groups)) == _oracle(outliers, topo)

@@ -187,10 +187,11 @@ def test_cli_offline_analysis_and_bad_save_dirs(tmp_path: Path, brctl: Any) -> N
     res = brctl("--json", "stacks", "--from", save)
     assert res.exit_code == 1, res.stderr
     doc = res.json
-    assert doc["schema"] == "brctl.stacks/1"
+    assert doc["schema"] == "brctl.stacks/2"
     assert doc["outliers"] == [{"node": "m1", "rank": 3, "pid": 103, "reason": "undumpable",
                                 "rounds": 1, "detail": "py-spy may not ptrace"}]
-    assert doc["suspect_group"]["kind"] == "tp" and doc["evict"] == ["m1"]
+    assert [(g["kind"], g["members"]) for g in doc["suspect_groups"]] == [("tp", ["m1"])]
+    assert doc["evict"] == ["m1"]
     assert doc["classes"][0] == {"ranks": "0-2", "count": 3, "outlier": False, "stages": [0],
                                  "signature": ["<module> (target.py)", "train_step (target.py)",
                                                "blocked_in_collective (target.py)",
