@@ -152,8 +152,9 @@ class LiveHooks:
         except BrctlError as exc:
             return Finding(None, (), f"stack analysis gave no verdict: {exc.message}")
         evict = tuple(report.analysis.evict)
-        suspect = report.analysis.suspect
-        where = f" ({suspect.kind} group {suspect.index})" if suspect is not None else ""
+        groups = [f"{g.kind} group{'s' if len(g.indices) > 1 else ''} "
+                  f"{','.join(map(str, g.indices))}" for g in report.analysis.suspects]
+        where = f" ({'; '.join(groups)})" if groups else ""
         return Finding("evict" if evict else None, evict,
                        f"stack outliers{where}: evict {', '.join(evict)}" if evict
                        else "no stack outliers")
