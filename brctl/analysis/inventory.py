@@ -160,6 +160,19 @@ class Inventory:
 _SSH_KEYS = tuple(f.name for f in fields(SshSection) if f.name not in ("fanout", "connect_rate"))
 
 
+def _check_node_name(name: str, source: str, path: str) -> None:
+    """Node names become file names (state, backups, staging) and argv words: keep them plain."""
+    if name in (".", ".."):
+        problem = "is not a usable file name"
+    elif name.startswith("-"):
+        problem = "starts with '-' (it would read as an option)"
+    else:
+        return
+    raise SchemaError(source, path, f"node name {name!r} {problem}",
+                      hint="node names are used as path components on the machines; "
+                           "use letters and digits, not '.', '..' or a leading '-'")
+
+
 def _resolve_entries(
     entries: list[NodeEntry], ssh: SshSection, source: str, section: str
 ) -> list[Node]:
@@ -170,6 +183,8 @@ def _resolve_entries(
             names = nodeset.expand(entry.name)
         except Exception as exc:
             raise SchemaError(source, f"{path}.name", str(exc)) from None
+        for name in names:
+            _check_node_name(name, source, f"{path}.name")
         addresses = names
         if entry.address is not None:
             try:

@@ -113,6 +113,35 @@ def test_errors_name_file_key_and_form(doc: object, message: str) -> None:
     assert message in err.value.message
 
 
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"nodes": [{"name": "."}]}, "x.yaml: nodes[0].name: node name '.' is not a usable file name"),
+    ({"nodes": [{"name": "a1"}, {"name": ".."}]}, "x.yaml: nodes[1].name: node name '..'"),
+    ({"nodes": [{"name": "a1"}], "standby": [{"name": "-oProxy"}]},
+     "x.yaml: standby[0].name: node name '-oProxy' starts with '-'"),
+    ({"nodes": [{"name": "-a[1-2]"}]}, "nodes[0].name: node name '-a1' starts with '-'"),
+    ({"nodes": [{"name": "a/b"}]}, "x.yaml: nodes[0].name: node set 'a/b': unexpected character"),
+    ({"nodes": [{"name": "../etc"}]}, "x.yaml: nodes[0].name: node set '../etc': unexpected"),
+    ({"nodes": [{"name": "a\0b"}]}, r"x.yaml: nodes[0].name: node set 'a\x00b': unexpected"),
+])
+def test_node_names_must_be_safe_path_components(doc: object, message: str) -> None:
+    with pytest.raises(InputError) as err:
+        from_document(doc, "x.yaml")
+    assert message in err.value.message and err.value.code == 2
+
+
+def test_plain_node_names_with_dots_and_dashes_still_load() -> None:
+    inv = from_document({"nodes": [{"name": "gpu-1.rack2,a..b,..."}]}, "x.yaml")
+    assert list(inv.nodes) == ["gpu-1.rack2", "a..b", "..."]
+
+
+def test_unsafe_node_name_is_exit_2_on_the_command_line(brctl, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("nodes: [{name: '..', connection: local}]\n")
+    res = brctl("-i", inv, "nodes")
+    assert res.exit_code == 2 and "nodes[0].name" in res.stderr and "'..'" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def test_malformed_yaml_names_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("nodes:\n  - name: a1\n   gpus: 2\n")
