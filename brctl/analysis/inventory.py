@@ -23,6 +23,7 @@ from brctl.core.schema import SchemaError, at_least_one, from_mapping, non_negat
 from brctl.core.schema import field as sfield
 from brctl.core.templates import check_template
 from brctl.core.transport import Node
+from brctl.diagnostics import safefs
 
 Template = Union[str, list[str]]
 ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
@@ -162,15 +163,17 @@ _SSH_KEYS = tuple(f.name for f in fields(SshSection) if f.name not in ("fanout",
 
 def _check_node_name(name: str, source: str, path: str) -> None:
     """Node names become file names (state, backups, staging) and argv words: keep them plain."""
-    if name in (".", ".."):
-        problem = "is not a usable file name"
-    elif name.startswith("-"):
-        problem = "starts with '-' (it would read as an option)"
-    else:
-        return
-    raise SchemaError(source, path, f"node name {name!r} {problem}",
-                      hint="node names are used as path components on the machines; "
-                           "use letters and digits, not '.', '..' or a leading '-'")
+    hint = ("node names are used as path components on the machines; "
+            "use letters and digits, not '.', '..' or a leading '-'")
+    try:
+        safefs.check_component(name)
+    except safefs.UnsafeName:
+        raise SchemaError(source, path, f"node name {name!r} is not a usable file name",
+                          hint=hint) from None
+    if name.startswith("-"):
+        raise SchemaError(source, path,
+                          f"node name {name!r} starts with '-' (it would read as an option)",
+                          hint=hint)
 
 
 def _resolve_entries(

@@ -42,6 +42,8 @@ import tarfile
 import time
 from typing import IO, Any, Callable, Optional
 
+from brctl.diagnostics import safetar
+
 MARKER = ".brctl-release.json"
 CHUNK = 1 << 20  # 1 MiB reads keep memory flat for multi-GB artifacts
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -123,33 +125,14 @@ def inspect(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_member(member: tarfile.TarInfo, dest: str) -> None:
-    """Refuse tar entries that would land outside the release (absolute, ``..``, devices)."""
-    name = member.name
-    if name.startswith("/") or ".." in name.split("/"):
-        raise ReleaseError(f"artifact entry {name!r} escapes the release directory")
-    if not (member.isfile() or member.isdir() or member.issym()):
-        raise ReleaseError(f"artifact entry {name!r} is not a file, directory or symlink")
-    if member.issym():
-        target = os.path.normpath(os.path.join(dest, os.path.dirname(name), member.linkname))
-        if os.path.isabs(member.linkname) or not target.startswith(dest + os.sep):
-            raise ReleaseError(
-                f"artifact symlink {name!r} -> {member.linkname!r} leaves the release")
-
-
-def _extract(artifact: str, dest: str) -> int:
-    """Unpack ``artifact`` into the empty directory ``dest``; returns the file count."""
-    count = 0
+def _extract(artifact: str, dest_fd: int) -> int:
+    """Unpack ``artifact`` below the empty directory ``dest_fd`` by brctl's own member rules
+    (``safetar``: no reliance on ``tarfile.data_filter``); returns the file count."""
     with tarfile.open(artifact, "r:*") as tar:
-        members = tar.getmembers()
-        for member in members:
-            _check_member(member, dest)
-            count += member.isfile()
-        if hasattr(tarfile, "data_filter"):  # Python >= 3.12 and patched 3.9+: belt and braces
-            tar.extractall(dest, members=members, filter="data")
-        else:
-            tar.extractall(dest, members=members)
-    return count
+        try:
+            return safetar.extract(tar, safetar.plan(tar.getmembers()), dest_fd)
+        except safetar.UnsafeMember as exc:
+            raise ReleaseError(f"artifact {exc}") from None
 
 
 def _fsync_dir(path: str) -> None:
@@ -158,20 +141,6 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_tree(top: str) -> None:
-    """Flush every regular file and directory under ``top`` to disk."""
-    for dirpath, _dirs, files in os.walk(top):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        _fsync_dir(dirpath)
 
 
 def _existing(releases_dir: str, version: str, sha256: str) -> bool:
@@ -195,16 +164,22 @@ def _stage(artifact: str, releases_dir: str, version: str, sha256: str, size: in
         if name.startswith(f".staging-{version}-"):
             shutil.rmtree(os.path.join(releases_dir, name), ignore_errors=True)
     staging = os.path.join(releases_dir, f".staging-{version}-{os.getpid()}")
-    os.mkdir(staging)
+    os.mkdir(staging, 0o755)
     try:
-        files = _extract(artifact, staging)
-        _fsync_tree(staging)  # the marker below promises the files are on disk
-        marker = {"version": version, "sha256": sha256, "size": size, "files": files,
-                  "staged_at": time.time()}
-        with open(os.path.join(staging, MARKER), "w", encoding="utf-8") as fh:
-            json.dump(marker, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            files = _extract(artifact, fd)  # every file fsynced: the marker promises it
+            marker = {"version": version, "sha256": sha256, "size": size, "files": files,
+                      "staged_at": time.time()}
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(MARKER, flags, 0o644, dir_fd=fd), "w",
+                           encoding="utf-8") as fh:
+                json.dump(marker, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.rename(staging, os.path.join(releases_dir, version))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

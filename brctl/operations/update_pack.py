@@ -6,7 +6,9 @@ are caught up later from the same bytes even if the source has changed since.
 Packing a directory is deterministic (sorted entries, fixed owner, mode and
 mtime, gzip header without a timestamp): the same tree gives the same sha256.
 A git revision is packed with ``git archive`` (deterministic for a commit); a
-tarball is used as it is.
+tarball is used as it is. Every artifact is first checked with the nodes' own
+member rules (``brctl.diagnostics.safetar``), so a hostile one is refused here
+(exit 2, naming the member) before any machine receives it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brctl.core.errors import InputError
+from brctl.diagnostics import safetar
 
 EXCLUDE = frozenset({".git", "__pycache__"})  # VCS metadata and bytecode are not code
 _GZIP_LEVEL = 1  # code compresses ~4x even at level 1; higher levels cost CPU, gain little
@@ -59,15 +62,6 @@ def _walk(root: Path) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(root).as_posix())
 
 
-def _check_link(src: Path, path: Path) -> None:
-    """A release is self-contained: its symlinks stay inside it (the nodes refuse others)."""
-    target = os.readlink(path)
-    inside = os.path.normpath(os.path.join(os.path.abspath(path.parent), target))
-    if os.path.isabs(target) or not inside.startswith(os.path.abspath(src) + os.sep):
-        raise InputError(f"{path}: symlink to {target!r} points outside the release",
-                         hint="copy the file into the release instead")
-
-
 def pack_directory(src: Path) -> bytes:
     """A deterministic ``.tar.gz`` of ``src`` (entries relative to it)."""
     raw = io.BytesIO()
@@ -78,8 +72,6 @@ def pack_directory(src: Path) -> bytes:
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
                     or stat.S_ISLNK(st.st_mode)):
                 raise InputError(f"{path}: not a file, directory or symlink; cannot be released")
-            if stat.S_ISLNK(st.st_mode):
-                _check_link(src, path)
             info = _normalise(tar.gettarinfo(str(path), arcname=rel))
             if info.isfile():
                 with path.open("rb") as fh:
@@ -117,11 +109,29 @@ def pack_git(repo: Path, rev: str) -> tuple[bytes, str]:
 def read_tarball(src: Path) -> bytes:
     """A tarball's bytes, after checking it is one (so nodes never get garbage)."""
     try:
-        with tarfile.open(src, "r:*") as tar:
-            tar.getmembers()
+        data = src.read_bytes()
+        check_release(data, str(src))
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise InputError(f"{src}: not a readable tar archive: {exc}") from None
-    return src.read_bytes()
+    return data
+
+
+def check_release(data: bytes, source: str) -> None:
+    """Refuse an archive the nodes would refuse (``safetar``'s rules), naming the member.
+
+    Raises:
+        InputError: a member a release may not hold (absolute, ``..``, a device, a
+            symlink that does not point at a file inside the release...).
+        tarfile.TarError: ``data`` is not a tar archive.
+    """
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        try:
+            safetar.plan(tar.getmembers())
+        except safetar.UnsafeMember as exc:
+            raise InputError(f"{source}: {exc}",
+                             hint="a release holds files, directories and symlinks to its "
+                                  "own files; copy what a link points at into the release"
+                             ) from None
 
 
 def pack(src: str, rev: str | None, store_dir: Path) -> Artifact:
@@ -136,8 +146,10 @@ def pack(src: str, rev: str | None, store_dir: Path) -> Artifact:
             raise InputError(f"{src}: not a directory (with --rev, SRC is a git repository)")
         data, commit = pack_git(path, rev)
         source = f"git:{path.resolve()}@{commit}"
+        check_release(data, f"{src}@{rev}")
     elif path.is_dir():
         data, source = pack_directory(path), f"dir:{path.resolve()}"
+        check_release(data, str(path))
     elif path.is_file():
         data, source = read_tarball(path), f"tar:{path.resolve()}"
     else:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,39 @@ def test_not_a_tarball(brctl, state_dir, local_inv, tmp_path: Path) -> None:
     junk.write_bytes(b"not a tar")
     res = brctl("-i", local_inv, "update", "push", junk, "-V", "v1")
     assert res.exit_code == 2 and "not a readable tar archive" in res.stderr
+
+
+def _evil_tar(path: Path) -> Path:
+    """The issue's link chain: each link passes a lexical check, together they reach /etc."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, target in [("x/a/b/c/d/e", "../../../.."), ("x/a/b/c/d/e/l2", "../../../../../etc")]:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        info = tarfile.TarInfo("x/a/b/c/d/e/l2/cron.d/evil")
+        tar.addfile(info, io.BytesIO(b""))
+    return path
+
+
+def test_hostile_tarball_is_refused_before_any_node_sees_it(
+        brctl, state_dir, local_inv: Path, tmp_path: Path) -> None:
+    res = brctl("-i", local_inv, "update", "push", _evil_tar(tmp_path / "evil.tgz"), "-V", "v1")
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert "evil.tgz: entry 'x/a/b/c/d/e/l2'" in res.stderr and "symlink" in res.stderr
+    assert not (tmp_path / "nodes").exists()  # no machine was contacted
+
+
+def test_git_revision_with_a_link_to_a_directory_is_refused(
+        brctl, state_dir, local_inv: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "train.py").write_text("x\n")
+    (repo / "lib").symlink_to("pkg")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "one"]):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                        *args], check=True, capture_output=True)
+    res = brctl("-i", local_inv, "update", "push", repo, "--rev", "HEAD", "-V", "g1")
+    assert res.exit_code == 2 and f"{repo}@HEAD: entry 'lib': symlink to 'pkg'" in res.stderr
+    res = brctl("-i", local_inv, "update", "push", repo, "-V", "d1")  # the directory: same rule
+    assert res.exit_code == 2 and f"{repo}: entry 'lib': symlink to 'pkg'" in res.stderr
+    assert not (tmp_path / "nodes").exists()
