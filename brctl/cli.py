@@ -8,6 +8,7 @@ typer and brctl's light modules at top level, so ``brctl --help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pkgutil
@@ -37,8 +38,13 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def build_app() -> typer.Typer:
-    """The root typer app with every subcommand registered."""
+def build_app(env: Env | None = None) -> typer.Typer:
+    """The root typer app with every subcommand registered.
+
+    Args:
+        env: the ``Env`` commands receive (tests: a fake transport, string buffers);
+            the global options are applied to it. Default: a fresh one per run.
+    """
     app = typer.Typer(
         name="brctl",
         help=HELP,
@@ -63,10 +69,13 @@ def build_app() -> typer.Typer:
         version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                      help="Print the version and exit."),
     ) -> None:
-        env = Env(inventory_path=inventory, output=Output(json=json_out, verbose=verbose),
-                  debug=debug)
-        ctx.obj = env
-        ctx.call_on_close(env.close)
+        base = env if env is not None else Env()
+        given = base.output
+        ctx.obj = dataclasses.replace(
+            base, inventory_path=inventory or base.inventory_path, debug=debug,
+            output=Output(json=json_out, verbose=verbose, stdout=given.stdout, stderr=given.stderr),
+        )  # fmt: skip
+        ctx.call_on_close(ctx.obj.close)
 
     import brctl.commands as commands
 
@@ -85,11 +94,14 @@ def _print_error(message: str, hint: str | None) -> None:
         sys.stderr.write(f"hint: {visible(hint)}\n")
 
 
-def run(argv: list[str]) -> int:
-    """Run the CLI on ``argv``; return the exit code (never raises, never exits)."""
+def run(argv: list[str], env: Env | None = None) -> int:
+    """Run the CLI on ``argv`` (with ``env`` when given); return the exit code.
+
+    Never raises, never exits.
+    """
     debug = "--debug" in argv
     try:
-        result = build_app()(args=argv, prog_name="brctl", standalone_mode=False)
+        result = build_app(env)(args=argv, prog_name="brctl", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
     except typer.Abort:

@@ -1,8 +1,10 @@
 """The one context object a command receives (no hidden globals).
 
 The root CLI callback builds an ``Env`` from the global options; commands ask it
-for the inventory, a transport and the state directory, each created on first use.
-Tests build one with a fake transport and string buffers.
+for the inventory, a transport, the probe runner and the state store, each created
+on first use and closed when the command ends (``close``): the one owner of every
+resource's lifetime. Tests build one with a fake transport and string buffers and
+pass it to ``brctl.cli.run(argv, env=...)``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from brctl.render import Output
 if TYPE_CHECKING:
     from brctl.analysis.inventory import Inventory
     from brctl.core.transport import Transport
+    from brctl.remote.probes import ProbeRunner
+    from brctl.state import Store
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
@@ -44,15 +48,22 @@ def timeout_scale(environ: Mapping[str, str]) -> float:
 
 @dataclass
 class Env:
-    """Global options plus lazily created inventory, transport and state location."""
+    """Global options plus the lazily created inventory, transport, probe runner and store.
+
+    ``transport``: a given transport (tests: ``FakeTransport``); by default the run
+    builds a ``RoutingTransport`` for the inventory on first use.
+    """
 
     inventory_path: str | None = None
     output: Output = field(default_factory=Output)
     debug: bool = False
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    transport_given: Transport | None = None
     _inventory: Inventory | None = None
     _current: Inventory | None = None
     _transport: Transport | None = None
+    _probes: ProbeRunner | None = None
+    _store: Store | None = None
 
     def inventory(self, *, as_listed: bool = False) -> Inventory:
         """The validated inventory (exit 2 with a hint when there is none).
@@ -78,6 +89,8 @@ class Env:
 
     def transport(self) -> Transport:
         """The transport for this run (ssh opened lazily, only for ssh nodes)."""
+        if self._transport is None and self.transport_given is not None:
+            self._transport = self.transport_given
         if self._transport is None:
             from brctl.remote.factory import RoutingTransport
 
@@ -86,6 +99,22 @@ class Env:
             transport.preload(inv.nodes.values())
             self._transport = transport
         return self._transport
+
+    def probes(self) -> ProbeRunner:
+        """Ships and runs node-side probes over this run's transport (one per run)."""
+        if self._probes is None:
+            from brctl.remote.probes import ProbeRunner
+
+            self._probes = ProbeRunner(self.transport())
+        return self._probes
+
+    def store(self) -> Store:
+        """The state database, opened once on first use and closed when the command ends."""
+        if self._store is None:
+            from brctl.state import Store
+
+            self._store = Store(self.state_dir())
+        return self._store
 
     def state_dir(self) -> Path:
         """Where the SQLite database and small state files live."""
@@ -96,7 +125,11 @@ class Env:
         return timeout_scale(self.environ)
 
     def close(self) -> None:
-        """Close connections opened during the command."""
+        """Close the connections and the state database opened during the command."""
+        self._probes = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         if self._transport is not None:
             self._transport.close()
             self._transport = None

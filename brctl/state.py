@@ -9,6 +9,7 @@ file (the daemon, cron-run commands), so a busy timeout is set.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,7 @@ class Store:
         self.path = directory / DB_NAME
         try:
             directory.mkdir(parents=True, exist_ok=True)
+            _private(self.path)
             self._db = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000,
                                        isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -91,6 +93,16 @@ class Store:
     def close(self) -> None:
         """Close the connection."""
         self._db.close()
+
+
+def _private(path: Path) -> None:
+    """Create the database file 0600 (SQLite gives its -wal and -shm files the same mode)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def _statements(sql: str) -> list[str]:

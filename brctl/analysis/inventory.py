@@ -130,6 +130,9 @@ class Job:
     evict_command: Optional[Template]
 
 
+NO_JOB = "-"  # the state database's key for machines outside any job
+
+
 @dataclass(frozen=True)
 class Inventory:
     """The resolved inventory every command receives (never raw dicts)."""
@@ -152,6 +155,11 @@ class Inventory:
     def select(self, include: str | None = None, exclude: str | None = None) -> list[Node]:
         """Machines picked by ``-w`` / ``-x`` (all when neither is given), in file order."""
         return [self.nodes[n] for n in nodeset.select(list(self.nodes), include, exclude)]
+
+    @property
+    def job_key(self) -> str:
+        """The job's key in the state database: its name, or ``-`` when there is no job."""
+        return self.job.name if self.job else NO_JOB
 
     def job_nodes(self) -> list[Node]:
         """The job's machines in machine order (empty without a job)."""

@@ -76,7 +76,6 @@ def diagnose_command(
     from brctl.core.errors import UsageError
     from brctl.operations.diagnose import Options, diagnose
     from brctl.playbooks import load_playbooks, playbook_dirs
-    from brctl.state import Store
 
     env: Env = ctx.obj
     books = load_playbooks(playbook_dirs(playbooks, env.environ))
@@ -91,11 +90,7 @@ def diagnose_command(
             raise UsageError("diagnose: the selection is empty", hint="check -w / -x")
     options = Options(logs_dir=Path(logs) if logs else None, symptom=symptom, force=force,
                       timeout_scale=env.timeout_scale(), concurrency=inv.ssh.fanout)
-    store = Store(env.state_dir())
-    try:
-        report = diagnose(inv, env.transport(), books, options, nodes=nodes, store=store,
-                          progress=env.output.info)
-    finally:
-        store.close()
+    report = diagnose(inv, env.transport(), books, options, nodes=nodes, store=env.store(),
+                      progress=env.output.info)
     render(env.output, report)
     return int(report.exit_code)

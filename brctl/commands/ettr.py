@@ -28,7 +28,6 @@ def ettr(
     from brctl.core.errors import UsageError
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import ettr as compute
-    from brctl.state import Store
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
@@ -36,11 +35,7 @@ def ettr(
         raise UsageError(f"ettr: {inv.source} has no job: section")
     if points < 1:
         raise UsageError(f"--points {points}: expected at least 1")
-    store = Store(env.state_dir())
-    try:
-        intervals = DaemonState(store, inv.job.name).intervals()
-    finally:
-        store.close()
+    intervals = DaemonState(env.store(), inv.job.name).intervals()
     report = compute(intervals, window=window, points=points)
     render_ettr(env.output, inv.job.name, report)
     return 0 if report.cumulative is not None else 1

@@ -32,17 +32,11 @@ def evict(
     from brctl.commands._render_daemon import render_evict
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import evict as do_evict
-    from brctl.state import Store
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
-    store = Store(env.state_dir())
-    try:
-        state = DaemonState(store, inv.job.name if inv.job else "-")
-        report = do_evict(inv, state, node, reason, dry_run=dry_run,
-                          timeout=inv.daemon.command_timeout * env.timeout_scale())
-    finally:
-        store.close()
+    report = do_evict(inv, DaemonState(env.store(), inv.job_key), node, reason, dry_run=dry_run,
+                      timeout=inv.daemon.command_timeout * env.timeout_scale())
     render_evict(env.output, report)
     return 1 if report.hook is not None and not report.hook.ok else 0
 
@@ -61,15 +55,9 @@ def unevict(
     from brctl.commands._render_daemon import render_evict
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import unevict as do_unevict
-    from brctl.state import Store
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
-    store = Store(env.state_dir())
-    try:
-        report = do_unevict(inv, DaemonState(store, inv.job.name if inv.job else "-"), node,
-                            dry_run=dry_run)
-    finally:
-        store.close()
+    report = do_unevict(inv, DaemonState(env.store(), inv.job_key), node, dry_run=dry_run)
     render_evict(env.output, report)
     return 0

@@ -45,7 +45,6 @@ def health_command(
     from brctl.commands._render_health import render, render_changes
     from brctl.core.errors import UsageError
     from brctl.operations.health import sweep
-    from brctl.remote.probes import ProbeRunner
 
     env: Env = ctx.obj
     if watch is not None and watch <= 0:
@@ -58,14 +57,14 @@ def health_command(
     nodes = inv.select(select, exclude)
     if not nodes:
         raise UsageError("health: the selection is empty", hint="check -w / -x against brctl nodes")
-    runner = ProbeRunner(env.transport())
     per_node = (timeout or inv.health.timeout) * env.timeout_scale()
     rounds = count if watch is not None else 1
     previous = None
     done = 0
     while True:
         with env.output.progress("health", len(nodes)) as advance:
-            report = sweep(inv, env.transport(), nodes, env.state_dir(), runner=runner,
+            report = sweep(inv, env.transport(), nodes, env.state_dir(), runner=env.probes(),
+                           store=env.store(),
                            timeout=per_node, on_done=advance)
         if previous is None:
             render(env.output, report)

@@ -39,12 +39,7 @@ def nodes(
     from brctl.operations.nodes import describe
 
     env: Env = ctx.obj
-    runner = None
-    if probe:
-        from brctl.remote.probes import ProbeRunner
-
-        runner = ProbeRunner(env.transport())
-    report = describe(env.inventory(), select, exclude, probe=runner,
+    report = describe(env.inventory(), select, exclude, probe=env.probes() if probe else None,
                       timeout=timeout * env.timeout_scale())
     render(env.output, report, kinds)
     return int(report.exit_code)

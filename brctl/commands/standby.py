@@ -36,21 +36,13 @@ def size(
     from brctl.commands._render_daemon import render_size
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import standby_size
-    from brctl.state import Store
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
     n = machines if machines is not None else (len(inv.job.nodes) if inv.job else len(inv.nodes))
     hours = window if window is not None else inv.daemon.replenish_window
-    state = None
-    store = Store(env.state_dir()) if daily_rate is None else None
-    try:
-        if store is not None:
-            state = DaemonState(store, inv.job.name if inv.job else "-")
-        report = standby_size(n, quantile, hours, daily_rate, state)
-    finally:
-        if store is not None:
-            store.close()
+    state = DaemonState(env.store(), inv.job_key) if daily_rate is None else None
+    report = standby_size(n, quantile, hours, daily_rate, state)
     render_size(env.output, report, have=len(inv.standby))
     return 0
 
@@ -65,15 +57,10 @@ def list_pool(ctx: typer.Context) -> int:
     from brctl.commands._render_daemon import render_pool
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import standby_list
-    from brctl.state import Store
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
-    store = Store(env.state_dir())
-    try:
-        report = standby_list(inv, DaemonState(store, inv.job.name if inv.job else "-"))
-    finally:
-        store.close()
+    report = standby_list(inv, DaemonState(env.store(), inv.job_key))
     render_pool(env.output, report)
     return 0
 

@@ -39,7 +39,6 @@ def _context(env: Env, select: Optional[str], exclude: Optional[str],
              timeout: Optional[float]) -> UpdateContext:
     from brctl.core.errors import UsageError
     from brctl.operations.update import UpdateContext, who
-    from brctl.state import Store
 
     if timeout is not None and timeout <= 0:
         raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
@@ -47,8 +46,7 @@ def _context(env: Env, select: Optional[str], exclude: Optional[str],
     nodes = inv.select(select, exclude) if select or exclude else None
     if nodes is not None and not nodes:
         raise UsageError("update: the selection is empty", hint="check -w / -x against brctl nodes")
-    state = env.state_dir()
-    return UpdateContext(inv, env.transport(), Store(state), state / "update" / "artifacts",
+    return UpdateContext(inv, env.transport(), env.store(), env.state_dir() / "update" / "artifacts",
                          who(env.environ), timeout=timeout, concurrency=inv.ssh.fanout,
                          nodes=nodes)
 
@@ -172,11 +170,9 @@ def history(
     """Every push, apply and rollback of the job: who, when, version, checksum, outcome."""
     from brctl.commands._render_update import render_history
     from brctl.operations.update import history as do_history
-    from brctl.state import Store
 
     env: Env = ctx.obj
     inv = env.inventory()
-    job = inv.job.name if inv.job else "-"
-    events = do_history(Store(env.state_dir()), job, limit)
-    render_history(env.output, job, events)
+    events = do_history(env.store(), inv.job_key, limit)
+    render_history(env.output, inv.job_key, events)
     return 0

@@ -204,7 +204,7 @@ def diagnose(
                 break  # fast isolation: the first stage that names machines ends the ladder
         if not faulty:
             incomplete.update(_untested(stages, candidates))
-    job = inv.job.name if inv.job else "adhoc"
+    job = inv.job_key
     when = time.time() if now is None else now
     history = _history(store, job)
     verdict = decide(found, faulty, history, now=when, window=inv.diagnose.repeat_window,

@@ -50,10 +50,6 @@ class EvictReport:
                 "hook": self.hook.to_json() if self.hook else None}
 
 
-def _job_name(inv: Inventory) -> str:
-    return inv.job.name if inv.job is not None else "-"
-
-
 def evict(inv: Inventory, state: DaemonState, node: str, reason: str, *, dry_run: bool,
           timeout: float, now: Optional[float] = None) -> EvictReport:
     """Quarantine ``node`` by hand and tell the scheduler (``job.evict_command``).
@@ -288,7 +284,7 @@ def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select:
 
     store = Store(state_dir)
     try:
-        state = DaemonState(store, _job_name(inv))
+        state = DaemonState(store, inv.job_key)
         before = standby_list(inv, state)
         only = nodeset.expand(select) if select else []
         unknown = [n for n in only if n not in {m.node for m in before.machines}]

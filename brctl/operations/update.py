@@ -111,7 +111,7 @@ class UpdateContext:
     @property
     def job(self) -> str:
         """The key of this job's update state."""
-        return self.inventory.job.name if self.inventory.job else "-"
+        return self.inventory.job_key
 
     def targets(self) -> list[Node]:
         """The machines that carry the job's code."""

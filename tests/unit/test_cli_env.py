@@ -1,0 +1,91 @@
+"""The real commands, run through ``cli.run(argv, env=...)`` over a ``FakeTransport``.
+
+``Env`` owns every resource of a run: the transport it is given, the state store
+(opened once, 0600, closed when the command ends).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from brctl.cli import run
+from brctl.core.transport import Node, NodeState
+from brctl.env import Env
+from brctl.remote.fake import FakeTransport, Reply
+from brctl.render import Output
+
+
+def inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({
+        "nodes": [{"name": "gpu[1-2]", "address": "127.0.0.[1-2]", "gpus": 8}],
+        "standby": [{"name": "gpu3", "address": "127.0.0.3", "gpus": 8}],
+        "job": {"name": "llm", "nodes": "gpu[1-2]", "tp": 8},
+        "daemon": {"max_evict_fraction": 1.0},
+    }))
+    return path
+
+
+def env_for(tmp_path: Path, transport: FakeTransport) -> tuple[Env, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    env = Env(output=Output(stdout=out, stderr=err), transport_given=transport,
+              environ={"BRCTL_STATE": str(tmp_path / "state")})
+    return env, out, err
+
+
+def answer(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+    if node.name == "gpu2":
+        return Reply(stdout="", stderr="no route", state=NodeState.UNREACHABLE)
+    return Reply(stdout=f"{node.name} says {' '.join(argv)}\n", exit_code=0)
+
+
+def test_exec_runs_over_the_injected_transport(tmp_path: Path) -> None:
+    fake = FakeTransport(answer)
+    env, out, err = env_for(tmp_path, fake)
+    code = run(["-i", str(inventory(tmp_path)), "--json", "exec", "-w", "gpu[1-2]", "--",
+                "echo", "hi"], env=env)
+    assert code == 3, err.getvalue()  # gpu2 unreachable: incomplete
+    doc = json.loads(out.getvalue())
+    assert doc["nodes"]["gpu1"]["stdout"] == "gpu1 says echo hi\n"
+    assert doc["nodes"]["gpu2"]["state"] == "unreachable"
+    assert sorted(c.node for c in fake.calls) == ["gpu1", "gpu2"]
+    assert [c.argv for c in fake.calls if c.node == "gpu1"] == [("echo", "hi")]
+
+
+def test_global_options_apply_to_the_injected_env(tmp_path: Path) -> None:
+    fake = FakeTransport(answer)
+    env, out, err = env_for(tmp_path, fake)
+    code = run(["-i", str(inventory(tmp_path)), "exec", "-w", "gpu1", "true"], env=env)
+    assert code == 0, err.getvalue()
+    assert "gpu1" in out.getvalue() and not out.getvalue().lstrip().startswith("{")
+    assert env.inventory_path is None  # the caller's Env is not changed by one run
+
+
+def test_the_state_store_is_private_and_closed_after_the_command(tmp_path: Path) -> None:
+    env, _, err = env_for(tmp_path, FakeTransport(answer))
+    inv = str(inventory(tmp_path))
+    assert run(["-i", inv, "evict", "gpu3", "--reason", "bad ECC"], env=env) == 0, err.getvalue()
+    db = tmp_path / "state" / "brctl.db"
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    assert not db.with_name("brctl.db-wal").exists()  # the last connection closed it
+    env2, out2, err2 = env_for(tmp_path, FakeTransport(answer))
+    assert run(["-i", inv, "--json", "standby", "list"], env=env2) == 0, err2.getvalue()
+    doc = json.loads(out2.getvalue())
+    assert "quarantined" in json.dumps(doc)
+
+
+def test_a_wider_database_mode_is_tightened(tmp_path: Path) -> None:
+    from brctl.state import Store
+
+    (tmp_path / "state").mkdir()
+    db = tmp_path / "state" / "brctl.db"
+    db.touch(mode=0o644)
+    db.chmod(0o644)
+    Store(tmp_path / "state").close()
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
