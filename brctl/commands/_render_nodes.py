@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from brctl.core.errors import UsageError
 from brctl.core.nodeset import fold
-from brctl.operations.nodes import NodesReport
-from brctl.remote.probes import ProbeResult
+from brctl.operations.nodes import NodesReport, SysInfo
 from brctl.render import Output, fold_by, table
 
 
@@ -31,7 +30,7 @@ def render(out: Output, report: NodesReport, kinds: str) -> None:
                 "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
                 "order": topo.order},
             "groups": {k: [g.to_json() for g in rows] for k, rows in report.groups.items()},
-            **({"probe": {name: _probe_json(p) for name, p in report.probes.items()}}
+            **({"probe": {name: p.to_json() for name, p in report.probes.items()}}
                if report.probes is not None else {}),
         })
         return
@@ -73,18 +72,9 @@ def render(out: Output, report: NodesReport, kinds: str) -> None:
         ))
 
 
-def _probe_json(p: ProbeResult) -> dict[str, object]:
-    doc = p.document or {}
-    return {"state": p.run.state.value, "ok": p.ok, "error": p.error,
-            **{k: doc.get(k) for k in ("hostname", "python", "cpus", "ssh_connection",
-                                       "brctl_version")}}
-
-
-def _render_probes(out: Output, probes: dict[str, ProbeResult]) -> None:
+def _render_probes(out: Output, probes: dict[str, SysInfo]) -> None:
     keyed = {}
     for name, p in probes.items():
-        doc = p.document or {}
-        keyed[name] = (f"python {doc.get('python')}, {doc.get('cpus')} cpus" if p.ok
-                       else f"no answer: {p.error}")
+        keyed[name] = (f"python {p.python}, {p.cpus} cpus" if p.ok else f"no answer: {p.error}")
     rows = [(nodes, key) for nodes, key, _ in fold_by(keyed)]
     out.console.print(table(["machines", "probe"], rows))

@@ -12,6 +12,8 @@ from brctl.core.errors import ExitCode
 from brctl.core.nodeset import fold
 from brctl.remote.probes import ProbeResult, ProbeRunner
 
+_SYSINFO_TEXT = ("hostname", "python", "ssh_connection", "brctl_version")
+
 
 @dataclass(frozen=True)
 class GroupRow:
@@ -29,6 +31,40 @@ class GroupRow:
 
 
 @dataclass(frozen=True)
+class SysInfo:
+    """One machine's ``sysinfo`` answer, read once at the boundary (None: not said)."""
+
+    state: str  # the transport's node state
+    error: str | None  # why there is no answer
+    hostname: str | None = None
+    python: str | None = None
+    cpus: int | None = None
+    ssh_connection: str | None = None
+    brctl_version: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The machine answered."""
+        return self.error is None
+
+    @classmethod
+    def from_probe(cls, result: ProbeResult) -> SysInfo:
+        """Fields of the wrong type in the node's document are left out (None)."""
+        doc = result.document or {}
+        text = {k: v for k in _SYSINFO_TEXT if isinstance(v := doc.get(k), str)}
+        cpus = doc.get("cpus")
+        return cls(result.run.state.value, None if result.ok else (result.error or "no answer"),
+                   cpus=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
+                   **text)
+
+    def to_json(self) -> dict[str, object]:
+        """The per-machine object of ``nodes --probe --json``."""
+        return {"state": self.state, "ok": self.ok, "error": self.error,
+                "hostname": self.hostname, "python": self.python, "cpus": self.cpus,
+                "ssh_connection": self.ssh_connection, "brctl_version": self.brctl_version}
+
+
+@dataclass(frozen=True)
 class NodesReport:
     """The inventory as brctl resolved it (and, with a probe, what each machine said)."""
 
@@ -36,7 +72,7 @@ class NodesReport:
     selected: tuple[str, ...]
     topology: Topology | None
     groups: dict[str, list[GroupRow]]
-    probes: dict[str, ProbeResult] | None = None
+    probes: dict[str, SysInfo] | None = None
 
     @property
     def exit_code(self) -> ExitCode:
@@ -79,6 +115,7 @@ def describe(
             ]
     probes = None
     if probe is not None:
-        probes = probe.run([inv.nodes[n] for n in selected], "brctl.diagnostics.sysinfo", {},
-                           timeout=timeout, concurrency=inv.ssh.fanout)
+        answers = probe.run([inv.nodes[n] for n in selected], "brctl.diagnostics.sysinfo", {},
+                            timeout=timeout, concurrency=inv.ssh.fanout)
+        probes = {name: SysInfo.from_probe(result) for name, result in answers.items()}
     return NodesReport(inv, selected, topo, groups, probes)

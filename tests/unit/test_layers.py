@@ -1,0 +1,205 @@
+"""The design's layers, enforced: every import in brctl/ (top-level and lazy) walked with ast.
+
+``ALLOWED`` is the one table of arrows (the README's "How it is built" shows the same
+rows; a test keeps them equal). A layer may import itself and the layers it lists;
+anything else fails, as does any cycle between packages or between modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import brctl
+
+PACKAGE = Path(brctl.__file__).resolve().parent
+README = PACKAGE.parent / "README.md"
+
+# Which layer a module belongs to: the longest matching prefix wins.
+LAYER_OF = {
+    "brctl": "root",  # __init__: the version only; shipped to the nodes with the probes
+    "brctl.core": "core",
+    "brctl.diagnostics": "node",
+    "brctl.config": "config",
+    "brctl.analysis": "analysis",
+    "brctl.remote": "remote",
+    "brctl.state": "state",
+    "brctl.operations": "operations",
+    "brctl.inventory": "operations",  # reads the inventory file
+    "brctl.playbooks": "operations",  # reads the playbook files
+    "brctl.resources": "operations",  # finds shipped data on disk
+    "brctl.render": "render",
+    "brctl.commands._render": "render",
+    "brctl.env": "env",
+    "brctl.commands": "face",
+    "brctl.cli": "face",
+    "brctl.manpages": "face",
+    "brctl.__main__": "face",
+}
+
+# What each layer may import besides itself (every layer may import "root").
+ALLOWED: dict[str, frozenset[str]] = {
+    "face": frozenset({"env", "render", "operations", "analysis", "config", "core"}),
+    "env": frozenset({"render", "operations", "remote", "state", "analysis", "config", "core"}),
+    "render": frozenset({"operations", "analysis", "config", "core"}),
+    "operations": frozenset({"analysis", "remote", "state", "config", "core", "node"}),
+    "state": frozenset({"core"}),
+    "remote": frozenset({"core"}),
+    "analysis": frozenset({"config", "core", "node"}),
+    "config": frozenset({"core"}),
+    "node": frozenset(),
+    "core": frozenset(),
+    "root": frozenset(),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = ["brctl", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer(module: str) -> str:
+    best = max((prefix for prefix in LAYER_OF if module == prefix or module.startswith(
+        prefix + ("." if not prefix.endswith("_render") else ""))), key=len)
+    return LAYER_OF[best]
+
+
+def resolve(name: str) -> str:
+    """The brctl module an imported name lives in (``brctl.x.y.Cls`` → ``brctl.x.y``)."""
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def imports(module: str) -> Iterator[tuple[str, int, bool]]:
+    """(imported name, line, at top level) for every import statement in ``module``."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(node) for node in tree.body}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, id(node) in top
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                yield f"{base}.{alias.name}", node.lineno, id(node) in top
+
+
+def brctl_edges() -> dict[str, dict[str, int]]:
+    """module → {imported brctl module: first line}, lazy imports included."""
+    edges: dict[str, dict[str, int]] = defaultdict(dict)
+    for module in MODULES:
+        for name, line, _ in imports(module):
+            if name == "brctl" or name.startswith("brctl."):
+                target = resolve(name)
+                if target != module:
+                    edges[module].setdefault(target, line)
+    return edges
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one member (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package(module: str) -> str:
+    """``brctl.remote.ssh`` → ``brctl.remote``; a top-level module is its own package."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_every_module_has_a_layer_and_the_table_is_acyclic() -> None:
+    for module in MODULES:
+        assert layer(module) in ALLOWED, module
+    assert set(LAYER_OF.values()) == set(ALLOWED)
+    assert cycles({k: set(v) for k, v in ALLOWED.items()}) == []
+
+
+def test_every_import_follows_an_arrow_of_the_design() -> None:
+    wrong = [
+        f"{MODULES[src].relative_to(PACKAGE.parent)}:{line}: {src} ({layer(src)}) imports "
+        f"{dst} ({layer(dst)})"
+        for src, targets in sorted(brctl_edges().items())
+        for dst, line in sorted(targets.items())
+        if layer(dst) not in ALLOWED[layer(src)] | {layer(src), "root"}
+    ]
+    assert wrong == []
+
+
+def test_no_cycle_between_packages_or_modules() -> None:
+    edges = brctl_edges()
+    modules = {src: set(targets) for src, targets in edges.items()}
+    packages: dict[str, set[str]] = defaultdict(set)
+    for src, targets in edges.items():
+        packages[package(src)] |= {package(t) for t in targets if package(t) != package(src)}
+    assert cycles(dict(packages)) == []
+    assert cycles(modules) == []
+
+
+def test_core_and_node_side_code_use_the_standard_library_only() -> None:
+    """core: stdlib only; node side: stdlib at top level (torch/pynvml inside the probe)."""
+    stdlib = set(sys.stdlib_module_names)
+    wrong = []
+    for module in MODULES:
+        if layer(module) not in ("core", "node", "root"):
+            continue
+        for name, line, top in imports(module):
+            root = name.split(".")[0]
+            if root in stdlib or root == "brctl" or (layer(module) == "node" and not top):
+                continue
+            wrong.append(f"{module}:{line}: {name}")
+    assert wrong == []
+
+
+def test_the_readme_shows_the_same_arrows() -> None:
+    text = README.read_text()
+    for name, allowed in ALLOWED.items():
+        row = f"{name} → {', '.join(sorted(allowed)) or 'nothing'}"
+        assert row in text, f"README 'How it is built' lacks the row {row!r}"
+
+
+def test_the_walker_sees_lazy_and_relative_imports() -> None:
+    """The checks above are only as good as the walker: a lazy import counts."""
+    targets = {name for name, _, top in imports("brctl.cli") if not top}
+    assert any(name.startswith("brctl.") for name in targets)
+    assert layer("brctl.commands._render_health") == "render"
+    assert layer("brctl.commands.health") == "face"
+    assert layer("brctl.core.errors") == "core"
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
