@@ -29,6 +29,9 @@ Rules this module enforces, so callers need not re-derive them:
   anything but a regular file is refused (``NotRegular``, errno ``EINVAL``).
   Creating a file always means ``O_CREAT|O_EXCL`` with an explicit mode: an
   existing name, link or not, is never reused.
+- Job files. ``open_job_file`` opens a file brctl only reads (a log) by absolute
+  path, with no link followed anywhere on the path, and only if it belongs to
+  root or to its directory's owner (no hard link to a root-only file).
 - Directories. ``make_dir`` is ``mkdir(name, mode, dir_fd=)`` followed by an
   ``O_NOFOLLOW`` open of what was made (``exist_ok``: an existing directory is
   opened the same way, an existing symlink is refused).
@@ -190,6 +193,34 @@ def open_path(dir_fd: int, relpath: str, flags: int = os.O_RDONLY, mode: int | N
         return open_file(pfd, name, flags, mode)
     finally:
         os.close(pfd)
+
+
+def open_job_file(path: str) -> int:
+    """A read-only fd of the job's file at ``path`` (absolute), e.g. a log; no link followed.
+
+    Every directory is opened with ``open_dir`` and the file with ``open_file``. The
+    file must belong to root or to the owner of its directory; a root file with more
+    than one link in another user's directory is refused too (a hard link the job
+    user made to a root-only file). Refusals are ``OSError`` naming the path.
+    """
+    path = posixpath.normpath(path)  # glob output: '//' and trailing '/' (links are refused anyway)
+    parent, name = posixpath.split(path)
+    pfd = open_dir(parent)
+    try:
+        fd = open_file(pfd, name)
+        dir_owner = os.fstat(pfd).st_uid
+    finally:
+        os.close(pfd)
+    st = os.fstat(fd)
+    why = None
+    if st.st_uid not in (0, dir_owner):
+        why = f"is owned by {_owner(st.st_uid)}, not by root or its directory's owner"
+    elif st.st_uid != dir_owner and st.st_nlink > 1:
+        why = f"is a root file with {st.st_nlink} links in a directory of {_owner(dir_owner)}"
+    if why:
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{path!r} {why}; not read")
+    return fd
 
 
 def make_dir(dir_fd: int, name: str, mode: int = 0o700, *, exist_ok: bool = False) -> int:
