@@ -13,6 +13,7 @@ import re
 import subprocess
 from typing import Any
 
+from brctl.diagnostics import safefs
 from brctl.diagnostics.protocol import serve
 
 _TAIL_BYTES_PER_LINE = 512  # read this much per wanted line from the end of a log
@@ -20,8 +21,13 @@ _MAX_FILES = 64  # a glob that matches thousands of files is a configuration mis
 
 
 def tail(path: str, lines: int) -> list[str]:
-    """The last ``lines`` lines of ``path`` (decoded leniently)."""
-    with open(path, "rb") as fh:
+    """The last ``lines`` lines of the job's file ``path`` (decoded leniently).
+
+    Opened as ``safefs.open_job_file`` does: a symlink anywhere on the path, or a
+    file neither root's nor its directory owner's, raises ``OSError``: a job log
+    linked to a root-only file is reported, never shipped.
+    """
+    with os.fdopen(safefs.open_job_file(os.path.abspath(path)), "rb") as fh:
         fh.seek(0, os.SEEK_END)
         size = fh.tell()
         fh.seek(max(0, size - lines * _TAIL_BYTES_PER_LINE))

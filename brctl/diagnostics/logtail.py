@@ -2,7 +2,10 @@
 
 Request: ``{"paths": [glob, ...], "bytes": N, "files": K}``. For each glob the
 newest ``K`` matching files are read from their last ``N`` bytes (a partial
-first line is dropped). The controller extracts the step with
+first line is dropped). The files belong to the job, so they are opened as
+``safefs.open_job_file`` does: no symlink followed anywhere on the path, only
+files of root or of their directory's owner; a refused file is listed with its
+``error`` instead of a tail. The controller extracts the step with
 ``daemon.progress_regex`` (brctl.analysis.daemon): the node ships text, not verdicts,
 so changing the regex never needs new node-side code. Standard library only.
 """
@@ -13,11 +16,12 @@ import glob
 import os
 from typing import Any
 
+from brctl.diagnostics import safefs
 from brctl.diagnostics.protocol import serve
 
 
-def _tail(path: str, size: int) -> str:
-    with open(path, "rb") as fh:
+def _tail(fd: int, size: int) -> str:
+    with os.fdopen(fd, "rb") as fh:
         fh.seek(0, os.SEEK_END)
         end = fh.tell()
         start = max(0, end - size)
@@ -35,14 +39,15 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
     files = []
     for pattern in request.get("paths", []):
         found = []
-        for path in glob.glob(os.path.expanduser(str(pattern))):
+        for path in glob.glob(os.path.abspath(os.path.expanduser(str(pattern)))):
             try:
-                found.append((os.stat(path).st_mtime, path))
+                found.append((os.lstat(path).st_mtime, path))
             except OSError:
                 continue  # rotated away between glob and stat
         for mtime, path in sorted(found, reverse=True)[:keep]:
-            try:
-                files.append({"path": path, "mtime": mtime, "tail": _tail(path, size)})
+            try:  # the job owns these files: no link followed, no root file read
+                files.append({"path": path, "mtime": mtime,
+                              "tail": _tail(safefs.open_job_file(path), size)})
             except OSError as exc:
                 files.append({"path": path, "mtime": mtime, "error": exc.strerror or str(exc)})
     return {"files": files}

@@ -1,0 +1,89 @@
+"""Job-owned files brctl reads as root (log tails, evidence): no link followed, no root file
+read through the job's directory. The job user is uid 65534 (nobody) owning the log dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from brctl.diagnostics import evidence, logtail, safefs
+
+JOB = 65534
+SECRET = "root-only secret line\n"
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to the job user needs root")
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    """A job log dir owned by the job user, one good log, and a root-only canary."""
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "shadow.log").write_text(SECRET * 3)
+    (secret / "shadow.log").chmod(0o600)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "train.log").write_text("step 1\nstep 2\n")
+    if os.geteuid() == 0:
+        os.chown(logs, JOB, JOB)
+        os.chown(logs / "train.log", JOB, JOB)
+    return logs
+
+
+def _plant(logs: Path, kind: str) -> None:
+    secret = logs.parent / "root-only"
+    if kind == "symlinked log":
+        (logs / "x.log").symlink_to(secret / "shadow.log")
+    elif kind == "symlinked dir":
+        (logs / "sub").symlink_to(secret)
+    elif kind == "hard link":
+        os.link(secret / "shadow.log", logs / "x.log")
+    elif kind == "fifo":
+        os.mkfifo(logs / "x.log")
+
+
+@pytest.mark.parametrize("kind, pattern, why", [
+    ("symlinked log", "*.log", "is a symlink; not followed"),
+    ("symlinked dir", "sub/*.log", "is a symlink; not followed"),
+    pytest.param("hard link", "*.log", "is a root file with 2 links", marks=needs_root),
+    ("fifo", "*.log", "is a FIFO"),
+])
+def test_logtail_reports_a_planted_file_and_never_ships_it(logs: Path, kind: str, pattern: str,
+                                                           why: str) -> None:
+    _plant(logs, kind)
+    doc = logtail.collect({"paths": [str(logs / pattern)], "bytes": 4096, "files": 5})
+    assert SECRET not in repr(doc)
+    planted = [f for f in doc["files"] if not f["path"].endswith("train.log")]
+    assert planted and all(why in f["error"] and "tail" not in f for f in planted), doc
+    if pattern == "*.log":  # the job's real log is still read
+        good = [f for f in doc["files"] if f["path"].endswith("train.log")]
+        assert good[0]["tail"] == "step 1\nstep 2\n"
+
+
+@pytest.mark.parametrize("kind", ["symlinked log", "symlinked dir",
+                                  pytest.param("hard link", marks=needs_root), "fifo"])
+def test_evidence_reports_a_planted_file_and_never_ships_it(logs: Path, kind: str) -> None:
+    _plant(logs, kind)
+    found, errors = evidence._logs([str(logs / "*.log"), str(logs / "sub" / "*.log")], 50)
+    assert SECRET not in repr(found) and list(found) == [str(logs / "train.log")]
+    assert found[str(logs / "train.log")] == ["step 1", "step 2"]
+    why = {"symlinked log": "is a symlink; not followed", "symlinked dir": "is a symlink; not followed",
+           "hard link": "is a root file with 2 links", "fifo": "is a FIFO"}[kind]
+    assert len(errors) == 1 and why in errors[0], errors
+
+
+@needs_root
+def test_a_file_of_another_user_in_the_jobs_dir_is_not_read(logs: Path) -> None:
+    other = logs / "other.log"
+    other.write_text(SECRET)
+    os.chown(other, 1234, 1234)
+    with pytest.raises(OSError, match="owned by uid 1234, not by root or its directory's owner"):
+        safefs.open_job_file(str(other))
+
+
+def test_a_symlink_above_the_log_is_not_followed(tmp_path: Path, logs: Path) -> None:
+    (tmp_path / "link").symlink_to(logs)
+    with pytest.raises(safefs.SymlinkRefused, match="link' is a symlink; not followed"):
+        safefs.open_job_file(str(tmp_path / "link" / "train.log"))
