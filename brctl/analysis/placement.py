@@ -34,6 +34,7 @@ from itertools import combinations
 from math import comb
 
 from brctl.analysis.topology import Topology
+from brctl.core.errors import ExitCode
 
 # Deterministic probing: the same job always gets the same plan.
 _SEED = 0x62726374
@@ -196,6 +197,11 @@ class Plan:
     def ok(self) -> bool:
         """Every placement shares no parallel group with its machine."""
         return all(p.meets_rule for p in self.placements)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """1 when some placement breaks the rule, else 0."""
+        return ExitCode.OK if self.ok else ExitCode.FINDINGS
 
     def backups(self) -> dict[str, str]:
         """``{node: backup_node}``."""
@@ -529,6 +535,11 @@ class Verification:
     def ok(self) -> bool:
         """No eviction of one group (or one machine) loses a shard."""
         return not self.violations
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """1 when some single eviction loses a shard, else 0."""
+        return ExitCode.OK if self.ok else ExitCode.FINDINGS
 
 
 def verify_plan(topo: Topology, backups: Mapping[str, str],

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from brctl.core.errors import UsageError
 from brctl.core.nodeset import fold
 from brctl.operations.nodes import NodesReport, SysInfo
 from brctl.render import Output, fold_by, table
 
 
-def render(out: Output, report: NodesReport, kinds: str) -> None:
+def render(out: Output, report: NodesReport) -> None:
     """Table or JSON."""
     inv = report.inventory
-    wanted = list(report.groups) if kinds == "all" else [k.strip() for k in kinds.split(",") if k.strip()]
-    unknown = [k for k in wanted if k not in report.groups and k not in ("ep", "edp")]
-    if unknown and report.topology is not None:
-        raise UsageError(f"--groups: unknown kind {unknown[0]!r}", hint="kinds: tp,cp,ep,dp,edp,pp or all")
     if out.json:
         topo = report.topology
         out.emit_json("nodes", {
@@ -57,7 +52,7 @@ def render(out: Output, report: NodesReport, kinds: str) -> None:
         + (f", ep {topo.ep} (expert dp {topo.edp})" if topo.ep > 1 else "")
         + f", order {topo.order}"
     )
-    for kind in wanted:
+    for kind in report.kinds:
         rows_k = report.groups.get(kind, [])
         if not rows_k:
             continue

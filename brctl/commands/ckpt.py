@@ -54,7 +54,7 @@ def plan_command(
     inv = env.inventory()
     result = ops.plan(inv)
     render_plan(env.output, result, inv.job.name if inv.job else "", "json" if env.output.json else fmt)
-    return 0 if result.ok else 1
+    return int(result.exit_code)
 
 
 def verify_command(
@@ -72,7 +72,7 @@ def verify_command(
     env: Env = ctx.obj
     result = ops.verify(env.inventory(), _backups(env, plan_file))
     render_verify(env.output, result)
-    return 0 if result.ok else 1
+    return int(result.exit_code)
 
 
 def backup_command(

@@ -90,4 +90,4 @@ def status(
     env: Env = ctx.obj
     report = read_status(env.inventory(as_listed=True), env.state_dir(), events=events)
     render_status(env.output, report)
-    return 0 if report.alive else 1
+    return int(report.exit_code)

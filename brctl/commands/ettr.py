@@ -38,4 +38,4 @@ def ettr(
     intervals = DaemonState(env.store(), inv.job.name).intervals()
     report = compute(intervals, window=window, points=points)
     render_ettr(env.output, inv.job.name, report)
-    return 0 if report.cumulative is not None else 1
+    return int(report.exit_code)

@@ -38,7 +38,7 @@ def evict(
     report = do_evict(inv, DaemonState(env.store(), inv.job_key), node, reason, dry_run=dry_run,
                       timeout=inv.daemon.command_timeout * env.timeout_scale())
     render_evict(env.output, report)
-    return 1 if report.hook is not None and not report.hook.ok else 0
+    return int(report.exit_code)
 
 
 def unevict(
@@ -60,4 +60,4 @@ def unevict(
     inv = env.inventory(as_listed=True)
     report = do_unevict(inv, DaemonState(env.store(), inv.job_key), node, dry_run=dry_run)
     render_evict(env.output, report)
-    return 0
+    return int(report.exit_code)

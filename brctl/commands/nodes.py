@@ -39,7 +39,7 @@ def nodes(
     from brctl.operations.nodes import describe
 
     env: Env = ctx.obj
-    report = describe(env.inventory(), select, exclude, probe=env.probes() if probe else None,
+    report = describe(env.inventory(), select, exclude, kinds, probe=env.probes() if probe else None,
                       timeout=timeout * env.timeout_scale())
-    render(env.output, report, kinds)
+    render(env.output, report)
     return int(report.exit_code)

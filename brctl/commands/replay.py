@@ -61,7 +61,7 @@ def replay_command(
     ambiguous or not_reproduced, 3 incomplete (groups could not run).
     """
     from brctl.commands._render_replay import render, render_plan
-    from brctl.core.errors import UsageError
+    from brctl.core.errors import ExitCode, UsageError
     from brctl.operations.replay import (
         BuiltinWorkload,
         Workload,
@@ -82,7 +82,7 @@ def replay_command(
     the_plan = replay_plan(inv, dp)
     if plan_only:
         render_plan(env.output, the_plan)
-        return 0
+        return ExitCode.OK  # a plan judges nothing
     if not the_plan.can_vote:
         env.output.warn(f"only {len(the_plan.round1)} replay group(s) per round: if they "
                         "disagree, no majority says which is wrong (NaN/Inf still does)")

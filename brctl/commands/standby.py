@@ -44,7 +44,7 @@ def size(
     state = DaemonState(env.store(), inv.job_key) if daily_rate is None else None
     report = standby_size(n, quantile, hours, daily_rate, state)
     render_size(env.output, report, have=len(inv.standby))
-    return 0
+    return int(report.exit_code)
 
 
 @app.command("list")
@@ -62,7 +62,7 @@ def list_pool(ctx: typer.Context) -> int:
     inv = env.inventory(as_listed=True)
     report = standby_list(inv, DaemonState(env.store(), inv.job_key))
     render_pool(env.output, report)
-    return 0
+    return int(report.exit_code)
 
 
 @app.command("check")
@@ -85,7 +85,7 @@ def check(
     from brctl.operations.fleet import standby_check
 
     env: Env = ctx.obj
-    report, code = standby_check(env.inventory(as_listed=True), env.transport(), env.state_dir(),
+    report = standby_check(env.inventory(as_listed=True), env.transport(), env.state_dir(),
                                  select, timeout_scale=env.timeout_scale())
     render_pool(env.output, report)
-    return code
+    return int(report.exit_code)

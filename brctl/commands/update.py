@@ -169,10 +169,11 @@ def history(
 ) -> int:
     """Every push, apply and rollback of the job: who, when, version, checksum, outcome."""
     from brctl.commands._render_update import render_history
+    from brctl.core.errors import ExitCode
     from brctl.operations.update import history as do_history
 
     env: Env = ctx.obj
     inv = env.inventory()
     events = do_history(env.store(), inv.job_key, limit)
     render_history(env.output, inv.job_key, events)
-    return 0
+    return ExitCode.OK  # a history is an answer, not a finding

@@ -608,6 +608,11 @@ class StatusReport:
         """A daemon holds an unexpired lease."""
         return self.lease is not None and float(self.lease["expires"]) > self.now
 
+    @property
+    def exit_code(self) -> ExitCode:
+        """1 when no daemon watches the job, else 0."""
+        return ExitCode.OK if self.alive else ExitCode.FINDINGS
+
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.daemon-status/1``."""
         return {"job": self.job, "running": self.alive, "lease": self.lease,

@@ -12,6 +12,7 @@ each returns a dataclass the command renders.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from brctl.analysis.standby import (
     daily_rate_from_history,
     window_probability,
 )
-from brctl.core.errors import InputError, RefusedError, UsageError
+from brctl.core.errors import ExitCode, InputError, RefusedError, UsageError
 from brctl.core.transport import Transport
 from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter
@@ -42,6 +43,11 @@ class EvictReport:
     reason: str
     dry_run: bool
     hook: Optional[HookRun] = None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """1 when the scheduler hook failed, else 0."""
+        return ExitCode.FINDINGS if self.hook is not None and not self.hook.ok else ExitCode.OK
 
     def to_json(self) -> dict[str, Any]:
         """``{node, action, changed, reason, dry_run, hook}``."""
@@ -120,6 +126,11 @@ class SizeReport:
     source: str  # flag | history
     expected: float
 
+    @property
+    def exit_code(self) -> ExitCode:
+        """Always 0: a size is an answer, not a finding."""
+        return ExitCode.OK
+
     def to_json(self) -> dict[str, Any]:
         """``{size, machines, quantile, window_hours, daily_failure_rate, ...}``."""
         return {"size": self.size, "machines": self.machines, "quantile": self.quantile,
@@ -189,6 +200,7 @@ class PoolReport:
     """``brctl standby list|check``."""
 
     machines: list[PoolMachine]
+    exit_code: ExitCode = ExitCode.OK  # standby check: 1 some failed, 3 some gave no answer
 
     @property
     def ready(self) -> list[str]:
@@ -243,6 +255,11 @@ class EttrReport:
     series: list[tuple[float, Optional[float]]] = field(default_factory=list)
 
     @property
+    def exit_code(self) -> ExitCode:
+        """1 when nothing has been recorded for the job yet, else 0."""
+        return ExitCode.OK if self.cumulative is not None else ExitCode.FINDINGS
+
+    @property
     def sparkline(self) -> str:
         """The window series as block characters."""
         return sparkline([v for _, v in self.series])
@@ -268,14 +285,14 @@ def ettr(intervals: Sequence[Interval], *, window: float, points: int,
 
 
 def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select: Optional[str],
-                  *, timeout_scale: float = 1.0) -> tuple[PoolReport, int]:
+                  *, timeout_scale: float = 1.0) -> PoolReport:
     """Self-check the pool machines (health, then EUD and intra-machine all-to-all).
 
     Each machine is marked checked (health and every stage that could run passed),
     failed, or untested (health passed but every stage was skipped).
 
     Returns:
-        The pool after the check and the exit code (0 all passed, 1 some failed,
+        The pool after the check, with its exit code (0 all passed, 1 some failed,
         3 some gave no answer or could not be tested).
     """
     from brctl.core import nodeset
@@ -293,7 +310,7 @@ def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select:
                              hint="see brctl standby list")
         names = pool_candidates(before, only)
         if not names:
-            return before, 0
+            return before
         results = LiveHooks(inv, transport, store, state_dir, timeout_scale).check(
             [inv.node(n) for n in names])
         now = time.time()
@@ -305,4 +322,5 @@ def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select:
     silent = any(outcome == "untested" or (outcome == "failed" and detail.startswith(
         ("unreachable", "timeout", "auth", "hostkey", "error"))) for outcome, detail in results.values())
     failed = any(outcome == "failed" for outcome, _ in results.values())
-    return after, 3 if silent else (1 if failed else 0)
+    code = ExitCode.INCOMPLETE if silent else ExitCode.FINDINGS if failed else ExitCode.OK
+    return dataclasses.replace(after, exit_code=code)

@@ -8,7 +8,7 @@ from typing import Any
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.topology import KINDS, Topology
-from brctl.core.errors import ExitCode
+from brctl.core.errors import ExitCode, UsageError
 from brctl.core.nodeset import fold
 from brctl.remote.probes import ProbeResult, ProbeRunner
 
@@ -73,6 +73,7 @@ class NodesReport:
     topology: Topology | None
     groups: dict[str, list[GroupRow]]
     probes: dict[str, SysInfo] | None = None
+    kinds: tuple[str, ...] = ()  # the group kinds to show, as asked (--groups)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -93,6 +94,7 @@ def describe(
     inv: Inventory,
     include: str | None = None,
     exclude: str | None = None,
+    kinds: str = "pp,dp",
     *,
     probe: ProbeRunner | None = None,
     timeout: float | None = None,
@@ -101,6 +103,11 @@ def describe(
 
     With ``probe``, also run the ``sysinfo`` probe on every selected machine (it proves
     the machine answers, which Python it has, and who it is: ``$SSH_CONNECTION``).
+    ``kinds``: the group kinds to show (``tp,cp,ep,dp,edp,pp`` or ``all``), checked
+    before any machine is contacted.
+
+    Raises:
+        UsageError: an unknown group kind (with a job).
     """
     selected = tuple(n.name for n in inv.select(include, exclude))
     topo = job_topology(inv) if inv.job else None
@@ -113,9 +120,13 @@ def describe(
                 GroupRow(kind, g, tuple(ranks), tuple(topo.machines_of(ranks)))
                 for g, ranks in enumerate(topo.groups(kind))
             ]
+    wanted = list(groups) if kinds == "all" else [k.strip() for k in kinds.split(",") if k.strip()]
+    unknown = [k for k in wanted if k not in groups and k not in ("ep", "edp")]
+    if unknown and topo is not None:
+        raise UsageError(f"--groups: unknown kind {unknown[0]!r}", hint="kinds: tp,cp,ep,dp,edp,pp or all")
     probes = None
     if probe is not None:
         answers = probe.run([inv.nodes[n] for n in selected], "brctl.diagnostics.sysinfo", {},
                             timeout=timeout, concurrency=inv.ssh.fanout)
         probes = {name: SysInfo.from_probe(result) for name, result in answers.items()}
-    return NodesReport(inv, selected, topo, groups, probes)
+    return NodesReport(inv, selected, topo, groups, probes, tuple(wanted))

@@ -89,3 +89,29 @@ def test_a_wider_database_mode_is_tightened(tmp_path: Path) -> None:
     db.chmod(0o644)
     Store(tmp_path / "state").close()
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
+
+
+def test_nodes_checks_groups_before_contacting_any_machine(tmp_path: Path) -> None:
+    fake = FakeTransport(answer)
+    env, _, _ = env_for(tmp_path, fake)
+    code = run(["-i", str(inventory(tmp_path)), "nodes", "--probe", "--groups", "bogus"], env=env)
+    assert code == 2
+    assert fake.calls == []
+
+
+def test_commands_hold_no_exit_code_literals() -> None:
+    """A command returns its report's exit code; the report decides it."""
+    import ast
+
+    import brctl.commands as commands
+
+    wrong = []
+    for path in sorted(Path(commands.__path__[0]).glob("[!_]*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef) or ast.unparse(fn.returns or ast.Pass()) != "int":
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Return) and node.value is not None:
+                    wrong += [f"{path.name}:{node.lineno}" for c in ast.walk(node.value)
+                              if isinstance(c, ast.Constant) and type(c.value) is int]
+    assert wrong == []
