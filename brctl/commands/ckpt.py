@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 PLAN_HELP = ("Placement file to use instead of brctl's own plan "
@@ -77,8 +78,7 @@ def verify_command(
 
 def backup_command(
     ctx: typer.Context,
-    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
-                                         help="Back up only these job machines."),
+    select: Optional[str] = opt.nodes("the job's machines"),
     plan_file: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help=PLAN_HELP),
     parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",
                                            help="File copies in flight (default: ckpt.parallel)."),

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 HELP = """Diagnose a stopped training job: which machines must leave, and what to do next.
@@ -56,10 +57,8 @@ def register(app: typer.Typer) -> None:
 
 def diagnose_command(
     ctx: typer.Context,
-    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
-                                         help="Machines to diagnose (default: the job's)."),
-    exclude: Optional[str] = typer.Option(None, "-x", "--exclude", metavar="NODESET",
-                                          help="Machines to leave out."),
+    select: Optional[str] = opt.nodes("the job's machines"),
+    exclude: Optional[str] = opt.EXCLUDE,
     logs: Optional[str] = typer.Option(None, "--logs", metavar="DIR",
                                        help="Read DIR/<node>.log instead of the job's logs."),
     playbooks: Optional[str] = typer.Option(None, "--playbooks", metavar="DIR",

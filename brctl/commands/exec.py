@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -22,12 +23,10 @@ def exec_command(
     ctx: typer.Context,
     command: list[str] = typer.Argument(..., metavar="CMD [ARG...]",
                                         help="The command as an argv list (put it after --)."),
-    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
-                                         help="Machines to run on (default: all in the inventory)."),
-    exclude: Optional[str] = typer.Option(None, "-x", "--exclude", metavar="NODESET",
-                                          help="Machines to leave out."),
-    timeout: Optional[float] = typer.Option(None, "-t", "--timeout", metavar="SECONDS",
-                                            help="Per-node command timeout (default: ssh.command_timeout)."),
+    select: Optional[str] = opt.nodes("every machine in the inventory"),
+    exclude: Optional[str] = opt.EXCLUDE,
+    timeout: Optional[float] = opt.timeout(
+        None, "Per-node command timeout (default: ssh.command_timeout)."),
     fanout: Optional[int] = typer.Option(None, "-f", "--fanout", metavar="N",
                                          help="Machines in flight at once (default: ssh.fanout)."),
 ) -> int:
@@ -47,8 +46,7 @@ def exec_command(
     argv = shlex.split(command[0]) if len(command) == 1 else list(command)
     if not argv:
         raise UsageError("exec: empty command")
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
+    opt.check_seconds("--timeout", timeout)
     inv = env.inventory()
     nodes = inv.select(select, exclude)
     if not nodes:

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -16,18 +17,14 @@ def register(app: typer.Typer) -> None:
 
 def health_command(
     ctx: typer.Context,
-    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
-                                         help="Machines to check (default: every machine)."),
-    exclude: Optional[str] = typer.Option(None, "-x", "--exclude", metavar="NODESET",
-                                          help="Machines to leave out."),
+    select: Optional[str] = opt.nodes("every machine"),
+    exclude: Optional[str] = opt.EXCLUDE,
     watch: Optional[float] = typer.Option(None, "--watch", metavar="SECONDS",
                                           help="Repeat every SECONDS; after the first report "
                                                "print only the checks whose status changed."),
     count: Optional[int] = typer.Option(None, "--count", metavar="N",
                                         help="With --watch: stop after N sweeps."),
-    timeout: Optional[float] = typer.Option(None, "-t", "--timeout", metavar="SECONDS",
-                                            help="Per-node probe timeout (default: "
-                                                 "health.timeout)."),
+    timeout: Optional[float] = opt.timeout(None, "Per-node probe timeout (default: health.timeout)."),
 ) -> int:
     """Check GPUs (NVML), kernel-log Xids, InfiniBand/NICs, disks and training processes.
 
@@ -47,12 +44,10 @@ def health_command(
     from brctl.operations.health import sweep
 
     env: Env = ctx.obj
-    if watch is not None and watch <= 0:
-        raise UsageError(f"--watch {watch:g}: expected seconds greater than 0")
+    opt.check_seconds("--watch", watch)
     if count is not None and count < 1:
         raise UsageError(f"--count {count}: expected a whole number >= 1")
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
+    opt.check_seconds("--timeout", timeout)
     inv = env.inventory()
     nodes = inv.select(select, exclude)
     if not nodes:

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -16,16 +17,13 @@ def register(app: typer.Typer) -> None:
 
 def nodes(
     ctx: typer.Context,
-    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
-                                         help="Only these machines, e.g. gpu[001-004]."),
-    exclude: Optional[str] = typer.Option(None, "-x", "--exclude", metavar="NODESET",
-                                          help="Leave these machines out."),
+    select: Optional[str] = opt.nodes("every machine"),
+    exclude: Optional[str] = opt.EXCLUDE,
     kinds: str = typer.Option("pp,dp", "--groups", metavar="KINDS",
                               help="Group kinds to tabulate: tp,cp,ep,dp,edp,pp or 'all'."),
     probe: bool = typer.Option(False, "--probe",
                                help="Also contact each machine: Python, hostname, CPUs, ssh peer."),
-    timeout: float = typer.Option(30.0, "-t", "--timeout", metavar="SECONDS",
-                                  help="Per-machine timeout for --probe."),
+    timeout: float = opt.timeout(30.0, "Per-machine timeout for --probe."),
 ) -> int:
     """Show the inventory's machines and, when a job is defined, its parallel groups.
 

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -35,8 +36,7 @@ def replay_command(
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda",
                                help="Built-in workload device: CUDA+NCCL when every rank has "
                                     "a GPU (auto), else CPU+gloo."),
-    timeout: float = typer.Option(300.0, "-t", "--timeout", metavar="SECONDS",
-                                  help="Time one run of a round may take."),
+    timeout: float = opt.timeout(300.0, "Time one run of a round may take."),
     port: Optional[int] = typer.Option(None, "--port", metavar="PORT",
                                        help="First rendezvous port on each group's first "
                                             "machine (default: random in 20000-39999); each "
@@ -74,8 +74,7 @@ def replay_command(
     for name, value in (("--steps", steps), ("--repeat", repeat), ("--max-rounds", max_rounds)):
         if value < 1:
             raise UsageError(f"{name} {value}: expected a whole number >= 1")
-    if timeout <= 0:
-        raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
+    opt.check_seconds("--timeout", timeout)
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device {device!r}: expected auto, cpu or cuda")
     inv = env.inventory()

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -28,8 +29,8 @@ def stacks(
                                                 "or nodes needed)."),
     dump_timeout: float = typer.Option(10.0, "--dump-timeout", metavar="SECONDS", min=0.1,
                                        help="Seconds for one py-spy dump (× $BRCTL_TIMEOUT_SCALE)."),
-    timeout: float = typer.Option(120.0, "-t", "--timeout", metavar="SECONDS", min=1.0,
-                                  help="Seconds for the whole probe on one machine."),
+    timeout: float = opt.timeout(120.0, "Seconds for the whole probe on one machine.",
+                                   min=1.0),
 ) -> int:
     """Dump every training rank with py-spy, cluster the stacks and name the group to evict.
 

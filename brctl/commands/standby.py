@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 app = typer.Typer(help="Size, self-check and list the warm standby pool.", no_args_is_help=True)
@@ -68,8 +69,7 @@ def list_pool(ctx: typer.Context) -> int:
 @app.command("check")
 def check(
     ctx: typer.Context,
-    select: Optional[str] = typer.Option(None, "-w", "--nodes", metavar="NODESET",
-                                         help="Only these pool machines."),
+    select: Optional[str] = opt.nodes("every pool machine"),
 ) -> int:
     """Self-check the pool and mark each machine checked, failed or untested.
 

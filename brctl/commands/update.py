@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 if TYPE_CHECKING:
@@ -23,11 +24,8 @@ restart hook. A switch is all-or-nothing: if one machine cannot switch, the
 others are switched back. `rollback` returns to the release before the last
 update; `status` shows drift; `history` lists every change.""")
 
-_SELECT = typer.Option(None, "-w", "--nodes", metavar="NODESET",
-                       help="Machines to act on (default: the job's machines, else all).")
-_EXCLUDE = typer.Option(None, "-x", "--exclude", metavar="NODESET", help="Machines to leave out.")
-_TIMEOUT = typer.Option(None, "-t", "--timeout", metavar="SECONDS",
-                        help="Per-machine timeout of each step (default: ssh.command_timeout).")
+_SELECT = opt.nodes("the job's machines, else every machine")
+_TIMEOUT = opt.timeout(None, "Per-machine timeout of each step (default: ssh.command_timeout).")
 
 
 def register(root: typer.Typer) -> None:
@@ -40,8 +38,7 @@ def _context(env: Env, select: Optional[str], exclude: Optional[str],
     from brctl.core.errors import UsageError
     from brctl.operations.update import UpdateContext, who
 
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"--timeout {timeout:g}: expected seconds greater than 0")
+    opt.check_seconds("--timeout", timeout)
     inv = env.inventory()
     nodes = inv.select(select, exclude) if select or exclude else None
     if nodes is not None and not nodes:
@@ -65,7 +62,7 @@ def push(
                                          help="Apply lazily within this time (e.g. 24h, 90m; "
                                          "default update.window, 24h)."),
     select: Optional[str] = _SELECT,
-    exclude: Optional[str] = _EXCLUDE,
+    exclude: Optional[str] = opt.EXCLUDE,
     timeout: Optional[float] = _TIMEOUT,
 ) -> int:
     """Pack SRC once, send it to every machine and stage it as release V.
@@ -145,7 +142,7 @@ def rollback(
 def status(
     ctx: typer.Context,
     select: Optional[str] = _SELECT,
-    exclude: Optional[str] = _EXCLUDE,
+    exclude: Optional[str] = opt.EXCLUDE,
     timeout: Optional[float] = _TIMEOUT,
 ) -> int:
     """Current and pending release per machine, folded; drifted machines highlighted.
