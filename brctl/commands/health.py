@@ -41,7 +41,7 @@ def health_command(
     """
     from brctl.commands._render_health import render, render_changes
     from brctl.core.errors import UsageError
-    from brctl.operations.health import sweep
+    from brctl.operations.health import HealthReport, sweep, sweeps
 
     env: Env = ctx.obj
     opt.check_seconds("--watch", watch)
@@ -53,22 +53,18 @@ def health_command(
     if not nodes:
         raise UsageError("health: the selection is empty", hint="check -w / -x against brctl nodes")
     per_node = (timeout or inv.health.timeout) * env.timeout_scale()
-    rounds = count if watch is not None else 1
-    previous = None
-    done = 0
-    while True:
+
+    def one_sweep() -> HealthReport:
         with env.output.progress("health", len(nodes)) as advance:
-            report = sweep(inv, env.transport(), nodes, env.state_dir(), runner=env.probes(),
-                           store=env.store(),
-                           timeout=per_node, on_done=advance)
+            return sweep(inv, env.transport(), nodes, env.state_dir(), runner=env.probes(),
+                         store=env.store(), timeout=per_node, on_done=advance)
+
+    previous: HealthReport | None = None
+    for report in sweeps(one_sweep, every=watch, count=count):
         if previous is None:
             render(env.output, report)
         else:
             render_changes(env.output, previous, report)
         previous = report
-        done += 1
-        if watch is None or (rounds is not None and done >= rounds):
-            return int(report.exit_code)
-        import time
-
-        time.sleep(watch)
+    assert previous is not None  # sweeps() always runs one
+    return int(previous.exit_code)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -222,6 +222,21 @@ def sweep(
     finally:
         if own_store:
             db.close()
+
+
+def sweeps(one_sweep: Callable[[], HealthReport], *, every: Optional[float],
+          count: Optional[int]) -> Iterator[HealthReport]:
+    """``health --watch``: a sweep, then one every ``every`` seconds (``count`` in all).
+
+    Without ``every`` there is one sweep; without ``count`` it runs until interrupted.
+    """
+    done = 0
+    while True:
+        yield one_sweep()
+        done += 1
+        if every is None or (count is not None and done >= count):
+            return
+        time.sleep(every)
 
 
 def judge(inv: Inventory, nodes: Sequence[Node], results: Mapping[str, ProbeResult],
