@@ -10,27 +10,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from brctl.core.nodeset import fold
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-K = TypeVar("K", bound=Hashable)
-
-
-def fold_by(items: Mapping[str, K]) -> list[tuple[str, K, int]]:
-    """Group node names by an equal key: ``[(folded node set, key, count)]``, largest first."""
-    groups: dict[K, list[str]] = defaultdict(list)
-    for name, key in items.items():
-        groups[key].append(name)
-    rows = [(fold(names), key, len(names)) for key, names in groups.items()]
-    return sorted(rows, key=lambda r: (-r[2], r[0]))
 
 
 def json_document(schema: str, payload: Mapping[str, Any], version: int = 1) -> str:

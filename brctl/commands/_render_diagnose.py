@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from brctl.core.nodeset import fold_by
 from brctl.operations.diagnose import DiagnoseReport
-from brctl.render import Output, escape, fold_by
+from brctl.render import Output, escape
 
 _STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim", "error": "magenta"}
 _DECISION = {"evict": "bold red", "rollback": "bold yellow", "replay": "bold magenta",

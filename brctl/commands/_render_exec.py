@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from brctl.core.nodeset import fold_by
 from brctl.core.transport import NodeState
 from brctl.operations.exec_ import ExecReport
-from brctl.render import Output, escape, fold_by
+from brctl.render import Output, escape
 
 
 def render(out: Output, report: ExecReport) -> None:
@@ -12,18 +13,17 @@ def render(out: Output, report: ExecReport) -> None:
     if out.json:
         out.emit_json("exec", {
             "argv": list(report.argv),
-            "nodes": {name: r.to_json() for name, r in report.results.items()},
+            "nodes": report.results.to_json(),
         })
         return
-    keyed = {n: (r.state, r.exit_code, r.stdout, r.stderr) for n, r in report.results.items()}
-    for nodes, (state, code, stdout, stderr), count in fold_by(keyed):
-        status = state.value if state is not NodeState.FAILED else f"exit {code}"
-        colour = "green" if state is NodeState.OK else "red"
+    for nodes, r, count in report.results.folded():
+        status = r.state.value if r.state is not NodeState.FAILED else f"exit {r.exit_code}"
+        colour = "green" if r.state is NodeState.OK else "red"
         out.console.print(f"[bold]---------------- {escape(nodes)} ({count}) [{colour}]{status}[/]")
-        if stdout:
-            out.console.print(escape(stdout.rstrip("\n")))
-        if stderr.strip():
-            out.console.print(f"[dim]{escape(stderr.rstrip())}[/]")
+        if r.stdout:
+            out.console.print(escape(r.stdout.rstrip("\n")))
+        if r.stderr.strip():
+            out.console.print(f"[dim]{escape(r.stderr.rstrip())}[/]")
     states = fold_by({n: r.state.value for n, r in report.results.items()})
     summary = "; ".join(f"{state}: {nodes}" for nodes, state, _ in states)
     out.err.print(f"[dim]{escape(summary)}[/]")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from brctl.core.nodeset import fold
+from brctl.core.nodeset import fold, fold_by
 from brctl.operations.health import HealthReport
-from brctl.render import Output, escape, fold_by
+from brctl.render import Output, escape
 
 _COLOUR = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "magenta", "skip": "dim"}
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from brctl.core.nodeset import fold
+from brctl.core.nodeset import fold, fold_by
 from brctl.operations.nodes import NodesReport, SysInfo
-from brctl.render import Output, fold_by, table
+from brctl.render import Output, table
 
 
 def render(out: Output, report: NodesReport) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from brctl.analysis.update import Event, Pending
+from brctl.core.nodeset import fold_by
 from brctl.operations.jobadapter import HookRun
 from brctl.operations.update import (
     NodeOutcome,
@@ -14,7 +15,7 @@ from brctl.operations.update import (
     StatusReport,
     SwitchReport,
 )
-from brctl.render import Output, escape, fold_by, table
+from brctl.render import Output, escape, table
 
 _GOOD = {"staged", "present", "switched", "already", "ok"}
 

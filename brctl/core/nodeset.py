@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from brctl.core.errors import InputError
+
+K = TypeVar("K", bound=Hashable)
 
 _MAX_EXPANSION = 1_000_000  # a typo like n[1-99999999] must fail fast, not eat memory
 _TOKEN = re.compile(r"(\d+)")
@@ -191,3 +194,12 @@ def select(available: Sequence[str], include: str | None, exclude: str | None) -
         drop = set(expand(exclude))
         chosen = [n for n in chosen if n not in drop]
     return chosen
+
+
+def fold_by(items: Mapping[str, K]) -> list[tuple[str, K, int]]:
+    """Group node names by an equal key: ``[(folded node set, key, count)]``, largest first."""
+    groups: dict[K, list[str]] = defaultdict(list)
+    for name, key in items.items():
+        groups[key].append(name)
+    rows = [(fold(names), key, len(names)) for key, names in groups.items()]
+    return sorted(rows, key=lambda r: (-r[2], r[0]))

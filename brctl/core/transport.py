@@ -9,10 +9,12 @@ Every remote I/O in brctl goes through a ``Transport``. Backends: ``SshTransport
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, Protocol
+
+from brctl.core.errors import ExitCode
 
 HostKeyPolicy = Literal["strict", "accept-new"]
 ConnectionKind = Literal["ssh", "local"]
@@ -75,6 +77,58 @@ class RunResult:
             "stderr": self.stderr,
             "seconds": round(self.seconds, 3),
         }
+
+
+class Results(Mapping[str, RunResult]):
+    """One fan-out's results by node name, in the order of its nodes (ClusterShell's Task).
+
+    The run's verdict lives here once: which nodes gave no answer, which failed,
+    identical outcomes folded, and the exit code (3 > 1 > 0).
+    """
+
+    def __init__(self, results: Iterable[RunResult]) -> None:
+        """Args: one result per node, in node order."""
+        self._by_node = {r.node: r for r in results}
+
+    def __getitem__(self, node: str) -> RunResult:
+        return self._by_node[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_node)
+
+    def __len__(self) -> int:
+        return len(self._by_node)
+
+    def __repr__(self) -> str:
+        return f"Results({list(self._by_node.values())!r})"
+
+    def incomplete(self) -> list[str]:
+        """Nodes where the command never ran to completion (timeout, unreachable, …)."""
+        return [n for n, r in self._by_node.items() if not r.state.ran]
+
+    def failed(self) -> list[str]:
+        """Nodes where the command ran and exited non-zero."""
+        return [n for n, r in self._by_node.items() if r.state is NodeState.FAILED]
+
+    def folded(self) -> list[tuple[str, RunResult, int]]:
+        """Nodes with the same outcome (state, exit code, stdout, stderr) folded together:
+        ``[(node set, one of their results, count)]``, largest group first."""
+        from brctl.core.nodeset import fold_by
+
+        keyed = {n: (r.state, r.exit_code, r.stdout, r.stderr) for n, r in self._by_node.items()}
+        first = {key: self._by_node[n] for n, key in reversed(keyed.items())}
+        return [(nodes, first[key], count) for nodes, key, count in fold_by(keyed)]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """3 when some node gave no answer, else 1 when some exited non-zero, else 0."""
+        if self.incomplete():
+            return ExitCode.INCOMPLETE
+        return ExitCode.FINDINGS if self.failed() else ExitCode.OK
+
+    def to_json(self) -> dict[str, dict[str, object]]:
+        """``{node: the per-node JSON object}``."""
+        return {n: r.to_json() for n, r in self._by_node.items()}
 
 
 def state_for_exit(code: int) -> NodeState:

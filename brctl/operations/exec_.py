@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from brctl.core.errors import ExitCode
-from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.core.transport import Node, Results, RunResult, Transport
 from brctl.remote.fanout import run_all
 
 
@@ -16,15 +16,12 @@ class ExecReport:
     """Per-node results of one command."""
 
     argv: tuple[str, ...]
-    results: dict[str, RunResult]
+    results: Results
 
     @property
     def exit_code(self) -> ExitCode:
         """3 if any node gave no answer, else 1 if any non-zero exit, else 0."""
-        states = {r.state for r in self.results.values()}
-        if any(not s.ran for s in states):
-            return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if NodeState.FAILED in states else ExitCode.OK
+        return self.results.exit_code
 
 
 def execute(

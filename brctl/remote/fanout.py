@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from brctl.core.transport import Node, RunResult, Transport
+from brctl.core.transport import Node, Results, RunResult, Transport
 from brctl.remote.shard import picklable, run_sharded, worth_processes
 from brctl.remote.threads import ArgvFor, StdinFor, run_threads
 
@@ -27,7 +27,7 @@ def run_all(
     deadline: float | None = None,
     on_done: Callable[[RunResult], None] | None = None,
     processes: int = 1,
-) -> dict[str, RunResult]:
+) -> Results:
     """Run ``argv`` (or ``argv(node)``) on every node; one result per node.
 
     Args:
@@ -45,7 +45,7 @@ def run_all(
             picklable, else threads.
 
     Returns:
-        ``{node name: RunResult}`` in the order of ``nodes``.
+        One ``RunResult`` per node, in the order of ``nodes``.
     """
     todo = list(nodes)
     make = getattr(transport, "process_factory", None)
@@ -53,11 +53,11 @@ def run_all(
         processes = worth_processes(processes, len(todo))
         factory = make(processes)
         if processes > 1 and picklable(factory, argv, stdin):
-            return run_sharded(
+            return Results(run_sharded(
                 factory, todo, argv, processes=processes, timeout=timeout, stdin=stdin,
                 concurrency=concurrency, deadline=deadline, on_done=on_done,
-            )  # fmt: skip
-    return run_threads(
+            ).values())  # fmt: skip
+    return Results(run_threads(
         transport, todo, argv, timeout=timeout, stdin=stdin, concurrency=concurrency,
         deadline=deadline, on_done=on_done,
-    )  # fmt: skip
+    ).values())  # fmt: skip

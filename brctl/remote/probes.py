@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import brctl
-from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.core.transport import Node, NodeState, Results, RunResult, Transport
 from brctl.remote.fanout import run_all
 
 MISSING_EXIT = 97  # the bootstrap's "ship me the bundle" answer
@@ -202,8 +202,8 @@ class ProbeRunner:
             if on_done is not None and not _is_missing(res):
                 on_done(res)
 
-        results = run_all(self.transport, todo, argv_for, timeout=timeout, stdin=stdin_for,
-                          concurrency=concurrency, on_done=finished)
+        results = dict(run_all(self.transport, todo, argv_for, timeout=timeout, stdin=stdin_for,
+                               concurrency=concurrency, on_done=finished))
         missing = [n for n in todo if _is_missing(results[n.name])]
         if missing:
             shipped = self.ship(missing, self.bundle, timeout=timeout, concurrency=concurrency)
@@ -228,7 +228,7 @@ class ProbeRunner:
         *,
         timeout: float | None = None,
         concurrency: int = 64,
-    ) -> dict[str, RunResult]:
+    ) -> Results:
         """Install ``bundle`` into each node's cache (atomic, checked); counts bytes sent."""
         argv = lambda node: [node.python, "-c", _INSTALLER, bundle.digest, bundle.name,  # noqa: E731
                              oct(bundle.mode)[2:]]
