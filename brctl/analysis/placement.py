@@ -11,14 +11,17 @@ Responsibilities:
   group with it (ByteRobust's rule: evicting any one group never removes both
   copies), as pairings where possible (Gemini's group placement with m = 2, the
   optimum under random failures, reference/algorithms.md §3.1), 3-rings for the
-  remainder (Gemini's "mixed"), in another failure domain when labels give one,
-  deterministic. Machines with no valid peer get the best fallback (the fewest
-  shared group kinds) marked ``meets_rule = False``.
+  remainder (Gemini's "mixed"), in another failure domain when labels give one
+  (same-domain pairs re-paired along alternating paths, a matching, not greedy),
+  outside the dp-cp gradient group when a peer allows, deterministic, near-linear
+  for every shape (odd PP pairs stages cyclically; stranded machines are
+  re-paired along bounded augmenting paths). Machines with no valid peer get the
+  best fallback (the fewest shared group kinds) marked ``meets_rule = False``.
 - ``verify_plan``: evicts every group instance of every kind (and every single
   machine) and lists the shards that would lose both copies.
-- ``loss_probability``: the exact probability that k simultaneous uniformly random
-  machine failures destroy some shard's both copies, by inclusion–exclusion over
-  the backup graph's small subgraphs (k ≤ 4).
+- ``loss_probability`` (``lossprob``): the exact probability that k simultaneous
+  uniformly random machine failures destroy some shard's both copies; holders
+  outside the job (standbys) own no shard.
 
 Pure functions on typed data: no I/O, no clock.
 """
@@ -26,138 +29,34 @@ Pure functions on typed data: no I/O, no clock.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
-from fractions import Fraction
 from itertools import combinations
-from math import comb
 
+from brctl.analysis.conflicts import ConflictIndex
+from brctl.analysis.lossprob import MAX_K, loss_probability
 from brctl.analysis.topology import Topology
 from brctl.core.errors import ExitCode
+
+__all__ = [
+    "MAX_K",
+    "ConflictIndex",
+    "Placement",
+    "Plan",
+    "Verification",
+    "Violation",
+    "loss_probability",
+    "plan_backups",
+    "verify_plan",
+]
 
 # Deterministic probing: the same job always gets the same plan.
 _SEED = 0x62726374
 # Random probes per machine before an exhaustive scan; with PP ≥ 2 at least about
 # half the machines are valid peers, so 32 misses in a row almost never happen.
 _PROBES = 32
-MAX_K = 4  # loss probabilities are computed for k = 1..MAX_K simultaneous failures
-
-
-# -- the conflict index -------------------------------------------------------------
-
-
-def kind_geometry(topo: Topology) -> list[tuple[str, int, int]]:
-    """``(kind, stride, size)`` of every group kind with more than one rank per group.
-
-    The rank stride and size of each axis in Megatron's generators: the dense one
-    (tp, cp, dp, pp in the order string) and the expert one (tp, ep, edp, pp). The
-    Megatron group id of rank r along an axis is then
-    ``r % stride + (r // (stride·size))·stride`` (the rank with that axis removed).
-    """
-    dense_axes = topo.order.split("-")
-    sizes = {"tp": topo.tp, "cp": topo.cp, "ep": 1, "dp": topo.dp, "pp": topo.pp}
-    strides: dict[str, int] = {}
-    acc = 1
-    for axis in dense_axes:
-        strides[axis] = acc
-        acc *= sizes[axis]
-    expert_sizes = {"tp": topo.tp, "cp": 1, "ep": topo.ep, "dp": topo.edp, "pp": topo.pp}
-    acc = 1
-    for axis in dense_axes:
-        name = "edp" if axis == "dp" else axis
-        if name in ("ep", "edp"):
-            strides[name] = acc
-        acc *= expert_sizes[axis]
-    out = []
-    for kind in ("tp", "cp", "ep", "dp", "edp", "pp"):
-        size = topo.size(kind)
-        if size > 1:
-            out.append((kind, strides[kind], size))
-    return out
-
-
-@dataclass(frozen=True)
-class ConflictIndex:
-    """Which groups each machine is in, and which machines each group spans.
-
-    A key is ``kind_index + n_kinds·group_id``; ``kinds[key % n_kinds]`` names its kind.
-    """
-
-    machines: tuple[str, ...]
-    kinds: tuple[str, ...]  # the indexed kinds (groups that cross machines)
-    sig: tuple[frozenset[int], ...]  # per machine index: the keys of its groups
-    members: Mapping[int, tuple[int, ...]]  # key → machine indices in machine order
-    first_rank: tuple[int, ...]  # per machine: its lowest rank (-1 when it has none)
-    rank_count: tuple[int, ...]  # per machine: how many ranks it runs
-    # Kinds not indexed: groups that never leave one machine (covered by evicting that
-    # machine), and expert-DP when it is the same partition as DP (CP = EP = 1).
-    local_kinds: tuple[str, ...] = ()
-    aliases: Mapping[str, str] = dataclass_field(default_factory=dict)
-
-    @classmethod
-    def build(cls, topo: Topology) -> ConflictIndex:
-        """Index ``topo`` in time linear in its rank count."""
-        pos = {m: i for i, m in enumerate(topo.machines)}
-        mach = [pos[m] for m in topo.rank_machines]
-        m_count = len(topo.machines)
-        first, count = [-1] * m_count, [0] * m_count
-        for r, mi in enumerate(mach):
-            if first[mi] < 0:
-                first[mi] = r
-            count[mi] += 1
-        # With the launcher's default layout (machine i runs ranks i·g … i·g+g−1), a kind
-        # whose group blocks divide g never leaves a machine: no need to index it.
-        g = count[0] if count else 0
-        contiguous = g > 0 and all(c == g for c in count) and all(
-            first[i] == i * g for i in range(m_count))
-        kept, local, aliases = [], [], {}
-        for kind, stride, size in kind_geometry(topo):
-            if contiguous and g % (stride * size) == 0:
-                local.append(kind)
-            elif kind == "edp" and topo.cp == 1 and topo.ep == 1:
-                aliases["edp"] = "dp"  # same strides and sizes: the very same groups
-            else:
-                kept.append((kind, stride, size))
-        n = max(1, len(kept))
-        sig: list[set[int]] = [set() for _ in range(m_count)]
-        members: dict[int, list[int]] = {}
-        world = len(mach)
-        for kidx, (_kind, stride, size) in enumerate(kept):
-            block = stride * size
-            keys = [kidx + n * (r % stride + (r // block) * stride) for r in range(world)]
-            for key, mi in set(zip(keys, mach)):
-                members.setdefault(key, []).append(mi)
-                sig[mi].add(key)
-        return cls(topo.machines, tuple(k for k, _s, _z in kept),
-                   tuple(frozenset(x) for x in sig),
-                   {k: tuple(sorted(v)) for k, v in members.items()},
-                   tuple(first), tuple(count), tuple(local), aliases)
-
-    def kind_of(self, key: int) -> str:
-        """The group kind of ``key``."""
-        return self.kinds[key % max(1, len(self.kinds))]
-
-    def group_id(self, key: int) -> int:
-        """Megatron's group id of ``key`` within its kind."""
-        return key // max(1, len(self.kinds))
-
-    def compatible(self, a: int, b: int) -> bool:
-        """Machines ``a`` and ``b`` share no parallel group."""
-        return a != b and self.sig[a].isdisjoint(self.sig[b])
-
-    def shared_kinds(self, a: int, b: int) -> list[str]:
-        """The kinds of the groups ``a`` and ``b`` share, smallest kind first."""
-        shared = {self.kind_of(k) for k in self.sig[a] & self.sig[b]}
-        return [k for k in self.kinds if k in shared]
-
-    def spanning_kind(self, a: int) -> str | None:
-        """A kind one of whose groups on ``a`` spans every machine (then ``a`` has no valid peer)."""
-        total = len(self.machines)
-        for key in sorted(self.sig[a]):
-            if len(self.members[key]) == total:
-                return self.kind_of(key)
-        return None
+# Compatibility checks one augmenting-path search may spend (stranded machines are few).
+_AUGMENT_CHECKS = 200_000
 
 
 # -- the plan -------------------------------------------------------------------------
@@ -238,12 +137,17 @@ def _flip_candidates(topo: Topology, index: ConflictIndex, a: int,
     Flipping coordinate c to ``c XOR b`` (b the smallest power of two that leaves the
     machine) is an involution, so on regular layouts these candidates pair machines
     symmetrically, e.g. (dp, pp) ↔ (dp⊕1, pp⊕1) in reference/algorithms.md §3.5.
+    With an odd number of stages XOR leaves the last stage without a partner (and
+    the greedy search then quadratic), so the stages pair cyclically instead: the
+    upper half of stage s's DP blocks with the lower half of stage s+1's
+    (0→1→2→0), again an involution.
     """
     r0, per = index.first_rank[a], index.rank_count[a]
     if r0 < 0:
         return
     sizes = {"tp": topo.tp, "cp": topo.cp, "dp": topo.dp, "pp": topo.pp}
     axes, acc = [], 1
+    where: dict[str, tuple[int, int, int]] = {}  # axis → (coordinate, stride, block)
     for axis in topo.order.split("-"):
         size = sizes.get(axis, 1)
         if size > 1:
@@ -251,15 +155,50 @@ def _flip_candidates(topo: Topology, index: ConflictIndex, a: int,
             while block * acc < per:
                 block *= 2
             coord = (r0 // acc) % size
+            where[axis] = (coord, acc, block)
             flipped = coord ^ block
             if flipped < size:
                 axes.append((flipped - coord) * acc)
         acc *= size
+    if topo.pp % 2 and "pp" in where and "dp" in where:
+        r = r0 + _cyclic_shift(where["dp"], topo.dp, where["pp"], topo.pp)
+        if r != r0 and 0 <= r < len(machine_of):
+            yield machine_of[r]
     for n in (2, 3):
         for combo in combinations(axes, n):
             r = r0 + sum(combo)
             if 0 <= r < len(machine_of):
                 yield machine_of[r]
+
+
+def _cyclic_shift(dp: tuple[int, int, int], dp_size: int, pp: tuple[int, int, int],
+                  pp_size: int) -> int:
+    """The rank offset to the cyclic partner: (q, s) ↔ (q ± h, s ∓ 1), h half the DP blocks."""
+    (q, dp_stride, w), (st, pp_stride, _) = dp, pp
+    h = (dp_size // (2 * w)) * w
+    if h == 0 or q >= 2 * h:
+        return 0  # one DP block per stage, or the odd block out: left to the search
+    if q < h:
+        return h * dp_stride + ((st - 1) % pp_size - st) * pp_stride
+    return -h * dp_stride + ((st + 1) % pp_size - st) * pp_stride
+
+
+def _gradient_groups(topo: Topology, machine_of: Sequence[int]) -> list[frozenset[int]]:
+    """Per machine, its dp-cp groups (the gradient all-reduce: ranks differing only in dp, cp).
+
+    Not one of the rule's kinds (evicting a CP or DP group never takes a whole
+    dp-cp group), but a backup outside it is preferred when one is free.
+    """
+    sizes = {"tp": topo.tp, "cp": topo.cp, "ep": 1, "dp": topo.dp, "pp": topo.pp}
+    strides, acc = {}, 1
+    for axis in topo.order.split("-"):
+        strides[axis] = acc
+        acc *= sizes[axis]
+    tp_s, pp_s = strides["tp"], strides["pp"]
+    out: list[set[int]] = [set() for _ in range(len(topo.machines))]
+    for r, mi in enumerate(machine_of):
+        out[mi].add((r // tp_s) % topo.tp + topo.tp * ((r // pp_s) % topo.pp))
+    return [frozenset(x) for x in out]
 
 
 def _domain_of(machines: Sequence[str], domains: Mapping[str, str] | None) -> list[str | None]:
@@ -282,6 +221,7 @@ class _Planner:
         self._spanning: dict[int, str | None] = {}
         pos = {name: i for i, name in enumerate(topo.machines)}
         self.machine_of = [pos[name] for name in topo.rank_machines]
+        self.gradient = _gradient_groups(topo, self.machine_of) if topo.cp > 1 else None
 
     def spanning(self, a: int) -> str | None:
         """``ConflictIndex.spanning_kind``, cached."""
@@ -294,31 +234,39 @@ class _Planner:
         return self.dom[a] is None or self.dom[a] != self.dom[b]
 
     def find_partner(self, a: int) -> int | None:
-        """An unmatched compatible machine, preferring another failure domain."""
+        """An unmatched compatible machine: another failure domain, then no shared dp-cp group."""
         idx, pool = self.index, self.pool
         if self.spanning(a) is not None:
             return None  # one of a's groups spans every machine: nobody is compatible
-        same: int | None = None
+        best: int | None = None
+        best_score = (True, True)
+
+        def better(b: int) -> bool:
+            """Keep ``b`` if it beats the best so far; True when nothing can beat it."""
+            nonlocal best, best_score
+            if b not in pool or not idx.compatible(a, b):
+                return False
+            score = (not self.apart(a, b), self.gradient_shared(a, b))
+            if best is None or score < best_score:
+                best, best_score = b, score
+            return score == (False, False)
+
         for b in _flip_candidates(self.topo, idx, a, self.machine_of):
-            if b in pool and idx.compatible(a, b):
-                if self.apart(a, b):
-                    return b
-                same = b if same is None else same
-        if pool.items:
-            for _ in range(_PROBES):
-                b = pool.sample()
-                if idx.compatible(a, b):
-                    if self.apart(a, b):
-                        return b
-                    same = b if same is None else same
-        if same is not None:
-            return same
+            if better(b):
+                return best
+        for _ in range(_PROBES if pool.items else 0):
+            if better(pool.sample()):
+                return best
+        if best is not None:
+            return best
         for b in list(pool.items):
-            if idx.compatible(a, b):
-                if self.apart(a, b):
-                    return b
-                same = b if same is None else same
-        return same
+            if better(b):
+                break
+        return best
+
+    def gradient_shared(self, a: int, b: int) -> bool:
+        """``a`` and ``b`` share a dp-cp (gradient all-reduce) group: allowed, avoided."""
+        return self.gradient is not None and not self.gradient[a].isdisjoint(self.gradient[b])
 
     def pair_up(self) -> None:
         """Greedy matching in machine order."""
@@ -335,32 +283,96 @@ class _Planner:
             self.backup[a], self.backup[b] = b, a
             self.how[a] = self.how[b] = "pair"
 
-    def augment(self, left: list[int]) -> list[int]:
-        """Re-pair along augmenting paths a–b=c–d: unmatched a takes b, b's partner c takes d.
+    def augment(self, left: list[int],
+                edge: Callable[[int, int], bool] | None = None) -> list[int]:
+        """Grow the matching along augmenting paths from each unmatched machine.
 
-        Greedy matching can strand two machines that conflict with each other (e.g.
-        an odd DP); one swap with an existing pair usually frees both.
+        Greedy matching can strand machines that conflict with each other (an odd
+        DP, stages ending mid-machine); a path a–b=c–d…–z that alternates
+        compatible and paired machines, from one stranded machine to another,
+        re-pairs it so both are matched. Depth-first with visited marks (Kuhn's
+        search), each search bounded by ``_AUGMENT_CHECKS`` compatibility checks:
+        stranded machines are few, so this stays linear in the machines.
         """
-        idx, todo = self.index, list(left)
-        changed = True
-        while changed and len(todo) > 1:
-            changed = False
-            for a in todo:
-                for b in range(self.m):
-                    if self.how[b] != "pair" or not idx.compatible(a, b):
-                        continue
-                    c = self.backup[b]
-                    d = next((d for d in todo if d != a and idx.compatible(c, d)), None)
-                    if d is None:
-                        continue
-                    self.backup[a], self.backup[b], self.backup[c], self.backup[d] = b, a, d, c
-                    self.how[a] = self.how[d] = "pair"
-                    todo = [x for x in todo if x not in (a, d)]
-                    changed = True
-                    break
-                if changed:
-                    break
+        todo = list(left)
+        for a in list(todo):
+            if a not in todo or len(todo) < 2:
+                continue
+            free = set(todo) - {a}
+            path = self._augmenting_path(a, free, edge or self.index.compatible)
+            if path is None:
+                continue
+            for i in range(0, len(path), 2):  # (a, b), (c, d), …: the new pairs
+                u, v = path[i], path[i + 1]
+                self.backup[u], self.backup[v] = v, u
+                self.how[u] = self.how[v] = "pair"
+            todo = [x for x in todo if x not in (a, path[-1])]
         return todo
+
+    def _augmenting_path(self, a: int, free: set[int], edge: Callable[[int, int], bool]
+                         ) -> list[int] | None:
+        """Machines a, b, c, …, z: a~b, b=c paired, c~d, …, z free; or None within the budget."""
+        checks = 0
+        for v in range(self.m):  # the short path a–b=c–d first: usually there is one
+            if self.how[v] == "pair" and edge(a, v):
+                w = self.backup[v]
+                d = next((d for d in free if edge(w, d)), None)
+                if d is not None:
+                    return [a, v, w, d]
+                checks += len(free)
+        seen = {a}
+        stack: list[tuple[int, int]] = [(a, 0)]  # (machine, next candidate to try)
+        path = [a]
+        while stack:
+            u, start = stack[-1]
+            for v in range(start, self.m):
+                checks += 1
+                if checks > _AUGMENT_CHECKS:
+                    return None
+                if v in seen or not edge(u, v):
+                    continue
+                if v in free:
+                    return [*path, v]
+                if self.how[v] != "pair":
+                    continue
+                w = self.backup[v]
+                seen.update((v, w))
+                stack[-1] = (u, v + 1)
+                stack.append((w, 0))
+                path.extend((v, w))
+                break
+            else:
+                stack.pop()
+                del path[-2:]
+        return None
+
+    def separate_domains(self) -> None:
+        """Re-pair same-domain pairs across domains along alternating cycles.
+
+        Greedy matching can pair a machine inside its own rack while its
+        cross-rack peers went to machines that had other choices. For a pair
+        (a, b) in one domain, a path a–v₁=w₁–v₂=w₂…–b alternating new and
+        existing pairs, each new pair compatible and in two domains, re-pairs
+        everyone on it across domains (Kuhn's search, bounded as in ``augment``):
+        one same-domain pair fewer each time, never a machine stranded.
+        """
+        if all(d is None for d in self.dom):
+            return
+
+        def across(u: int, v: int) -> bool:
+            return self.apart(u, v) and self.index.compatible(u, v)
+
+        for a in range(self.m):
+            b = self.backup[a]
+            if self.how[a] != "pair" or a > b or self.apart(a, b):
+                continue
+            self.how[a] = self.how[b] = ""
+            # Kuhn's search is not exact on general graphs: search from both ends
+            path = self._augmenting_path(a, {b}, across) or self._augmenting_path(b, {a}, across)
+            for i in range(0, len(path or ()), 2):
+                u, v = path[i], path[i + 1]  # type: ignore[index]
+                self.backup[u], self.backup[v] = v, u
+            self.how[a] = self.how[b] = "pair"
 
     def close_rings(self, left: list[int]) -> list[int]:
         """Turn an unmatched machine and a pair into a 3-ring a→b→c→a where all fit."""
@@ -471,10 +483,17 @@ class _Planner:
             out.append(Placement(names[a], names[b], ok, self.how[a],
                                  () if ok else tuple(idx.shared_kinds(a, b)),
                                  self.dom[a] is not None and self.dom[a] == self.dom[b]))
-        same = sum(p.same_domain for p in out)
+        same = [a for a, p in enumerate(out) if p.same_domain]
         if same and any(d is not None for d in self.dom):
-            notes.append(f"{same} backup(s) share their machine's failure domain: "
-                         "no compatible peer in another domain was free")
+            alone = sum(1 for a in same if not any(
+                idx.compatible(a, b) and self.apart(a, b) for b in range(self.m)))
+            why = [f"{alone} have no compatible machine in another domain"] if alone else []
+            if len(same) > alone:
+                why.append(f"{len(same) - alone} have compatible machines in other domains, "
+                           "but re-pairing along alternating paths found none free without "
+                           "putting another backup in its machine's domain")
+            notes.append(f"{len(same)} backup(s) share their machine's failure domain: "
+                         + "; ".join(why))
         return Plan(tuple(out), tuple(notes))
 
 
@@ -499,6 +518,7 @@ def plan_backups(topo: Topology, domains: Mapping[str, str] | None = None,
     hopeless = [a for a in left if planner.spanning(a) is not None]
     skip = set(hopeless)
     left = planner.augment([a for a in left if a not in skip])
+    planner.separate_domains()
     left = planner.close_rings(left) + hopeless
     notes = planner.share_or_fallback(left)
     return planner.result(notes)
@@ -576,101 +596,7 @@ def verify_plan(topo: Topology, backups: Mapping[str, str],
             violations.append(Violation(idx.kind_of(key), idx.group_id(key), tuple(group), lost))
     known = set(names)
     universe = list(names) + sorted({b for b in backups.values() if b not in known})
-    probs = loss_probability(universe, backups)
+    probs = loss_probability(universe, backups, owners=names)
     return Verification(evictions, tuple(violations),
                         {k: (float(p) if p is not None else None) for k, p in probs.items()},
                         len(universe))
-
-
-# -- exact loss probability ---------------------------------------------------------------
-
-
-def loss_probability(machines: Sequence[str], backups: Mapping[str, str],
-                     max_k: int = MAX_K) -> dict[int, Fraction | None]:
-    """P(some shard loses both copies | k machines fail, uniformly at random), k = 1..max_k.
-
-    A shard of machine A is lost when A and its backup B(A) both fail; a machine
-    without a backup (or backed up on itself) loses when it fails. Counting the
-    k-sets that contain no such pair is counting independent sets of size k in the
-    backup graph G (edges {A, B(A)}). By inclusion–exclusion over edge sets S,
-    ``#k-sets hitting an edge = Σ_S (−1)^{|S|+1} C(N − v(S), k − v(S))`` where v(S)
-    is the number of machines S touches, and only v(S) ≤ k ≤ 4 contributes: single
-    edges, 2-paths and triangles (v = 3), and two disjoint edges, 3-paths, 3-stars,
-    4-cycles, paws, diamonds and K4s (v = 4). Each pattern is counted from degrees
-    and common neighbours, so a pairing plan costs O(N).
-
-    Args:
-        machines: the failure universe (every machine that may fail).
-        backups: machine → its backup machine.
-        max_k: largest k (at most 4).
-
-    Returns:
-        ``{k: probability}`` as exact fractions; None where k exceeds the machine count.
-    """
-    if max_k > MAX_K:
-        raise ValueError(f"loss_probability: k ≤ {MAX_K} supported")
-    names = list(dict.fromkeys(machines))
-    lonely = {m for m in names if backups.get(m, m) == m}
-    rest = [m for m in names if m not in lonely]
-    adj: dict[str, set[str]] = {m: set() for m in rest}
-    for a, b in backups.items():
-        if a in adj and b in adj and a != b:
-            adj[a].add(b)
-            adj[b].add(a)
-    n_all, n = len(names), len(rest)
-    hit = _hitting_counts(adj, n)
-    out: dict[int, Fraction | None] = {}
-    for k in range(1, max_k + 1):
-        if k > n_all:
-            out[k] = None
-            continue
-        safe = comb(n, k) - hit[k]  # k-sets avoiding lonely machines and every edge
-        out[k] = 1 - Fraction(safe, comb(n_all, k))
-    return out
-
-
-def _hitting_counts(adj: Mapping[str, set[str]], n: int) -> dict[int, int]:
-    """For k = 1..4, the number of k-subsets of the ``n`` vertices that contain an edge."""
-    deg = {v: len(nb) for v, nb in adj.items()}
-    edges = [(u, w) for u, nb in adj.items() for w in nb if u < w]
-    n_edges = len(edges)
-    p2 = sum(comb(d, 2) for d in deg.values())  # 2-paths (edge pairs sharing a vertex)
-    # Triangles through each edge and vertex (common neighbours).
-    tri_edge = {(u, w): len(adj[u] & adj[w]) for u, w in edges}
-    triangles = sum(tri_edge.values()) // 3
-    tri_vertex = {v: 0 for v in adj}
-    for (u, w), t in tri_edge.items():
-        tri_vertex[u] += t
-        tri_vertex[w] += t
-    stars3 = sum(comb(d, 3) for d in deg.values())
-    paths3 = sum((deg[u] - 1) * (deg[w] - 1) for u, w in edges) - 3 * triangles
-    paws = sum((tri_vertex[v] // 2) * (deg[v] - 2) for v in adj)
-    diamonds = sum(comb(t, 2) for t in tri_edge.values())
-    cycles4 = _four_cycles(adj)
-    k4 = _four_cliques(adj, edges)
-    pairs_disjoint = comb(n_edges, 2) - p2
-    hit = {1: 0, 2: n_edges}
-    hit[3] = n_edges * (n - 2) - p2 + triangles
-    hit[4] = (n_edges * comb(max(n - 2, 0), 2) - (p2 - triangles) * (n - 3) - pairs_disjoint
-              + stars3 + paths3 - cycles4 - paws + diamonds - k4)
-    return hit
-
-
-def _four_cycles(adj: Mapping[str, set[str]]) -> int:
-    """4-cycles (as subgraphs): Σ over vertex pairs of C(common neighbours, 2), halved."""
-    common: dict[tuple[str, str], int] = {}
-    for nb in adj.values():
-        if len(nb) < 2:
-            continue
-        for u, w in combinations(sorted(nb), 2):
-            common[(u, w)] = common.get((u, w), 0) + 1
-    return sum(comb(c, 2) for c in common.values()) // 2
-
-
-def _four_cliques(adj: Mapping[str, set[str]], edges: list[tuple[str, str]]) -> int:
-    """K4 subgraphs: for each edge, pairs of adjacent common neighbours; each K4 seen 6 times."""
-    total = 0
-    for u, w in edges:
-        common = sorted(adj[u] & adj[w])
-        total += sum(1 for x, y in combinations(common, 2) if y in adj[x])
-    return total // 6

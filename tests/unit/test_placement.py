@@ -7,8 +7,11 @@ force, and loss probabilities by enumerating every failure set.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
 from itertools import combinations
 from math import comb
@@ -212,7 +215,13 @@ def test_outside_backup_holder_counts_in_the_universe() -> None:
     backups = {m: "spare1" for m in topo.machines}
     v = verify_plan(topo, backups)
     assert v.ok and v.machines == 5
+    # spare1 holds copies but owns no shard: its failure alone loses nothing (was 1/5)
+    assert v.loss_probability[1] == 0.0
     assert v.loss_probability[2] == pytest.approx(4 / comb(5, 2))
+    # a standby holding one pair's copies: 2 of 3 machines' failures used to count as loss
+    two = _topo((2, 8, 8, 2, 1, 1, "tp-cp-ep-dp-pp"))
+    v = verify_plan(two, {"n000": "spare", "n001": "spare"})
+    assert v.machines == 3 and v.loss_probability[1] == 0.0
 
 
 # -- the probability formula against enumeration ---------------------------------------
@@ -256,7 +265,7 @@ def test_loss_probability_matches_enumeration() -> None:
 def test_hitting_counts_on_dense_graphs() -> None:
     """A backup map gives at most one edge per machine, so diamonds and K4s never occur
     there; check the pattern counts on arbitrary graphs (every pattern) by enumeration."""
-    from brctl.analysis.placement import _hitting_counts
+    from brctl.analysis.lossprob import _hitting_counts
 
     rng = random.Random(3)
     for _ in range(60):
@@ -286,3 +295,112 @@ def test_gemini_group_formula() -> None:
             recover = sum((-1) ** i * comb(groups, i) * comb(n - 2 * i, k - 2 * i)
                           for i in range(k // 2 + 1)) / comb(n, k)
             assert float(got[k] or 0) == pytest.approx(1 - recover)
+
+
+# -- issue 15: every shape near-linear, perfect pairings found, soft preferences -----------
+
+
+def _max_pairs(m: int, edge: Callable[[int, int], bool]) -> int:
+    """Maximum matching size by exhaustive search over machine bitmasks (small m only)."""
+    @functools.cache
+    def best(mask: int) -> int:
+        a = next((i for i in range(m) if not mask >> i & 1), None)
+        if a is None:
+            return 0
+        out = best(mask | 1 << a)
+        for b in range(a + 1, m):
+            if not mask >> b & 1 and edge(a, b):
+                out = max(out, 1 + best(mask | 1 << a | 1 << b))
+        return out
+
+    return best(0)
+
+
+def _small_shapes() -> list[tuple[int, int, int, int, int, int, str]]:
+    """Even machine counts up to 12, including stages that end mid-machine and CP/EP > 1."""
+    out = []
+    for gpus, tp, pp, cp, ep, dp in itertools.product((2, 4, 8), (1, 2, 4), (2, 3, 4, 5), (1, 2),
+                                                      (1, 2), range(1, 13)):
+        world = tp * pp * cp * dp
+        if world % gpus == 0 and (cp * dp) % ep == 0 and 4 <= world // gpus <= 12 \
+                and (world // gpus) % 2 == 0:
+            out.append((world // gpus, gpus, tp, pp, cp, ep, "tp-cp-ep-dp-pp"))
+    return out
+
+
+def test_a_perfect_pairing_is_found_whenever_one_exists() -> None:
+    """Stages ending mid-machine left two machines to share a holder (3 shards on one
+    machine) where the compatibility graph has a perfect matching."""
+    for shape in _small_shapes():
+        topo = _topo(shape)
+        idx = ConflictIndex.build(topo)
+        m = len(topo.machines)
+        if _max_pairs(m, idx.compatible) == m // 2:
+            plan = plan_backups(topo, index=idx)
+            assert {p.how for p in plan.placements} == {"pair"}, shape
+
+
+def test_the_gradient_group_is_avoided_when_possible() -> None:
+    """With CP > 1 a backup could share the dp-cp (gradient all-reduce) group."""
+    for shape in _small_shapes():
+        if shape[4] == 1:
+            continue
+        topo = _topo(shape)
+        idx = ConflictIndex.build(topo)
+        grad = {m: {(r % topo.tp, topo.coord(r, "pp")) for r in topo.ranks_on(m)}
+                for m in topo.machines}
+        names = topo.machines
+        m = len(names)
+
+        def apart(a: int, b: int, idx: ConflictIndex = idx, grad: dict[str, set[tuple[int, int]]]
+                  = grad, names: tuple[str, ...] = names) -> bool:
+            return idx.compatible(a, b) and grad[names[a]].isdisjoint(grad[names[b]])
+
+        if _max_pairs(m, apart) == m // 2:
+            plan = plan_backups(topo, index=idx)
+            assert all(grad[p.node].isdisjoint(grad[p.backup_node]) for p in plan.placements), shape
+
+
+def test_racks_are_matched_not_greedy() -> None:
+    """Whenever a perfect pairing across racks exists, no backup shares its machine's rack
+    (the greedy search left avoidable same-rack backups and a note saying none was free)."""
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(120):
+        shape = rng.choice([s for s in _small_shapes() if s[4] == s[5] == 1])
+        topo = _topo(shape)
+        idx = ConflictIndex.build(topo)
+        m = len(topo.machines)
+        rack = [rng.randrange(rng.randint(2, 4)) for _ in range(m)]
+
+        def across(a: int, b: int, idx: ConflictIndex = idx, rack: list[int] = rack) -> bool:
+            return idx.compatible(a, b) and rack[a] != rack[b]
+
+        if _max_pairs(m, across) < m // 2:
+            continue
+        checked += 1
+        plan = plan_backups(topo, {n: f"r{rack[i]}" for i, n in enumerate(topo.machines)}, idx)
+        assert not any(p.same_domain for p in plan.placements), (shape, rack)
+    assert checked > 40
+
+
+def test_a_same_rack_note_says_why() -> None:
+    topo = _topo((4, 8, 8, 2, 1, 1, "tp-cp-ep-dp-pp"))  # n000↔n003 and n001↔n002 only
+    plan = plan_backups(topo, {"n000": "a", "n003": "a", "n001": "b", "n002": "c"})
+    assert plan.ok and [p.node for p in plan.placements if p.same_domain] == ["n000", "n003"]
+    assert any("2 have no compatible machine in another domain" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(8, 3, 1334), (2, 5, 2000), (8, 1, 1000), (1, 7, 144)])
+def test_odd_and_single_stage_shapes_plan_in_linear_time(tp: int, pp: int, dp: int) -> None:
+    """Odd PP left the last stage to a quadratic repair (595 s at 96,000 ranks); ~4,000
+    machines took ~10 s. Now a few tenths."""
+    import os
+    import time
+
+    topo = Topology.build([f"g{i:04d}" for i in range(tp * pp * dp // 8)], 8, tp=tp, pp=pp)
+    t0 = time.process_time()
+    plan = plan_backups(topo)
+    assert time.process_time() - t0 < 2.0 * float(os.environ.get("BRCTL_TIMEOUT_SCALE", "1"))
+    assert plan.ok == (pp > 1)
+    assert max(Counter(plan.backups().values()).values()) == 1
