@@ -22,6 +22,12 @@ Actions (the request's ``action``):
   temporary name, then ``rename(2)`` over ``current``, so a reader always sees
   either the old or the new target, never a missing link.
 
+The update root may sit in a tree the job user can write, so nothing here
+follows a symlink: the root is opened one component at a time without following
+links (``safefs.open_dir``; give ``update.root`` as a real path), and everything
+below it is reached through directory fds, one name at a time. A release,
+marker or artifact that is a symlink is never read, switched to or extracted.
+
 Requests are one JSON object: in ``sys.argv[1]`` (``receive``, whose stdin is the
 artifact) or on stdin.
 The answer is one JSON document on stdout (``probe_error`` on failure, exit 1).
@@ -36,18 +42,19 @@ import hashlib
 import json
 import os
 import re
-import shutil
+import stat
 import sys
 import tarfile
 import time
 from typing import IO, Any, Callable, Optional
 
-from brctl.diagnostics import safetar
+from brctl.diagnostics import safefs, safetar
 
 MARKER = ".brctl-release.json"
 CHUNK = 1 << 20  # 1 MiB reads keep memory flat for multi-GB artifacts
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 PROBE_SCHEMA = "brctl.probe/1"
+_MARKER_MAX = 1 << 16  # a marker is a few hundred bytes; never read a planted giant
 
 
 class ReleaseError(Exception):
@@ -61,6 +68,34 @@ def _root(request: dict[str, Any]) -> str:
     return os.path.abspath(os.path.expanduser(root))
 
 
+def _open_root(root: str, create: bool) -> Optional[int]:
+    """An fd of the update root, reached without following any link (None: absent).
+
+    ``create`` makes the missing directories (mode 0755), like ``mkdir -p``.
+    """
+    try:
+        if not create or root == "/":
+            return safefs.open_dir(root)
+        slash = safefs.open_dir("/")
+        try:
+            return safefs.make_dirs(slash, root[1:], 0o755)
+        finally:
+            os.close(slash)
+    except FileNotFoundError:
+        return None
+    except safefs.SymlinkRefused as exc:
+        raise ReleaseError(f"update root {root}: {exc.strerror} (give update.root as a real "
+                           "path, without symlinks)") from None
+
+
+def _subdir(parent_fd: int, name: str) -> Optional[int]:
+    """An fd of directory ``name`` in ``parent_fd``; None when absent, a link or not a dir."""
+    try:
+        return safefs.open_dir(name, parent_fd)
+    except (FileNotFoundError, safefs.SymlinkRefused):
+        return None
+
+
 def _version(request: dict[str, Any]) -> str:
     version = request.get("version")
     if not isinstance(version, str) or not VERSION_RE.match(version):
@@ -68,19 +103,28 @@ def _version(request: dict[str, Any]) -> str:
     return version
 
 
-def _read_marker(path: str) -> Optional[dict[str, Any]]:
+def _read_marker(releases_fd: int, name: str) -> Optional[dict[str, Any]]:
+    """The marker of release ``name``; None when it (or the release) is absent or a link."""
     try:
-        with open(os.path.join(path, MARKER), encoding="utf-8") as fh:
-            data = json.load(fh)
+        fd = safefs.open_path(releases_fd, f"{safefs.check_component(name)}/{MARKER}")
+        with os.fdopen(fd, "rb") as fh:
+            data = json.loads(fh.read(_MARKER_MAX).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def _current(root: str) -> Optional[str]:
+def _lstat(dir_fd: int, name: str) -> Optional[os.stat_result]:
+    try:
+        return os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+
+
+def _current(root_fd: int) -> Optional[str]:
     """The version ``current`` points at (None when absent or not one of our releases)."""
     try:
-        target = os.readlink(os.path.join(root, "current"))
+        target = os.readlink("current", dir_fd=root_fd)
     except OSError:
         return None
     parts = target.rstrip("/").split("/")
@@ -89,66 +133,84 @@ def _current(root: str) -> Optional[str]:
     return None
 
 
-def inspect(request: dict[str, Any]) -> dict[str, Any]:
-    """What this machine holds under the root."""
-    root = _root(request)
-    releases_dir = os.path.join(root, "releases")
+def _releases(releases_fd: Optional[int]) -> tuple[dict[str, str], list[str]]:
+    """Complete releases (version -> sha256) and the other names under ``releases/``
+    (none when ``releases_fd`` is None: no such directory, or a link)."""
     releases: dict[str, str] = {}
-    incomplete = []
-    try:
-        names = sorted(os.listdir(releases_dir))
-    except OSError:
-        names = []
-    for name in names:
-        marker = _read_marker(os.path.join(releases_dir, name))
+    incomplete: list[str] = []
+    if releases_fd is None:
+        return releases, incomplete
+    for name in sorted(os.listdir(releases_fd)):
+        marker = _read_marker(releases_fd, name)
         if name.startswith(".staging-") or marker is None:
             incomplete.append(name)
         elif marker.get("version") == name:
             releases[name] = str(marker.get("sha256"))
+    return releases, incomplete
+
+
+def _partials(root_fd: int) -> dict[str, int]:
     partial: dict[str, int] = {}
-    incoming = os.path.join(root, ".incoming")
+    incoming = _subdir(root_fd, ".incoming")
+    if incoming is None:
+        return partial
     try:
         for name in os.listdir(incoming):
             if name.endswith(".partial"):
-                partial[name[: -len(".partial")]] = os.path.getsize(os.path.join(incoming, name))
-    except OSError:
-        pass
-    current = _current(root)
-    return {
-        "root": root,
-        "current": current,
-        "current_complete": current in releases,
-        "current_is_link": os.path.islink(os.path.join(root, "current")),
-        "releases": releases,
-        "incomplete": incomplete,
-        "partial": partial,
-    }
-
-
-def _extract(artifact: str, dest_fd: int) -> int:
-    """Unpack ``artifact`` below the empty directory ``dest_fd`` by brctl's own member rules
-    (``safetar``: no reliance on ``tarfile.data_filter``); returns the file count."""
-    with tarfile.open(artifact, "r:*") as tar:
-        try:
-            return safetar.extract(tar, safetar.plan(tar.getmembers()), dest_fd)
-        except safetar.UnsafeMember as exc:
-            raise ReleaseError(f"artifact {exc}") from None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
+                st = os.stat(name, dir_fd=incoming, follow_symlinks=False)
+                partial[name[: -len(".partial")]] = st.st_size
     finally:
-        os.close(fd)
+        os.close(incoming)
+    return partial
 
 
-def _existing(releases_dir: str, version: str, sha256: str) -> bool:
+def inspect(request: dict[str, Any]) -> dict[str, Any]:
+    """What this machine holds under the root."""
+    root = _root(request)
+    root_fd = _open_root(root, create=False)
+    if root_fd is None:
+        return {"root": root, "current": None, "current_complete": False,
+                "current_is_link": False, "releases": {}, "incomplete": [], "partial": {}}
+    try:
+        releases_fd = _subdir(root_fd, "releases")
+        try:
+            releases, incomplete = _releases(releases_fd)
+        finally:
+            if releases_fd is not None:
+                os.close(releases_fd)
+        current = _current(root_fd)
+        link = _lstat(root_fd, "current")
+        return {
+            "root": root,
+            "current": current,
+            "current_complete": current in releases,
+            "current_is_link": link is not None and stat.S_ISLNK(link.st_mode),
+            "releases": releases,
+            "incomplete": incomplete,
+            "partial": _partials(root_fd),
+        }
+    finally:
+        os.close(root_fd)
+
+
+def _extract(artifact_fd: int, dest_fd: int) -> int:
+    """Unpack the artifact below the empty directory ``dest_fd`` by brctl's own member rules
+    (``safetar``: no reliance on ``tarfile.data_filter``); returns the file count."""
+    with os.fdopen(os.dup(artifact_fd), "rb") as fh:
+        fh.seek(0)  # the dup shares the offset the receive left at the end
+        with tarfile.open(fileobj=fh, mode="r:*") as tar:
+            try:
+                return safetar.extract(tar, safetar.plan(tar.getmembers()), dest_fd)
+            except safetar.UnsafeMember as exc:
+                raise ReleaseError(f"artifact {exc}") from None
+
+
+def _existing(releases_fd: int, where: str, version: str, sha256: str) -> bool:
     """True when ``version`` is already complete with this checksum; refuse a different one."""
-    path = os.path.join(releases_dir, version)
-    if not os.path.lexists(path):
+    if _lstat(releases_fd, version) is None:
         return False
-    marker = _read_marker(path)
+    path = f"{where}/{version}"
+    marker = _read_marker(releases_fd, version)
     if marker is None:
         raise ReleaseError(f"{path} exists but is not a brctl release (no {MARKER}); move it away")
     if marker.get("sha256") != sha256:
@@ -158,34 +220,64 @@ def _existing(releases_dir: str, version: str, sha256: str) -> bool:
     return True
 
 
-def _stage(artifact: str, releases_dir: str, version: str, sha256: str, size: int) -> int:
+def _remove(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        safefs.remove_tree(dir_fd, name)
+
+
+def _stage(artifact_fd: int, releases_fd: int, version: str, sha256: str, size: int) -> int:
     """Extract into a staging directory, mark it complete, rename it into place."""
-    for name in os.listdir(releases_dir):  # leftovers of a cut extraction of this version
+    for name in os.listdir(releases_fd):  # leftovers of a cut extraction of this version
         if name.startswith(f".staging-{version}-"):
-            shutil.rmtree(os.path.join(releases_dir, name), ignore_errors=True)
-    staging = os.path.join(releases_dir, f".staging-{version}-{os.getpid()}")
-    os.mkdir(staging, 0o755)
+            _remove(releases_fd, name)
+    staging = f".staging-{version}-{os.getpid()}"
+    fd = safefs.make_dir(releases_fd, staging, 0o755)
     try:
-        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            files = _extract(artifact, fd)  # every file fsynced: the marker promises it
+            files = _extract(artifact_fd, fd)  # every file fsynced: the marker promises it
             marker = {"version": version, "sha256": sha256, "size": size, "files": files,
                       "staged_at": time.time()}
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            with os.fdopen(os.open(MARKER, flags, 0o644, dir_fd=fd), "w",
-                           encoding="utf-8") as fh:
+            mfd = safefs.open_file(fd, MARKER, os.O_WRONLY | os.O_CREAT, 0o644)
+            with os.fdopen(mfd, "w", encoding="utf-8") as fh:
                 json.dump(marker, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(staging, os.path.join(releases_dir, version))
+        os.rename(staging, version, src_dir_fd=releases_fd, dst_dir_fd=releases_fd)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove(releases_fd, staging)
         raise
-    _fsync_dir(releases_dir)
+    os.fsync(releases_fd)
     return files
+
+
+def _make_dir(root_fd: int, name: str, mode: int, root: str) -> int:
+    try:
+        return safefs.make_dir(root_fd, name, mode, exist_ok=True)
+    except safefs.SymlinkRefused as exc:
+        what = str(exc.strerror).split(" ", 1)[1]  # "'releases' is a symlink; ..." less the name
+        raise ReleaseError(f"{root}/{name} {what}; remove it (brctl makes it)") from None
+
+
+def _open_plain(dir_fd: int, name: str, shown: str) -> int:
+    """Open (or create, 0600) a file of brctl's own in ``dir_fd``: a link, a FIFO or a hard
+    link planted under that name is refused, never truncated or written through."""
+    refused = ReleaseError(f"{shown} is not a plain file brctl made (a link or special file); "
+                           "not used: remove it")
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise refused from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise refused
+    return fd
 
 
 def _drain(stream: IO[bytes]) -> int:
@@ -231,71 +323,95 @@ def receive(request: dict[str, Any], stream: IO[bytes]) -> dict[str, Any]:
     offset = int(request.get("offset", 0))
     if not re.match(r"^[0-9a-f]{64}$", sha256) or size < 0 or not 0 <= offset <= size:
         raise ReleaseError("receive needs sha256 (64 hex digits), size and 0 <= offset <= size")
-    releases_dir = os.path.join(root, "releases")
-    incoming = os.path.join(root, ".incoming")
-    for path in (releases_dir, incoming):
-        os.makedirs(path, exist_ok=True)
-    with open(os.path.join(incoming, f"{sha256}.lock"), "a") as lock:
+    root_fd = _open_root(root, create=True)
+    assert root_fd is not None  # created
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, root_fd)
+        releases_fd = _make_dir(root_fd, "releases", 0o755, root)
+        stack.callback(os.close, releases_fd)
+        incoming_fd = _make_dir(root_fd, ".incoming", 0o700, root)
+        stack.callback(os.close, incoming_fd)
+        incoming = f"{root}/.incoming"
+        lock = _open_plain(incoming_fd, f"{sha256}.lock", f"{incoming}/{sha256}.lock")
+        stack.callback(os.close, lock)
         # Blocks while another receiver (a cut push still exiting, or a sibling machine
         # sharing this root over NFS) works on the same artifact; the controller's
         # timeout bounds the wait.
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        if _existing(releases_dir, version, sha256):
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _existing(releases_fd, f"{root}/releases", version, sha256):
             return {"version": version, "sha256": sha256, "staged": True, "already": True,
                     "received": _drain(stream)}
-        partial = os.path.join(incoming, f"{sha256}.partial")
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            # No fsync here: after a crash the sha256 check catches a torn partial.
-            digest = _receive_into(fd, stream, offset, size)
-            have = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+        partial = f"{sha256}.partial"
+        fd = _open_plain(incoming_fd, partial, f"{incoming}/{partial}")
+        stack.callback(os.close, fd)
+        # No fsync here: after a crash the sha256 check catches a torn partial.
+        digest = _receive_into(fd, stream, offset, size)
+        have = os.fstat(fd).st_size
         if have < size:
             raise ReleaseError(f"transfer cut short: {have} of {size} bytes received "
                                "(kept; the next push resumes from there)")
         if have > size or digest.hexdigest() != sha256:
-            os.unlink(partial)
+            os.unlink(partial, dir_fd=incoming_fd)
             raise ReleaseError(f"sha256 mismatch: artifact arrived as {digest.hexdigest()[:12]}, "
                                f"expected {sha256[:12]} (corrupted in transfer; discarded)")
-        files = _stage(partial, releases_dir, version, sha256, size)
-        os.unlink(partial)
+        files = _stage(fd, releases_fd, version, sha256, size)
+        os.unlink(partial, dir_fd=incoming_fd)
         # Safe to drop: a later receiver of this artifact finds the release complete.
-        os.unlink(lock.name)
+        os.unlink(f"{sha256}.lock", dir_fd=incoming_fd)
     return {"version": version, "sha256": sha256, "staged": True, "already": False,
             "received": size - offset, "files": files}
 
 
+def _existing_root(request: dict[str, Any]) -> tuple[str, int]:
+    root = _root(request)
+    root_fd = _open_root(root, create=False)
+    if root_fd is None:
+        raise ReleaseError(f"update root {root} does not exist")
+    return root, root_fd
+
+
 def switch(request: dict[str, Any]) -> dict[str, Any]:
     """Point ``current`` at a complete release with one rename(2)."""
-    root = _root(request)
-    link = os.path.join(root, "current")
+    root, root_fd = _existing_root(request)
+    try:
+        return _switch(request, root, root_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _switch(request: dict[str, Any], root: str, root_fd: int) -> dict[str, Any]:
+    link = _lstat(root_fd, "current")
+    if link is not None and not stat.S_ISLNK(link.st_mode):
+        raise ReleaseError(f"{root}/current exists and is not a symlink; brctl will not replace it")
+    previous = _current(root_fd)
     if request.get("version") is None:  # undo a first-ever switch: back to no release
-        previous = _current(root)
-        if os.path.islink(link):
-            os.unlink(link)
+        if link is not None:
+            os.unlink("current", dir_fd=root_fd)
         return {"previous": previous, "current": None}
     version = _version(request)
     expect = request.get("sha256")
-    target = os.path.join(root, "releases", version)
-    marker = _read_marker(target)
+    target = f"{root}/releases/{version}"
+    releases_fd = _subdir(root_fd, "releases")
+    marker = None
+    if releases_fd is not None:
+        try:
+            marker = _read_marker(releases_fd, version)
+        finally:
+            os.close(releases_fd)
     if marker is None or marker.get("version") != version:
         raise ReleaseError(f"release {version} is not staged completely at {target}")
     if expect is not None and marker.get("sha256") != expect:
         raise ReleaseError(f"release {version} at {target} has sha256 "
                            f"{str(marker.get('sha256'))[:12]}, expected {str(expect)[:12]}")
-    if os.path.lexists(link) and not os.path.islink(link):
-        raise ReleaseError(f"{link} exists and is not a symlink; brctl will not replace it")
-    previous = _current(root)
-    tmp = os.path.join(root, f".current-{os.getpid()}")
+    tmp = f".current-{os.getpid()}"
     try:
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=root_fd)
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             raise
-    os.symlink(os.path.join("releases", version), tmp)  # relative: valid however root is mounted
-    os.replace(tmp, link)
-    _fsync_dir(root)
+    os.symlink(f"releases/{version}", tmp, dir_fd=root_fd)  # relative: valid however mounted
+    os.replace(tmp, "current", src_dir_fd=root_fd, dst_dir_fd=root_fd)
+    os.fsync(root_fd)
     return {"previous": previous, "current": version}
 
 
@@ -305,18 +421,26 @@ def prune(request: dict[str, Any]) -> dict[str, Any]:
     A release is renamed out of ``releases/`` before it is deleted, so a reader never
     finds a half-deleted one under its version's name.
     """
-    root = _root(request)
     keep = set(request.get("keep") or [])
-    current = _current(root)
-    releases_dir = os.path.join(root, "releases")
+    _root_path, root_fd = _existing_root(request)
     removed = []
-    for version, _sha in sorted(inspect({"root": root})["releases"].items()):
-        if version in keep or version == current:
-            continue
-        trash = os.path.join(releases_dir, f".trash-{version}-{os.getpid()}")
-        os.rename(os.path.join(releases_dir, version), trash)
-        shutil.rmtree(trash, ignore_errors=True)
-        removed.append(version)
+    try:
+        current = _current(root_fd)
+        releases_fd = _subdir(root_fd, "releases")
+        if releases_fd is None:
+            return {"removed": []}
+        try:
+            for version in sorted(_releases(releases_fd)[0]):
+                if version in keep or version == current:
+                    continue
+                trash = f".trash-{version}-{os.getpid()}"
+                os.rename(version, trash, src_dir_fd=releases_fd, dst_dir_fd=releases_fd)
+                _remove(releases_fd, trash)
+                removed.append(version)
+        finally:
+            os.close(releases_fd)
+    finally:
+        os.close(root_fd)
     return {"removed": removed}
 
 

@@ -162,3 +162,78 @@ def test_prune_keeps_the_list_and_current(tmp_path: Path, artifact: bytes) -> No
     code, doc = call({"action": "prune", "root": str(root), "keep": ["v3"]}, via_argv=False)
     assert code == 0 and doc["removed"] == ["v2"]  # v1 is current: never removed
     assert sorted(p.name for p in (root / "releases").iterdir()) == ["v1", "v3"]
+
+
+# The update root may sit in a tree the job user can write: nothing below it is followed.
+
+@pytest.fixture
+def canary(tmp_path: Path) -> Path:
+    """A root-only directory the job user would love brctl to write into or read."""
+    path = tmp_path / "canary"
+    path.mkdir(mode=0o700)
+    (path / "passwd").write_text("root:x:0:0\n")
+    return path
+
+
+def _snapshot(path: Path) -> dict[str, bytes | str]:
+    return {str(p.relative_to(path)): (os.readlink(p) if p.is_symlink() else
+                                       p.read_bytes() if p.is_file() else "dir")
+            for p in sorted(path.rglob("*"))}
+
+
+@pytest.mark.parametrize("plant, why", [
+    ("releases", "not followed"),  # releases/ -> canary: the release would be staged there
+    (".incoming", "not followed"),  # .incoming/ -> canary: the artifact would be written there
+    ("partial", "not a plain file"),  # .incoming/<sha>.partial -> canary/passwd: truncated
+    ("hardlink", "not a plain file"),  # .incoming/<sha>.partial hard-linked to canary/passwd
+    ("lock", "not a plain file"),  # .incoming/<sha>.lock -> canary/passwd
+])
+def test_links_planted_in_the_update_root_are_never_followed(
+        tmp_path: Path, artifact: bytes, canary: Path, plant: str, why: str) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    sha = hashlib.sha256(artifact).hexdigest()
+    if plant in ("releases", ".incoming"):
+        (root / plant).symlink_to(canary)
+    else:
+        (root / ".incoming").mkdir()
+        name = f"{sha}.lock" if plant == "lock" else f"{sha}.partial"
+        if plant == "hardlink":
+            os.link(canary / "passwd", root / ".incoming" / name)
+        else:
+            (root / ".incoming" / name).symlink_to(canary / "passwd")
+    before = _snapshot(canary)
+    code, doc = receive(root, artifact)
+    assert code == 1 and why in doc["probe_error"], doc
+    assert _snapshot(canary) == before
+    assert not (root / "releases" / "v1").exists()
+
+
+def test_a_symlinked_update_root_is_refused_with_the_fix(tmp_path: Path, artifact: bytes,
+                                                         canary: Path) -> None:
+    (tmp_path / "apps").symlink_to(canary)
+    before = _snapshot(canary)
+    code, doc = receive(tmp_path / "apps" / "train", artifact)
+    assert code == 1 and "apps' is a symlink; not followed" in doc["probe_error"]
+    assert "real path" in doc["probe_error"] and _snapshot(canary) == before
+
+
+def test_a_symlinked_release_is_never_listed_switched_to_or_pruned_through(
+        tmp_path: Path, artifact: bytes, canary: Path) -> None:
+    root = tmp_path / "root"
+    receive(root, artifact)
+    forged = canary / "v2"
+    forged.mkdir()
+    (forged / release.MARKER).write_text(json.dumps({"version": "v2", "sha256": "f" * 64}))
+    (root / "releases" / "v2").symlink_to(forged)  # the job's "release" of root's files
+    (root / "releases" / "v1" / "pkg" / "escape").symlink_to(canary)  # pruning must not follow
+    _, doc = call({"action": "inspect", "root": str(root)}, via_argv=False)
+    assert doc["releases"] == {"v1": hashlib.sha256(artifact).hexdigest()}
+    assert doc["incomplete"] == ["v2"]
+    code, doc = call({"action": "switch", "root": str(root), "version": "v2"}, via_argv=False)
+    assert code == 1 and "not staged completely" in doc["probe_error"]
+    before = _snapshot(canary)
+    receive(root, artifact + b"\0" * 512, version="v3")
+    call({"action": "switch", "root": str(root), "version": "v3"}, via_argv=False)
+    code, doc = call({"action": "prune", "root": str(root), "keep": []}, via_argv=False)
+    assert code == 0 and doc["removed"] == ["v1"] and _snapshot(canary) == before
