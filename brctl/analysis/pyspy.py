@@ -7,14 +7,22 @@ training thread is the main thread: on Linux its OS thread id equals the pid;
 ``thread_name`` is null when the program never imported ``threading``, so the
 name is only a fallback. Frames are interned: identical stacks from many ranks
 share their frame objects, which keeps 10⁵ ranks cheap to hold and compare.
+Dumps taken with ``--native`` parse too: an unsymbolised native frame (named by its
+address) becomes ``<native>`` in its library, so ranks stuck alike still cluster.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from brctl.analysis.stacks import Frame, Stack
+
+# A native frame (``py-spy dump --native``) that py-spy could not symbolise is named by its
+# address, which ASLR moves in every process: such frames are all one anonymous frame.
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+NATIVE = "<native>"
 
 
 class PySpyFormatError(ValueError):
@@ -62,6 +70,7 @@ def parse_dump(text: str, pid: int, intern: dict[Frame, Frame] | None = None) ->
             raise PySpyFormatError("frame without a name")
         file = raw.get("short_filename") or raw.get("filename") or raw.get("module") or ""
         line = raw.get("line")
-        frame = Frame(raw["name"], str(file), line if isinstance(line, int) else 0)
+        name = NATIVE if _ADDRESS.fullmatch(raw["name"]) else raw["name"]
+        frame = Frame(name, str(file), line if isinstance(line, int) else 0)
         out.append(table.setdefault(frame, frame))
     return tuple(out)

@@ -64,6 +64,32 @@ def test_parse_tolerates_old_py_spy_and_interns_frames() -> None:
     assert one[0].file == "/x/a.py" and one[1].file == "a.py"
 
 
+def _native_dump(pid: int, base: int) -> str:
+    """``py-spy dump --native --json`` of a rank sleeping in train_step (as seen on a real run)."""
+    def native(name: str, lib: str) -> dict[str, Any]:
+        return {"name": name, "filename": f"/usr/lib/{lib}", "module": f"/usr/lib/{lib}",
+                "short_filename": lib, "line": 0, "locals": None, "is_entry": True}
+
+    frames = [native("clock_nanosleep", "libc.so.6"), native("time_sleep", "libpython3.11.so.1.0"),
+              {"name": "train_step", "filename": "/w/train.py", "short_filename": "train.py",
+               "line": 62, "module": None},
+              {"name": "<module>", "filename": "/w/train.py", "short_filename": "train.py",
+               "line": 90, "module": None},
+              native(hex(base + 0x4524A), "libc.so.6")]  # unsymbolised: ASLR moves it per process
+    return json.dumps([{"pid": pid, "thread_id": 1, "thread_name": "MainThread",
+                        "os_thread_id": pid, "frames": frames}])
+
+
+def test_native_frames_of_different_processes_cluster_together() -> None:
+    from brctl.analysis.stacks import signature
+
+    one = parse_dump(_native_dump(101, 0x7F89B6000000), 101)
+    two = parse_dump(_native_dump(102, 0x7F5B7B200000), 102)
+    assert signature(one) == signature(two)
+    assert one[0].name == "<native>" and one[0].file == "libc.so.6"
+    assert one[-1].name == "clock_nanosleep"  # symbolised native frames keep their names
+
+
 @pytest.mark.parametrize("text", ["", "{}", "[1]", '[{"frames": [{"line": 1}]}]', "nope"])
 def test_parse_rejects_garbage(text: str) -> None:
     with pytest.raises(PySpyFormatError):
