@@ -22,7 +22,8 @@ one stage per machine role) and DP' replicas, for a few steps:
 Request: ``nnodes``, ``node_rank``, ``nproc_per_node``, ``master_addr``,
 ``master_port``, ``ranks`` ([tp, cp, dp, pp] of every rank of the group),
 ``steps``, ``seed``, ``device`` (auto | cpu | cuda), ``timeout`` (seconds).
-Answer: ``steps`` (fingerprints) and ``losses`` from the machine holding rank 0;
+Answer: ``steps`` (fingerprints), ``losses`` and ``step_seconds`` (rank 0's wall time of
+each step, fingerprint gather included) from the machine holding rank 0;
 every machine reports ``device``, ``backend``, ``world`` and ``seconds``.
 Run it alone (one machine, e.g. to check bitwise repeatability on a GPU)::
 
@@ -247,7 +248,9 @@ def _train(cfg: dict[str, Any], device: str, rank: int, local: int) -> dict[str,
         model = _Stage(torch, dist, cfg, ranks[rank], groups, dev)
         steps: list[str] = []
         losses: list[float] = []
+        step_seconds: list[float] = []
         for step in range(cfg["steps"]):
+            begun = time.perf_counter()
             mine = _pack(torch, *model.step(step)).to(dev)
             parts = [torch.empty_like(mine) for _ in range(world)]
             dist.all_gather(parts, mine)  # tensors, not objects: those need numpy
@@ -260,12 +263,15 @@ def _train(cfg: dict[str, Any], device: str, rank: int, local: int) -> dict[str,
             else:
                 steps.append(hashlib.sha256(b"".join(g[0] for g in gathered)).hexdigest()[:16])
             losses.append(next((g[2] for g in gathered if g[2] is not None), float("nan")))
+            # The gathered digests are on the host: the step's device work is done.
+            step_seconds.append(round(time.perf_counter() - begun, 6))
         dist.barrier()
     finally:
         dist.destroy_process_group()
     if rank != 0:
         return None
-    return {"steps": steps, "losses": [None if math.isnan(x) else x for x in losses]}
+    return {"steps": steps, "losses": [None if math.isnan(x) else x for x in losses],
+            "step_seconds": step_seconds}
 
 
 _FLAGS = {None: 0, "nan": 1, "inf": 2}

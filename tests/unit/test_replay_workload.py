@@ -36,6 +36,8 @@ def test_tp2_pp2_runs_are_bitwise_equal_and_report_real_losses() -> None:
     assert first["steps"] == second["steps"] and len(first["steps"]) == 2  # type: ignore[arg-type]
     losses = first["losses"]
     assert isinstance(losses, list) and all(3.5 < x < 5.0 for x in losses)  # ~ln(64)
+    times = first["step_seconds"]
+    assert isinstance(times, list) and len(times) == 2 and all(t > 0 for t in times)
 
 
 def test_bad_requests_are_reported_not_raised() -> None:
