@@ -56,9 +56,9 @@ RAW_FIELDS = {
     "pcie": ("pcie_replay",),
     "recovery_action": ("recovery_action",),
 }
-ERROR_KEYS = {"retired_pages": "retired_pages", "ecc": "ecc", "remapped_rows": "remapped_rows",
-              "throttle": "throttle", "power": "power", "pcie": "pcie",
-              "temperature": "temperature"}
+# The checks whose NVML error the probe keeps (under the check's own name) when a call fails.
+NVML_ERRORS = frozenset(("ecc", "retired_pages", "remapped_rows", "temperature", "throttle",
+                         "power", "pcie"))
 
 
 @dataclass(frozen=True)
@@ -197,25 +197,45 @@ def stage_health(st: Stage) -> Result:
     table = {}
     for name in GPU_CHECKS:
         c = checks.get(name, {"status": "missing", "message": "not in brctl's answer"})
-        table[name] = {"status": c["status"], "message": c["message"], "raw": {
-            f"gpu{g.get('index')}": {**{k: g.get(k) for k in RAW_FIELDS.get(name, ())},
-                                     **({"nvml_error": g["errors"][ERROR_KEYS[name]]}
-                                        if ERROR_KEYS.get(name) in (g.get("errors") or {}) else {})}
-            for g in gpus}}
+        table[name] = {"status": c["status"], "message": c["message"],
+                       "raw": {f"gpu{g.get('index')}": _raw(name, g) for g in gpus}}
     figures["gpu_checks"] = table
     st.write("gpu-checks.json", json.dumps(table, indent=2) + "\n")
     counts = {s: sum(1 for c in table.values() if c["status"] == s) for s in ("ok", "warn", "fail")}
     cost = f"probe {cpu:.3f} s CPU, {wall:.3f} s wall"
     if nvml.get("status") != "ok":
         return "fail", f"NVML not usable: {nvml.get('reason')} ({cost})", figures
+    unsupported = [n for n, c in table.items() if _not_supported(n, c["status"], gpus)]
     unread = [f"{n} ({c['status']}: {c['message']})" for n, c in table.items()
-              if c["status"] not in counts]
+              if c["status"] not in counts and n not in unsupported]
+    absent = f"; {len(unsupported)} not supported by the GPU: {', '.join(unsupported)}" if unsupported else ""
     if unread:
-        return "fail", f"{len(unread)} GPU checks without a reading: {'; '.join(unread)}", figures
-    found = [f"{n}: {c['message']}" for n, c in table.items() if c["status"] != "ok"]
-    return "pass", (f"{len(table)} GPU checks read on {len(gpus)} GPU(s), driver "
-                    f"{nvml.get('driver')}: {counts['ok']} ok, {counts['warn']} warn, "
-                    f"{counts['fail']} fail{' (' + '; '.join(found) + ')' if found else ''}; {cost}"), figures
+        return "fail", f"{len(unread)} GPU checks without a reading: {'; '.join(unread)}{absent}", figures
+    found = [f"{n}: {c['message']}" for n, c in table.items() if c["status"] in ("warn", "fail")]
+    return "pass", (f"{len(table)} GPU checks on {len(gpus)} GPU(s), driver {nvml.get('driver')}: "
+                    f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail"
+                    f"{' (' + '; '.join(found) + ')' if found else ''}{absent}; {cost}"), figures
+
+
+def _raw(name: str, gpu: dict[str, Any]) -> dict[str, Any]:
+    """The probe's readings behind check ``name`` on one GPU, and NVML's error if it gave one."""
+    out = {key: gpu.get(key) for key in RAW_FIELDS.get(name, ())}
+    error = (gpu.get("errors") or {}).get(name) if name in NVML_ERRORS else None
+    if error:
+        out["nvml_error"] = error
+    return out
+
+
+def _not_supported(name: str, status: str, gpus: list[dict[str, Any]]) -> bool:
+    """A skip that is the GPU's own answer (NVML: Not Supported, e.g. page retirement on Hopper).
+
+    Any other skip or unknown means brctl could not look: the stage fails on it.
+    """
+    if status != "skip" or not gpus:
+        return False
+    if name == "nvlink":  # the probe keeps no error here: no link answered at all
+        return all(g.get("nvlink") is None for g in gpus)
+    return name in NVML_ERRORS and all(_raw(name, g).get("nvml_error") == "Not Supported" for g in gpus)
 
 
 # ---------------------------------------------------------------- 2: replay workload twice
@@ -450,7 +470,8 @@ def machine(out: Path) -> dict[str, Any]:
         info.update(torch=torch.__version__, cuda=torch.version.cuda,
                     cuda_available=torch.cuda.is_available(), cuda_devices=torch.cuda.device_count())
         if torch.cuda.is_available():
-            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
+            nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+            info["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     except Exception as exc:  # recorded: stages 2-4 and 6 will say more
         info["torch_error"] = f"{type(exc).__name__}: {exc}"
     if shutil.which("nvidia-smi"):

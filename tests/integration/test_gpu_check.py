@@ -71,14 +71,17 @@ def gpu_check(tmp: Path, venv: Path, *args: str, gpus: list[dict[str, Any]] | No
 
 @pytest.mark.timeout(900)
 def test_every_stage_reads_its_stand_in_end_to_end(tmp_path: Path, venv: Path) -> None:
-    gpus = healthy_gpus(2)
-    gpus[0]["ecc_volatile"] = 3  # a real fault: brctl health must read it and say so
+    # Hopper-like: no page retirement (NVML: Not Supported); GPU0 has a real fault to report
+    gpus = [{**g, "retired_pending": "NOT_SUPPORTED", "retired_dbe": "NOT_SUPPORTED"}
+            for g in healthy_gpus(2)]
+    gpus[0]["ecc_volatile"] = 3
     run = gpu_check(tmp_path, venv, gpus=gpus, env={"PATH": f"{FAKE_DCGMI}:{os.environ['PATH']}"})
     assert run.rc == 0, run.stdout
     assert run.lines[0].startswith("machine: ") and "torch " in run.lines[0]
-    assert run.line(1).startswith("[1] health: pass: 10 GPU checks read on 2 GPU(s), driver "
-                                  "570.86.15: 9 ok, 0 warn, 1 fail (ecc: GPU0 (00000000:18:00.0): "
-                                  "3 volatile uncorrectable ECC errors); probe ")
+    assert run.line(1).startswith("[1] health: pass: 10 GPU checks on 2 GPU(s), driver 570.86.15: "
+                                  "8 ok, 0 warn, 1 fail (ecc: GPU0 (00000000:18:00.0): 3 volatile "
+                                  "uncorrectable ECC errors); 1 not supported by the GPU: "
+                                  "retired_pages; probe ")
     assert run.line(2).startswith("[2] replay: pass: 8 steps bitwise equal in two runs "
                                   "(nproc 2, TP=2, gloo); ")
     assert run.line(3).startswith("[3] collective: pass: all-to-all ")
@@ -126,11 +129,15 @@ def test_every_stage_reads_its_stand_in_end_to_end(tmp_path: Path, venv: Path) -
 
 
 def test_a_gpu_check_that_could_not_read_fails_the_stage(tmp_path: Path, venv: Path) -> None:
-    gpus = [{**g, "nvlink_links": 0, "pcie_replay": "NOT_SUPPORTED"} for g in healthy_gpus(2)]
+    # NVML's own "Not Supported" (no NVLink, no PCIe counter) is a reading; a recovery action
+    # the probe could not get (an old pynvml, say) is not: brctl did not look.
+    gpus = [{**g, "nvlink_links": 0, "pcie_replay": "NOT_SUPPORTED", "recovery": "NOT_SUPPORTED"}
+            for g in healthy_gpus(2)]
     run = gpu_check(tmp_path, venv, "--stage", "1", gpus=gpus)
     assert run.rc == 1
-    assert run.line(1) == ("[1] health: fail: 2 GPU checks without a reading: nvlink (skip: no "
-                           "NVLink on these GPUs); pcie (skip: PCIe replay counter not supported)")
+    assert run.line(1) == ("[1] health: fail: 1 GPU checks without a reading: recovery_action "
+                           "(skip: recovery action not reported (driver < 570)); 2 not supported "
+                           "by the GPU: nvlink, pcie")
     pcie = run.stage(1)["figures"]["gpu_checks"]["pcie"]["raw"]["gpu1"]
     assert pcie == {"pcie_replay": None, "nvml_error": "Not Supported"}
     assert run.summary["status"] == "fail" and list(run.summary["stages"]) == ["1"]
