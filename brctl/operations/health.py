@@ -46,6 +46,7 @@ from brctl.analysis.health import (
     node_status,
     process_pids,
 )
+from brctl.analysis.health_doc import malformed
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode
 from brctl.core.transport import Node, RunResult, Transport
@@ -249,9 +250,11 @@ def judge(inv: Inventory, nodes: Sequence[Node], results: Mapping[str, ProbeResu
     verdicts: dict[str, NodeHealth] = {}
     for node in nodes:
         res = results[node.name]
-        if res.document is None:
+        why = None if res.document is None else malformed(res.document)
+        if res.document is None or why is not None:
             status = res.run.state.value if not res.run.state.ran else "error"
-            verdicts[node.name] = NodeHealth(node.name, status, (), res.error, res.run.seconds)
+            error = res.error if why is None else f"malformed health document: {why}"
+            verdicts[node.name] = NodeHealth(node.name, status, (), error, res.run.seconds)
             continue
         node_checks, samples[node.name] = evaluate(res.document, previous.get(node.name),
                                                    inv.health, node.gpus)
