@@ -25,12 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Final, Literal, Optional
 
 from brctl.config.health import CHECKS, HealthSection
 from brctl.diagnostics.xid import XidEvent, classify
 
-OK, WARN, FAIL, SKIP, UNKNOWN = "ok", "warn", "fail", "skip", "unknown"
+Status = Literal["ok", "warn", "fail", "skip", "unknown"]
+OK: Final = "ok"
+WARN: Final = "warn"
+FAIL: Final = "fail"
+SKIP: Final = "skip"
+UNKNOWN: Final = "unknown"
+_STATUS: dict[str, Status] = {OK: OK, WARN: WARN, FAIL: FAIL, SKIP: SKIP, UNKNOWN: UNKNOWN}
 # A node's status is its worst check's: a failure outranks a check that could not look.
 _RANK = {OK: 0, SKIP: 0, WARN: 1, UNKNOWN: 2, FAIL: 3}
 _MAX_XIDS = 50  # remembered per node and boot: enough evidence, bounded state
@@ -44,7 +50,7 @@ class Check:
     """One check's outcome on one node; ``evict`` marks a confident eviction signal."""
 
     name: str
-    status: str
+    status: Status
     message: str
     evict: bool = False
 
@@ -146,7 +152,7 @@ def _worst(checks: Iterable[tuple[str, str, bool]], name: str, ok_message: str) 
     found = sorted(checks, key=lambda c: -_RANK[c[0]])
     if not found:
         return Check(name, OK, ok_message)
-    status = found[0][0]
+    status = _STATUS[found[0][0]]
     return Check(name, status, "; ".join(t for _, t, _ in found),
                  evict=status == FAIL and any(e for s, _, e in found if s == FAIL))
 
@@ -468,7 +474,7 @@ def evaluate(doc: Mapping[str, Any], before: Optional[Sample], cfg: HealthSectio
         # NVML unusable where the inventory says there are GPUs: nothing was seen, so
         # nothing is ok (driver not loaded, library or module missing: unknown, exit 3);
         # an NVML that loads and then errors is a finding about the machine.
-        status = FAIL if nvml.get("status") == "error" else UNKNOWN
+        status: Status = FAIL if nvml.get("status") == "error" else UNKNOWN
         reason = str(nvml.get("reason", "NVML not sampled"))
         for name in GPU_CHECKS:
             out[name] = Check(name, status, reason)
@@ -532,10 +538,11 @@ def apply_process_rule(pids: Mapping[str, Optional[list[int]]], errors: Mapping[
     return out
 
 
-def node_status(checks: Sequence[Check]) -> str:
+def node_status(checks: Sequence[Check]) -> Status:
     """fail if any check failed, else unknown if one could not look, else warn, else ok."""
     worst = max((_RANK[c.status] for c in checks), default=0)
-    return {0: OK, 1: WARN, 2: UNKNOWN, 3: FAIL}[worst]
+    by_rank: dict[int, Status] = {0: OK, 1: WARN, 2: UNKNOWN, 3: FAIL}
+    return by_rank[worst]
 
 
 def eviction_reason(checks: Sequence[Check]) -> Optional[str]:

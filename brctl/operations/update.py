@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.update import (
@@ -147,6 +147,9 @@ class NodeOutcome:
         return {"state": self.state, "message": self.message, "bytes_sent": self.bytes_sent}
 
 
+SwitchOutcome = Literal["ok", "noop", "incomplete", "failed", "rolled_back"]
+
+
 @dataclass(frozen=True)
 class SwitchReport:
     """The result of apply, rollback, or the switch of an urgent push.
@@ -161,7 +164,7 @@ class SwitchReport:
     job: str
     version: Optional[str]
     from_version: Optional[str]
-    outcome: str
+    outcome: SwitchOutcome
     reason: str
     nodes: Mapping[str, NodeOutcome]
     restart: Optional[HookRun] = None
@@ -478,7 +481,7 @@ def switch_all(ctx: UpdateContext, action: str, version: str, sha256: str,
     plan = plan_switch(views, version, sha256)
     nodes: dict[str, NodeOutcome] = dict(failures)
 
-    def report(outcome: str, reason: str) -> SwitchReport:
+    def report(outcome: SwitchOutcome, reason: str) -> SwitchReport:
         return SwitchReport(action, ctx.job, version, from_version, outcome, reason, nodes)
 
     if plan.unknown:
@@ -506,7 +509,7 @@ def switch_all(ctx: UpdateContext, action: str, version: str, sha256: str,
     return _revert(ctx, report, nodes, movers, views, bad)
 
 
-def _revert(ctx: UpdateContext, report: Callable[[str, str], SwitchReport],
+def _revert(ctx: UpdateContext, report: Callable[[SwitchOutcome, str], SwitchReport],
             nodes: dict[str, NodeOutcome], movers: Sequence[Node],
             views: Mapping[str, Optional[NodeView]],
             bad: Mapping[str, NodeOutcome]) -> SwitchReport:
