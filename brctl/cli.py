@@ -3,7 +3,7 @@
 Each module in ``brctl/commands/`` defines ``register(app)``; they are found with
 pkgutil so adding a subcommand touches nothing here. Command modules import only
 typer and brctl's light modules at top level, so ``brctl --help`` stays fast.
-``main`` is the only place exceptions become exit codes (DESIGN.md's table).
+``main`` is the only place exceptions become exit codes (the table in brctl(1)).
 """
 
 from __future__ import annotations

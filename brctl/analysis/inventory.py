@@ -1,6 +1,6 @@
 """The inventory model: raw YAML sections → resolved, frozen ``Inventory``.
 
-The raw dataclasses mirror the YAML keys one to one (DESIGN.md, "Inventory"), so
+The raw dataclasses mirror the YAML keys one to one (brctl-inventory(5)), so
 ``from_mapping`` rejects unknown keys and wrong types with the key path. ``build``
 then expands node sets, applies per-entry ssh overrides and checks cross-references
 (job nodes exist, address counts match, no machine listed twice).

@@ -10,7 +10,7 @@ Responsibilities:
 - ``plan_backups``: a backup peer per machine that shares no TP/CP/EP/DP/EDP/PP
   group with it (ByteRobust's rule: evicting any one group never removes both
   copies), as pairings where possible (Gemini's group placement with m = 2, the
-  optimum under random failures, reference/algorithms.md §3.1), 3-rings for the
+  optimum under random failures), 3-rings for the
   remainder (Gemini's "mixed"), in another failure domain when labels give one
   (same-domain pairs re-paired along alternating paths, a matching, not greedy),
   outside the dp-cp gradient group when a peer allows, deterministic, near-linear
@@ -136,7 +136,7 @@ def _flip_candidates(topo: Topology, index: ConflictIndex, a: int,
 
     Flipping coordinate c to ``c XOR b`` (b the smallest power of two that leaves the
     machine) is an involution, so on regular layouts these candidates pair machines
-    symmetrically, e.g. (dp, pp) ↔ (dp⊕1, pp⊕1) in reference/algorithms.md §3.5.
+    symmetrically, e.g. (dp, pp) ↔ (dp⊕1, pp⊕1) on a 16-machine TP=8, PP=2, DP=8 job.
     With an odd number of stages XOR leaves the last stage without a partner (and
     the greedy search then quadratic), so the stages pair cyclically instead: the
     upper half of stage s's DP blocks with the lower half of stage s+1's

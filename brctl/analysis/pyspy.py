@@ -1,6 +1,6 @@
 """Parse ``py-spy dump --json`` output into the main thread's stack.
 
-py-spy prints a JSON list of thread objects (reference/algorithms.md §1.2):
+py-spy prints a JSON list of thread objects (``py-spy dump --json``):
 ``pid, thread_id, thread_name, os_thread_id, active, owns_gil, frames[...]``,
 frames innermost first, ``is_entry``/``is_shim_entry`` absent before v0.4. The
 training thread is the main thread: on Linux its OS thread id equals the pid;

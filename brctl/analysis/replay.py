@@ -1,7 +1,6 @@
 """Dual-phase replay: plan the replay groups, judge their fingerprints, decide what next.
 
-Pure functions on typed data (no I/O, no clock) for ``brctl replay``
-(reference/algorithms.md §2):
+Pure functions on typed data (no I/O, no clock) for ``brctl replay``:
 
 * ``shape_of`` finds the machines' *roles*: the model-parallel positions
   (tp, cp, pp) each machine hosts. Machines with the same role differ only in

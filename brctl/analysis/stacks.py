@@ -1,6 +1,6 @@
 """Stack clustering: ranks' main-thread stacks → prefix tree, classes, outliers, group to evict.
 
-Pure functions on typed data (reference/algorithms.md §1, after LLNL STAT):
+Pure functions on typed data (after LLNL STAT, the Stack Trace Analysis Tool):
 
 - ``signature`` normalises one stack to (function, file) pairs, outermost first,
   folded at known wait points (everything inside ``torch.distributed``,

@@ -5,7 +5,7 @@ With the order string ``tp-cp-ep-dp-pp`` the first axis has stride 1, so
 order ``tp-cp-ep-pp-dp`` swaps dp and pp. A group of kind K is the set of ranks that
 agree on every other coordinate. Expert layers use a second generator over the
 same ranks (tp = TP, ep = EP, dp = expert-DP = CP·DP/EP, pp = PP, cp = 1), giving
-the ``ep`` and ``edp`` kinds (reference/algorithms.md §4). Group ids are numbered
+the ``ep`` and ``edp`` kinds (Megatron-LM's RankGenerator). Group ids are numbered
 as Megatron enumerates them (unmasked coordinates, first axis fastest).
 """
 

@@ -43,7 +43,7 @@ def stack_tree(root: TreeNode, outliers: set[int]) -> Any:
 
 
 def payload(report: StacksReport) -> dict[str, Any]:
-    """The JSON document's body (DESIGN.md: classes, outliers, suspect_groups, evict)."""
+    """The JSON document's body (classes, outliers, suspect_groups, evict)."""
     a, topo = report.analysis, report.topology
     last = report.collections[-1]
     return {

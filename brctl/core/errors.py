@@ -1,4 +1,4 @@
-"""One exception root and the exit-code contract (DESIGN.md, "Output and exit codes")."""
+"""One exception root and the exit-code contract (the table in README.md and brctl(1))."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ ConnectionKind = Literal["ssh", "local"]
 
 
 class NodeState(str, Enum):
-    """What happened on one node; each state is distinct (DESIGN.md, remote execution)."""
+    """What happened on one node; each state is distinct."""
 
     OK = "ok"  # ran, exit code 0
     FAILED = "failed"  # ran, non-zero exit
@@ -69,7 +69,7 @@ class RunResult:
     seconds: float
 
     def to_json(self) -> dict[str, object]:
-        """The per-node JSON object of DESIGN.md."""
+        """The per-node JSON object of every fan-out (``exec --json`` and the others)."""
         return {
             "state": self.state.value,
             "exit_code": self.exit_code,

@@ -77,7 +77,7 @@ class StageReport:
                                    for v in self.verdicts if v.status == "skip"))
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON of DESIGN.md (name, nodes_tested, faulty, seconds) plus the evidence."""
+        """The stage's JSON (name, nodes_tested, faulty, seconds) plus the evidence."""
         out: dict[str, Any] = {
             "name": self.name, "nodes_tested": list(self.nodes_tested),
             "faulty": list(self.faulty), "seconds": round(self.seconds, 3),
@@ -166,7 +166,7 @@ def diagnose(
         progress: called with a one-line message as each step starts.
 
     Returns:
-        The report; ``report.exit_code`` follows DESIGN.md.
+        The report; ``report.exit_code`` follows the exit-code table of brctl(1).
 
     Raises:
         RefusedError: training processes are alive and ``options.force`` is false.

@@ -1,7 +1,7 @@
 """OpenSSH ``known_hosts`` files, parsed once and indexed (no paramiko).
 
 paramiko's ``HostKeys.load`` checks every new line against all previous ones, so
-a 12,000-line file takes ~18 s (fanout.md §1.7). Here a file is parsed once per
+a 12,000-line file takes ~18 s. Here a file is parsed once per
 (path, mtime, size) into a dict keyed by host pattern: plain hosts, ``[host]:port``
 and comma lists are O(1) lookups; hashed entries (``|1|salt|hash``) need one
 HMAC-SHA1 per hashed line per looked-up name, so they are checked linearly (and

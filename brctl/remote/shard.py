@@ -1,7 +1,7 @@
 """Fan-out over several worker processes, for large fan-outs of fresh connections.
 
 One paramiko process tops out near 150 new connections/s: the key exchange and
-packet handling are Python under the GIL (fanout.md §4.5). ``run_sharded`` splits
+packet handling are Python under the GIL (benchmarks/README.md). ``run_sharded`` splits
 the nodes round-robin over ``processes`` worker processes; each builds its own
 transport from ``factory`` (a picklable zero-argument callable, e.g. what
 ``SshTransport.process_factory`` returns), runs the ordinary threaded fan-out on

@@ -7,7 +7,7 @@ is opened on first use and reused by every later ``run``/``put``/``get`` until
 ``close()`` (the daemon keeps one SshTransport across polls). A cached connection
 found dead is reopened once; a command is never re-run. Sockets are opened here
 with ``TCP_NODELAY`` (without it every request/response turn waits ~40 ms on
-Nagle/delayed ACK: 45 ms → 3 ms per command, fanout.md §1.7) and keepalives are
+Nagle/delayed ACK: 45 ms → 3 ms per command) and keepalives are
 on. New connections are capped at ``connect_rate`` per second (a token bucket,
 separate from the fan-out's concurrency) and connection-level failures (refused,
 reset, lost during the handshake) are retried with capped, jittered exponential

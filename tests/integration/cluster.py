@@ -238,7 +238,7 @@ class SshCluster:
                 "PermitRootLogin prohibit-password",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
-                # The default 10:30:100 drops connections under fan-out (fanout.md §4.3).
+                # The default 10:30:100 drops connections under fan-out (sshd's MaxStartups).
                 "MaxStartups 2000:30:4000",
                 "MaxSessions 1000",
                 "AllowTcpForwarding yes",

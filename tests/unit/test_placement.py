@@ -159,7 +159,7 @@ def test_regular_shapes_are_pure_pairings() -> None:
 
 
 def test_worked_example_matches_reference() -> None:
-    """reference/algorithms.md §3.5: 16 machines, TP=8 in-machine, PP=2, DP=8."""
+    """16 machines, TP=8 in-machine, PP=2, DP=8."""
     topo = _topo((16, 8, 8, 2, 1, 1, "tp-cp-ep-dp-pp"))
     backups = plan_backups(topo).backups()
     assert backups["n000"] == "n009" and backups["n001"] == "n008" and backups["n002"] == "n011"

@@ -69,7 +69,7 @@ def simulate(
 # (machines, gpus, tp, pp, cp, order, dp): shapes a replay can meet
 SHAPES = [
     (8, 2, 1, 2, 1, "tp-cp-ep-dp-pp", None),     # the integration cluster
-    (16, 8, 8, 2, 1, "tp-cp-ep-dp-pp", 2),       # reference/algorithms.md §2.6
+    (16, 8, 8, 2, 1, "tp-cp-ep-dp-pp", 2),       # the 4×4 grid: 16 machines, TP=8, DP=8, PP=2
     (16, 8, 8, 2, 1, "tp-cp-ep-dp-pp", None),
     (12, 1, 1, 3, 1, "tp-cp-ep-dp-pp", None),
     (12, 2, 2, 3, 1, "tp-cp-ep-pp-dp", None),

@@ -62,7 +62,7 @@ def test_single_fault_found_in_two_rounds_and_argv_is_a_list() -> None:
 
 
 def test_two_faults_need_a_third_round_that_clears_the_false_candidates() -> None:
-    inv = inventory(16, 8, 8, 2)  # reference/algorithms.md §2.6, DP'=2
+    inv = inventory(16, 8, 8, 2)  # the 4×4 grid, DP'=2
     report = replay(scripted({"g06", "g09"}), inv, workload=command_workload(TEMPLATE), dp=2)
     v = report.verdict
     assert (v.verdict, set(v.faulty)) == ("found", {"g06", "g09"})

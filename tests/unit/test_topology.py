@@ -1,4 +1,4 @@
-"""Topology against Megatron's closed form (reference/algorithms.md §4) on many shapes."""
+"""Topology against Megatron's closed form on many shapes."""
 
 from __future__ import annotations
 
