@@ -82,7 +82,7 @@ def bench_copies(mib: int) -> dict[str, float]:
     if why:
         raise SystemExit(f"copies: cannot run: {why}")
     with tempfile.TemporaryDirectory() as tmp, \
-            SshCluster(Path(tmp), 2, private_dirs=("/local/ckpt",)) as cluster:
+            SshCluster(Path(tmp), 2, private_dirs=("/local/ckpt", "/local/ckpt.brctl-backup")) as cluster:
         step = cluster.node_path("node01", "/local/ckpt/step_1")
         step.mkdir(parents=True)
         for i in range(4):

@@ -7,8 +7,11 @@ reaches the network fails loudly instead of silently depending on it.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +79,30 @@ def brctl(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -
         return CliResult(code, out, err)
 
     return invoke
+
+
+@pytest.fixture
+def trusted_tmp() -> Iterator[Path]:
+    """A temp dir that passes OpenSSH's StrictModes rule (``safefs.unsafe_owner_chain``).
+
+    ``tmp_path`` lives under ``/tmp``, which is world-writable: brctl refuses to keep
+    root's files (a ckpt backup root) below it. This one is made under the first of
+    ``/run``, ``/var/lib`` and ``~/.cache`` whose every component is owned by root or
+    us and not group/other writable.
+    """
+    from brctl.diagnostics.safefs import unsafe_owner_chain
+
+    trusted = (0, os.geteuid())
+    base = next((p for p in ("/run", "/var/lib", os.path.expanduser("~/.cache"))
+                 if os.path.isdir(p) and os.access(p, os.W_OK)
+                 and unsafe_owner_chain(p, trusted) is None), None)
+    if base is None:
+        pytest.skip("no directory here passes the StrictModes rule")
+    path = Path(tempfile.mkdtemp(prefix="brctl-test-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

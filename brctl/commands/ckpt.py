@@ -88,8 +88,11 @@ def backup_command(
     Files stream node → controller → node (nodes need not reach each other), land under
     a temp name and are renamed; the peer re-hashes them and writes a manifest last, so
     a partial copy is never taken for complete. Rerunning resumes: files already there
-    with the right sha256 are not sent again. Exit 0 when every copy is complete, 1 when
-    one failed or a machine had no step, 3 when a node could not be reached.
+    with the right sha256 are not sent again. Copies go to ckpt.backup_dir (default:
+    ckpt.dir + ".brctl-backup", root-owned 0700); symlinks in ckpt.dir are never
+    followed. Exit 0 when every copy is complete, 1 when one failed or a machine had no
+    step, 3 when a node could not be reached, 4 when one was refused (an unsafe backup
+    root, a bad name in a node's answer).
     """
     from brctl.commands._render_ckpt import render_copies
     from brctl.core.errors import UsageError
@@ -118,12 +121,17 @@ def restore_command(
     plan_file: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help=PLAN_HELP),
     parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",
                                            help="File copies in flight (default: ckpt.parallel)."),
+    force: bool = typer.Option(False, "--force",
+                               help="Restore onto a live member of the job (replaces its own shards)."),
 ) -> int:
     """Put an evicted machine's newest verified backup onto a replacement machine.
 
     The peer's copy is re-hashed first (a corrupted or truncated step is skipped for the
-    previous one), staged on the target, re-hashed there and renamed into ckpt.dir.
-    Exit 0 when restored and verified, 1 when no good copy exists, 3 when unreachable.
+    previous one), received into a fresh staging dir in ckpt.dir on the target, re-hashed
+    there, given the owner and group of ckpt.dir and renamed into place. A --to that is a
+    member of the job is refused unless --force. Exit 0 when restored and verified, 1
+    when no good copy exists, 3 when unreachable, 4 when refused (a live member, a
+    safety rule on a node, a bad name in a node's answer).
     """
     from brctl.commands._render_ckpt import render_copies
     from brctl.operations import ckpt as ops
@@ -131,6 +139,6 @@ def restore_command(
     env: Env = ctx.obj
     inv = env.inventory()
     report = ops.restore(env.transport(), inv, _backups(env, plan_file), target=to,
-                         evicted=evicted, source=source, parallel=parallel)
+                         evicted=evicted, source=source, parallel=parallel, force=force)
     render_copies(env.output, "ckpt.restore", report)
     return int(report.exit_code)

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 from brctl.core.errors import ExitCode
 
@@ -29,6 +29,7 @@ class NodeState(str, Enum):
     UNREACHABLE = "unreachable"  # no TCP connection / no SSH banner / connection lost
     AUTH = "auth"  # the node refused our credentials
     HOSTKEY = "hostkey"  # the node's host key is unknown or changed
+    REFUSED = "refused"  # brctl would not act there: a safety rule, a bad name from that node
 
     @property
     def ran(self) -> bool:
@@ -121,7 +122,10 @@ class Results(Mapping[str, RunResult]):
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when some node gave no answer, else 1 when some exited non-zero, else 0."""
+        """4 when brctl refused some node, else 3 when some gave no answer, else 1 when
+        some exited non-zero, else 0."""
+        if any(r.state is NodeState.REFUSED for r in self._by_node.values()):
+            return ExitCode.REFUSED
         if self.incomplete():
             return ExitCode.INCOMPLETE
         return ExitCode.FINDINGS if self.failed() else ExitCode.OK
@@ -162,8 +166,28 @@ class Transport(Protocol):
         """Run ``argv`` (never a shell string) on ``node``; kill it if it outlives ``timeout``."""
         ...
 
+    def stream(
+        self,
+        node: Node,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: BinaryIO | None = None,
+        stdout: BinaryIO | None = None,
+    ) -> RunResult:
+        """``run`` for bulk data: stdin read from, stdout written to, binary files as it goes.
+
+        Nothing is held in memory; with ``stdout`` given the result's ``stdout`` is
+        empty. ``timeout`` bounds the command, and also any pause of the stream.
+        """
+        ...
+
     def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
-        """Copy a local file to ``remote_path`` on ``node`` (written under a temp name, renamed)."""
+        """Copy a local file to ``remote_path`` on ``node`` (written under a temp name, renamed).
+
+        Follows links on the node like any SFTP client: only for paths no untrusted
+        user can write (checkpoint shards travel by ``stream`` to a node-side receiver).
+        """
         ...
 
     def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:

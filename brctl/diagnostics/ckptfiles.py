@@ -1,45 +1,89 @@
-"""Probe: checkpoint shard files on this node — list, checksum, commit, restore.
+"""Probe: checkpoint shard files on this node — list, checksum, send, receive, commit, restore.
 
-Node-side, standard library only (Python >= 3.9). One request ``op`` per run:
+Node-side, standard library only (Python >= 3.9). The job's user owns ``dir`` and is
+untrusted, as is every name in a request (it may come from another machine's answer):
+all file work goes through ``brctl.diagnostics.safefs`` (directory fds, no symlink
+ever followed, ``O_EXCL`` creates with explicit modes) and every name is checked
+before any mkdir/open/rename/remove. A refusal is answered as ``{"refused": why}``.
+
+Areas (``area`` in a request) — where a request's relative names live:
+
+- ``ckpt``: ``dir`` (``~``/``$VARS`` expanded on the node; root-owned symlinks on the
+  way are followed, any other symlink is refused).
+- ``backup``: the backup root, ``backup_dir`` or by default ``<dir>.brctl-backup``
+  beside ``dir``; every component from ``/`` must be owned by root (or the SSH user)
+  and not group/other writable, else refused. ``prepare`` creates it 0700. Copies
+  live in ``<root>/<source>/<step>/<path>``.
+- ``legacy``: ``<dir>/.brctl-backup`` (the old default, inside the job's directory):
+  read-only, for restores, by the same no-symlink rules.
+
+Ops (``op``):
 
 - ``scan``: the steps under ``dir`` matching ``glob`` (newest first, natural order);
   the first ``hash_steps`` eligible ones (with ``marker`` when given) are hashed.
-- ``scan_backup``: the backed-up steps of one source under ``root``: whether each
-  is committed (a manifest, written last, says so) and, for resuming, the sha256 of
-  every file already there (``deep``: re-hash committed steps too, to catch rot).
-- ``prepare``: create directories (sftp does not create parents), after removing
-  ``clean`` ones (a restore's stale staging area).
-- ``commit``: re-hash a backed-up step's files; when every checksum matches, write
-  the manifest atomically (temp, fsync, rename) and prune older steps beyond ``keep``.
+  Symlinked steps/files, FIFOs, devices and foreign hard links are listed under
+  ``skipped`` with a reason, never hashed or sent.
+- ``scan_backup``: the backed-up steps of ``source``: committed (a manifest, written
+  last) or partial, and the sha256 of files present (``deep``: committed ones too).
+- ``prepare``: create ``<root>/<source>/<step>/`` and drop its stale manifest.
+- ``send`` (request in ``argv[1]``): write the ``files`` of an area to stdout, back to
+  back, exactly ``size`` bytes each; stops (exit 1) at a file it may not read.
+- ``receive`` (request in ``argv[1]``): read those bytes from stdin into the backup
+  step or a restore staging dir: each file under a new ``O_EXCL`` temp name, checked
+  against its sha256, fsynced, then renamed over its name.
+- ``commit``: re-hash a backed-up step; when every file matches, write the manifest
+  atomically and prune older steps beyond ``keep``.
 - ``verify``: re-hash a committed backup step against its manifest.
-- ``finish_restore``: check a staged restore, then rename it into place.
-
-Paths in requests are absolute; file paths inside a step are relative and are
-refused if they escape it (``..``, absolute).
+- ``stage``: remove stale staging dirs brctl made in ``dir`` (owned by this uid) and
+  make a new one, ``.brctl-restore-<random>``, 0700.
+- ``finish_restore``: re-check the staged step, give it the owner and group of ``dir``
+  (files keep the source's permission bits, minus setuid/setgid/sticky and execute),
+  move an existing step aside, rename it into place and remove the staging dir.
+- ``drop``: remove a staging dir (a failed restore).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import json
 import os
+import posixpath
 import re
-import shutil
-import tempfile
+import secrets
+import stat
 import time
 from typing import Any
 
+from brctl.diagnostics import safefs
 from brctl.diagnostics.protocol import serve
+from brctl.diagnostics.safefs import SymlinkRefused, UnsafeName
 
 MANIFEST = ".brctl-manifest.json"
-STAGING = ".brctl-restore"
-_CHUNK = 1 << 20  # hash in 1 MiB reads: bounded memory for any shard size
+STAGING_PREFIX = ".brctl-restore-"
+LEGACY_BACKUP = ".brctl-backup"  # the old default backup root, inside dir
+BACKUP_SUFFIX = ".brctl-backup"  # the default backup root: <dir>.brctl-backup
+CHUNK = 1 << 20  # 1 MiB reads: bounded memory for any shard size
+_MANIFEST_MAX = 64 << 20
+TRUSTED = tuple(sorted({0, os.geteuid()}))  # root, and the SSH user when it is not root
+SUGGESTION = ("set ckpt.backup_dir to a directory whose every component is owned by root "
+              "and not group/other writable, e.g. /var/lib/brctl/ckpt-backup")
+
+
+class Refused(Exception):
+    """A safety rule stopped the request on this node (answered as ``refused``)."""
+
+
+REFUSALS = (Refused, UnsafeName, SymlinkRefused, safefs.NotRegular)
+
+
+def why_refused(exc: BaseException) -> str:
+    """The reason of one of ``REFUSALS``, naming the path or name."""
+    return str(exc.strerror) if isinstance(exc, OSError) else str(exc)
 
 
 def resolve(path: str) -> str:
-    """``~`` and ``$VARS`` expanded on the node (e.g. ``dir: $LOCAL_SSD/ckpt``), made absolute."""
+    """``~`` and ``$VARS`` expanded on the node, made absolute and normal."""
     return os.path.abspath(os.path.expanduser(os.path.expandvars(path)))
 
 
@@ -48,216 +92,385 @@ def _natural(name: str) -> list[Any]:
 
 
 def sha256_file(path: str) -> str:
-    """The file's sha256, read in chunks."""
-    digest = hashlib.sha256()
+    """The file's sha256, read in chunks (a controller-side spool file)."""
     with open(path, "rb") as fh:
-        while True:
-            block = fh.read(_CHUNK)
-            if not block:
-                break
-            digest.update(block)
-    return digest.hexdigest()
+        return _digest(fh.fileno())
 
 
-def _safe_rel(rel: str) -> str:
-    norm = os.path.normpath(rel)
-    if os.path.isabs(rel) or norm == ".." or norm.startswith("../") or norm == ".":
-        raise ValueError(f"path {rel!r} escapes its step")
-    return norm
+def _digest(fd: int) -> str:
+    digest = hashlib.sha256()
+    while True:
+        block = os.read(fd, CHUNK)
+        if not block:
+            return digest.hexdigest()
+        digest.update(block)
 
 
-def _files_of(base: str, entry: str) -> list[str]:
-    """Regular files of one step (a file or a directory tree), relative to ``base``."""
-    top = os.path.join(base, entry)
-    if os.path.isfile(top) and not os.path.islink(top):
-        return [entry]
+# -- areas ------------------------------------------------------------------------------
+
+
+def ckpt_dir(req: dict[str, Any]) -> str:
+    """The real path of ``dir``, following only root-owned symlinks."""
+    return safefs.resolve_path(resolve(req["dir"]), TRUSTED)
+
+
+def backup_root(req: dict[str, Any]) -> str:
+    """``backup_dir`` (resolved) or the default beside ``dir``."""
+    if req.get("backup_dir"):
+        return resolve(req["backup_dir"])
+    try:
+        return ckpt_dir(req) + BACKUP_SUFFIX
+    except FileNotFoundError:  # a machine without checkpoints of its own (yet)
+        return resolve(req["dir"]) + BACKUP_SUFFIX
+
+
+def open_ckpt(req: dict[str, Any]) -> tuple[int, str]:
+    """(fd, real path) of ``dir``."""
+    path = ckpt_dir(req)
+    return safefs.open_dir(path), path
+
+
+def open_area(req: dict[str, Any], *, create: bool = False) -> tuple[int, str] | None:
+    """(fd, path) of the request's area root; None when a backup root does not exist."""
+    area = req.get("area", "ckpt")
+    if area == "ckpt":
+        return open_ckpt(req)
+    if area == "legacy":
+        base, path = open_ckpt(req)
+        try:
+            return safefs.open_dir(LEGACY_BACKUP, base), posixpath.join(path, LEGACY_BACKUP)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(base)
+    if area != "backup":
+        raise UnsafeName(f"unknown area {area!r}")
+    root = backup_root(req)
+    if not os.path.lexists(root):
+        if not create:
+            return None
+        top = root
+        while not os.path.lexists(top):
+            top = posixpath.dirname(top)
+        real_top = safefs.resolve_path(top, TRUSTED)
+        _check_chain(real_top)
+        pfd = safefs.open_dir(real_top)
+        try:
+            os.close(safefs.make_dirs(pfd, posixpath.relpath(root, top), 0o700))
+        finally:
+            os.close(pfd)
+    real = safefs.resolve_path(root, TRUSTED)
+    _check_chain(real)
+    return safefs.open_dir(real), real
+
+
+def _check_chain(path: str) -> None:
+    reason = safefs.unsafe_owner_chain(path, TRUSTED)
+    if reason:
+        raise Refused(f"backup root {path}: {reason}; {SUGGESTION}")
+
+
+def open_step(req: dict[str, Any], root_fd: int) -> int:
+    return safefs.open_dir(f"{safefs.check_component(req['source'])}/"
+                           f"{safefs.check_component(req['step'])}", root_fd)
+
+
+# -- reading --------------------------------------------------------------------------
+
+
+def _hash_at(base_fd: int, rel: str) -> tuple[int, str, int]:
+    """(size, sha256, permission bits) of ``rel`` below ``base_fd``, opened without links."""
+    fd = safefs.open_path(base_fd, rel)
+    try:
+        st = os.fstat(fd)
+        return st.st_size, _digest(fd), stat.S_IMODE(st.st_mode)
+    finally:
+        os.close(fd)
+
+
+def _describe(base_fd: int, rels: list[str], skipped: list[list[str]]) -> list[dict[str, Any]]:
     out = []
-    for root, dirs, files in os.walk(top):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            if name == MANIFEST or os.path.islink(path) or not os.path.isfile(path):
-                continue
-            out.append(os.path.relpath(path, base))
+    for rel in rels:
+        try:
+            size, sha, mode = _hash_at(base_fd, rel)
+        except (SymlinkRefused, safefs.NotRegular) as exc:  # swapped since it was listed
+            skipped.append([rel, str(exc.strerror)])
+            continue
+        out.append({"path": rel, "size": size, "sha256": sha, "mode": mode})
     return out
 
 
-def _describe(base: str, rels: list[str]) -> list[dict[str, Any]]:
-    return [{"path": rel, "size": os.path.getsize(os.path.join(base, rel)),
-             "sha256": sha256_file(os.path.join(base, rel))} for rel in rels]
+def _step_files(base_fd: int, name: str, owner: int) -> tuple[list[str], list[list[str]]]:
+    """Regular files of one step (a file or a tree), relative to ``base_fd``."""
+    st = os.lstat(name, dir_fd=base_fd)
+    if stat.S_ISREG(st.st_mode):
+        return [name], []
+    fd = safefs.open_dir(name, base_fd)
+    try:
+        walk = safefs.walk_files(fd, owner=owner, exclude=frozenset({MANIFEST}))
+    finally:
+        os.close(fd)
+    return ([f"{name}/{p}" for p in walk.files],
+            [[f"{name}/{p}", why] for p, why in walk.skipped])
 
 
 def scan(req: dict[str, Any]) -> dict[str, Any]:
     """The node's own steps, newest first; the newest ``hash_steps`` eligible ones hashed."""
-    base, pattern, marker = resolve(req["dir"]), req.get("glob", "*"), req.get("marker")
-    want = int(req.get("hash_steps", 1))
-    if not os.path.isdir(base):
-        return {"dir": base, "exists": False, "steps": []}
-    names = sorted((n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern)
-                    and not n.startswith(".")), key=_natural, reverse=True)
-    steps = []
-    for name in names:
-        eligible = not marker or os.path.isfile(os.path.join(base, name, marker))
-        step: dict[str, Any] = {"name": name, "eligible": eligible}
-        if eligible and want > 0:
-            step["files"] = _describe(base, _files_of(base, name))
-            want -= 1
-        steps.append(step)
-    return {"dir": base, "exists": True, "steps": steps}
-
-
-def _read_manifest(step_dir: str) -> dict[str, Any] | None:
+    pattern, marker, want = req.get("glob", "*"), req.get("marker"), int(req.get("hash_steps", 1))
     try:
-        with open(os.path.join(step_dir, MANIFEST)) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
+        base, path = open_ckpt(req)
+    except FileNotFoundError:
+        return {"dir": resolve(req["dir"]), "exists": False, "steps": [], "skipped": []}
+    try:
+        owner = os.fstat(base).st_uid
+        steps, skipped = [], []
+        names = sorted((n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern)
+                        and not n.startswith(".")), key=_natural, reverse=True)
+        for name in names:
+            st = os.lstat(name, dir_fd=base)
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                skipped.append([name, "symlink; not followed" if stat.S_ISLNK(st.st_mode)
+                                else "not a file or directory"])
+                continue
+            eligible = not marker or _has(base, name, marker)
+            step: dict[str, Any] = {"name": name, "eligible": eligible}
+            if eligible and want > 0:
+                rels, step["skipped"] = _step_files(base, name, owner)
+                step["files"] = _describe(base, rels, step["skipped"])
+                want -= 1
+            steps.append(step)
+        return {"dir": path, "exists": True, "steps": steps, "skipped": skipped}
+    finally:
+        os.close(base)
+
+
+def _has(base_fd: int, step: str, marker: str) -> bool:
+    try:
+        fd = safefs.open_path(base_fd, f"{step}/{safefs.check_component(marker)}")
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _read_manifest(step_fd: int) -> dict[str, Any] | None:
+    try:
+        fd = safefs.open_file(step_fd, MANIFEST)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            doc = json.loads(fh.read(_MANIFEST_MAX))
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
 
 
 def scan_backup(req: dict[str, Any]) -> dict[str, Any]:
-    """Backed-up steps of one source: committed or partial, with present files' checksums."""
-    root, deep = resolve(req["root"]), bool(req.get("deep", True))
-    only = req.get("step")
-    if not os.path.isdir(root):
-        return {"root": root, "steps": []}
+    """Backed-up steps of ``source``: committed or partial, with present files' checksums."""
+    deep, only = bool(req.get("deep", True)), req.get("step")
+    source = safefs.check_component(req["source"])
+    opened = open_area(req)
+    if opened is None:
+        return {"root": None, "steps": []}
+    root_fd, root = opened
+    try:
+        try:
+            src_fd = safefs.open_dir(source, root_fd)
+        except FileNotFoundError:
+            return {"root": root, "steps": []}
+        try:
+            return {"root": root, "steps": _backup_steps(src_fd, deep, only)}
+        finally:
+            os.close(src_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _backup_steps(src_fd: int, deep: bool, only: str | None) -> list[dict[str, Any]]:
     steps = []
-    for name in sorted(os.listdir(root), key=_natural, reverse=True):
-        step_dir = os.path.join(root, name)
-        if name.startswith(".") or not os.path.isdir(step_dir) or (only and name != only):
+    for name in sorted(os.listdir(src_fd), key=_natural, reverse=True):
+        if name.startswith(".") or (only and name != only):
             continue
-        manifest = _read_manifest(step_dir)
-        entry: dict[str, Any] = {"name": name, "committed": manifest is not None}
-        if manifest is not None:
-            entry["manifest"] = manifest["files"]
-            entry["committed_at"] = manifest.get("committed_at")
-        if manifest is None or deep:
-            entry["present"] = {d["path"]: d["sha256"]
-                                for d in _describe(step_dir, _files_of(step_dir, ""))}
-        steps.append(entry)
-    return {"root": root, "steps": steps}
+        try:
+            fd = safefs.open_dir(name, src_fd)
+        except SymlinkRefused:
+            continue
+        try:
+            manifest = _read_manifest(fd)
+            entry: dict[str, Any] = {"name": name, "committed": manifest is not None}
+            if manifest is not None:
+                entry["manifest"] = manifest["files"]
+                entry["committed_at"] = manifest.get("committed_at")
+            if manifest is None or deep:
+                skipped: list[list[str]] = []
+                walk = safefs.walk_files(fd, exclude=frozenset({MANIFEST}))
+                entry["present"] = {d["path"]: d["sha256"]
+                                    for d in _describe(fd, walk.files, skipped)}
+            steps.append(entry)
+        finally:
+            os.close(fd)
+    return steps
 
 
-def prepare(req: dict[str, Any]) -> dict[str, Any]:
-    """Create directories (and drop a stale manifest so a step being rewritten is partial)."""
-    for path in req.get("clean", []):
-        shutil.rmtree(resolve(path), ignore_errors=True)  # leftovers of an earlier attempt
-    resolved = {}
-    for path in req.get("dirs", []):
-        resolved[path] = resolve(path)
-        os.makedirs(resolved[path], exist_ok=True)
-    for step_dir in req.get("uncommit", []):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(resolve(step_dir), MANIFEST))
-    return {"ok": True, "resolved": resolved}
-
-
-def _check(base: str, files: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def check_files(base_fd: int, files: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     missing, bad = [], []
     for f in files:
-        path = os.path.join(base, _safe_rel(f["path"]))
-        if not os.path.isfile(path):
+        try:
+            size, sha, _ = _hash_at(base_fd, safefs.check_relpath(f["path"]))
+        except FileNotFoundError:
             missing.append(f["path"])
-        elif os.path.getsize(path) != f["size"] or sha256_file(path) != f["sha256"]:
+            continue
+        except (SymlinkRefused, safefs.NotRegular):
+            bad.append(f["path"])
+            continue
+        if size != f["size"] or sha != f["sha256"]:
             bad.append(f["path"])
     return missing, bad
 
 
-def _write_json_atomic(path: str, doc: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
+# -- backups ----------------------------------------------------------------------------
+
+
+def prepare(req: dict[str, Any]) -> dict[str, Any]:
+    """Create ``<root>/<source>/<step>/`` (0700) and drop a stale manifest there."""
+    opened = open_area({**req, "area": "backup"}, create=True)
+    assert opened is not None
+    root_fd, root = opened
+    try:
+        src_fd = safefs.make_dir(root_fd, safefs.check_component(req["source"]), exist_ok=True)
+        try:
+            step_fd = safefs.make_dir(src_fd, safefs.check_component(req["step"]), exist_ok=True)
+        finally:
+            os.close(src_fd)
+        try:
+            os.unlink(MANIFEST, dir_fd=step_fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(step_fd)
+    finally:
+        os.close(root_fd)
+    return {"ok": True, "root": root}
+
+
+def _write_manifest(step_fd: int, doc: dict[str, Any]) -> None:
+    tmp = f".partial-{secrets.token_hex(6)}"
+    fd = safefs.open_file(step_fd, tmp, os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(dfd)  # the rename itself must survive a crash, not just the bytes
-    finally:
-        os.close(dfd)
+    os.rename(tmp, MANIFEST, src_dir_fd=step_fd, dst_dir_fd=step_fd)
+    os.fsync(step_fd)  # the rename itself must survive a crash, not just the bytes
 
 
 def commit(req: dict[str, Any]) -> dict[str, Any]:
     """Verify a backed-up step and, only if every file matches, write its manifest."""
-    root, step, files = resolve(req["root"]), req["step"], req["files"]
-    step_dir = os.path.join(root, step)
-    missing, bad = _check(step_dir, files)
-    if missing or bad:
-        return {"ok": False, "missing": missing, "mismatched": bad, "pruned": []}
-    _write_json_atomic(os.path.join(step_dir, MANIFEST), {
-        "source": req.get("source"), "step": step, "files": files,
-        "committed_at": time.time(),
-    })
-    return {"ok": True, "missing": [], "mismatched": [], "pruned": _prune(root, step,
-                                                                           int(req.get("keep", 2)))}
+    opened = open_area({**req, "area": "backup"})
+    if opened is None:
+        return {"ok": False, "missing": [f["path"] for f in req["files"]], "mismatched": [],
+                "pruned": []}
+    root_fd, _ = opened
+    try:
+        step_fd = open_step(req, root_fd)
+        try:
+            missing, bad = check_files(step_fd, req["files"])
+            if missing or bad:
+                return {"ok": False, "missing": missing, "mismatched": bad, "pruned": []}
+            _write_manifest(step_fd, {"source": req["source"], "step": req["step"],
+                                      "files": req["files"], "committed_at": time.time()})
+        finally:
+            os.close(step_fd)
+        src_fd = safefs.open_dir(req["source"], root_fd)
+        try:
+            pruned = _prune(src_fd, req["step"], int(req.get("keep", 2)))
+        finally:
+            os.close(src_fd)
+    finally:
+        os.close(root_fd)
+    return {"ok": True, "missing": [], "mismatched": [], "pruned": pruned}
 
 
-def _prune(root: str, current: str, keep: int) -> list[str]:
+def _committed(src_fd: int, name: str) -> bool:
+    try:
+        fd = safefs.open_dir(name, src_fd)
+    except OSError:
+        return False
+    try:
+        return _read_manifest(fd) is not None
+    finally:
+        os.close(fd)
+
+
+def _prune(src_fd: int, current: str, keep: int) -> list[str]:
     """Drop committed steps beyond the newest ``keep`` and partial ones older than ``current``."""
-    names = sorted((n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n))
-                    and not n.startswith(".")), key=_natural, reverse=True)
-    committed = [n for n in names if _read_manifest(os.path.join(root, n)) is not None]
+    names = sorted((n for n in os.listdir(src_fd) if not n.startswith(".")
+                    and stat.S_ISDIR(os.lstat(n, dir_fd=src_fd).st_mode)),
+                   key=_natural, reverse=True)
+    committed = [n for n in names if _committed(src_fd, n)]
     doomed = set(committed[keep:])
     doomed.update(n for n in names if n not in committed and _natural(n) < _natural(current))
     for name in sorted(doomed):
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        safefs.remove_tree(src_fd, name)
     return sorted(doomed)
 
 
 def verify(req: dict[str, Any]) -> dict[str, Any]:
     """Re-hash a committed backup step against its manifest."""
-    step_dir = os.path.join(resolve(req["root"]), req["step"])
-    manifest = _read_manifest(step_dir)
-    if manifest is None:
+    opened = open_area(req)
+    if opened is None:
         return {"ok": False, "committed": False, "missing": [], "mismatched": []}
-    missing, bad = _check(step_dir, manifest["files"])
+    root_fd, _ = opened
+    try:
+        step_fd = open_step(req, root_fd)
+        try:
+            manifest = _read_manifest(step_fd)
+            if manifest is None:
+                return {"ok": False, "committed": False, "missing": [], "mismatched": []}
+            missing, bad = check_files(step_fd, manifest["files"])
+        finally:
+            os.close(step_fd)
+    finally:
+        os.close(root_fd)
     return {"ok": not missing and not bad, "committed": True, "missing": missing,
             "mismatched": bad, "files": manifest["files"]}
 
 
-def finish_restore(req: dict[str, Any]) -> dict[str, Any]:
-    """Check the staged files, then rename the step into ``dir`` (an old copy is kept aside)."""
-    base, step, files = resolve(req["dir"]), req["step"], req["files"]
-    staging = os.path.join(base, STAGING, step)
-    missing, bad = _check(staging, files)
-    if missing or bad:
-        return {"ok": False, "missing": missing, "mismatched": bad}
-    final = os.path.join(base, step)
-    moved_aside = None
-    if os.path.lexists(final):
-        moved_aside = os.path.join(base, STAGING, f"replaced-{step}-{int(time.time() * 1e3)}")
-        os.rename(final, moved_aside)
-    os.rename(os.path.join(staging, step), final)
-    shutil.rmtree(staging, ignore_errors=True)
-    return {"ok": True, "missing": [], "mismatched": [], "path": final, "moved_aside": moved_aside}
+# -- dispatch ---------------------------------------------------------------------------
 
 
 def batch(req: dict[str, Any]) -> dict[str, Any]:
     """Several requests in one run: ``items`` [{key, op, ...}] → ``results`` {key: document}.
 
-    One item's failure is reported as its ``probe_error`` and does not stop the others.
+    One item's failure is reported as its ``probe_error`` (or ``refused``) and does
+    not stop the others.
     """
     results: dict[str, Any] = {}
     for item in req.get("items", []):
-        try:
-            results[str(item["key"])] = OPS[item["op"]](item)
-        except Exception as exc:  # per item, like serve() does per probe
-            results[str(item.get("key"))] = {"probe_error": f"{type(exc).__name__}: {exc}"}
+        results[str(item.get("key"))] = handle(item)
     return {"results": results}
 
 
 OPS = {"scan": scan, "scan_backup": scan_backup, "prepare": prepare, "commit": commit,
-       "verify": verify, "finish_restore": finish_restore}
+       "verify": verify}
 
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:
-    """Dispatch on ``op``."""
+    """Dispatch on ``op``; a safety refusal is ``{"refused": why}``, other failures raise."""
     op = request.get("op")
     if op == "batch":
         return batch(request)
     if op not in OPS:
         raise ValueError(f"unknown op {op!r} (expected one of {', '.join(sorted(OPS))})")
-    return OPS[op](request)
+    try:
+        return OPS[op](request)
+    except REFUSALS as exc:
+        return {"refused": why_refused(exc)}
+    except Exception as exc:
+        if request.get("key") is None:
+            raise
+        return {"probe_error": f"{type(exc).__name__}: {exc}"}
 
 
 if __name__ == "__main__":

@@ -334,16 +334,62 @@ def _owner(uid: int) -> str:
 
 
 def _unsafe(path: str, allowed_uids: tuple[int, ...], sticky_ok: bool) -> str | None:
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
+    st = os.lstat(path)
     if st.st_uid not in allowed_uids:
         return f"{path} is owned by {_owner(st.st_uid)}"
     sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     if st.st_mode & 0o022 and not (sticky_ok and sticky_dir):
         return f"{path} is group/other writable (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
+
+
+def _walk(path: str, allowed_uids: tuple[int, ...], check: bool, sticky_ok: bool = False
+          ) -> tuple[str, str | None]:
+    """(the real path, the first policy failure or None); ``OSError`` for a missing part."""
+    if not path.startswith("/"):
+        return path, f"{path}: not an absolute path"
+    todo = [p for p in path.split("/") if p]
+    done, links, checked = "", 0, set()
+    while True:
+        here = done or "/"
+        if check and here not in checked:
+            reason = _unsafe(here, allowed_uids, sticky_ok)
+            if reason:
+                return here, reason
+            checked.add(here)
+        if not todo:
+            return here, None
+        part = todo.pop(0)
+        if part in (".", ".."):
+            done = posixpath.dirname(done) if part == ".." and done else done
+            continue
+        nxt = f"{done}/{part}"
+        st = os.lstat(nxt)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if st.st_uid not in allowed_uids:
+                return nxt, f"{nxt} is a symlink owned by {_owner(st.st_uid)}"
+            if links > _MAX_SYMLINKS:
+                return nxt, f"{path}: too many levels of symbolic links"
+            target = os.readlink(nxt)
+            todo = [p for p in target.split("/") if p] + todo
+            done = "" if target.startswith("/") else done
+            continue
+        done = nxt
+
+
+def resolve_path(path: str, allowed_uids: tuple[int, ...] = (0,)) -> str:
+    """The real path of ``path``, following only symlinks owned by ``allowed_uids``.
+
+    For a configured root (``ckpt.dir``) that an operator may reach through a
+    root-owned link (``/local -> /mnt/nvme0``): a link the job user planted raises
+    ``SymlinkRefused``; a missing part raises the ``OSError``. Open the result with
+    ``open_dir``, which then refuses any link swapped in since.
+    """
+    real, reason = _walk(path, allowed_uids, check=False)
+    if reason:
+        raise SymlinkRefused(path, f"cannot be resolved safely: {reason}")
+    return real
 
 
 def unsafe_owner_chain(path: str, allowed_uids: tuple[int, ...] = (0,), *,
@@ -361,41 +407,7 @@ def unsafe_owner_chain(path: str, allowed_uids: tuple[int, ...] = (0,), *,
     owned by an allowed uid. For code brctl only reads (an inventory, an
     interpreter, an import path), not for directories it writes into.
     """
-    if not path.startswith("/"):
-        return f"{path}: not an absolute path"
-    todo = [p for p in path.split("/") if p]
-    done = ""
-    links = 0
-    checked: set[str] = set()
-    while True:
-        here = done or "/"
-        if here not in checked:
-            reason = _unsafe(here, allowed_uids, sticky_ok)
-            if reason:
-                return reason
-            checked.add(here)
-        if not todo:
-            return None
-        part = todo.pop(0)
-        if part == ".":
-            continue
-        if part == "..":
-            done = posixpath.dirname(done) if done else ""
-            continue
-        nxt = f"{done}/{part}"
-        try:
-            st = os.lstat(nxt)
-        except OSError as exc:
-            return f"{nxt}: {exc.strerror}"
-        if stat.S_ISLNK(st.st_mode):
-            links += 1
-            if st.st_uid not in allowed_uids:
-                return f"{nxt} is a symlink owned by {_owner(st.st_uid)}"
-            if links > _MAX_SYMLINKS:
-                return f"{path}: too many levels of symbolic links"
-            target = os.readlink(nxt)
-            todo = [p for p in target.split("/") if p] + todo
-            if target.startswith("/"):
-                done = ""
-            continue
-        done = nxt
+    try:
+        return _walk(path, allowed_uids, check=True, sticky_ok=sticky_ok)[1]
+    except OSError as exc:
+        return f"{exc.filename or path}: {exc.strerror}"

@@ -192,8 +192,9 @@ class LiveHooks:
         before = [evicted if n.name == standby.name else n for n in members]
         try:
             backups = plan(self._current(before)).backups()
+            # force: the standby was just swapped into the job for this very restore.
             report = restore(self.transport, self.inv, backups, target=standby.name,
-                             evicted=evicted.name, runner=self.runner)
+                             evicted=evicted.name, runner=self.runner, force=True)
         except BrctlError as exc:
             raise BrctlError(f"ckpt restore {evicted.name} -> {standby.name}: {exc.message}") from None
         copy = report.copies[0] if report.copies else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from typing import BinaryIO
 
 from brctl.core.transport import Node, RunResult, Transport
 from brctl.remote.local import LocalTransport
@@ -52,6 +53,13 @@ class RoutingTransport:
     ) -> RunResult:
         """Run on the node's backend."""
         return self._backend(node).run(node, argv, timeout=timeout, stdin=stdin)
+
+    def stream(
+        self, node: Node, argv: Sequence[str], *, timeout: float,
+        stdin: BinaryIO | None = None, stdout: BinaryIO | None = None,
+    ) -> RunResult:
+        """Stream on the node's backend."""
+        return self._backend(node).stream(node, argv, timeout=timeout, stdin=stdin, stdout=stdout)
 
     def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
         """Copy to the node."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from brctl.core.transport import Node, NodeState, RunResult, state_for_exit
 
@@ -58,6 +59,17 @@ class FakeTransport:
             state = state_for_exit(reply.exit_code if reply.exit_code is not None else 1)
         code = reply.exit_code if state.ran else None
         return RunResult(node.name, state, code, reply.stdout, reply.stderr, 0.0)
+
+    def stream(
+        self, node: Node, argv: Sequence[str], *, timeout: float,
+        stdin: BinaryIO | None = None, stdout: BinaryIO | None = None,
+    ) -> RunResult:
+        """``run`` with stdin read from a file and the reply's stdout written to one."""
+        res = self.run(node, argv, timeout=timeout, stdin=stdin.read() if stdin else None)
+        if stdout is None:
+            return res
+        stdout.write(res.stdout.encode())
+        return RunResult(res.node, res.state, res.exit_code, "", res.stderr, res.seconds)
 
     def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
         """Remember the file's bytes under (node, remote_path)."""

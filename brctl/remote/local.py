@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from brctl.core.transport import Node, NodeState, RunResult, state_for_exit
 
@@ -51,6 +52,29 @@ class LocalTransport:
             return RunResult(node.name, NodeState.TIMEOUT, None, _decode(out),
                              _decode(err) + f"\nkilled after {timeout:g}s",
                              time.monotonic() - start)
+        return RunResult(node.name, state_for_exit(proc.returncode), proc.returncode,
+                         _decode(out), _decode(err), time.monotonic() - start)
+
+    def stream(
+        self, node: Node, argv: Sequence[str], *, timeout: float,
+        stdin: BinaryIO | None = None, stdout: BinaryIO | None = None,
+    ) -> RunResult:
+        """Run ``argv`` locally with bulk stdin/stdout files (the child reads/writes them itself)."""
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(list(argv), stdin=stdin or subprocess.DEVNULL,
+                                    stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={**os.environ, **node.env}, start_new_session=True)
+        except OSError as exc:
+            return RunResult(node.name, NodeState.FAILED, 127, "", f"{argv[0]}: {exc.strerror}",
+                             time.monotonic() - start)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = proc.communicate()
+            return RunResult(node.name, NodeState.TIMEOUT, None, _decode(out),
+                             _decode(err) + f"\nkilled after {timeout:g}s", time.monotonic() - start)
         return RunResult(node.name, state_for_exit(proc.returncode), proc.returncode,
                          _decode(out), _decode(err), time.monotonic() - start)
 

@@ -71,6 +71,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import paramiko
 
@@ -205,6 +206,19 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
         chan.shutdown_write()
     except (OSError, EOFError, paramiko.SSHException):
         pass
+
+def _pump(src: BinaryIO, chan: paramiko.Channel) -> None:
+    """Copy ``src`` into the channel as stdin, then EOF; errors end it quietly (see ``_feed``)."""
+    try:
+        while True:
+            block = src.read(STDIN_SLICE)
+            if not block:
+                break
+            chan.sendall(block)
+        chan.shutdown_write()
+    except (OSError, EOFError, ValueError, paramiko.SSHException):
+        pass
+
 
 def _result(node: str, state: NodeState, t0: float, stderr: str, exit_code: int | None = None) -> RunResult:
     return RunResult(node, state, exit_code, "", stderr, time.monotonic() - t0)
@@ -713,8 +727,64 @@ class SshTransport:
 
     # -- files --------------------------------------------------------------------
 
+    def stream(
+        self, node: Node, argv: Sequence[str], *, timeout: float,
+        stdin: BinaryIO | None = None, stdout: BinaryIO | None = None,
+    ) -> RunResult:
+        """Run ``argv`` with bulk stdin/stdout files (checkpoint shards): see ``Transport.stream``.
+
+        Under ``timeout -k`` like ``run``; the channel's own timeout is ``timeout`` too,
+        so a stream that stops moving for that long is a ``timeout``. stderr is read
+        at the end (probes write little there). A ``stdout`` that stops taking data
+        (the other end of a relay died) closes the channel: the command gets SIGPIPE.
+        """
+        t0 = time.monotonic()
+        chan, failed = self._session(node, t0)
+        if chan is None:
+            assert failed is not None
+            return failed
+        wrapped = ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:.3f}", *argv]
+        out: list[bytes] = []
+        try:
+            chan.settimeout(timeout + KILL_GRACE_S + CLIENT_SLACK_S)
+            chan.exec_command(command_line(with_env(wrapped, node.env)))
+            if stdin is not None:
+                threading.Thread(target=_pump, args=(stdin, chan), daemon=True,
+                                 name=f"brctl-stream-{node.name}").start()
+            else:
+                chan.shutdown_write()
+            while True:
+                data = chan.recv(STDIN_SLICE)
+                if not data:
+                    break
+                if stdout is None:
+                    out.append(data)
+                else:
+                    stdout.write(data)
+            if not chan.status_event.wait(CLIENT_SLACK_S + KILL_GRACE_S):
+                raise socket.timeout()
+            err = b""
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+        except (socket.timeout, TimeoutError):
+            return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
+        except BrokenPipeError:
+            return _result(node.name, NodeState.FAILED, t0, "the receiving end of the stream went away", 1)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            return _result(node.name, NodeState.UNREACHABLE, t0, f"connection lost while streaming: {exc}")
+        finally:
+            chan.close()
+        code = chan.recv_exit_status()
+        return RunResult(node.name, NodeState.OK if code == 0 else NodeState.FAILED, code,
+                         b"".join(out).decode(errors="replace"), err.decode(errors="replace"),
+                         time.monotonic() - t0)
+
     def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
-        """Copy a local file to the node over SFTP: written as a temp name, then renamed."""
+        """Copy a local file to the node over SFTP: written as a temp name, then renamed.
+
+        SFTP follows symlinks in ``remote_path``: only for paths no untrusted user can
+        write (checkpoint shards use ``stream`` and a node-side receiver instead).
+        """
         return self._sftp(node, local_path, remote_path, timeout, upload=True)
 
     def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:

@@ -21,6 +21,8 @@ from tests.integration.cluster import SshCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+# Each machine's own ckpt.dir and, beside it, the default backup root.
+CKPT_DIRS = ("/local/ckpt", "/local/ckpt.brctl-backup")
 JOB = ["node01", "node02", "node03", "node04"]
 SPARES = ["node05", "node06"]
 
@@ -58,7 +60,7 @@ def _tree(root: Path) -> dict[str, str]:
 def test_backup_evict_pp_group_restore_onto_standbys(
     make_cluster: Callable[..., SshCluster], brctl: Any, tmp_path: Path
 ) -> None:
-    cluster = make_cluster(6, private_dirs=("/local/ckpt",))
+    cluster = make_cluster(6, private_dirs=CKPT_DIRS)
     inv = _inventory(cluster, tmp_path)
 
     plan = brctl("-i", inv, "--json", "ckpt", "plan")
@@ -75,13 +77,13 @@ def test_backup_evict_pp_group_restore_onto_standbys(
     assert second.exit_code == 0, second.stdout + second.stderr
     assert {c["step"] for c in second.json["copies"]} == {"step_200"}
     for n in JOB:  # every copy is on its peer's own disk, byte for byte
-        copy = cluster.node_path(peers[n], f"/local/ckpt/.brctl-backup/{n}")
+        copy = cluster.node_path(peers[n], f"/local/ckpt.brctl-backup/{n}")
         assert _tree(copy / "step_200") == new[n] and _tree(copy / "step_100") == old[n]
         assert (copy / "step_200" / ".brctl-manifest.json").is_file()
-        assert not cluster.node_path(n, f"/local/ckpt/.brctl-backup/{n}").exists()
+        assert not cluster.node_path(n, f"/local/ckpt.brctl-backup/{n}").exists()
 
     # A truncated copy is detected: restore falls back to the older complete step.
-    victim = cluster.node_path("node04", "/local/ckpt/.brctl-backup/node01/step_200/step_200/model_rank0.pt")
+    victim = cluster.node_path("node04", "/local/ckpt.brctl-backup/node01/step_200/step_200/model_rank0.pt")
     victim.write_bytes(victim.read_bytes()[: 1 << 10])
     res = brctl("-i", inv, "--json", "ckpt", "restore", "--to", "node05", "--for", "node01")
     assert res.exit_code == 0, res.stdout + res.stderr
@@ -116,7 +118,7 @@ def test_corrupted_source_read_is_not_committed(
     make_cluster: Callable[..., SshCluster], brctl: Any, tmp_path: Path
 ) -> None:
     """A file that changes between hashing and sending is refused, and no manifest appears."""
-    cluster = make_cluster(2, private_dirs=("/local/ckpt",))
+    cluster = make_cluster(2, private_dirs=CKPT_DIRS)
     inv = cluster.inventory(job={"nodes": "node[01-02]", "tp": 1, "pp": 2},
                             python="/usr/bin/python3")
     for entry in inv["nodes"]:
@@ -145,4 +147,4 @@ def test_corrupted_source_read_is_not_committed(
     assert res.exit_code == 1
     (copy,) = res.json["copies"]
     assert copy["state"] == "failed" and "sha256" in copy["error"]
-    assert not list(cluster.node_path("node02", "/local/ckpt").rglob(".brctl-manifest.json"))
+    assert not list(cluster.node_path("node02", "/local/ckpt.brctl-backup").rglob(".brctl-manifest.json"))

@@ -57,6 +57,12 @@ def tree(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture
+def tmp_path(trusted_tmp: Path) -> Path:
+    """Node roots outside /tmp: the default backup root (beside ckpt.dir) must pass StrictModes."""
+    return trusted_tmp
+
+
+@pytest.fixture
 def cluster(tmp_path: Path) -> Any:
     inv_path = write_inventory(tmp_path)
     inv = load_inventory(inv_path)
@@ -125,7 +131,7 @@ def test_backup_then_restore_onto_standby(brctl: Any, cluster: Any, tmp_path: Pa
     assert {c["step"] for c in copies.values()} == {"step_200"}  # the newest step wins
     assert copies["n1"]["dest"] == "n4" and copies["n1"]["copied"] == 2
     # The copy is on the peer, byte for byte, with a manifest written last.
-    backup = tmp_path / "n4" / "ckpt" / ".brctl-backup" / "n1" / "step_200"
+    backup = tmp_path / "n4" / "ckpt.brctl-backup" / "n1" / "step_200"
     assert {k: v for k, v in tree(backup).items() if not k.endswith("manifest.json")} == newer["n1"]
     manifest = json.loads((backup / ".brctl-manifest.json").read_text())
     assert {f["path"]: f["sha256"] for f in manifest["files"]} == newer["n1"]
@@ -147,7 +153,7 @@ def test_partial_and_corrupted_copies(brctl: Any, cluster: Any, tmp_path: Path) 
     assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n1").exit_code == 0
     step2 = make_step(tmp_path, "n1", "step_200")
     assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n1").exit_code == 0
-    peer = tmp_path / "n4" / "ckpt" / ".brctl-backup" / "n1"
+    peer = tmp_path / "n4" / "ckpt.brctl-backup" / "n1"
     # Truncate one file of the newest copy: restore detects it and takes step_100.
     victim = peer / "step_200" / "step_200" / "optim" / "rank0.bin"
     victim.write_bytes(victim.read_bytes()[:100])
@@ -199,8 +205,8 @@ def test_restore_ignores_stale_staging(brctl: Any, cluster: Any, tmp_path: Path)
     inv_path, _inv = cluster
     want = make_step(tmp_path, "n2", "step_7")
     assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n2").exit_code == 0
-    stale = tmp_path / "spare" / "ckpt" / ".brctl-restore" / "step_7" / "step_7"
-    stale.mkdir(parents=True)
+    stale = tmp_path / "spare" / "ckpt" / ".brctl-restore-5eed" / "step_7"
+    stale.mkdir(parents=True, mode=0o700)
     (stale / "junk.pt").write_bytes(b"from an earlier attempt")
     res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n2")
     assert res.exit_code == 0, res.stdout + res.stderr

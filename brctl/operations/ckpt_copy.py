@@ -1,0 +1,448 @@
+"""``brctl ckpt backup|restore``: shard files between nodes, checked, resumable, refused when unsafe.
+
+``backup`` copies each machine's newest complete step (``ckpt.dir`` + ``ckpt.glob``)
+to its backup peer under ``<backup root>/<machine>/<step>/``; ``restore`` puts an
+evicted machine's newest verified copy onto a replacement. Bytes travel node →
+controller → node (nodes may not reach each other) as a relay of two streams: the
+source node's ``ckptmove send`` writes the files back to back, the controller pipes
+them to the destination's ``ckptmove receive``, which writes each through directory
+fds under a new temp name, checks its sha256 and only then renames it. Nothing is
+spooled on the controller; at most ``parallel`` relays are in flight. A step becomes
+complete on the peer only when the node re-hashed every file and wrote the
+manifest, last and atomically; a partial copy never has one, so it is resumed
+(files already there with the right checksum are kept) and never restored.
+
+Trust (DESIGN.md, "Trust and safety"): every name in a node's answer is checked
+here before it is used (a step matches ``ckpt.glob`` and is one path component, a
+file path is normalised and inside its step, sizes and checksums well-formed) and
+again by the receiving node. A bad name, or a node-side refusal (an unsafe backup
+root, a symlink where a file was hashed), is the copy state ``refused`` with the
+reason, and nothing is written: the run exits 4. The daemon calls ``backup`` and
+``restore`` directly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from brctl.analysis.inventory import Inventory
+from brctl.core.errors import ExitCode, UsageError
+from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.diagnostics.ckptmove import REFUSED_EXIT
+from brctl.diagnostics.safefs import UnsafeName, check_component, check_relpath
+from brctl.remote.probes import ProbeResult, ProbeRunner, parse_document
+
+PROBE = "brctl.diagnostics.ckptfiles"
+MOVER = "brctl.diagnostics.ckptmove"
+MIN_RATE = 8 << 20  # bytes/s a stream is allowed at least, on top of the node's command timeout
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One machine's shards copied between two nodes (a backup or a restore)."""
+
+    source: str  # where the bytes came from
+    dest: str  # where they went
+    owner: str  # whose shards they are
+    state: str  # ok | failed | incomplete | nothing | refused
+    step: str | None = None
+    files: int = 0
+    copied: int = 0
+    skipped: int = 0  # already there with the right checksum (resumed)
+    bytes: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        """One entry of ``copies``."""
+        return {"owner": self.owner, "source": self.source, "dest": self.dest,
+                "state": self.state, "step": self.step, "files": self.files,
+                "copied": self.copied, "skipped": self.skipped, "bytes": self.bytes,
+                "seconds": round(self.seconds, 3), "error": self.error,
+                "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """Every copy of one ``backup`` or ``restore`` run."""
+
+    copies: tuple[Copy, ...]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """4 if one was refused, else 3 if a node could not be reached, else 1 if a copy
+        failed or had nothing, else 0."""
+        states = {c.state for c in self.copies}
+        if "refused" in states:
+            return ExitCode.REFUSED
+        if "incomplete" in states:
+            return ExitCode.INCOMPLETE
+        return ExitCode.FINDINGS if states - {"ok"} else ExitCode.OK
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    rel: str
+    size: int
+    sha256: str
+    mode: int = 0o644
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.rel, "size": self.size, "sha256": self.sha256, "mode": self.mode}
+
+
+class NodeRefused(Exception):
+    """A node's answer broke a rule (a bad name) or the node refused; → state ``refused``."""
+
+
+# -- what nodes say, checked --------------------------------------------------------------
+
+
+def checked_step(node: str, name: Any, glob: str) -> str:
+    """A step name from ``node``: one path component matching ``ckpt.glob``."""
+    try:
+        check_component(name)
+    except UnsafeName as exc:
+        raise NodeRefused(f"{node} reported step {name!r}: {exc}") from None
+    if not fnmatch.fnmatchcase(name, glob):
+        raise NodeRefused(f"{node} reported step {name!r}, which does not match ckpt.glob {glob!r}")
+    return str(name)
+
+
+def checked_files(node: str, step: str, raw: Any) -> list[ShardFile]:
+    """File entries from ``node``: normalised paths inside ``step``, sane sizes and checksums."""
+    if not isinstance(raw, list):
+        raise NodeRefused(f"{node} reported files of {step} that are not a list")
+    out = []
+    for f in raw:
+        path = f.get("path") if isinstance(f, dict) else None
+        try:
+            check_relpath(path)  # type: ignore[arg-type]
+        except UnsafeName as exc:
+            raise NodeRefused(f"{node} reported file {path!r} of {step}: {exc}") from None
+        assert isinstance(f, dict) and isinstance(path, str)
+        if path != step and not path.startswith(step + "/"):
+            raise NodeRefused(f"{node} reported file {path!r} outside its step {step!r}")
+        size, sha, mode = f.get("size"), f.get("sha256"), f.get("mode", 0o644)
+        if (not isinstance(size, int) or size < 0 or not isinstance(sha, str)
+                or not _SHA256.fullmatch(sha) or not isinstance(mode, int) or not 0 <= mode <= 0o7777):
+            raise NodeRefused(f"{node} reported a malformed entry for {path!r}")
+        out.append(ShardFile(path, size, sha, mode))
+    return out
+
+
+def answer_of(res: ProbeResult, doc: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """The document (or batch item) of ``res``; a node-side refusal raises ``NodeRefused``."""
+    doc = res.document if doc is None else doc
+    if doc is not None and "refused" in doc:
+        raise NodeRefused(f"{res.node}: {doc['refused']}")
+    assert doc is not None
+    return doc
+
+
+def probe_state(res: ProbeResult) -> str:
+    return "failed" if res.run.state.ran else "incomplete"
+
+
+def _item_error(res: ProbeResult, doc: Mapping[str, Any] | None) -> str | None:
+    if res.error:
+        return res.error
+    if doc is None:
+        return "no answer from the probe"
+    if "probe_error" in doc:
+        return str(doc["probe_error"])
+    return None
+
+
+# -- the relay ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Files streamed in one relay: ``send`` on ``src`` piped into ``receive`` on ``dst``."""
+
+    src: Node
+    send: dict[str, Any]
+    dst: Node
+    receive: dict[str, Any]
+    files: tuple[ShardFile, ...]
+
+
+def lanes(files: Sequence[ShardFile], parallel: int) -> list[list[ShardFile]]:
+    """``files`` in at most ``parallel`` groups of about equal bytes (largest first)."""
+    groups: list[list[ShardFile]] = [[] for _ in range(max(1, min(parallel, len(files))))]
+    sizes = [0] * len(groups)
+    for f in sorted(files, key=lambda f: (-f.size, f.rel)):
+        i = sizes.index(min(sizes))
+        groups[i].append(f)
+        sizes[i] += f.size
+    return [sorted(g, key=lambda f: f.rel) for g in groups if g]
+
+
+class Relay:
+    """Runs lanes, ``parallel`` at a time, over one transport and probe runner."""
+
+    def __init__(self, transport: Transport, runner: ProbeRunner, parallel: int) -> None:
+        self.transport, self.runner, self.parallel = transport, runner, parallel
+
+    def run(self, jobs: list[Lane]) -> list[str | NodeRefused | None]:
+        """One outcome per lane: None (every file landed), an error text, or a refusal."""
+        if not jobs:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(jobs)))) as pool:
+            return list(pool.map(self._one, jobs))
+
+    def _argv(self, node: Node, request: Mapping[str, Any]) -> list[str]:
+        return self.runner.command(node, MOVER, json.dumps(dict(request)))
+
+    def _one(self, lane: Lane) -> str | NodeRefused | None:
+        files = [f.to_json() for f in lane.files]
+        size = sum(f.size for f in lane.files)
+        timeout = max(lane.src.command_timeout, lane.dst.command_timeout) + size / MIN_RATE
+        r, w = os.pipe()
+        reader, writer = os.fdopen(r, "rb", buffering=0), os.fdopen(w, "wb")
+        sent: list[RunResult] = []
+
+        def send() -> None:
+            try:
+                sent.append(self.transport.stream(
+                    lane.src, self._argv(lane.src, {**lane.send, "op": "send", "files": files}),
+                    timeout=timeout, stdout=writer))
+            finally:
+                writer.close()  # EOF for the receiver, whatever happened
+
+        sender = threading.Thread(target=send, daemon=True, name=f"brctl-send-{lane.src.name}")
+        sender.start()
+        try:
+            got = self.transport.stream(
+                lane.dst, self._argv(lane.dst, {**lane.receive, "op": "receive", "files": files}),
+                timeout=timeout, stdin=reader)
+        finally:
+            reader.close()  # a sender still writing now gets EPIPE instead of waiting
+        sender.join()
+        return _lane_outcome(lane, sent[0] if sent else None, got)
+
+
+def _lane_outcome(lane: Lane, sent: RunResult | None, got: RunResult) -> str | NodeRefused | None:
+    src, dst = lane.src.name, lane.dst.name
+    doc, err = parse_document(got)
+    if doc is not None and "refused" in doc:
+        return NodeRefused(f"{dst}: {doc['refused']}")
+    if sent is not None and sent.state is not NodeState.OK:
+        why = sent.stderr.strip().splitlines()[-1:] or [sent.state.value]
+        if sent.exit_code == REFUSED_EXIT:
+            return NodeRefused(f"{src}: {why[0].removeprefix('brctl: send stopped: ')}")
+        return f"{src}: sending failed ({sent.state.value}): {why[0][:300]}"
+    if doc is None:
+        return f"{dst}: receiving failed: {err}"
+    if doc.get("mismatched"):
+        return (f"{dst}: sha256 of {', '.join(doc['mismatched'])[:300]} did not match what "
+                f"{src} hashed (changed or corrupted at the source, or in transit)")
+    if doc.get("missing"):
+        return f"{dst}: the stream from {src} ended before {', '.join(doc['missing'])[:300]}"
+    return None
+
+
+# -- backup -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    """One machine's backup in progress."""
+
+    owner: str
+    peer: str
+    step: str
+    files: list[ShardFile]
+    skipped_at_source: list[str] = field(default_factory=list)
+    todo: list[ShardFile] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class _Backup:
+    """The phases of one ``backup`` run: scan → compare → prepare → copy → commit."""
+
+    def __init__(self, transport: Transport, inv: Inventory, backups: Mapping[str, str],
+                 parallel: int, runner: ProbeRunner) -> None:
+        self.transport, self.inv, self.backups = transport, inv, backups
+        self.parallel, self.runner = parallel, runner
+        self.cfg = inv.ckpt
+        self.area = {"dir": self.cfg.dir, "backup_dir": self.cfg.backup_dir}
+        self.start = time.monotonic()
+        self.done: dict[str, Copy] = {}
+
+    def finish(self, p: _Pending, state: str, error: str | None = None,
+               notes: tuple[str, ...] = (), copied: int | None = None) -> None:
+        sent = len(p.todo) if copied is None else copied
+        notes = tuple(p.skipped_at_source[:3]) + notes
+        self.done[p.owner] = Copy(p.owner, p.peer, p.owner, state, p.step, len(p.files), sent,
+                                  len(p.files) - len(p.todo), sum(f.size for f in p.todo[:sent]),
+                                  time.monotonic() - self.start, error=error, notes=notes)
+
+    def scan(self, owners: list[str]) -> list[_Pending]:
+        """The newest complete step of every owner, hashed on its node."""
+        cfg = self.cfg
+        scans = self.runner.run([self.inv.nodes[o] for o in owners], PROBE, {
+            "op": "scan", "dir": cfg.dir, "glob": cfg.glob, "marker": cfg.complete_marker,
+            "hash_steps": 1})
+        out = []
+        for o in owners:
+            res, peer = scans[o], self.backups[o]
+            if res.document is None:
+                self.done[o] = Copy(o, peer, o, probe_state(res), error=res.error)
+                continue
+            try:
+                p = self._pending(o, answer_of(res))
+            except NodeRefused as exc:
+                self.done[o] = Copy(o, peer, o, "refused", error=str(exc))
+                continue
+            if isinstance(p, str):
+                self.done[o] = Copy(o, peer, o, "nothing", error=p)
+                continue
+            out.append(p)
+        return out
+
+    def _pending(self, owner: str, doc: Mapping[str, Any]) -> _Pending | str:
+        cfg = self.cfg
+        steps = doc.get("steps") or []
+        notes = [f"{owner}: {name!r} skipped: {why}" for name, why in doc.get("skipped") or []]
+        step = next((s for s in steps if s.get("eligible") and "files" in s), None)
+        if step is None:
+            why = (f"no {cfg.glob} under {doc.get('dir')}" if not steps else
+                   f"no step has {cfg.complete_marker} yet")
+            return "; ".join([why, *notes])
+        name = checked_step(owner, step.get("name"), cfg.glob)
+        notes += [f"{owner}: {path!r} skipped: {why}" for path, why in step.get("skipped") or []]
+        return _Pending(owner, self.backups[owner], name, checked_files(owner, name, step["files"]), notes)
+
+    def batch(self, items: Mapping[str, dict[str, Any]], pending: list[_Pending]
+              ) -> tuple[list[_Pending], dict[str, Mapping[str, Any]]]:
+        """Run one batched probe item per pending copy on its peer; → (still going, docs)."""
+        per_peer: dict[str, list[dict[str, Any]]] = {}
+        for p in pending:
+            per_peer.setdefault(p.peer, []).append({"key": p.owner, **self.area, **items[p.owner]})
+        nodes = [self.inv.nodes[n] for n in per_peer]
+        results = self.runner.run(nodes, PROBE, lambda n: {"op": "batch", "items": per_peer[n.name]})
+        going, docs = [], {}
+        for p in pending:
+            res = results[p.peer]
+            doc = (res.document or {}).get("results", {}).get(p.owner)
+            err = _item_error(res, doc)
+            if err or doc is None:
+                self.finish(p, probe_state(res) if res.error else "failed", err, copied=0)
+                continue
+            try:
+                docs[p.owner] = answer_of(res, doc)
+            except NodeRefused as exc:
+                self.finish(p, "refused", str(exc), copied=0)
+                continue
+            going.append(p)
+        return going, docs
+
+    def compare(self, pending: list[_Pending]) -> list[_Pending]:
+        """What the peer already has: skip complete copies, list the files to send."""
+        going, docs = self.batch({p.owner: {"op": "scan_backup", "area": "backup",
+                                            "source": p.owner, "step": p.step}
+                                  for p in pending}, pending)
+        out = []
+        for p in going:
+            entry = next((s for s in docs[p.owner].get("steps") or [] if s.get("name") == p.step), None)
+            present = entry.get("present") or {} if entry else {}
+            p.todo = [f for f in p.files if present.get(f.rel) != f.sha256]
+            want = sorted((f.to_json() for f in p.files), key=lambda x: x["path"])
+            if entry and entry.get("committed") and not p.todo and \
+                    sorted(entry.get("manifest") or [], key=lambda x: str(x.get("path"))) == want:
+                self.finish(p, "ok", notes=("already backed up",))
+                continue
+            out.append(p)
+        return out
+
+    def prepare(self, pending: list[_Pending]) -> list[_Pending]:
+        """Create the step's directory on the peer (and its backup root) and drop a stale manifest."""
+        return self.batch({p.owner: {"op": "prepare", "source": p.owner, "step": p.step}
+                           for p in pending}, pending)[0]
+
+    def copy(self, pending: list[_Pending]) -> list[_Pending]:
+        """Stream every missing file; machines with a failed lane stop here."""
+        jobs, whose = [], []
+        for p in pending:
+            for group in lanes(p.todo, self.parallel):
+                jobs.append(Lane(self.inv.nodes[p.owner], {**self.area, "area": "ckpt"},
+                                  self.inv.nodes[p.peer], {**self.area, "area": "backup",
+                                                           "source": p.owner, "step": p.step},
+                                  tuple(group)))
+                whose.append(p)
+        refused: dict[str, str] = {}
+        for p, out in zip(whose, Relay(self.transport, self.runner, self.parallel).run(jobs)):
+            if isinstance(out, NodeRefused):
+                refused.setdefault(p.owner, str(out))
+            elif out:
+                p.errors.append(out)
+        for p in pending:
+            if p.owner in refused:
+                self.finish(p, "refused", refused[p.owner], tuple(p.errors[:3]), copied=0)
+            elif p.errors:
+                self.finish(p, "failed", p.errors[0], tuple(p.errors[1:4]), copied=0)
+        return [p for p in pending if not p.errors and p.owner not in refused]
+
+    def commit(self, pending: list[_Pending]) -> None:
+        """The peer re-hashes everything and writes the manifest only if all match."""
+        going, docs = self.batch({p.owner: {
+            "op": "commit", "source": p.owner, "step": p.step,
+            "files": [f.to_json() for f in p.files], "keep": self.cfg.keep} for p in pending},
+            pending)
+        for p in going:
+            doc = docs[p.owner]
+            if not doc.get("ok"):
+                bad = list(doc.get("mismatched") or []) + list(doc.get("missing") or [])
+                self.finish(p, "failed", "checksum mismatch on the peer after the copy: "
+                            + ", ".join(map(str, bad))[:300])
+                continue
+            pruned = [str(n) for n in doc.get("pruned") or []]
+            self.finish(p, "ok", notes=(f"pruned {', '.join(pruned)}",) if pruned else ())
+
+
+def backup(
+    transport: Transport,
+    inv: Inventory,
+    backups: Mapping[str, str],
+    *,
+    nodes: Sequence[str] | None = None,
+    parallel: int | None = None,
+    runner: ProbeRunner | None = None,
+) -> CopyReport:
+    """Copy each machine's newest complete step to its backup peer (resumable, verified).
+
+    Args:
+        transport: the backend.
+        inv: the inventory (``ckpt`` settings, nodes).
+        backups: machine → backup peer (from ``plan`` or a plan file).
+        nodes: back up only these machines (default: every machine in ``backups``).
+        parallel: relays in flight (default ``ckpt.parallel``).
+        runner: the probe runner (one per process keeps the shipped-code cache warm).
+
+    Returns:
+        One ``Copy`` per machine, in the order of ``nodes``.
+
+    Raises:
+        UsageError: a machine in ``nodes`` has no planned peer.
+    """
+    unknown = [n for n in (nodes or []) if n not in backups]
+    if unknown:
+        raise UsageError(f"ckpt backup: no backup peer planned for {', '.join(unknown)}")
+    owners = list(nodes or backups)
+    run = _Backup(transport, inv, backups, parallel or inv.ckpt.parallel,
+                  runner or ProbeRunner(transport))
+    run.commit(run.copy(run.prepare(run.compare(run.scan(owners)))))
+    return CopyReport(tuple(run.done[o] for o in owners))

@@ -1,0 +1,213 @@
+"""``brctl ckpt restore``: an evicted machine's newest verified backup onto a replacement.
+
+The copy model, the relay and the rules on node answers are ``ckpt_copy``'s (read
+its docstring). On the target, bytes land in a staging dir that the node-side
+``ckptmove stage`` makes in ``ckpt.dir`` (0700, random name, reopened only if still
+brctl's), are re-hashed there, handed to ``ckpt.dir``'s owner and renamed into place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from brctl.analysis.inventory import Inventory
+from brctl.core.errors import RefusedError, UsageError
+from brctl.core.transport import Node, Transport
+from brctl.diagnostics.ckptfiles import STAGING_PREFIX
+from brctl.diagnostics.safefs import UnsafeName, check_component
+from brctl.operations.ckpt_copy import (
+    MOVER,
+    PROBE,
+    Copy,
+    CopyReport,
+    Lane,
+    NodeRefused,
+    Relay,
+    ShardFile,
+    answer_of,
+    checked_files,
+    checked_step,
+    lanes,
+    probe_state,
+)
+from brctl.remote.probes import ProbeResult, ProbeRunner
+
+# -- restore ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The newest good copy on the peer, or why there is none."""
+
+    area: str = "backup"
+    step: str | None = None
+    files: tuple[ShardFile, ...] = ()
+    notes: tuple[str, ...] = ()
+    failed: ProbeResult | None = None
+
+
+def _newest_good_copy(runner: ProbeRunner, peer: Node, req: dict[str, Any], evicted: str,
+                      glob: str) -> _Found:
+    """The newest committed step of ``evicted`` on ``peer`` whose files pass their checksums."""
+    req = {**req, "source": evicted}
+    listing = runner.run([peer], PROBE, {**req, "op": "scan_backup", "deep": False})[peer.name]
+    if listing.document is None:
+        return _Found(req["area"], failed=listing)
+    notes: list[str] = []
+    for entry in answer_of(listing).get("steps") or []:
+        if not entry.get("committed"):
+            continue
+        step = checked_step(peer.name, entry.get("name"), glob)
+        res = runner.run([peer], PROBE, {**req, "op": "verify", "step": step})[peer.name]
+        if res.document is None:
+            return _Found(req["area"], notes=tuple(notes), failed=res)
+        doc = answer_of(res)
+        if doc.get("ok"):
+            return _Found(req["area"], step, tuple(checked_files(peer.name, step, doc.get("files"))),
+                          tuple(notes))
+        bad = list(doc.get("mismatched") or []) + list(doc.get("missing") or [])
+        notes.append(f"{peer.name}: backup {step} of {evicted} is corrupted or truncated "
+                     f"({', '.join(map(str, bad))[:200]}); trying an older step")
+    return _Found(req["area"], notes=tuple(notes))
+
+
+def _check_restore_args(inv: Inventory, backups: Mapping[str, str], target: str, evicted: str,
+                        source: str | None, force: bool) -> str:
+    for name, what in ((target, "--to"), (evicted, "--for")):
+        if name not in inv.nodes:
+            raise UsageError(f"ckpt restore {what} {name}: not in the inventory")
+    peer = source or backups.get(evicted)
+    if peer is None:
+        raise UsageError(f"ckpt restore: no backup peer planned for {evicted}",
+                         hint="give --from NODE, or --plan FILE with its placement")
+    if peer not in inv.nodes:
+        raise UsageError(f"ckpt restore --from {peer}: not in the inventory")
+    if target == peer:
+        raise UsageError(f"ckpt restore: --to {target} is the node holding the copy")
+    if not force and inv.job is not None and target in inv.job.nodes and target != evicted:
+        raise RefusedError(f"ckpt restore: --to {target} is a live member of job {inv.job.name}; "
+                           f"restoring there would replace its own shards",
+                           hint="restore onto a standby, or add --force if this is intended")
+    return peer
+
+
+def restore(
+    transport: Transport,
+    inv: Inventory,
+    backups: Mapping[str, str],
+    *,
+    target: str,
+    evicted: str,
+    source: str | None = None,
+    parallel: int | None = None,
+    runner: ProbeRunner | None = None,
+    force: bool = False,
+) -> CopyReport:
+    """Put ``evicted``'s newest verified backup step into ``ckpt.dir`` on ``target``.
+
+    The peer's committed steps are re-hashed newest first; a corrupted or truncated
+    one is skipped (said in ``notes``) in favour of the next. Without a copy in the
+    backup root, one under the old default (``<ckpt.dir>/.brctl-backup``) is used,
+    with a note. The copy is received into a fresh staging dir that brctl makes in
+    ``ckpt.dir`` on the target, re-hashed there, handed to ``ckpt.dir``'s owner and
+    only then renamed into place.
+
+    Args:
+        transport: the backend.
+        inv: the inventory.
+        backups: machine → backup peer.
+        target: the replacement machine (e.g. a standby).
+        evicted: the machine whose shards are restored.
+        source: take the copy from this node instead of the planned peer.
+        parallel: relays in flight.
+        runner: the probe runner.
+        force: allow a ``target`` that is a member of the inventory's job.
+
+    Raises:
+        UsageError: unknown machines, or no planned peer for ``evicted``.
+        RefusedError: ``target`` is a live job member and not ``force``.
+    """
+    cfg, runner = inv.ckpt, runner or ProbeRunner(transport)
+    peer = _check_restore_args(inv, backups, target, evicted, source, force)
+    start = time.monotonic()
+    peer_node, target_node = inv.nodes[peer], inv.nodes[target]
+    area = {"dir": cfg.dir, "backup_dir": cfg.backup_dir}
+
+    def result(state: str, step: str | None = None, files: int = 0, copied: int = 0,
+               size: int = 0, error: str | None = None, notes: Sequence[str] = ()) -> CopyReport:
+        return CopyReport((Copy(peer, target, evicted, state, step, files, copied, 0, size,
+                                time.monotonic() - start, error, tuple(notes)),))
+
+    try:
+        found = _newest_good_copy(runner, peer_node, {**area, "area": "backup"}, evicted, cfg.glob)
+        if found.step is None and found.failed is None and cfg.backup_dir is None:
+            legacy = _newest_good_copy(runner, peer_node, {**area, "area": "legacy"}, evicted, cfg.glob)
+            if legacy.step is not None:
+                found = _Found(legacy.area, legacy.step, legacy.files, found.notes + legacy.notes + (
+                    f"{peer}: restored from the old default backup root {cfg.dir}/.brctl-backup "
+                    "(inside the job's directory); the next backup goes to the new default "
+                    f"{cfg.dir}.brctl-backup",))
+    except NodeRefused as exc:
+        return result("refused", error=str(exc))
+    if found.failed is not None:
+        return result(probe_state(found.failed), error=found.failed.error, notes=found.notes)
+    if found.step is None:
+        why = "every backup step failed its checksums" if found.notes else "no complete backup"
+        return result("failed", error=f"{peer}: {why} of {evicted}", notes=found.notes)
+    return _land(transport, runner, _Landing(peer_node, target_node, area, found, evicted),
+                 parallel or cfg.parallel, result)
+
+
+@dataclass(frozen=True)
+class _Landing:
+    peer: Node
+    target: Node
+    area: dict[str, Any]
+    found: _Found
+    evicted: str
+
+
+def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: int,
+          result: Callable[..., CopyReport]) -> CopyReport:
+    """Stage on the target, relay the files into the staging dir, finish (or drop) it."""
+    step, files, notes = job.found.step, list(job.found.files), list(job.found.notes)
+    target, total = job.target.name, sum(f.size for f in job.found.files)
+    staged = runner.run([job.target], MOVER, {**job.area, "op": "stage"})[target]
+    if staged.document is None:
+        return result(probe_state(staged), step, error=staged.error, notes=notes)
+    try:
+        staging = str(answer_of(staged).get("staging"))
+        if not staging.startswith(STAGING_PREFIX):
+            raise NodeRefused(f"{target} named staging dir {staging!r}")
+        check_component(staging)
+    except (NodeRefused, UnsafeName) as exc:
+        return result("refused", step, error=str(exc), notes=notes)
+    dst = {**job.area, "area": "staging", "staging": staging}
+    outcomes = Relay(transport, runner, parallel).run([
+        Lane(job.peer, {**job.area, "area": job.found.area, "source": job.evicted, "step": step},
+              job.target, dst, tuple(group)) for group in lanes(files, parallel)])
+    refused = next((str(o) for o in outcomes if isinstance(o, NodeRefused)), None)
+    errors = [str(o) for o in outcomes if o]
+    if not errors:
+        fin = runner.run([job.target], MOVER, {**dst, "op": "finish_restore", "step": step,
+                                               "files": [f.to_json() for f in files]})[target]
+        doc = fin.document
+        if doc is None:
+            errors = [fin.error or "no answer"]
+        elif "refused" in doc:
+            refused = f"{target}: {doc['refused']}"
+        elif not doc.get("ok"):
+            bad = list(doc.get("mismatched") or []) + list(doc.get("missing") or [])
+            errors = ["checksum mismatch on the target after the copy: "
+                      + ", ".join(map(str, bad))[:300]]
+        else:
+            if doc.get("moved_aside"):
+                notes.append(f"{target}: an existing {step} was moved aside to {doc['moved_aside']}")
+            return result("ok", step, len(files), len(files), total, notes=notes)
+    runner.run([job.target], MOVER, {**dst, "op": "drop"})  # best effort: the next stage cleans too
+    if refused:
+        return result("refused", step, len(files), 0, total, refused, notes)
+    return result("failed", step, len(files), 0, total, errors[0], notes + errors[1:4])
