@@ -314,15 +314,17 @@ def _backup_steps(src_fd: int, deep: bool, only: str | None) -> list[dict[str, A
 
 
 def check_files(base_fd: int, files: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(missing, mismatched) paths of ``files`` below ``base_fd``.
+
+    A symlink or special file where a file should be is no mere mismatch but
+    planted: ``SymlinkRefused``/``NotRegular`` propagate (the request is refused).
+    """
     missing, bad = [], []
     for f in files:
         try:
             size, sha, _ = _hash_at(base_fd, safefs.check_relpath(f["path"]))
         except FileNotFoundError:
             missing.append(f["path"])
-            continue
-        except (SymlinkRefused, safefs.NotRegular):
-            bad.append(f["path"])
             continue
         if size != f["size"] or sha != f["sha256"]:
             bad.append(f["path"])

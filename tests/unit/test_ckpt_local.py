@@ -211,3 +211,18 @@ def test_restore_ignores_stale_staging(brctl: Any, cluster: Any, tmp_path: Path)
     res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n2")
     assert res.exit_code == 0, res.stdout + res.stderr
     assert tree(tmp_path / "spare" / "ckpt") == want
+
+
+def test_restore_onto_a_live_job_member_is_refused_unless_forced(
+    brctl: Any, cluster: Any, tmp_path: Path
+) -> None:
+    inv_path, _inv = cluster
+    make_step(tmp_path, "n1", "step_1")
+    assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n1").exit_code == 0
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "n2", "--for", "n1")
+    assert res.exit_code == 4, res.stdout + res.stderr
+    assert "n2 is a live member of job" in res.stderr and "--force" in res.stderr
+    assert not (tmp_path / "n2" / "ckpt" / "step_1").exists()
+    forced = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "n2", "--for", "n1", "--force")
+    assert forced.exit_code == 0, forced.stdout + forced.stderr
+    assert (tmp_path / "n2" / "ckpt" / "step_1" / "model_rank0.pt").is_file()
