@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,8 +28,10 @@ class CkptSection:
 
     dir: str = sfield("/local/ckpt", check=_absolute)  # directory holding this machine's shards
     glob: str = "step_*"  # one entry (file or directory) per saved step under dir
-    # Peer copies live here, one subdirectory per source machine; the default keeps
-    # them under dir (hidden, so the glob never mistakes them for the node's own steps).
+    # Peer copies live here, one subdirectory per source machine. Default (None):
+    # <dir>.brctl-backup, beside dir on the same filesystem, made root-owned 0700 by
+    # the node; every component from / must be owned by root and not group/other
+    # writable (OpenSSH's StrictModes rule), else that node is refused.
     backup_dir: Optional[str] = sfield(None, check=_absolute)
     # Training code writes this file into a step last; when set, a step without it is
     # still being written and is not backed up. Without it every step counts.
@@ -38,7 +39,3 @@ class CkptSection:
     domain_label: str = "rack"  # node label naming the failure domain backups should avoid
     keep: int = sfield(2, check=at_least_one)  # complete backup steps kept per source machine
     parallel: int = sfield(8, check=at_least_one)  # file copies in flight at once
-
-    def backup_root(self) -> str:
-        """Where peers' copies live on a node."""
-        return self.backup_dir or posixpath.join(self.dir, ".brctl-backup")

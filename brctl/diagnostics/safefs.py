@@ -42,11 +42,15 @@ Rules this module enforces, so callers need not re-derive them:
 - Removing. ``remove_tree`` empties and removes one directory entry by fd:
   symlinks inside are unlinked, never followed; a subdirectory swapped for a
   symlink mid-walk is unlinked as the link it now is.
+- Roots. ``resolve_path`` gives the real path of a configured root (``ckpt.dir``)
+  following only symlinks owned by an allowed uid (an operator's ``/local ->
+  /mnt/nvme0``), never one the job user planted; ``open_dir`` it afterwards.
 - Ownership. ``unsafe_owner_chain`` is OpenSSH's StrictModes rule (misc.c
   ``safe_path``) for a whole path: every directory from ``/`` down to the path
   (and the path itself) must be owned by an allowed uid and not group/other
-  writable. As in OpenSSH there is no exception for sticky directories: ``/tmp``
-  (1777) fails. Symlinks along the way are followed only if owned by an allowed
+  writable. By default, as in OpenSSH, there is no exception for sticky
+  directories: ``/tmp`` (1777) fails (``sticky_ok`` admits them for paths brctl
+  only reads, never for ones it writes into). Symlinks along the way are followed only if owned by an allowed
   uid (their directory was already checked), the target's chain is then checked.
   It returns the first reason (path, owner, mode) or ``None``.
 """

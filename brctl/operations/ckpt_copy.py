@@ -23,6 +23,7 @@ reason, and nothing is written: the run exits 4. The daemon calls ``backup`` and
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -220,7 +221,8 @@ class Relay:
                     lane.src, self._argv(lane.src, {**lane.send, "op": "send", "files": files}),
                     timeout=timeout, stdout=writer))
             finally:
-                writer.close()  # EOF for the receiver, whatever happened
+                with contextlib.suppress(OSError):  # the receiver may be gone: nothing to flush to
+                    writer.close()  # EOF for the receiver, whatever happened
 
         sender = threading.Thread(target=send, daemon=True, name=f"brctl-send-{lane.src.name}")
         sender.start()

@@ -306,3 +306,15 @@ def test_owner_chain_follows_only_root_owned_symlinks_and_checks_the_target(
     (safe_base / "loop").symlink_to(safe_base / "loop")
     assert "too many levels" in (safefs.unsafe_owner_chain(str(safe_base / "loop")) or "")
     assert "No such file" in (safefs.unsafe_owner_chain(str(safe_base / "missing")) or "")
+
+
+def test_resolve_path_follows_only_trusted_links(safe_base: Path) -> None:
+    (safe_base / "nvme" / "ckpt").mkdir(parents=True)
+    (safe_base / "local").symlink_to(safe_base / "nvme")  # the operator's, root-owned
+    assert safefs.resolve_path(str(safe_base / "local" / "ckpt")) == str(safe_base / "nvme" / "ckpt")
+    (safe_base / "job").symlink_to("/etc")
+    os.chown(safe_base / "job", NOBODY, NOBODY, follow_symlinks=False)
+    with pytest.raises(SymlinkRefused, match="symlink owned by"):
+        safefs.resolve_path(str(safe_base / "job"))
+    with pytest.raises(FileNotFoundError):
+        safefs.resolve_path(str(safe_base / "missing" / "x"))
