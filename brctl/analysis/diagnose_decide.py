@@ -31,7 +31,7 @@ DECISIONS = ("evict", "reattempt", "rollback", "replay")
 
 
 @dataclass(frozen=True)
-class PastVerdict:
+class PastConclusion:
     """An earlier diagnosis of the same job."""
 
     symptom: str  # the playbook name
@@ -84,7 +84,7 @@ def _names(stages: Sequence[StageOutcome]) -> str:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Conclusion:
     """The decision and why."""
 
     decision: DecisionName
@@ -92,8 +92,8 @@ class Verdict:
     reason: str
 
 
-def last_repeat(history: Sequence[PastVerdict], symptom: str, now: float,
-                window: float) -> PastVerdict | None:
+def last_repeat(history: Sequence[PastConclusion], symptom: str, now: float,
+                window: float) -> PastConclusion | None:
     """The most recent earlier verdict if it was for the same symptom within ``window`` s."""
     recent = [p for p in history if now - p.at <= window]
     if not recent:
@@ -105,13 +105,13 @@ def last_repeat(history: Sequence[PastVerdict], symptom: str, now: float,
 def decide(
     found: Classification,
     stage_faulty: Sequence[str],
-    history: Sequence[PastVerdict],
+    history: Sequence[PastConclusion],
     *,
     now: float,
     window: float,
     faulty_stage: str | None = None,
     stages: Sequence[StageOutcome] = (),
-) -> Verdict:
+) -> Conclusion:
     """Decide what to do with the job.
 
     Args:
@@ -127,29 +127,29 @@ def decide(
     book = found.playbook
     first = f": {found.hits[0].text}" if found.hits else ""
     if book.decision.on_match == "rollback" and found.nodes:
-        return Verdict("rollback", (), f"{book.symptom} on {fold(found.nodes)}{first} — a bug in "
+        return Conclusion("rollback", (), f"{book.symptom} on {fold(found.nodes)}{first} — a bug in "
                        "the job's code or config, not a machine: roll back, evict nothing")
     if book.decision.on_match == "evict" and found.nodes:
-        return Verdict("evict", tuple(found.nodes), f"{book.symptom} on {fold(found.nodes)}"
+        return Conclusion("evict", tuple(found.nodes), f"{book.symptom} on {fold(found.nodes)}"
                        f"{first} — a confident hardware signal")
     if stage_faulty:
-        return Verdict("evict", tuple(stage_faulty),
+        return Conclusion("evict", tuple(stage_faulty),
                        f"stage {faulty_stage or '?'} found {fold(stage_faulty)} faulty")
     clean = describe_clean(stages)
     last = last_repeat(history, book.name, now, window)
     if last is not None and last.decision == "reattempt":
-        return Verdict("rollback", (), f"{book.symptom} again after a reattempt and {clean}: "
+        return Conclusion("rollback", (), f"{book.symptom} again after a reattempt and {clean}: "
                        "roll back the last code update")
     if last is not None and last.decision in ("rollback", "replay"):
-        return Verdict("replay", (), f"{book.symptom} still fails after a {last.decision} and "
+        return Conclusion("replay", (), f"{book.symptom} still fails after a {last.decision} and "
                        f"{clean}: replay to find a machine with silent data corruption")
     if nothing_tested(stages) or not stages:
         # Untested is not clean: no stage result supports a cause, so take the
         # playbook's cheap default and say plainly that the machines were not checked.
-        return Verdict(book.decision.on_clean, (), f"{book.symptom}; {clean}. Nothing was found "
+        return Conclusion(book.decision.on_clean, (), f"{book.symptom}; {clean}. Nothing was found "
                        f"because nothing was tested: {book.decision.on_clean} on the evidence "
                        "alone, or make the stages runnable (dcgmi, torch) and diagnose again")
     if book.decision.on_clean == "rollback":
-        return Verdict("rollback", (), f"{book.symptom}, {clean}: the likeliest cause "
+        return Conclusion("rollback", (), f"{book.symptom}, {clean}: the likeliest cause "
                        "is a code or configuration change, roll back")
-    return Verdict("reattempt", (), f"{book.symptom}, {clean}: likely transient, reattempt")
+    return Conclusion("reattempt", (), f"{book.symptom}, {clean}: likely transient, reattempt")

@@ -1,7 +1,7 @@
 """Pure analysers of the diagnose stages: DCGM diag JSON, all-to-all, paired all-gather.
 
 Each stage turns the probe documents of the machines it tested into per-machine
-``Verdict``s: ``pass``, ``fail`` (a confident fault, with evidence), ``warn`` (not
+``NodeVerdict``s: ``pass``, ``fail`` (a confident fault, with evidence), ``warn`` (not
 clean but not a fault: the machine stays in doubt), ``skip`` (the stage cannot run
 there, with the reason) or ``error`` (no verdict: the machine could not be tested).
 """
@@ -32,7 +32,7 @@ DCGM_FAULT_SEVERITIES = (2, 6)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class NodeVerdict:
     """One machine's outcome in one stage."""
 
     node: str
@@ -46,12 +46,12 @@ class Verdict:
                 "details": dict(self.details)}
 
 
-def parse_dcgm(node: str, doc: Mapping[str, Any]) -> Verdict:
+def parse_dcgm(node: str, doc: Mapping[str, Any]) -> NodeVerdict:
     """Judge one machine's ``dcgmi diag -j`` run (the ``dcgm`` probe's document)."""
     if "skipped" in doc:
-        return Verdict(node, "skip", (str(doc["skipped"]),))
+        return NodeVerdict(node, "skip", (str(doc["skipped"]),))
     if doc.get("timed_out"):
-        return Verdict(node, "error", (f"dcgmi diag did not finish in {doc.get('seconds', 0):.0f}s",))
+        return NodeVerdict(node, "error", (f"dcgmi diag did not finish in {doc.get('seconds', 0):.0f}s",))
     code = int(doc.get("exit_code", -1))
     meaning = DCGM_EXIT.get(code, f"unexpected dcgmi exit code {code}")
     try:
@@ -63,7 +63,7 @@ def parse_dcgm(node: str, doc: Mapping[str, Any]) -> Verdict:
     if not isinstance(tree, dict) or "DCGM Diagnostic" not in tree:
         status: Status = "fail" if code in DCGM_FAULT_EXITS else "error"
         tail = (doc.get("stderr") or "").strip().splitlines()[-1:] or ["no JSON output"]
-        return Verdict(node, status, (f"dcgmi exit {code}: {meaning}; {tail[0][:200]}",), details)
+        return NodeVerdict(node, status, (f"dcgmi exit {code}: {meaning}; {tail[0][:200]}",), details)
     meta = tree.get("metadata") or {}
     for key, name in (("version", "dcgm_version"), ("Driver Version Detected", "driver_version"),
                       ("EUD Test Version", "eud_version")):
@@ -75,12 +75,12 @@ def parse_dcgm(node: str, doc: Mapping[str, Any]) -> Verdict:
         failures.append(f"runtime error: {runtime_error}")
     if failures or code in DCGM_FAULT_EXITS:
         ev = failures or [f"dcgmi exit {code}: {meaning}"]
-        return Verdict(node, "fail", tuple(ev[:10]), details)
+        return NodeVerdict(node, "fail", tuple(ev[:10]), details)
     if code != 0:
-        return Verdict(node, "error", (f"dcgmi exit {code}: {meaning}",), details)
+        return NodeVerdict(node, "error", (f"dcgmi exit {code}: {meaning}",), details)
     if warnings:
-        return Verdict(node, "warn", tuple(warnings[:10]), details)
-    return Verdict(node, "pass", (), details)
+        return NodeVerdict(node, "warn", tuple(warnings[:10]), details)
+    return NodeVerdict(node, "pass", (), details)
 
 
 def _dcgm_findings(tree: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -110,45 +110,45 @@ def _warning_text(w: Mapping[str, Any]) -> str:
             f"severity {w.get('error_severity')}: {str(w.get('warning', '')).strip()[:200]}")
 
 
-def judge_alltoall(docs: Mapping[str, Mapping[str, Any]], ratio: float) -> list[Verdict]:
+def judge_alltoall(docs: Mapping[str, Mapping[str, Any]], ratio: float) -> list[NodeVerdict]:
     """Judge each machine's all-to-all; slow = bus bandwidth < ``ratio`` × fleet median.
 
     The median is taken over the machines whose test passed, and only when at least
     three did: with two, "far below the median" cannot say which one is slow.
     """
-    out: dict[str, Verdict] = {}
+    out: dict[str, NodeVerdict] = {}
     measured: dict[str, float] = {}
     for node, doc in docs.items():
         details = {k: doc.get(k) for k in ("backend", "world", "busbw_gbps", "seconds")}
         if "skipped" in doc:
-            out[node] = Verdict(node, "skip", (str(doc["skipped"]),))
+            out[node] = NodeVerdict(node, "skip", (str(doc["skipped"]),))
             continue
         status = doc.get("status")
         if status == "hang" and doc.get("phase") == "startup":
             ev = (f"hung: ranks {doc.get('hung_ranks')} did not reach the rendezvous within "
                   f"{doc.get('startup_timeout')}s")
-            out[node] = Verdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
+            out[node] = NodeVerdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
         elif status == "hang":
             ev = (f"hung: ranks {doc.get('hung_ranks')} did not finish within "
                   f"{doc.get('timeout')}s of being ready")
-            out[node] = Verdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
+            out[node] = NodeVerdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
         elif status == "error":
-            out[node] = Verdict(node, "fail", tuple(doc.get("errors") or ["a rank failed"]), details)
+            out[node] = NodeVerdict(node, "fail", tuple(doc.get("errors") or ["a rank failed"]), details)
         elif status == "wrong_data":
-            out[node] = Verdict(node, "fail", ("wrong data received", *doc.get("mismatches", [])),
+            out[node] = NodeVerdict(node, "fail", ("wrong data received", *doc.get("mismatches", [])),
                                 details)
         elif status == "pass":
-            out[node] = Verdict(node, "pass", (), details)
+            out[node] = NodeVerdict(node, "pass", (), details)
             if isinstance(doc.get("busbw_gbps"), (int, float)):
                 measured[node] = float(doc["busbw_gbps"])
         else:
-            out[node] = Verdict(node, "error", (f"unexpected all-to-all status {status!r}",),
+            out[node] = NodeVerdict(node, "error", (f"unexpected all-to-all status {status!r}",),
                                 details)
     if len(measured) >= 3:
         median = statistics.median(measured.values())
         for node, bw in measured.items():
             if bw < ratio * median:
-                out[node] = Verdict(
+                out[node] = NodeVerdict(
                     node, "fail",
                     (f"bus bandwidth {bw:.3g} GB/s is below {ratio:g} x the fleet median "
                      f"{median:.3g} GB/s",), {**out[node].details, "median_gbps": median})

@@ -65,7 +65,7 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class Decision:
+class DecisionRules:
     """The decision rules of a playbook."""
 
     # diagnose: run the stages; evict: the evidence is a confident hardware signal, evict
@@ -88,7 +88,7 @@ class Playbook:
     match: list[Matcher] = sfield(factory=list)
     unless: list[Matcher] = sfield(factory=list)  # evidence on a node that vetoes its match
     stages: list[Stage] = sfield(factory=lambda: [Stage(s) for s in STAGES])
-    decision: Decision = sfield(factory=Decision)
+    decision: DecisionRules = sfield(factory=DecisionRules)
 
 
 def parse_playbook(data: Any, source: str) -> Playbook:

@@ -453,7 +453,7 @@ class Verdict:
     reason: str
 
 
-Decision = Union[RoundSpec, Verdict]
+NextStep = Union[RoundSpec, Verdict]
 
 
 def staff(
@@ -498,7 +498,7 @@ def _ordered(names: set[str], order: Mapping[str, int]) -> tuple[str, ...]:
     return tuple(sorted(names, key=lambda n: order.get(n, len(order))))
 
 
-def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *, max_rounds: int = 8) -> Decision:
+def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *, max_rounds: int = 8) -> NextStep:
     """The next round to run, or the verdict, from the rounds judged so far.
 
     Args:

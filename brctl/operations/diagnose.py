@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from brctl.analysis import diagnose_stages as st
-from brctl.analysis.diagnose_decide import PastVerdict, StageOutcome, decide
+from brctl.analysis.diagnose_decide import PastConclusion, StageOutcome, decide
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.playbook import (
     Classification,
@@ -62,7 +62,7 @@ class StageReport:
     nodes_tested: tuple[str, ...]
     faulty: tuple[str, ...]
     seconds: float
-    verdicts: tuple[st.Verdict, ...] = ()
+    verdicts: tuple[st.NodeVerdict, ...] = ()
     rounds: tuple[tuple[tuple[tuple[str, ...], bool], ...], ...] = ()  # allgather groups
 
     def outcome(self) -> StageOutcome:
@@ -334,12 +334,12 @@ def _run_stage(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
                        rounds)
 
 
-def _unrun(node: str, res: ProbeResult) -> st.Verdict:
-    return st.Verdict(node, "error", (res.error or "no answer",))
+def _unrun(node: str, res: ProbeResult) -> st.NodeVerdict:
+    return st.NodeVerdict(node, "error", (res.error or "no answer",))
 
 
 def _eud(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
-         options: Options) -> list[st.Verdict]:
+         options: Options) -> list[st.NodeVerdict]:
     timeout = (stage.timeout or inv.diagnose.dcgm_timeout) * options.timeout_scale
     level = stage.level or inv.diagnose.dcgm_level
     results = runner.run(nodes, "brctl.diagnostics.dcgm", {"level": level, "timeout": timeout},
@@ -349,7 +349,7 @@ def _eud(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
 
 
 def _alltoall(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
-              options: Options) -> list[st.Verdict]:
+              options: Options) -> list[st.NodeVerdict]:
     cfg = inv.diagnose
     timeout = (stage.timeout or cfg.alltoall_timeout) * options.timeout_scale
 
@@ -373,9 +373,9 @@ def _alltoall(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Nod
 
 
 def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
-               options: Options) -> tuple[list[st.Verdict], tuple[Any, ...]]:
+               options: Options) -> tuple[list[st.NodeVerdict], tuple[Any, ...]]:
     if len(nodes) < 2:
-        return [st.Verdict(n.name, "skip", ("all-gather needs two machines",)) for n in nodes], ()
+        return [st.NodeVerdict(n.name, "skip", ("all-gather needs two machines",)) for n in nodes], ()
     by_name = {n.name: n for n in nodes}
     names = [n.name for n in nodes]
     timeout = (stage.timeout or inv.diagnose.allgather_timeout) * options.timeout_scale
@@ -408,20 +408,20 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
 
 def _gather_verdicts(names: list[str], faulty: list[str], evidence: dict[str, list[str]],
                      skipped: dict[str, str], cleared: set[str], spent: Mapping[str, float]
-                     ) -> list[st.Verdict]:
+                     ) -> list[st.NodeVerdict]:
     out = []
     for n in names:
         details = {"seconds": round(spent[n], 3)}
         if n in skipped:
-            out.append(st.Verdict(n, "skip", (skipped[n],), details))
+            out.append(st.NodeVerdict(n, "skip", (skipped[n],), details))
         elif n in faulty:
-            out.append(st.Verdict(n, "fail", ("failed the all-gather with every partner",
+            out.append(st.NodeVerdict(n, "fail", ("failed the all-gather with every partner",
                                               *evidence[n][:4]), details))
         elif evidence[n] and n not in cleared:
-            out.append(st.Verdict(n, "warn", ("every group it was in failed", *evidence[n][:4]),
+            out.append(st.NodeVerdict(n, "warn", ("every group it was in failed", *evidence[n][:4]),
                                   details))
         else:
-            out.append(st.Verdict(n, "pass", (), details))
+            out.append(st.NodeVerdict(n, "pass", (), details))
     return out
 
 
@@ -487,13 +487,13 @@ def _gather_failure(doc: Mapping[str, Any]) -> str:
     return "; ".join(doc.get("errors", []))[:200] or str(doc.get("status"))
 
 
-def _history(store: Store | None, job: str) -> list[PastVerdict]:
+def _history(store: Store | None, job: str) -> list[PastConclusion]:
     if store is None:
         return []
     store.migrate(COMPONENT)
     rows = store.query("SELECT symptom, decision, at FROM diagnose_verdicts WHERE job = ? "
                        "ORDER BY at DESC LIMIT 20", (job,))
-    return [PastVerdict(r["symptom"], r["decision"], r["at"]) for r in rows]
+    return [PastConclusion(r["symptom"], r["decision"], r["at"]) for r in rows]
 
 
 def _record(store: Store, job: str, symptom: str, decision: str, faulty: Sequence[str],

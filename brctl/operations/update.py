@@ -46,8 +46,7 @@ from brctl.core.errors import ExitCode, InputError, RefusedError
 from brctl.core.templates import render_argv
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.operations import update_pack
-from brctl.operations.jobadapter import HookRun, JobAdapter
-from brctl.operations.jobadapter import run_hook as run_controller_hook
+from brctl.operations.jobadapter import HookRun, JobAdapter, run_hook
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner, parse_document
 from brctl.state import Component, Store
@@ -531,7 +530,7 @@ def _revert(ctx: UpdateContext, report: Callable[[SwitchOutcome, str], SwitchRep
     return report("rolled_back", f"switch failed on {why}; every machine was switched back")
 
 
-def run_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optional[HookRun]:
+def run_restart_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optional[HookRun]:
     """Run ``job.restart_command`` on the controller (the job adapter's hook runner, with
     ``{version}`` and ``{reason}`` too); None without one."""
     job = inv.job
@@ -539,7 +538,7 @@ def run_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optio
         return None
     values = {**JobAdapter(inv, timeout).values(list(job.nodes)), "reason": reason,
               "version": version}
-    return run_controller_hook(render_argv(job.restart_command, values), timeout)
+    return run_hook(render_argv(job.restart_command, values), timeout)
 
 
 def _hook_timeout(ctx: UpdateContext) -> float:
@@ -554,7 +553,7 @@ def _finish_switch(ctx: UpdateContext, rep: SwitchReport, sha256: str, restart: 
         pending = None if clear_pending else state.pending
         _save_job(ctx.store, ctx.job, JobState(rep.version, sha256, pending))
         if restart:
-            hook = run_hook(ctx.inventory, rep.version or "",
+            hook = run_restart_hook(ctx.inventory, rep.version or "",
                             f"update {rep.action} {rep.version}", _hook_timeout(ctx))
             rep = SwitchReport(rep.action, rep.job, rep.version, rep.from_version, rep.outcome,
                                rep.reason, rep.nodes, hook)

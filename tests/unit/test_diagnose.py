@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from brctl.analysis import diagnose_stages as st
-from brctl.analysis.diagnose_decide import PastVerdict, decide
+from brctl.analysis.diagnose_decide import PastConclusion, decide
 from brctl.analysis.playbook import NodeEvidence, Playbook, classify, exception_lines
 from brctl.core.errors import InputError
 from brctl.operations.diagnose import _node_evidence
@@ -231,17 +231,17 @@ def test_decision_flow() -> None:
     v = decide(_found("nccl", ("a", "b")), ["c"], [], now=NOW, window=60, faulty_stage="alltoall")
     assert (v.decision, v.faulty) == ("evict", ("c",)) and "alltoall" in v.reason
     # all passed: reattempt, then rollback, then replay
-    past: list[PastVerdict] = []
+    past: list[PastConclusion] = []
     seen = []
     for _ in range(4):
         v = decide(_found("nccl", ("a",)), [], past, now=NOW, window=60)
         seen.append(v.decision)
-        past.append(PastVerdict("nccl", v.decision, NOW - 10 + len(past)))
+        past.append(PastConclusion("nccl", v.decision, NOW - 10 + len(past)))
     assert seen == ["reattempt", "rollback", "replay", "replay"]
     # a different symptom, or an old verdict, starts again
-    assert decide(_found("nccl"), [], [PastVerdict("oom", "reattempt", NOW - 1)], now=NOW,
+    assert decide(_found("nccl"), [], [PastConclusion("oom", "reattempt", NOW - 1)], now=NOW,
                   window=60).decision == "reattempt"
-    assert decide(_found("nccl"), [], [PastVerdict("nccl", "reattempt", NOW - 100)], now=NOW,
+    assert decide(_found("nccl"), [], [PastConclusion("nccl", "reattempt", NOW - 100)], now=NOW,
                   window=60).decision == "reattempt"
     # OOM: rollback when clean
     assert decide(_found("oom", ("a",)), [], [], now=NOW, window=60).decision == "rollback"
@@ -254,9 +254,9 @@ def test_decision_flow() -> None:
     [None, "reattempt", "rollback", "replay", "evict"])))
 def test_decision_exhaustive(on_match: str, matched: tuple[str, ...], faulty: tuple[str, ...],
                              last: str | None) -> None:
-    from brctl.analysis.playbook import Classification, Decision
-    book = Playbook(name="x", symptom="x", match=[], decision=Decision(on_match=on_match))  # type: ignore[arg-type]
-    past = [PastVerdict("x", last, NOW - 1)] if last else []
+    from brctl.analysis.playbook import Classification, DecisionRules
+    book = Playbook(name="x", symptom="x", match=[], decision=DecisionRules(on_match=on_match))  # type: ignore[arg-type]
+    past = [PastConclusion("x", last, NOW - 1)] if last else []
     v = decide(Classification(book, matched, ()), faulty, past, now=NOW, window=60)
     if on_match == "rollback" and matched:
         assert v.decision == "rollback" and v.faulty == ()
@@ -290,7 +290,7 @@ def test_every_stage_skipped_is_never_called_clean() -> None:
     assert f"eud: {NO_DCGMI}" in v.reason and f"alltoall: {NO_TORCH}" in v.reason
     assert "not known to be clean" in v.reason and v.faulty == ()
     # the repeat rules still apply, but the reason never claims a pass
-    v = decide(_found("nccl", ("a",)), [], [PastVerdict("nccl", "reattempt", NOW - 1)],
+    v = decide(_found("nccl", ("a",)), [], [PastConclusion("nccl", "reattempt", NOW - 1)],
                now=NOW, window=60, stages=stages)
     assert v.decision == "rollback" and "passed" not in v.reason
 
