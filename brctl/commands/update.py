@@ -67,11 +67,15 @@ def push(
 ) -> int:
     """Pack SRC once, send it to every machine and stage it as release V.
 
-    Machines that already hold the verified release are skipped; a transfer cut
-    short resumes from where it stopped. Exit 0 when staged everywhere (and, with
-    --urgent, switched and restarted), 1 when a machine failed (e.g. the artifact
-    arrived corrupted), 3 when machines did not answer (they are caught up by the
-    next push or apply), 4 when another push/apply/rollback of the job is running.
+    A release holds directories, regular files and symlinks to its own files;
+    anything else (a link to a directory or outside SRC, a device, an absolute or
+    '..' name) is refused with exit 2, naming it, before anything is sent; the
+    machines check the same rules again. Machines that already hold the verified
+    release are skipped; a transfer cut short resumes from where it stopped.
+    Exit 0 when staged everywhere (and, with --urgent, switched and restarted),
+    1 when a machine failed (e.g. the artifact arrived corrupted), 3 when machines
+    did not answer (they are caught up by the next push or apply), 4 when another
+    push/apply/rollback of the job is running.
     """
     from brctl.analysis.update import parse_duration
     from brctl.commands._render_update import render_push
