@@ -85,7 +85,8 @@ def check(
     from brctl.operations.fleet import standby_check
 
     env: Env = ctx.obj
-    report = standby_check(env.inventory(as_listed=True), env.transport(), env.state_dir(),
-                                 select, timeout_scale=env.timeout_scale())
+    report = standby_check(env.inventory(as_listed=True), env.transport(), env.store(),
+                           env.state_dir(), select, runner=env.probes(),
+                           timeout_scale=env.timeout_scale())
     render_pool(env.output, report)
     return int(report.exit_code)

@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Protocol, cast
+from typing import Any, Optional, Protocol
 
-from brctl.analysis.daemon import Finding, ReplayOutcome, StandbyOutcome, standby_outcome
+from brctl.analysis.daemon import Finding, ReplayOutcome, StandbyOutcome
 from brctl.analysis.inventory import Inventory
-from brctl.analysis.playbook import StageName
 from brctl.core.errors import BrctlError
 from brctl.core.transport import Node, Transport
 from brctl.remote.probes import ProbeRunner
@@ -249,27 +248,9 @@ class LiveHooks:
         return ReplayOutcome(v.verdict, tuple(v.faulty), tuple(v.candidates), v.reason)
 
     def check(self, nodes: Sequence[Node]) -> dict[str, tuple[StandbyOutcome, str]]:
-        """Self-check standby machines: the health sweep, then the diagnose ladder's
-        machine-local stages (EUD where dcgmi exists, intra-machine all-to-all) on the
-        machines whose health passed; ``standby_outcome`` judges each."""
-        from brctl.operations.diagnose import Options, self_check
-        from brctl.operations.health import sweep
+        """Self-check standby machines (``operations.selfcheck.check_pool``)."""
+        from brctl.operations.selfcheck import check_pool
 
-        report = sweep(self.inv, self.transport, nodes, self.state_dir, runner=self.runner,
-                       store=self.store, timeout=self.inv.health.timeout * self.scale)
-        health: dict[str, tuple[bool, str]] = {}
-        for name, verdict in report.nodes.items():
-            bad = [f"{c.name}: {c.message}" for c in verdict.checks if c.status == "fail"]
-            ok = verdict.answered and not bad
-            health[name] = (ok, "health ok" if ok else "; ".join(bad) or (verdict.error or verdict.status))
-        healthy = [n for n in nodes if health.get(n.name, (False, ""))[0]]
-        stages: dict[str, list[tuple[str, str, Sequence[str]]]] = {n.name: [] for n in nodes}
-        wanted = cast(list[StageName], list(self.inv.daemon.standby_stages))
-        if healthy and wanted:
-            opts = Options(timeout_scale=self.scale, concurrency=self.inv.ssh.fanout)
-            for stage in self_check(self.inv, self.transport, healthy, opts, stages=wanted,
-                                    runner=self.runner):
-                for v in stage.verdicts:
-                    stages[v.node].append((stage.name, v.status, v.evidence))
-        return {n.name: standby_outcome(*health.get(n.name, (False, "no health verdict")),
-                                        stages[n.name]) for n in nodes}
+        checks = check_pool(self.inv, self.transport, nodes, store=self.store,
+                            state_dir=self.state_dir, runner=self.runner, timeout_scale=self.scale)
+        return {name: (c.outcome, c.detail) for name, c in checks.items()}

@@ -31,6 +31,8 @@ from brctl.core.errors import ExitCode, InputError, RefusedError, UsageError
 from brctl.core.transport import Transport
 from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter
+from brctl.remote.probes import ProbeRunner
+from brctl.state import Store
 
 
 @dataclass(frozen=True)
@@ -284,8 +286,9 @@ def ettr(intervals: Sequence[Interval], *, window: float, points: int,
                       window_series(intervals, window=window, points=points, now=end))
 
 
-def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select: Optional[str],
-                  *, timeout_scale: float = 1.0) -> PoolReport:
+def standby_check(inv: Inventory, transport: Transport, store: Store, state_dir: Path,
+                  select: Optional[str], *, runner: ProbeRunner,
+                  timeout_scale: float = 1.0) -> PoolReport:
     """Self-check the pool machines (health, then EUD and intra-machine all-to-all).
 
     Each machine is marked checked (health and every stage that could run passed),
@@ -296,31 +299,24 @@ def standby_check(inv: Inventory, transport: Transport, state_dir: Path, select:
         3 some gave no answer or could not be tested).
     """
     from brctl.core import nodeset
-    from brctl.operations.daemon_hooks import LiveHooks
-    from brctl.state import Store
+    from brctl.operations.selfcheck import check_pool
 
-    store = Store(state_dir)
-    try:
-        state = DaemonState(store, inv.job_key)
-        before = standby_list(inv, state)
-        only = nodeset.expand(select) if select else []
-        unknown = [n for n in only if n not in {m.node for m in before.machines}]
-        if unknown:
-            raise UsageError(f"standby check: not pool machines: {nodeset.fold(unknown)}",
-                             hint="see brctl standby list")
-        names = pool_candidates(before, only)
-        if not names:
-            return before
-        results = LiveHooks(inv, transport, store, state_dir, timeout_scale).check(
-            [inv.node(n) for n in names])
-        now = time.time()
-        for name, (outcome, detail) in results.items():
-            state.mark_checked(name, outcome == "checked", detail, now, outcome)
-        after = standby_list(inv, state)
-    finally:
-        store.close()
-    silent = any(outcome == "untested" or (outcome == "failed" and detail.startswith(
-        ("unreachable", "timeout", "auth", "hostkey", "error"))) for outcome, detail in results.values())
-    failed = any(outcome == "failed" for outcome, _ in results.values())
+    state = DaemonState(store, inv.job_key)
+    before = standby_list(inv, state)
+    only = nodeset.expand(select) if select else []
+    unknown = [n for n in only if n not in {m.node for m in before.machines}]
+    if unknown:
+        raise UsageError(f"standby check: not pool machines: {nodeset.fold(unknown)}",
+                         hint="see brctl standby list")
+    names = pool_candidates(before, only)
+    if not names:
+        return before
+    results = check_pool(inv, transport, [inv.node(n) for n in names], store=store,
+                         state_dir=state_dir, runner=runner, timeout_scale=timeout_scale)
+    now = time.time()
+    for name, c in results.items():
+        state.mark_checked(name, c.outcome == "checked", c.detail, now, c.outcome)
+    silent = any(c.outcome == "untested" or not c.answered for c in results.values())
+    failed = any(c.outcome == "failed" for c in results.values())
     code = ExitCode.INCOMPLETE if silent else ExitCode.FINDINGS if failed else ExitCode.OK
-    return dataclasses.replace(after, exit_code=code)
+    return dataclasses.replace(standby_list(inv, state), exit_code=code)

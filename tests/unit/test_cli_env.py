@@ -115,3 +115,14 @@ def test_commands_hold_no_exit_code_literals() -> None:
                     wrong += [f"{path.name}:{node.lineno}" for c in ast.walk(node.value)
                               if isinstance(c, ast.Constant) and type(c.value) is int]
     assert wrong == []
+
+
+def test_standby_check_of_a_machine_that_gave_no_usable_answer_is_incomplete(
+        tmp_path: Path) -> None:
+    def garbage(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        return Reply(stdout="not a probe document\n", exit_code=0)
+
+    env, out, err = env_for(tmp_path, FakeTransport(garbage))
+    code = run(["-i", str(inventory(tmp_path)), "--json", "standby", "check"], env=env)
+    assert code == 3, err.getvalue()  # no answer is no verdict: never 'failed' (1)
+    assert "not JSON" in out.getvalue()

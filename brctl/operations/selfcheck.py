@@ -1,0 +1,59 @@
+"""Self-check of standby machines: the health sweep, then the diagnose ladder's
+machine-local stages (EUD where dcgmi exists, the intra-machine all-to-all) on the
+machines whose health passed; ``analysis.daemon.standby_outcome`` judges each.
+
+Shared by ``brctl standby check`` and the daemon's ``LiveHooks.check``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from brctl.analysis.daemon import StandbyOutcome, standby_outcome
+from brctl.analysis.inventory import Inventory
+from brctl.analysis.playbook import StageName
+from brctl.core.transport import Node, Transport
+from brctl.remote.probes import ProbeRunner
+from brctl.state import Store
+
+
+@dataclass(frozen=True)
+class PoolCheck:
+    """One pool machine's self-check."""
+
+    outcome: StandbyOutcome
+    detail: str
+    answered: bool  # the health sweep got an answer (False: no verdict, the run is incomplete)
+
+
+def check_pool(inv: Inventory, transport: Transport, nodes: Sequence[Node], *, store: Store,
+               state_dir: Path, runner: ProbeRunner, timeout_scale: float) -> dict[str, PoolCheck]:
+    """Self-check ``nodes``: node → its outcome, the detail, and whether it answered."""
+    from brctl.operations.diagnose import Options, self_check
+    from brctl.operations.health import sweep
+
+    report = sweep(inv, transport, nodes, state_dir, runner=runner, store=store,
+                   timeout=inv.health.timeout * timeout_scale)
+    health: dict[str, tuple[bool, str]] = {}
+    for name, verdict in report.nodes.items():
+        bad = [f"{c.name}: {c.message}" for c in verdict.checks if c.status == "fail"]
+        ok = verdict.answered and not bad
+        health[name] = (ok, "health ok" if ok else "; ".join(bad) or (verdict.error or verdict.status))
+    healthy = [n for n in nodes if health.get(n.name, (False, ""))[0]]
+    stages: dict[str, list[tuple[str, str, Sequence[str]]]] = {n.name: [] for n in nodes}
+    wanted = cast(list[StageName], list(inv.daemon.standby_stages))
+    if healthy and wanted:
+        opts = Options(timeout_scale=timeout_scale, concurrency=inv.ssh.fanout)
+        for stage in self_check(inv, transport, healthy, opts, stages=wanted, runner=runner):
+            for v in stage.verdicts:
+                stages[v.node].append((stage.name, v.status, v.evidence))
+    out = {}
+    for n in nodes:
+        outcome, detail = standby_outcome(*health.get(n.name, (False, "no health verdict")),
+                                          stages[n.name])
+        answered = n.name in report.nodes and report.nodes[n.name].answered
+        out[n.name] = PoolCheck(outcome, detail, answered)
+    return out
