@@ -30,8 +30,9 @@ Rules this module enforces, so callers need not re-derive them:
   Creating a file always means ``O_CREAT|O_EXCL`` with an explicit mode: an
   existing name, link or not, is never reused.
 - Job files. ``open_job_file`` opens a file brctl only reads (a log) by absolute
-  path, with no link followed anywhere on the path, and only if it belongs to
-  root or to its directory's owner (no hard link to a root-only file).
+  path: its directory reached as ``resolve_path`` does (only ``TRUSTED`` links),
+  the file never a link, and only if it belongs to root or to its directory's
+  owner (no hard link to a root-only file).
 - Directories. ``make_dir`` is ``mkdir(name, mode, dir_fd=)`` followed by an
   ``O_NOFOLLOW`` open of what was made (``exist_ok``: an existing directory is
   opened the same way, an existing symlink is refused).
@@ -66,6 +67,9 @@ from dataclasses import dataclass, field
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_SYMLINKS = 40  # as the kernel's MAXSYMLINKS
+# Whose symlinks on the way to a configured path are the operator's: root, and the
+# login user when it is not root (the job user cannot make a link owned by either).
+TRUSTED = tuple(sorted({0, os.geteuid()}))
 
 
 class UnsafeName(ValueError):
@@ -200,16 +204,18 @@ def open_path(dir_fd: int, relpath: str, flags: int = os.O_RDONLY, mode: int | N
 
 
 def open_job_file(path: str) -> int:
-    """A read-only fd of the job's file at ``path`` (absolute), e.g. a log; no link followed.
+    """A read-only fd of the job's file at ``path`` (absolute), e.g. a log.
 
-    Every directory is opened with ``open_dir`` and the file with ``open_file``. The
-    file must belong to root or to the owner of its directory; a root file with more
+    Its directory is reached as ``resolve_path`` does (only links of ``TRUSTED``
+    owners: an operator's ``/var/log -> /data/log``, never one the job planted) and
+    opened with ``open_dir``; the file itself is never a link (``open_file``). It
+    must belong to root or to the owner of its directory; a root file with more
     than one link in another user's directory is refused too (a hard link the job
     user made to a root-only file). Refusals are ``OSError`` naming the path.
     """
-    path = posixpath.normpath(path)  # glob output: '//' and trailing '/' (links are refused anyway)
+    path = posixpath.normpath(path)  # glob output: '//' and trailing '/'
     parent, name = posixpath.split(path)
-    pfd = open_dir(parent)
+    pfd = open_dir(resolve_path(parent, TRUSTED))
     try:
         fd = open_file(pfd, name)
         dir_owner = os.fstat(pfd).st_uid

@@ -38,6 +38,7 @@ def _plant(logs: Path, kind: str) -> None:
         (logs / "x.log").symlink_to(secret / "shadow.log")
     elif kind == "symlinked dir":
         (logs / "sub").symlink_to(secret)
+        os.lchown(logs / "sub", JOB, JOB)  # the job's link (one of root's would be followed)
     elif kind == "hard link":
         os.link(secret / "shadow.log", logs / "x.log")
     elif kind == "fifo":
@@ -46,7 +47,7 @@ def _plant(logs: Path, kind: str) -> None:
 
 @pytest.mark.parametrize("kind, pattern, why", [
     ("symlinked log", "*.log", "is a symlink; not followed"),
-    ("symlinked dir", "sub/*.log", "is a symlink; not followed"),
+    pytest.param("symlinked dir", "sub/*.log", "sub is a symlink owned by", marks=needs_root),
     pytest.param("hard link", "*.log", "is a root file with 2 links", marks=needs_root),
     ("fifo", "*.log", "is a FIFO"),
 ])
@@ -62,14 +63,14 @@ def test_logtail_reports_a_planted_file_and_never_ships_it(logs: Path, kind: str
         assert good[0]["tail"] == "step 1\nstep 2\n"
 
 
-@pytest.mark.parametrize("kind", ["symlinked log", "symlinked dir",
+@pytest.mark.parametrize("kind", ["symlinked log", pytest.param("symlinked dir", marks=needs_root),
                                   pytest.param("hard link", marks=needs_root), "fifo"])
 def test_evidence_reports_a_planted_file_and_never_ships_it(logs: Path, kind: str) -> None:
     _plant(logs, kind)
     found, errors = evidence._logs([str(logs / "*.log"), str(logs / "sub" / "*.log")], 50)
     assert SECRET not in repr(found) and list(found) == [str(logs / "train.log")]
     assert found[str(logs / "train.log")] == ["step 1", "step 2"]
-    why = {"symlinked log": "is a symlink; not followed", "symlinked dir": "is a symlink; not followed",
+    why = {"symlinked log": "is a symlink; not followed", "symlinked dir": "sub is a symlink owned by",
            "hard link": "is a root file with 2 links", "fifo": "is a FIFO"}[kind]
     assert len(errors) == 1 and why in errors[0], errors
 
@@ -83,7 +84,15 @@ def test_a_file_of_another_user_in_the_jobs_dir_is_not_read(logs: Path) -> None:
         safefs.open_job_file(str(other))
 
 
-def test_a_symlink_above_the_log_is_not_followed(tmp_path: Path, logs: Path) -> None:
+@needs_root
+def test_a_job_users_link_above_the_log_is_not_followed(tmp_path: Path, logs: Path) -> None:
     (tmp_path / "link").symlink_to(logs)
-    with pytest.raises(safefs.SymlinkRefused, match="link' is a symlink; not followed"):
+    os.lchown(tmp_path / "link", JOB, JOB)
+    with pytest.raises(safefs.SymlinkRefused, match=r"link is a symlink owned by .*uid 65534"):
         safefs.open_job_file(str(tmp_path / "link" / "train.log"))
+
+
+def test_an_operators_link_above_the_log_is_followed(tmp_path: Path, logs: Path) -> None:
+    (tmp_path / "varlog").symlink_to(logs)  # root's (or ours): /var/log -> /data/log
+    doc = logtail.collect({"paths": [str(tmp_path / "varlog" / "*.log")], "bytes": 100})
+    assert [f["tail"] for f in doc["files"]] == ["step 1\nstep 2\n"]
