@@ -23,9 +23,9 @@ Actions (the request's ``action``):
   either the old or the new target, never a missing link.
 
 The update root may sit in a tree the job user can write, so nothing here
-follows a symlink: the root is opened one component at a time without following
-links (``safefs.open_dir``; give ``update.root`` as a real path), and everything
-below it is reached through directory fds, one name at a time. A release,
+follows a symlink the job could have made: the way to the root follows only
+links owned by root or the login user (``safefs.resolve_path``), and everything
+below it is reached through directory fds, one name at a time, following none. A release,
 marker or artifact that is a symlink is never read, switched to or extracted.
 
 Requests are one JSON object: in ``sys.argv[1]`` (``receive``, whose stdin is the
@@ -41,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import posixpath
 import re
 import stat
 import sys
@@ -69,23 +70,24 @@ def _root(request: dict[str, Any]) -> str:
 
 
 def _open_root(root: str, create: bool) -> Optional[int]:
-    """An fd of the update root, reached without following any link (None: absent).
-
-    ``create`` makes the missing directories (mode 0755), like ``mkdir -p``.
-    """
+    """An fd of the update root (None: absent). Links on the way are followed only
+    when owned by root or the login user (``safefs.resolve_path``: an operator's
+    ``/opt -> /data/opt``), never one the job planted. ``create``: ``mkdir -p``."""
+    top = root
+    while create and not os.path.lexists(top):
+        top = posixpath.dirname(top)
     try:
-        if not create or root == "/":
-            return safefs.open_dir(root)
-        slash = safefs.open_dir("/")
-        try:
-            return safefs.make_dirs(slash, root[1:], 0o755)
-        finally:
-            os.close(slash)
+        fd = safefs.open_dir(safefs.resolve_path(top, safefs.TRUSTED))
     except FileNotFoundError:
         return None
     except safefs.SymlinkRefused as exc:
-        raise ReleaseError(f"update root {root}: {exc.strerror} (give update.root as a real "
-                           "path, without symlinks)") from None
+        raise ReleaseError(f"update root {root}: {exc.strerror}") from None
+    if top == root:
+        return fd
+    try:
+        return safefs.make_dirs(fd, posixpath.relpath(root, top), 0o755)
+    finally:
+        os.close(fd)
 
 
 def _subdir(parent_fd: int, name: str) -> Optional[int]:

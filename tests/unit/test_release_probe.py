@@ -209,13 +209,24 @@ def test_links_planted_in_the_update_root_are_never_followed(
     assert not (root / "releases" / "v1").exists()
 
 
-def test_a_symlinked_update_root_is_refused_with_the_fix(tmp_path: Path, artifact: bytes,
-                                                         canary: Path) -> None:
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by the job user needs root")
+def test_a_job_users_link_on_the_way_to_the_update_root_is_refused(
+        tmp_path: Path, artifact: bytes, canary: Path) -> None:
     (tmp_path / "apps").symlink_to(canary)
+    os.lchown(tmp_path / "apps", 65534, 65534)
     before = _snapshot(canary)
     code, doc = receive(tmp_path / "apps" / "train", artifact)
-    assert code == 1 and "apps' is a symlink; not followed" in doc["probe_error"]
-    assert "real path" in doc["probe_error"] and _snapshot(canary) == before
+    assert code == 1 and "apps is a symlink owned by" in doc["probe_error"], doc
+    assert "uid 65534" in doc["probe_error"] and _snapshot(canary) == before
+
+
+def test_an_operators_link_on_the_way_to_the_update_root_is_followed(
+        tmp_path: Path, artifact: bytes) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "opt").symlink_to(tmp_path / "data")  # owned by root (or by us): /opt -> /data
+    code, doc = receive(tmp_path / "opt" / "train", artifact)
+    assert code == 0, doc
+    assert (tmp_path / "data" / "train" / "releases" / "v1" / "pkg" / "train.py").is_file()
 
 
 def test_a_symlinked_release_is_never_listed_switched_to_or_pruned_through(
