@@ -11,11 +11,13 @@ probabilities for k = 1..4). Also the PP=1 shape (no valid peer: the fallback pa
 
 Copies (``--mib N``, needs root, sshd and ``brctl.remote.ssh``): two real sshd
 machines (tests/integration/cluster.py, own mount namespaces, private
-/local/ckpt); node01 holds one step of 4 shard files totalling N MiB. Timed:
-``brctl ckpt backup`` of node01 → node02 through the controller (cold: ships the
-probe, hashes on both ends, streams, re-hashes, commits), the same again (resume:
-nothing to send), and ``scp -3`` of the same files node01 → node02 (OpenSSH's own
-remote-to-remote copy through the local host, no checksums) as the baseline.
+/local/ckpt and /local/ckpt.brctl-backup); node01 holds one step of 4 shard files
+totalling N MiB. Timed, interleaved, median of ``--runs``: ``brctl ckpt backup`` of
+node01 → node02 through the controller (cold: the peer has nothing; node01 hashes,
+streams into node02's receiver, which checks each sha256 as it lands, commits),
+the same again (resume: nothing to send), and ``scp -3`` of the same files node01 →
+node02 (OpenSSH's own remote-to-remote copy through the local host, no checksums)
+as the baseline.
 """
 
 from __future__ import annotations
@@ -71,8 +73,15 @@ def _ssh_base(cluster: object) -> list[str]:
             "-P", str(c.port)]  # type: ignore[attr-defined]
 
 
-def bench_copies(mib: int) -> dict[str, float]:
-    """Seconds for brctl backup (cold, resumed) and scp -3 of the same ``mib`` MiB."""
+def bench_copies(mib: int, runs: int) -> dict[str, float]:
+    """Median seconds of brctl backup (cold, resumed) and scp -3 of the same ``mib`` MiB.
+
+    The runs interleave (brctl cold, brctl rerun, scp -3, and again) so that the
+    shared machine's load hits all three alike; before each cold run the peer's copy
+    is deleted. One untimed ``ckpt plan`` first: Python's imports are not the copy.
+    """
+    import shutil
+
     import yaml
 
     from brctl.cli import run
@@ -92,29 +101,33 @@ def bench_copies(mib: int) -> dict[str, float]:
         inv["ckpt"] = {"dir": "/local/ckpt", "parallel": 4}
         path = Path(tmp) / "inv.yaml"
         path.write_text(yaml.safe_dump(inv))
-        devnull = open(os.devnull, "w")  # noqa: SIM115 - brctl's JSON is not needed here
-        saved = sys.stdout
-        out: dict[str, float] = {}
-        try:
-            sys.stdout = devnull
-            for label in ("brctl_cold", "brctl_resume"):
-                t0 = time.perf_counter()
-                code = run(["-i", str(path), "ckpt", "backup", "-w", "node01"])
-                out[label] = time.perf_counter() - t0
-                if code != 0:
-                    raise SystemExit(f"brctl ckpt backup exited {code}")
-        finally:
-            sys.stdout = saved
-            devnull.close()
         a, b = cluster.address("node01"), cluster.address("node02")
         scp = ["scp", "-3", "-q", "-r", *_ssh_base(cluster)]
         subprocess.run(["ssh", *[x if x != "-P" else "-p" for x in _ssh_base(cluster)],
                         f"root@{b}", "mkdir -p /local/ckpt/scp"], check=True)
-        t0 = time.perf_counter()
-        subprocess.run([*scp, f"root@{a}:/local/ckpt/step_1", f"root@{b}:/local/ckpt/scp/"],
-                       check=True)
-        out["scp3"] = time.perf_counter() - t0
-        return out
+        copy = cluster.node_path("node02", "/local/ckpt.brctl-backup/node01")
+        devnull = open(os.devnull, "w")  # noqa: SIM115 - brctl's JSON is not needed here
+        saved = sys.stdout
+        times: dict[str, list[float]] = {"brctl_cold": [], "brctl_resume": [], "scp3": []}
+        try:
+            sys.stdout = devnull
+            run(["-i", str(path), "ckpt", "plan"])
+            for _ in range(runs):
+                shutil.rmtree(copy, ignore_errors=True)
+                for label in ("brctl_cold", "brctl_resume"):
+                    t0 = time.perf_counter()
+                    code = run(["-i", str(path), "ckpt", "backup", "-w", "node01"])
+                    times[label].append(time.perf_counter() - t0)
+                    if code != 0:
+                        raise SystemExit(f"brctl ckpt backup exited {code}")
+                t0 = time.perf_counter()
+                subprocess.run([*scp, f"root@{a}:/local/ckpt/step_1", f"root@{b}:/local/ckpt/scp/"],
+                               check=True)
+                times["scp3"].append(time.perf_counter() - t0)
+        finally:
+            sys.stdout = saved
+            devnull.close()
+        return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         row(f"{ranks} | {ranks // 8}", bench_placement(ranks, args.runs))
     row(f"{sizes[-1]} (PP=1: fallback) | {sizes[-1] // 8}", bench_placement(sizes[-1], 1, pp=1))
     if args.mib:
-        c = bench_copies(args.mib)
+        c = bench_copies(args.mib, args.runs)
         print()
         print(f"| copy of {args.mib} MiB node01 → node02 | seconds | MiB/s |")
         print("|---|---|---|")

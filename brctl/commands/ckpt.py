@@ -86,7 +86,7 @@ def backup_command(
     """Copy each machine's newest complete step to its backup peer, checksummed.
 
     Files stream node → controller → node (nodes need not reach each other), land under
-    a temp name and are renamed; the peer re-hashes them and writes a manifest last, so
+    a temp name and are renamed once their sha256 matches; the peer writes a manifest last, so
     a partial copy is never taken for complete. Rerunning resumes: files already there
     with the right sha256 are not sent again. Copies go to ckpt.backup_dir (default:
     ckpt.dir + ".brctl-backup", root-owned 0700); symlinks in ckpt.dir are never
@@ -127,7 +127,7 @@ def restore_command(
     """Put an evicted machine's newest verified backup onto a replacement machine.
 
     The peer's copy is re-hashed first (a corrupted or truncated step is skipped for the
-    previous one), received into a fresh staging dir in ckpt.dir on the target, re-hashed
+    previous one), received into a fresh staging dir in ckpt.dir on the target, checked
     there, given the owner and group of ckpt.dir and renamed into place. A --to that is a
     member of the job is refused unless --force. Exit 0 when restored and verified, 1
     when no good copy exists, 3 when unreachable, 4 when refused (a live member, a

@@ -31,8 +31,9 @@ Ops (``op``):
 - ``receive`` (request in ``argv[1]``): read those bytes from stdin into the backup
   step or a restore staging dir: each file under a new ``O_EXCL`` temp name, checked
   against its sha256, fsynced, then renamed over its name.
-- ``commit``: re-hash a backed-up step; when every file matches, write the manifest
-  atomically and prune older steps beyond ``keep``.
+- ``commit``: check a backed-up step is all there (every sha256 was checked as the
+  file landed or was listed, in this run, in a root only brctl writes); then write
+  the manifest atomically and prune older steps beyond ``keep``.
 - ``verify``: re-hash a committed backup step against its manifest.
 - ``stage``: remove stale staging dirs brctl made in ``dir`` (owned by this uid) and
   make a new one, ``.brctl-restore-<random>``, 0700.
@@ -313,16 +314,26 @@ def _backup_steps(src_fd: int, deep: bool, only: str | None) -> list[dict[str, A
     return steps
 
 
-def check_files(base_fd: int, files: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def check_files(base_fd: int, files: list[dict[str, Any]], *, rehash: bool = True
+                ) -> tuple[list[str], list[str]]:
     """(missing, mismatched) paths of ``files`` below ``base_fd``.
 
-    A symlink or special file where a file should be is no mere mismatch but
-    planted: ``SymlinkRefused``/``NotRegular`` propagate (the request is refused).
+    ``rehash=False`` checks presence and sizes only: for files whose sha256 was
+    checked as they landed (``ckptmove receive``) or listed (``scan_backup``) in
+    this run, in a directory only brctl can write. A symlink or special file where
+    a file should be is no mere mismatch but planted: ``SymlinkRefused`` /
+    ``NotRegular`` propagate (the request is refused).
     """
     missing, bad = [], []
     for f in files:
+        rel = safefs.check_relpath(f["path"])
         try:
-            size, sha, _ = _hash_at(base_fd, safefs.check_relpath(f["path"]))
+            if rehash:
+                size, sha, _ = _hash_at(base_fd, rel)
+            else:
+                fd = safefs.open_path(base_fd, rel)
+                size, sha = os.fstat(fd).st_size, f["sha256"]
+                os.close(fd)
         except FileNotFoundError:
             missing.append(f["path"])
             continue
@@ -368,7 +379,7 @@ def _write_manifest(step_fd: int, doc: dict[str, Any]) -> None:
 
 
 def commit(req: dict[str, Any]) -> dict[str, Any]:
-    """Verify a backed-up step and, only if every file matches, write its manifest."""
+    """Check a backed-up step is all there and, only then, write its manifest."""
     opened = open_area({**req, "area": "backup"})
     if opened is None:
         return {"ok": False, "missing": [f["path"] for f in req["files"]], "mismatched": [],
@@ -377,7 +388,7 @@ def commit(req: dict[str, Any]) -> dict[str, Any]:
     try:
         step_fd = open_step(req, root_fd)
         try:
-            missing, bad = check_files(step_fd, req["files"])
+            missing, bad = check_files(step_fd, req["files"], rehash=False)
             if missing or bad:
                 return {"ok": False, "missing": missing, "mismatched": bad, "pruned": []}
             _write_manifest(step_fd, {"source": req["source"], "step": req["step"],

@@ -24,7 +24,8 @@ Restore ops (request on stdin, like every probe):
   never the job's) and make a new one, ``.brctl-restore-<random>``, 0700; it is used
   only if it is still this uid's and 0700 when reopened, so a job that renames or
   replaces it cannot redirect a write.
-- ``finish_restore``: re-check the staged step, give it the owner and group of
+- ``finish_restore``: check the staged step is all there (each file's sha256 was
+  checked as it landed), give it the owner and group of
   ``dir`` (files keep the source's permission bits minus setuid/setgid/sticky and
   execute; dirs get ``dir``'s bits), move an existing step aside to
   ``.brctl-replaced-<step>-<ms>``, rename the step into place, remove the staging dir.
@@ -156,7 +157,7 @@ def finish_restore(req: dict[str, Any]) -> dict[str, Any]:
     try:
         sfd = _open_staging(base, req["staging"])
         try:
-            missing, bad = check_files(sfd, files)
+            missing, bad = check_files(sfd, files, rehash=False)
             if missing or bad:
                 return {"ok": False, "missing": missing, "mismatched": bad}
             _hand_over(sfd, step, files, os.fstat(base))

@@ -8,8 +8,8 @@ source node's ``ckptmove send`` writes the files back to back, the controller pi
 them to the destination's ``ckptmove receive``, which writes each through directory
 fds under a new temp name, checks its sha256 and only then renames it. Nothing is
 spooled on the controller; at most ``parallel`` relays are in flight. A step becomes
-complete on the peer only when the node re-hashed every file and wrote the
-manifest, last and atomically; a partial copy never has one, so it is resumed
+complete on the peer only when every file landed with its sha256 checked and the
+node wrote the manifest, last and atomically; a partial copy never has one, so it is resumed
 (files already there with the right checksum are kept) and never restored.
 
 Trust (DESIGN.md, "Trust and safety"): every name in a node's answer is checked
@@ -399,7 +399,7 @@ class _Backup:
         return [p for p in pending if not p.errors and p.owner not in refused]
 
     def commit(self, pending: list[_Pending]) -> None:
-        """The peer re-hashes everything and writes the manifest only if all match."""
+        """The peer checks the step is all there and only then writes the manifest."""
         going, docs = self.batch({p.owner: {
             "op": "commit", "source": p.owner, "step": p.step,
             "files": [f.to_json() for f in p.files], "keep": self.cfg.keep} for p in pending},

@@ -3,7 +3,8 @@
 The copy model, the relay and the rules on node answers are ``ckpt_copy``'s (read
 its docstring). On the target, bytes land in a staging dir that the node-side
 ``ckptmove stage`` makes in ``ckpt.dir`` (0700, random name, reopened only if still
-brctl's), are re-hashed there, handed to ``ckpt.dir``'s owner and renamed into place.
+brctl's), each file checked against its sha256 as it lands; the step is then handed
+to ``ckpt.dir``'s owner and renamed into place.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ def restore(
     one is skipped (said in ``notes``) in favour of the next. Without a copy in the
     backup root, one under the old default (``<ckpt.dir>/.brctl-backup``) is used,
     with a note. The copy is received into a fresh staging dir that brctl makes in
-    ``ckpt.dir`` on the target, re-hashed there, handed to ``ckpt.dir``'s owner and
-    only then renamed into place.
+    ``ckpt.dir`` on the target, each file checked against its sha256 as it lands,
+    handed to ``ckpt.dir``'s owner and only then renamed into place.
 
     Args:
         transport: the backend.
