@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from brctl.analysis.placement import Plan, Verification
+from brctl.analysis.placement import Verification
 from brctl.core.nodeset import fold
-from brctl.operations.ckpt import CopyReport, dumps_yaml, plan_document
+from brctl.operations.ckpt import CopyReport, PlanReport
 from brctl.render import Output, escape, table
 
 
-def render_plan(out: Output, plan: Plan, job: str, fmt: str) -> None:
+def render_plan(out: Output, report: PlanReport, fmt: str) -> None:
     """A table of node → backup, the document as JSON, or YAML for training code."""
-    doc = plan_document(plan, job)
+    plan = report.plan
     if fmt == "json":
-        out.emit_json("ckpt.plan", doc)
+        out.emit_json("ckpt.plan", report.to_json())
         return
     if fmt == "yaml":
-        out.stdout.write(dumps_yaml({"schema": "brctl.ckpt.plan/1", **doc}))
+        out.stdout.write(report.to_yaml())
         return
     rows = [(p.node, p.backup_node, p.how,
              "yes" if p.meets_rule else f"no (shares {'/'.join(p.shared_kinds)})",

@@ -53,9 +53,9 @@ def plan_command(
     if fmt not in ("table", "json", "yaml"):
         raise UsageError(f"--format {fmt}: expected table, json or yaml")
     inv = env.inventory()
-    result = ops.plan(inv)
-    render_plan(env.output, result, inv.job.name if inv.job else "", "json" if env.output.json else fmt)
-    return int(result.exit_code)
+    report = ops.plan_report(inv)
+    render_plan(env.output, report, "json" if env.output.json else fmt)
+    return int(report.exit_code)
 
 
 def verify_command(

@@ -15,12 +15,12 @@ from typing import Any, Optional
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.placement import ConflictIndex, Plan, Verification, plan_backups, verify_plan
-from brctl.core.errors import InputError
+from brctl.core.errors import ExitCode, InputError
 from brctl.core.schema import SchemaError, from_mapping
 from brctl.operations.ckpt_copy import Copy, CopyReport, backup
 from brctl.operations.ckpt_restore import restore
 
-__all__ = ["Copy", "CopyReport", "backup", "domains_of", "dumps_yaml", "plan", "plan_document",
+__all__ = ["Copy", "CopyReport", "PlanReport", "backup", "domains_of", "plan", "plan_report",
            "read_plan_file", "restore", "verify"]
 
 
@@ -37,6 +37,37 @@ def domains_of(inv: Inventory) -> dict[str, str]:
 def plan(inv: Inventory) -> Plan:
     """The backup plan of the inventory's job."""
     return plan_backups(job_topology(inv), domains_of(inv))
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """``brctl ckpt plan``: the job's backup plan, as a document for ``--json`` and YAML."""
+
+    job: str
+    plan: Plan
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """1 when some placement breaks the rule, else 0."""
+        return self.plan.exit_code
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as the document ``--json`` and ``--format yaml`` print."""
+        return {"job": self.job, "ok": self.plan.ok,
+                "placements": [x.to_json() for x in self.plan.placements],
+                "notes": list(self.plan.notes)}
+
+    def to_yaml(self) -> str:
+        """The document as YAML for training code (stable key order)."""
+        import yaml
+
+        doc = {"schema": "brctl.ckpt.plan/1", **self.to_json()}
+        return str(yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False))
+
+
+def plan_report(inv: Inventory) -> PlanReport:
+    """``plan`` for ``brctl ckpt plan``: with the job's name, for the documents."""
+    return PlanReport(inv.job.name if inv.job else "", plan(inv))
 
 
 def verify(inv: Inventory, backups: Mapping[str, str] | None = None) -> Verification:
@@ -95,14 +126,3 @@ def read_plan_file(path: str, inv: Inventory) -> dict[str, str]:
     return out
 
 
-def plan_document(p: Plan, job: str) -> dict[str, Any]:
-    """The plan as the document ``--json`` and ``--format yaml`` print."""
-    return {"job": job, "ok": p.ok, "placements": [x.to_json() for x in p.placements],
-            "notes": list(p.notes)}
-
-
-def dumps_yaml(doc: Mapping[str, Any]) -> str:
-    """YAML for training code (stable key order)."""
-    import yaml
-
-    return str(yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False))
