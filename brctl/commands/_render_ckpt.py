@@ -64,6 +64,8 @@ def render_copies(out: Output, schema: str, report: CopyReport) -> None:
     for c in report.copies:
         if c.error:
             out.warn(f"{c.owner}: {c.error}")
+        for warning in c.warnings:
+            out.warn(f"{c.owner}: {warning}")
         for note in c.notes:
             out.info(f"{c.owner}: {note}")
 

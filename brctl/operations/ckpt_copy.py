@@ -64,6 +64,9 @@ class Copy:
     seconds: float = 0.0
     error: str | None = None
     notes: tuple[str, ...] = ()
+    # what an operator must hear even when the copy is ok: files the job planted
+    # that were not followed, a restore from the old default backup root
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """One entry of ``copies``."""
@@ -71,7 +74,7 @@ class Copy:
                 "state": self.state, "step": self.step, "files": self.files,
                 "copied": self.copied, "skipped": self.skipped, "bytes": self.bytes,
                 "seconds": round(self.seconds, 3), "error": self.error,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)
@@ -287,10 +290,10 @@ class _Backup:
     def finish(self, p: _Pending, state: str, error: str | None = None,
                notes: tuple[str, ...] = (), copied: int | None = None) -> None:
         sent = len(p.todo) if copied is None else copied
-        notes = tuple(p.skipped_at_source[:3]) + notes
         self.done[p.owner] = Copy(p.owner, p.peer, p.owner, state, p.step, len(p.files), sent,
                                   len(p.files) - len(p.todo), sum(f.size for f in p.todo[:sent]),
-                                  time.monotonic() - self.start, error=error, notes=notes)
+                                  time.monotonic() - self.start, error=error, notes=notes,
+                                  warnings=tuple(p.skipped_at_source))
 
     def scan(self, owners: list[str]) -> list[_Pending]:
         """The newest complete step of every owner, hashed on its node."""
@@ -318,14 +321,14 @@ class _Backup:
     def _pending(self, owner: str, doc: Mapping[str, Any]) -> _Pending | str:
         cfg = self.cfg
         steps = doc.get("steps") or []
-        notes = [f"{owner}: {name!r} skipped: {why}" for name, why in doc.get("skipped") or []]
+        notes = [f"{name!r} skipped: {why}" for name, why in doc.get("skipped") or []]
         step = next((s for s in steps if s.get("eligible") and "files" in s), None)
         if step is None:
             why = (f"no {cfg.glob} under {doc.get('dir')}" if not steps else
                    f"no step has {cfg.complete_marker} yet")
             return "; ".join([why, *notes])
         name = checked_step(owner, step.get("name"), cfg.glob)
-        notes += [f"{owner}: {path!r} skipped: {why}" for path, why in step.get("skipped") or []]
+        notes += [f"{path!r} skipped: {why}" for path, why in step.get("skipped") or []]
         return _Pending(owner, self.backups[owner], name, checked_files(owner, name, step["files"]), notes)
 
     def batch(self, items: Mapping[str, dict[str, Any]], pending: list[_Pending]

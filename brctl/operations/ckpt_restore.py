@@ -48,6 +48,7 @@ class _Found:
     files: tuple[ShardFile, ...] = ()
     notes: tuple[str, ...] = ()
     failed: ProbeResult | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def _newest_good_copy(runner: ProbeRunner, peer: Node, req: dict[str, Any], evicted: str,
@@ -140,17 +141,18 @@ def restore(
     def result(state: str, step: str | None = None, files: int = 0, copied: int = 0,
                size: int = 0, error: str | None = None, notes: Sequence[str] = ()) -> CopyReport:
         return CopyReport((Copy(peer, target, evicted, state, step, files, copied, 0, size,
-                                time.monotonic() - start, error, tuple(notes)),))
+                                time.monotonic() - start, error, tuple(notes), found.warnings),))
 
+    found = _Found()
     try:
         found = _newest_good_copy(runner, peer_node, {**area, "area": "backup"}, evicted, cfg.glob)
         if found.step is None and found.failed is None and cfg.backup_dir is None:
             legacy = _newest_good_copy(runner, peer_node, {**area, "area": "legacy"}, evicted, cfg.glob)
             if legacy.step is not None:
-                found = _Found(legacy.area, legacy.step, legacy.files, found.notes + legacy.notes + (
-                    f"{peer}: restored from the old default backup root {cfg.dir}/.brctl-backup "
-                    "(inside the job's directory); the next backup goes to the new default "
-                    f"{cfg.dir}.brctl-backup",))
+                found = _Found(legacy.area, legacy.step, legacy.files, found.notes + legacy.notes,
+                               warnings=(f"{peer}: restored from the old default backup root "
+                                         f"{cfg.dir}/.brctl-backup (inside the job's directory); "
+                                         f"new backups go to {cfg.dir}.brctl-backup",))
     except NodeRefused as exc:
         return result("refused", error=str(exc))
     if found.failed is not None:

@@ -170,8 +170,8 @@ def test_symlinked_step_file_and_fifo_are_skipped_never_read(rig: Rig) -> None:
     assert res.exit_code == 0, res.stdout
     copy = _copy(res)
     assert (copy["state"], copy["step"], copy["files"]) == ("ok", "step_100", 2)
-    notes = " ".join(copy["notes"])
-    assert "'step_999' skipped: symlink" in notes and "'step_100/optim/leak.pt' skipped" in notes
+    warnings = " ".join(copy["warnings"])
+    assert "'step_999' skipped: symlink" in warnings and "'step_100/optim/leak.pt' skipped" in warnings
     root = rig.cluster.node_path("node02", "/local/ckpt.brctl-backup")
     got = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert got == ["node01/step_100/.brctl-manifest.json", "node01/step_100/step_100/model.pt",
@@ -214,7 +214,7 @@ def test_old_default_backups_restore_with_a_note(rig: Rig) -> None:
     assert res.exit_code == 0, res.stdout
     copy = _copy(res)
     assert (copy["state"], copy["step"]) == ("ok", "step_100")
-    assert any("old default backup root" in n for n in copy["notes"])
+    assert any("old default backup root" in w for w in copy["warnings"])
     rig.assert_canaries_intact()
 
 

@@ -226,3 +226,14 @@ def test_restore_onto_a_live_job_member_is_refused_unless_forced(
     forced = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "n2", "--for", "n1", "--force")
     assert forced.exit_code == 0, forced.stdout + forced.stderr
     assert (tmp_path / "n2" / "ckpt" / "step_1" / "model_rank0.pt").is_file()
+
+
+def test_a_symlinked_step_is_skipped_with_a_warning(brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    inv_path, _inv = cluster
+    want = make_step(tmp_path, "n1", "step_1")
+    (tmp_path / "n1" / "ckpt" / "step_9").symlink_to(tmp_path / "n2")  # newest, but a link
+    res = brctl("-i", inv_path, "ckpt", "backup", "-w", "n1")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "warning: n1: 'step_9' skipped: symlink; not followed" in res.stderr
+    copy = tmp_path / "n4" / "ckpt.brctl-backup" / "n1" / "step_1"
+    assert {k: v for k, v in tree(copy).items() if not k.endswith("manifest.json")} == want
