@@ -95,6 +95,28 @@ class Store:
         self._db.close()
 
 
+def read_existing(directory: Path, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row] | None:
+    """A read query on ``<directory>/brctl.db`` opened read-only, never creating it.
+
+    None when there is no database or the query fails (e.g. a fresh database without
+    the table): for readers that must not create state, such as the job's membership.
+    """
+    path = directory / DB_NAME
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        db.row_factory = sqlite3.Row
+        return list(db.execute(sql, params))
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+
+
 def _private(path: Path) -> None:
     """Create the database file 0600 (SQLite gives its -wal and -shm files the same mode)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)

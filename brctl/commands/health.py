@@ -56,8 +56,8 @@ def health_command(
 
     def one_sweep() -> HealthReport:
         with env.output.progress("health", len(nodes)) as advance:
-            return sweep(inv, env.transport(), nodes, env.state_dir(), runner=env.probes(),
-                         store=env.store(), timeout=per_node, on_done=advance)
+            return sweep(inv, env.transport(), nodes, env.store(), runner=env.probes(),
+                         timeout=per_node, on_done=advance)
 
     previous: HealthReport | None = None
     for report in sweeps(one_sweep, every=watch, count=count):

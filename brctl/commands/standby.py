@@ -86,7 +86,7 @@ def check(
 
     env: Env = ctx.obj
     report = standby_check(env.inventory(as_listed=True), env.transport(), env.store(),
-                           env.state_dir(), select, runner=env.probes(),
+                           select, runner=env.probes(),
                            timeout_scale=env.timeout_scale())
     render_pool(env.output, report)
     return int(report.exit_code)

@@ -104,8 +104,8 @@ class LiveHooks:
         from brctl.operations.health import sweep
 
         # the job's machines now: a swapped-in standby's training processes count
-        report = sweep(self._current(nodes), self.transport, nodes, self.state_dir,
-                       runner=self.runner, store=self.store,
+        report = sweep(self._current(nodes), self.transport, nodes, self.store,
+                       runner=self.runner,
                        timeout=self.inv.health.timeout * self.scale)
         stopped, seen_process = [], False
         for name, verdict in report.nodes.items():
@@ -252,5 +252,5 @@ class LiveHooks:
         from brctl.operations.selfcheck import check_pool
 
         checks = check_pool(self.inv, self.transport, nodes, store=self.store,
-                            state_dir=self.state_dir, runner=self.runner, timeout_scale=self.scale)
+                            runner=self.runner, timeout_scale=self.scale)
         return {name: (c.outcome, c.detail) for name, c in checks.items()}

@@ -16,7 +16,6 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from brctl.analysis.daemon import Plan, refusal
@@ -286,7 +285,7 @@ def ettr(intervals: Sequence[Interval], *, window: float, points: int,
                       window_series(intervals, window=window, points=points, now=end))
 
 
-def standby_check(inv: Inventory, transport: Transport, store: Store, state_dir: Path,
+def standby_check(inv: Inventory, transport: Transport, store: Store,
                   select: Optional[str], *, runner: ProbeRunner,
                   timeout_scale: float = 1.0) -> PoolReport:
     """Self-check the pool machines (health, then EUD and intra-machine all-to-all).
@@ -312,7 +311,7 @@ def standby_check(inv: Inventory, transport: Transport, store: Store, state_dir:
     if not names:
         return before
     results = check_pool(inv, transport, [inv.node(n) for n in names], store=store,
-                         state_dir=state_dir, runner=runner, timeout_scale=timeout_scale)
+                         runner=runner, timeout_scale=timeout_scale)
     now = time.time()
     for name, c in results.items():
         state.mark_checked(name, c.outcome == "checked", c.detail, now, c.outcome)

@@ -4,7 +4,7 @@ This is the library the daemon calls every poll (with its long-lived transport,
 probe runner and store) and what ``brctl health`` renders::
 
     from brctl.operations.health import sweep
-    report = sweep(inv, transport, inv.job_nodes(), state_dir, runner=runner)
+    report = sweep(inv, transport, inv.job_nodes(), store, runner=runner)
     for node, reason in report.evict_candidates().items():
         ...  # evict: a confident hardware signal, no diagnosis needed
 
@@ -29,7 +29,6 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from brctl.analysis.health import (
@@ -184,10 +183,9 @@ def sweep(
     inv: Inventory,
     transport: Transport,
     nodes: Sequence[Node],
-    state_dir: Path,
+    store: Store,
     *,
     runner: Optional[ProbeRunner] = None,
-    store: Optional[Store] = None,
     timeout: Optional[float] = None,
     concurrency: Optional[int] = None,
     on_done: Optional[Callable[[RunResult], None]] = None,
@@ -198,9 +196,8 @@ def sweep(
         inv: the inventory (health section, job, expected GPU counts).
         transport: any transport; the daemon passes its long-lived one.
         nodes: the machines to check.
-        state_dir: where the state database lives (used when ``store`` is None).
+        store: the state database (the samples of the previous sweep).
         runner: a ProbeRunner to reuse (keeps its shipping bookkeeping across polls).
-        store: an open Store to reuse (the daemon's).
         timeout: per-node probe timeout in seconds (default ``health.timeout``).
         concurrency: machines in flight (default ``ssh.fanout``).
         on_done: called with each node's transport result (progress bars).
@@ -208,21 +205,15 @@ def sweep(
     Returns:
         The report; nodes that did not answer have ``status`` set to why.
     """
-    own_store = store is None
-    db = store if store is not None else Store(state_dir)
-    try:
-        previous = load_samples(db, [n.name for n in nodes])
-        probe = runner or ProbeRunner(transport)
-        results = probe.run(
-            nodes, PROBE, lambda node: probe_request(inv, node, previous.get(node.name)),
-            timeout=timeout or inv.health.timeout,
-            concurrency=concurrency or inv.ssh.fanout, on_done=on_done)
-        report, samples = judge(inv, nodes, results, previous)
-        save_samples(db, samples, time.time())
-        return report
-    finally:
-        if own_store:
-            db.close()
+    previous = load_samples(store, [n.name for n in nodes])
+    probe = runner or ProbeRunner(transport)
+    results = probe.run(
+        nodes, PROBE, lambda node: probe_request(inv, node, previous.get(node.name)),
+        timeout=timeout or inv.health.timeout,
+        concurrency=concurrency or inv.ssh.fanout, on_done=on_done)
+    report, samples = judge(inv, nodes, results, previous)
+    save_samples(store, samples, time.time())
+    return report
 
 
 def sweeps(one_sweep: Callable[[], HealthReport], *, every: Optional[float],

@@ -11,33 +11,20 @@ only if it exists: a command never creates it.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from brctl.analysis.daemon import recorded_membership
 from brctl.analysis.inventory import Inventory
-from brctl.state import DB_NAME
+from brctl.state import read_existing
 
 
 def recorded_members(state_dir: Path, job: str) -> Optional[list[str]]:
     """The job's machines as the daemon last recorded them, or None (no database, no record)."""
-    path = state_dir / DB_NAME
-    if not path.exists():
-        return None
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return None
-    try:
-        rows = db.execute("SELECT node FROM job_members WHERE job = ? ORDER BY position",
-                          (job,)).fetchall()
-    except sqlite3.Error:  # no daemon tables yet (an older or fresh database)
-        return None
-    finally:
-        db.close()
-    return [str(r[0]) for r in rows] or None
+    rows = read_existing(state_dir, "SELECT node FROM job_members WHERE job = ? ORDER BY position",
+                         (job,))
+    return [str(r[0]) for r in rows] if rows else None
 
 
 def current_inventory(inv: Inventory, state_dir: Path) -> tuple[Inventory, Optional[str]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 from brctl.analysis.daemon import StandbyOutcome, standby_outcome
@@ -30,12 +29,12 @@ class PoolCheck:
 
 
 def check_pool(inv: Inventory, transport: Transport, nodes: Sequence[Node], *, store: Store,
-               state_dir: Path, runner: ProbeRunner, timeout_scale: float) -> dict[str, PoolCheck]:
+               runner: ProbeRunner, timeout_scale: float) -> dict[str, PoolCheck]:
     """Self-check ``nodes``: node → its outcome, the detail, and whether it answered."""
     from brctl.operations.diagnose import Options, self_check
     from brctl.operations.health import sweep
 
-    report = sweep(inv, transport, nodes, state_dir, runner=runner, store=store,
+    report = sweep(inv, transport, nodes, store, runner=runner,
                    timeout=inv.health.timeout * timeout_scale)
     health: dict[str, tuple[bool, str]] = {}
     for name, verdict in report.nodes.items():
