@@ -9,7 +9,7 @@ from typing import Optional
 from brctl.analysis.update import Event, Pending
 from brctl.core.nodeset import fold_by
 from brctl.operations.jobadapter import HookRun
-from brctl.operations.update import (
+from brctl.operations.update_report import (
     NodeOutcome,
     PushReport,
     StatusReport,

@@ -171,7 +171,7 @@ def history(
     """Every push, apply and rollback of the job: who, when, version, checksum, outcome."""
     from brctl.commands._render_update import render_history
     from brctl.core.errors import ExitCode
-    from brctl.operations.update import history as do_history
+    from brctl.operations.update_state import history as do_history
 
     env: Env = ctx.obj
     inv = env.inventory()

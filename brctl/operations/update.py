@@ -25,11 +25,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.update import (
-    Event,
     NodeView,
     Pending,
     TransferPlan,
@@ -42,37 +41,32 @@ from brctl.analysis.update import (
     rollback_target,
 )
 from brctl.core import nodeset
-from brctl.core.errors import ExitCode, InputError, RefusedError
+from brctl.core.errors import InputError, RefusedError
 from brctl.core.templates import render_argv
-from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.core.transport import Node, RunResult, Transport
 from brctl.operations import update_pack
 from brctl.operations.jobadapter import HookRun, JobAdapter, run_hook
+from brctl.operations.update_report import (
+    NodeOutcome,
+    NodeStatus,
+    PushReport,
+    StatusReport,
+    SwitchOutcome,
+    SwitchReport,
+)
+from brctl.operations.update_state import (
+    COMPONENT,
+    JobState,
+    history,
+    job_state,
+    pushed_release,
+    save_job,
+)
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner, parse_document
-from brctl.state import Component, Store
+from brctl.state import Store
 
 PROBE = "brctl.diagnostics.release"
-
-COMPONENT = Component("update", [
-    """
-    CREATE TABLE update_releases (
-        version TEXT PRIMARY KEY, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
-        source TEXT NOT NULL, pushed_at REAL NOT NULL, pushed_by TEXT NOT NULL);
-    CREATE TABLE update_jobs (
-        job TEXT PRIMARY KEY, version TEXT, sha256 TEXT,
-        pending_version TEXT, pending_sha256 TEXT, pending_since REAL,
-        pending_window_s REAL, pending_urgent INTEGER NOT NULL DEFAULT 0);
-    CREATE TABLE update_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, at REAL NOT NULL,
-        who TEXT NOT NULL, action TEXT NOT NULL, version TEXT NOT NULL,
-        sha256 TEXT NOT NULL, from_version TEXT, machines TEXT NOT NULL,
-        outcome TEXT NOT NULL, detail TEXT NOT NULL);
-    CREATE INDEX update_events_job ON update_events(job, id)
-    """,
-])
-
-_TRANSPORT_STATES = {s.value for s in NodeState if not s.ran}
-
 
 @dataclass
 class UpdateContext:
@@ -123,165 +117,6 @@ class UpdateContext:
         return self.inventory.update.root.replace("{node}", node.name)
 
 
-@dataclass(frozen=True)
-class NodeOutcome:
-    """What happened on one machine in one step.
-
-    ``state``: staged, present (already held it), switched, already (was on it),
-    reverted (switched, then switched back), failed, conflict, lagging, or a
-    transport state (unreachable, timeout, auth, hostkey).
-    """
-
-    state: str
-    message: str = ""
-    bytes_sent: int = 0
-
-    @property
-    def answered(self) -> bool:
-        """The machine answered (its state is not a transport failure)."""
-        return self.state not in _TRANSPORT_STATES
-
-    def to_json(self) -> dict[str, object]:
-        """JSON form."""
-        return {"state": self.state, "message": self.message, "bytes_sent": self.bytes_sent}
-
-
-SwitchOutcome = Literal["ok", "noop", "incomplete", "failed", "rolled_back"]
-
-
-@dataclass(frozen=True)
-class SwitchReport:
-    """The result of apply, rollback, or the switch of an urgent push.
-
-    ``outcome``: ok (every machine is on ``version``), noop (nothing to do),
-    incomplete (not started: machines did not answer), failed (not started:
-    lagging machines could not be caught up; or the switch back failed too),
-    rolled_back (a machine failed to switch; the others were switched back).
-    """
-
-    action: str
-    job: str
-    version: Optional[str]
-    from_version: Optional[str]
-    outcome: SwitchOutcome
-    reason: str
-    nodes: Mapping[str, NodeOutcome]
-    restart: Optional[HookRun] = None
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """3 when machines did not answer, 1 when the switch or the hook failed, else 0."""
-        if any(not o.answered for o in self.nodes.values()):
-            return ExitCode.INCOMPLETE
-        if self.outcome not in ("ok", "noop") or (self.restart and not self.restart.ok):
-            return ExitCode.FINDINGS
-        return ExitCode.OK
-
-    def to_json(self) -> dict[str, object]:
-        """JSON form."""
-        return {"action": self.action, "job": self.job, "version": self.version,
-                "from_version": self.from_version, "outcome": self.outcome,
-                "reason": self.reason, "nodes": {n: o.to_json() for n, o in self.nodes.items()},
-                "restart": self.restart.to_json() if self.restart else None}
-
-
-@dataclass(frozen=True)
-class PushReport:
-    """The result of a push: where the release is staged, and what became of it."""
-
-    job: str
-    version: str
-    sha256: str
-    size: int
-    source: str
-    urgent: bool
-    nodes: Mapping[str, NodeOutcome]
-    pending: Optional[Pending]
-    switch: Optional[SwitchReport]
-    message: str
-
-    @property
-    def bytes_sent(self) -> int:
-        """Artifact bytes sent over all machines (resumed and skipped ones send less)."""
-        return sum(o.bytes_sent for o in self.nodes.values())
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """3 when machines did not answer, 1 when staging/switch/hook failed, else 0."""
-        codes = [ExitCode.OK]
-        if any(not o.answered for o in self.nodes.values()):
-            codes.append(ExitCode.INCOMPLETE)
-        if any(o.state in ("failed", "conflict") for o in self.nodes.values()):
-            codes.append(ExitCode.FINDINGS)
-        if self.switch is not None:
-            codes.append(self.switch.exit_code)
-        if ExitCode.INCOMPLETE in codes:
-            return ExitCode.INCOMPLETE
-        return max(codes)
-
-    def to_json(self) -> dict[str, object]:
-        """JSON form."""
-        return {"job": self.job, "version": self.version, "sha256": self.sha256,
-                "size": self.size, "source": self.source, "urgent": self.urgent,
-                "bytes_sent": self.bytes_sent, "message": self.message,
-                "nodes": {n: o.to_json() for n, o in self.nodes.items()},
-                "pending": self.pending.to_json() if self.pending else None,
-                "switch": self.switch.to_json() if self.switch else None}
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """One machine's releases."""
-
-    state: str  # ok, or a transport state / failed when it did not answer
-    current: Optional[str]
-    releases: tuple[str, ...]
-    pending_staged: Optional[bool]  # None without a pending release
-    drift: bool
-    error: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        """JSON form."""
-        return {"state": self.state, "current": self.current, "releases": list(self.releases),
-                "pending_staged": self.pending_staged, "drift": self.drift, "error": self.error}
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    """Current and pending release per machine, and which machines drifted."""
-
-    job: str
-    version: Optional[str]
-    sha256: Optional[str]
-    pending: Optional[Pending]
-    due: bool
-    nodes: Mapping[str, NodeStatus]
-
-    @property
-    def drifted(self) -> list[str]:
-        """Machines not on the job's version."""
-        return [n for n, s in self.nodes.items() if s.drift]
-
-    @property
-    def unknown(self) -> list[str]:
-        """Machines whose releases are unknown (no answer, or the probe failed there)."""
-        return [n for n, s in self.nodes.items() if s.state != "ok"]
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """3 when machines did not answer, 1 on drift or a probe failure there, else 0."""
-        if any(s.state in _TRANSPORT_STATES for s in self.nodes.values()):
-            return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if self.drifted or self.unknown else ExitCode.OK
-
-    def to_json(self) -> dict[str, object]:
-        """JSON form."""
-        return {"job": self.job, "version": self.version, "sha256": self.sha256,
-                "pending": self.pending.to_json() if self.pending else None, "due": self.due,
-                "drift": self.drifted, "unknown": self.unknown,
-                "nodes": {n: s.to_json() for n, s in self.nodes.items()}}
-
-
 def who(environ: Mapping[str, str]) -> str:
     """``user@host`` for the history (``$SUDO_USER`` first: the person, not root)."""
     import getpass
@@ -299,42 +134,6 @@ def who(environ: Mapping[str, str]) -> str:
 # ---------------------------------------------------------------- state database
 
 
-@dataclass(frozen=True)
-class JobState:
-    """The job's recorded version and pending release."""
-
-    version: Optional[str]
-    sha256: Optional[str]
-    pending: Optional[Pending]
-
-
-def job_state(store: Store, job: str) -> JobState:
-    """The job's row (empty when it never had an update)."""
-    rows = store.query("SELECT * FROM update_jobs WHERE job = ?", (job,))
-    if not rows:
-        return JobState(None, None, None)
-    r = rows[0]
-    pending = None
-    if r["pending_version"] is not None:
-        pending = Pending(r["pending_version"], r["pending_sha256"], r["pending_since"],
-                          r["pending_window_s"], bool(r["pending_urgent"]))
-    return JobState(r["version"], r["sha256"], pending)
-
-
-def _save_job(store: Store, job: str, state: JobState) -> None:
-    p = state.pending
-    with store.transaction() as db:
-        db.execute(
-            "INSERT INTO update_jobs(job, version, sha256, pending_version, pending_sha256,"
-            " pending_since, pending_window_s, pending_urgent) VALUES (?,?,?,?,?,?,?,?)"
-            " ON CONFLICT(job) DO UPDATE SET version=excluded.version, sha256=excluded.sha256,"
-            " pending_version=excluded.pending_version, pending_sha256=excluded.pending_sha256,"
-            " pending_since=excluded.pending_since, pending_window_s=excluded.pending_window_s,"
-            " pending_urgent=excluded.pending_urgent",
-            (job, state.version, state.sha256, p.version if p else None, p.sha256 if p else None,
-             p.since if p else None, p.window_s if p else None, int(p.urgent) if p else 0))
-
-
 def _record(ctx: UpdateContext, action: str, version: str, sha256: str,
             from_version: Optional[str], machines: Sequence[str], outcome: str,
             detail: Mapping[str, Any]) -> None:
@@ -344,29 +143,6 @@ def _record(ctx: UpdateContext, action: str, version: str, sha256: str,
             " machines, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (ctx.job, ctx.now(), ctx.who, action, version, sha256, from_version,
              json.dumps(list(machines)), outcome, json.dumps(detail, sort_keys=True)))
-
-
-def history(store: Store, job: str, limit: Optional[int] = None) -> list[Event]:
-    """The job's push/apply/rollback events, oldest first (the last ``limit`` of them)."""
-    store.migrate(COMPONENT)
-    sql = "SELECT * FROM update_events WHERE job = ? ORDER BY id DESC"
-    params: list[object] = [job]
-    if limit is not None:
-        sql += " LIMIT ?"
-        params.append(limit)
-    rows = store.query(sql, params)
-    return [Event(r["id"], r["at"], r["who"], r["action"], r["version"], r["sha256"],
-                  r["from_version"], tuple(json.loads(r["machines"])), r["outcome"],
-                  json.loads(r["detail"])) for r in reversed(rows)]
-
-
-def _release(store: Store, version: str) -> tuple[str, str]:
-    """(sha256, source) of a pushed release."""
-    rows = store.query("SELECT sha256, source FROM update_releases WHERE version = ?", (version,))
-    if not rows:
-        raise InputError(f"release {version!r} was never pushed here",
-                         hint="brctl update history lists the releases")
-    return rows[0]["sha256"], rows[0]["source"]
 
 
 def _register_release(ctx: UpdateContext, version: str, art: update_pack.Artifact) -> None:
@@ -551,7 +327,7 @@ def _finish_switch(ctx: UpdateContext, rep: SwitchReport, sha256: str, restart: 
     hook = None
     if rep.outcome == "ok":
         pending = None if clear_pending else state.pending
-        _save_job(ctx.store, ctx.job, JobState(rep.version, sha256, pending))
+        save_job(ctx.store, ctx.job, JobState(rep.version, sha256, pending))
         if restart:
             hook = run_restart_hook(ctx.inventory, rep.version or "",
                             f"update {rep.action} {rep.version}", _hook_timeout(ctx))
@@ -657,7 +433,7 @@ def _push(ctx: UpdateContext, src: str, version: str, rev: Optional[str], urgent
     pending = state.pending
     if version != state.version or urgent:
         pending = Pending(version, art.sha256, ctx.now(), window, urgent)
-    _save_job(ctx.store, ctx.job, JobState(state.version, state.sha256, pending))
+    save_job(ctx.store, ctx.job, JobState(state.version, state.sha256, pending))
     outcome = ("ok" if all(o.state in ("staged", "present") for o in nodes.values())
                else "incomplete" if any(not o.answered for o in nodes.values()) else "failed")
     _record(ctx, "push", version, art.sha256, state.version, list(nodes), outcome,
@@ -740,7 +516,7 @@ def _rollback(ctx: UpdateContext, to: Optional[str], restart: bool) -> SwitchRep
                          f"(current: {state.version or 'none recorded'})",
                          hint="name one with --to VERSION (see brctl update history)")
     check_version(target)
-    sha256, _source = _release(ctx.store, target)
+    sha256, _source = pushed_release(ctx.store, target)
     rep = switch_all(ctx, "rollback", target, sha256, state.version)
     # a pending release that is the one being rolled away from must not come back lazily
     clear = state.pending is not None and state.pending.version == state.version
