@@ -18,17 +18,21 @@ from typing import Optional
 import typer
 
 import brctl
+from brctl.cliargs import hoist
 from brctl.core.errors import BrctlError, ExitCode
 from brctl.env import Env
-from brctl.render import Output, visible
+from brctl.render import Output, json_document, visible
 
 HELP = """Find the machines that must leave a large training job, with evidence, fast.
 
 Fans out over SSH to the job's GPU machines (see brctl-inventory(5) for the
 inventory), runs the right checks there and says which machines must go and
-what to do next. Every command has --json (one document on stdout) and exits
-0 ok, 1 findings, 2 usage or input error, 3 incomplete (nodes unreachable),
-4 refused by a safety limit, 70 internal error, 130 interrupted.
+what to do next. Every command has --json (one document on stdout, errors
+included: brctl.error/1; python -m brctl.schemas lists the JSON Schemas) and
+exits 0 ok, 1 findings, 2 usage or input error, 3 incomplete (nodes unreachable,
+a check that could not look), 4 refused by a safety limit, 70 internal error,
+130 interrupted. The global options (-i, --json, -v, -q, --utc, --debug) may
+also follow the subcommand.
 """
 
 
@@ -65,6 +69,10 @@ def build_app(env: Env | None = None) -> typer.Typer:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
         verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="More detail on stderr."),
+        quiet: bool = typer.Option(False, "-q", "--quiet",
+                                   help="No table on stdout: the exit code (and errors) only."),
+        utc: bool = typer.Option(False, "--utc", help="Show times in UTC (default: local time "
+                                                      "with its offset)."),
         debug: bool = typer.Option(False, "--debug", help="Show tracebacks of internal errors."),
         version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                      help="Print the version and exit."),
@@ -73,7 +81,8 @@ def build_app(env: Env | None = None) -> typer.Typer:
         given = base.output
         ctx.obj = dataclasses.replace(
             base, inventory_path=inventory or base.inventory_path, debug=debug,
-            output=Output(json=json_out, verbose=verbose, stdout=given.stdout, stderr=given.stderr),
+            output=Output(json=json_out, verbose=verbose, quiet=quiet, utc=utc,
+                          stdout=given.stdout, stderr=given.stderr),
         )  # fmt: skip
         ctx.call_on_close(ctx.obj.close)
 
@@ -94,42 +103,55 @@ def _print_error(message: str, hint: str | None) -> None:
         sys.stderr.write(f"hint: {visible(hint)}\n")
 
 
+def _report(code: int, message: str, hint: str | None, as_json: bool,
+            where: BrctlError | None = None) -> int:
+    """The error on stderr, and with --json as the ``brctl.error/1`` document on stdout."""
+    _print_error(message, hint)
+    if as_json:
+        sys.stdout.write(json_document("error", {
+            "exit": int(code), "message": message, "hint": hint,
+            "file": where.file if where else None, "key": where.key if where else None,
+            "line": where.line if where else None}, status=code) + "\n")
+    return int(code)
+
+
 def run(argv: list[str], env: Env | None = None) -> int:
     """Run the CLI on ``argv`` (with ``env`` when given); return the exit code.
 
-    Never raises, never exits.
+    Never raises, never exits. Global options may follow the subcommand
+    (``brctl.cliargs.hoist``); with --json every outcome is one document on stdout.
     """
-    debug = "--debug" in argv
+    import typer.main
+
+    command = typer.main.get_command(build_app(env))
+    front, rest = hoist(argv, command)
+    debug = "--debug" in front
+    as_json = "--json" in front
     try:
-        result = build_app(env)(args=argv, prog_name="brctl", standalone_mode=False)
+        result = command.main(args=front + rest, prog_name="brctl", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
     except typer.Abort:
-        sys.stderr.write("brctl: interrupted\n")
-        return ExitCode.INTERRUPTED
+        return _report(ExitCode.INTERRUPTED, "interrupted", None, as_json)
     except typer.TyperException as exc:  # bad options or arguments
-        _print_error(exc.format_message(), "run 'brctl --help' (or 'brctl COMMAND --help')")
-        return ExitCode.USAGE
+        return _report(ExitCode.USAGE, exc.format_message(),
+                       "run 'brctl --help' (or 'brctl COMMAND --help')", as_json)
     except BrctlError as exc:
         if debug:
             import traceback
 
             traceback.print_exc()
-        _print_error(exc.message, exc.hint)
-        return int(exc.code)
+        return _report(exc.code, exc.message, exc.hint, as_json, exc)
     except KeyboardInterrupt:
-        sys.stderr.write("brctl: interrupted\n")
-        return ExitCode.INTERRUPTED
+        return _report(ExitCode.INTERRUPTED, "interrupted", None, as_json)
     except Exception as exc:  # the last line of defence: a bug, not a user error
         if debug:
             import traceback
 
             traceback.print_exc()
-        _print_error(
-            f"internal error: {type(exc).__name__}: {exc}",
-            "this is a bug in brctl; please report it with the output of --debug",
-        )
-        return ExitCode.INTERNAL
+        return _report(ExitCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
+                       "this is a bug in brctl; please report it with the output of --debug",
+                       as_json)
     return int(result or 0)
 
 

@@ -1,8 +1,11 @@
 """Rendering: JSON on stdout, rich tables and folded node output, progress on stderr.
 
 Every command renders the same result dataclasses either way: ``--json`` prints
-exactly one document with ``"schema": "brctl.<command>/1"``; humans get tables.
-Progress, warnings and errors go to stderr only.
+exactly one document (``--watch``: one compact document per line, NDJSON) that
+opens with ``"schema": "brctl.<command>[.<sub>]/<n>"``, ``generated_at`` (UTC) and,
+where the command judges, ``status`` (the exit code in words); humans get tables.
+Its JSON Schema ships in ``brctl.schemas``. Progress, warnings and errors go to
+stderr only.
 """
 
 from __future__ import annotations
@@ -19,10 +22,42 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-def json_document(schema: str, payload: Mapping[str, Any], version: int = 1) -> str:
-    """The one JSON document a command prints with ``--json``."""
-    return json.dumps({"schema": f"brctl.{schema}/{version}", **payload}, indent=2,
-                      default=_jsonable)
+# ``status`` of a document that judges: the exit code it ends with, in words.
+STATUS_WORDS = {0: "ok", 1: "findings", 2: "error", 3: "incomplete", 4: "refused",
+                70: "error", 130: "interrupted"}
+
+
+def utc_stamp(at: float) -> str:
+    """``2026-11-30T22:52:37Z``: the zone always written (JSON timestamps are UTC)."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def json_document(schema: str, payload: Mapping[str, Any], version: int = 1, *,
+                  status: int | None = None, compact: bool = False,
+                  generated_at: float | None = None) -> str:
+    """The one JSON document a command prints with ``--json``.
+
+    Args:
+        schema: ``<command>[.<sub>]``; the document's ``schema`` is ``brctl.<schema>/<version>``.
+        payload: the command's keys.
+        version: bumped when a key changes meaning or goes away.
+        status: the exit code the command ends with, for documents that judge.
+        compact: one line (NDJSON, ``--watch``) instead of indented.
+        generated_at: when (default: now).
+    """
+    import time
+
+    head: dict[str, Any] = {"schema": f"brctl.{schema}/{version}",
+                            "generated_at": utc_stamp(time.time() if generated_at is None
+                                                      else generated_at)}
+    if status is not None:
+        head["status"] = STATUS_WORDS[int(status)]
+    doc = {**head, **payload}
+    if compact:
+        return json.dumps(doc, separators=(",", ":"), default=_jsonable)
+    return json.dumps(doc, indent=2, default=_jsonable)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -41,6 +76,9 @@ class Output:
 
     json: bool = False
     verbose: int = 0
+    ndjson: bool = False  # --watch: one compact document per line
+    quiet: bool = False  # -q: no human output on stdout (JSON still printed with --json)
+    utc: bool = False  # --utc: times in UTC, else local time with its offset
     stdout: Any = field(default_factory=lambda: sys.stdout)
     stderr: Any = field(default_factory=lambda: sys.stderr)
     _console: Console | None = None
@@ -48,11 +86,14 @@ class Output:
 
     @property
     def console(self) -> Console:
-        """Rich console on stdout (created on first use: keeps --help light)."""
+        """Rich console on stdout (created on first use: keeps --help light); -q: a sink."""
         if self._console is None:
+            import io
+
             from rich.console import Console
 
-            self._console = Console(file=self.stdout, highlight=False, soft_wrap=True)
+            target = io.StringIO() if self.quiet else self.stdout
+            self._console = Console(file=target, highlight=False, soft_wrap=True)
         return self._console
 
     @property
@@ -64,9 +105,11 @@ class Output:
             self._err = Console(file=self.stderr, highlight=False, stderr=True, soft_wrap=True)
         return self._err
 
-    def emit_json(self, schema: str, payload: Mapping[str, Any], version: int = 1) -> None:
-        """Print the command's JSON document on stdout (``version``: the schema's /N)."""
-        self.stdout.write(json_document(schema, payload, version) + "\n")
+    def emit_json(self, schema: str, payload: Mapping[str, Any], version: int = 1, *,
+                  status: int | None = None) -> None:
+        """Print the command's JSON document on stdout (see ``json_document``)."""
+        self.stdout.write(json_document(schema, payload, version=version, status=status,
+                                        compact=self.ndjson) + "\n")
         self.stdout.flush()
 
     def warn(self, message: str) -> None:

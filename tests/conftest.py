@@ -62,7 +62,24 @@ class CliResult:
 
     @property
     def json(self) -> Any:
-        return json.loads(self.stdout)
+        """The stdout document, validated against its shipped JSON Schema."""
+        return validated(json.loads(self.stdout))
+
+
+def validated(doc: Any) -> Any:
+    """``doc`` after checking it against the JSON Schema its ``schema`` key names.
+
+    Every test that reads a command's --json output checks the published contract:
+    a document whose schema is not shipped, or that does not fit it, fails the test.
+    """
+    import jsonschema
+
+    from brctl import schemas
+
+    assert isinstance(doc, dict) and "schema" in doc, f"not a brctl document: {doc!r:.200}"
+    assert doc["schema"] in schemas.names(), f"{doc['schema']}: no shipped JSON Schema"
+    jsonschema.validate(doc, schemas.get(doc["schema"]))
+    return doc
 
 
 @pytest.fixture

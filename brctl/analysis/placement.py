@@ -538,7 +538,7 @@ class Violation:
 
     def to_json(self) -> dict[str, object]:
         """The ``violations`` entry of ``brctl ckpt verify --json``."""
-        return {"kind": self.kind, "group": self.group, "nodes": list(self.nodes),
+        return {"kind": self.kind, "group": self.group, "members": list(self.nodes),
                 "lost": list(self.lost)}
 
 

@@ -33,7 +33,7 @@ def render_verify(out: Output, result: Verification) -> None:
         out.emit_json("ckpt.verify", {
             "ok": result.ok, "evictions": result.evictions, "machines": result.machines,
             "violations": [v.to_json() for v in result.violations],
-            "loss_probability": probs})
+            "loss_probability": probs}, status=0 if result.ok else 1)
         return
     merged: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
     for v in result.violations:
@@ -55,7 +55,8 @@ def render_verify(out: Output, result: Verification) -> None:
 def render_copies(out: Output, schema: str, report: CopyReport) -> None:
     """One row per copy; errors and notes on stderr."""
     if out.json:
-        out.emit_json(schema, {"copies": [c.to_json() for c in report.copies]})
+        out.emit_json(schema, {"copies": [c.to_json() for c in report.copies]},
+                      status=report.exit_code)
         return
     rows = [(c.owner, f"{c.source} → {c.dest}", c.state, c.step or "-",
              f"{c.copied}/{c.files}", _size(c.bytes), f"{c.seconds:.1f}s")

@@ -41,7 +41,7 @@ def event_line(out: Output, doc: dict[str, Any]) -> None:
 def render_run(out: Output, report: DaemonReport) -> None:
     """Summary of a daemon run."""
     if out.json:
-        out.emit_json("daemon", report.to_json())
+        out.emit_json("daemon.run", report.to_json(), status=report.exit_code)
         return
     out.console.print(f"job {escape(report.job)}: {report.iterations} polls, "
                       f"{len(report.handled)} incidents, {len(report.refusals)} refusals; "
@@ -51,10 +51,18 @@ def render_run(out: Output, report: DaemonReport) -> None:
         out.console.print(f"[red]refused:[/] {escape(why)}")
 
 
+def status_json(report: StatusReport) -> dict[str, Any]:
+    """``brctl.daemon.status/1``: the report, each event's machine list named ``members``."""
+    doc = report.to_json()
+    doc["events"] = [{("members" if k == "nodes" else k): v for k, v in e.items()}
+                     for e in doc["events"]]
+    return doc
+
+
 def render_status(out: Output, report: StatusReport) -> None:
     """The lease, last poll and recent records."""
     if out.json:
-        out.emit_json("daemon-status", report.to_json())
+        out.emit_json("daemon.status", status_json(report))
         return
     lease = report.lease
     who = f"running ({lease['owner']})" if report.alive and lease else "not running"
@@ -100,7 +108,7 @@ def render_evict(out: Output, report: EvictReport) -> None:
 def render_size(out: Output, report: SizeReport, have: int) -> None:
     """The pool size and how it was reached."""
     if out.json:
-        out.emit_json("standby-size", {**report.to_json(), "configured": have})
+        out.emit_json("standby.size", {**report.to_json(), "configured": have})
         return
     out.console.print(
         f"standby pool: {report.size} machines (P{report.quantile * 100:g} of "
@@ -109,10 +117,10 @@ def render_size(out: Output, report: SizeReport, have: int) -> None:
         f"{report.source}; expected {report.expected:.2f}); configured: {have}")
 
 
-def render_pool(out: Output, report: PoolReport) -> None:
-    """The pool table."""
+def render_pool(out: Output, report: PoolReport, schema: str, code: int | None = None) -> None:
+    """The pool table (``standby.list``, or ``standby.check`` that judges with ``code``)."""
     if out.json:
-        out.emit_json("standby", report.to_json())
+        out.emit_json(schema, report.to_json(), status=code)
         return
     out.console.print(table(["machine", "status", "checked", "detail"],
                             [(m.node, m.status, _when(m.checked_at), m.detail[:200])

@@ -14,7 +14,7 @@ _DECISION = {"evict": "bold red", "rollback": "bold yellow", "replay": "bold mag
 def render(out: Output, report: DiagnoseReport) -> None:
     """The tree for humans, or the ``brctl.diagnose/1`` JSON document."""
     if out.json:
-        out.emit_json("diagnose", report.to_json())
+        out.emit_json("diagnose", report.to_json(), status=report.exit_code)
         return
     from rich.tree import Tree
 

@@ -14,7 +14,7 @@ _COLOUR = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "magenta",
 def render(out: Output, report: HealthReport) -> None:
     """Healthy machines on one folded line, then each finding with its node set."""
     if out.json:
-        out.emit_json("health", report.to_json())
+        out.emit_json("health", report.to_json(), status=report.exit_code)
         return
     status = {n: h.status for n, h in report.nodes.items() if h.answered}
     for nodes, state, _ in fold_by(status):
@@ -75,7 +75,7 @@ def render_changes(out: Output, before: HealthReport, after: HealthReport) -> No
     if out.json:
         out.emit_json("health", {**after.to_json(), "changes": [
             {"node": node, "check": what, "change": text}
-            for (node, _), (what, text) in changes.items()]})
+            for (node, _), (what, text) in changes.items()]}, status=after.exit_code)
         return
     by_value: dict[tuple[str, str], list[str]] = {}
     for (node, _), value in changes.items():

@@ -14,20 +14,20 @@ def render(out: Output, report: NodesReport) -> None:
         topo = report.topology
         out.emit_json("nodes", {
             "inventory": inv.source,
-            "nodes": [
-                {"name": n.name, "address": n.address, "port": n.port, "user": n.user,
-                 "connection": n.connection, "gpus": n.gpus, "labels": dict(n.labels),
-                 "role": report.role(n.name)}
+            "nodes": {
+                n.name: {"address": n.address, "port": n.port, "user": n.user,
+                         "connection": n.connection, "gpus": n.gpus, "labels": dict(n.labels),
+                         "role": report.role(n.name),
+                         **({"probe": report.probes[n.name].to_json()}
+                            if report.probes is not None and n.name in report.probes else {})}
                 for n in (inv.nodes[s] for s in report.selected)
-            ],
+            },
             "job": None if topo is None or inv.job is None else {
-                "name": inv.job.name, "nodes": list(topo.machines), "world": topo.world,
+                "name": inv.job.name, "members": list(topo.machines), "world": topo.world,
                 "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
                 "order": topo.order},
             "groups": {k: [g.to_json() for g in rows] for k, rows in report.groups.items()},
-            **({"probe": {name: p.to_json() for name, p in report.probes.items()}}
-               if report.probes is not None else {}),
-        })
+        }, status=report.exit_code if report.probes is not None else None)
         return
     keyed = {
         s: (n.connection, n.gpus, ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())),

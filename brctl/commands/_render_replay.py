@@ -31,7 +31,7 @@ def plan_json(p: ReplayPlan) -> dict[str, Any]:
 
 def _group_json(g: JudgedGroup) -> dict[str, Any]:
     return {
-        "nodes": list(g.nodes),
+        "members": list(g.nodes),
         "fingerprint": g.fingerprint,
         "deviant": g.deviant,
         "status": g.status,
@@ -60,7 +60,7 @@ def render_plan(out: Output, p: ReplayPlan) -> None:
     if out.json:
         out.emit_json("replay", {"verdict": None, "plan": plan_json(p), "rounds": [
             {"index": i + 1, "kind": kind,
-             "groups": [{"nodes": list(g), "fingerprint": None, "deviant": None} for g in rnd]}
+             "groups": [{"members": list(g), "fingerprint": None, "deviant": None} for g in rnd]}
             for i, (kind, rnd) in enumerate([("horizontal", p.round1), ("vertical", p.round2)])
             if rnd is not None]})
         return
@@ -90,7 +90,7 @@ def render(out: Output, report: ReplayReport) -> None:
             "repeat": report.repeat, "plan": plan_json(report.plan),
             "rounds": [_round_json(i + 1, r) for i, r in enumerate(report.rounds)],
             "preflight": report.preflight,
-        })
+        }, status=report.exit_code)
         return
     out.console.print(escape(_summary(report.plan)))
     out.console.print(escape(f"workload: {report.workload}"))

@@ -48,7 +48,7 @@ def _hook(out: Output, hook: Optional[HookRun], wanted: bool) -> None:
 def render_push(out: Output, report: PushReport) -> None:
     """Per-machine staging outcome, then what happens next."""
     if out.json:
-        out.emit_json("update.push", report.to_json())
+        out.emit_json("update.push", report.to_json(), status=report.exit_code)
         return
     out.console.print(f"release [bold]{escape(report.version)}[/] sha256 "
                       f"{report.sha256[:12]} ({report.size} bytes, {escape(report.source)}); "
@@ -71,7 +71,7 @@ def _switch_body(out: Output, report: SwitchReport, restart_wanted: bool) -> Non
 def render_switch(out: Output, report: SwitchReport) -> None:
     """Apply/rollback: per-machine outcome and the verdict with its reason."""
     if out.json:
-        out.emit_json(f"update.{report.action}", report.to_json())
+        out.emit_json(f"update.{report.action}", report.to_json(), status=report.exit_code)
         return
     _switch_body(out, report, restart_wanted=False)
 
@@ -87,7 +87,7 @@ def _pending_line(pending: Optional[Pending], due: bool) -> str:
 def render_status(out: Output, report: StatusReport) -> None:
     """Job version and pending release, then machines folded by (current, pending staged)."""
     if out.json:
-        out.emit_json("update.status", report.to_json())
+        out.emit_json("update.status", report.to_json(), status=report.exit_code)
         return
     version = f"{report.version} (sha256 {report.sha256[:12]})" if report.version and \
         report.sha256 else "none recorded"

@@ -21,7 +21,8 @@ def health_command(
     exclude: Optional[str] = opt.EXCLUDE,
     watch: Optional[float] = typer.Option(None, "--watch", metavar="SECONDS",
                                           help="Repeat every SECONDS; after the first report "
-                                               "print only the checks whose status changed."),
+                                               "print only the checks whose status changed "
+                                               "(with --json: one document per line, NDJSON)."),
     count: Optional[int] = typer.Option(None, "--count", metavar="N",
                                         help="With --watch: stop after N sweeps."),
     timeout: Optional[float] = opt.timeout(None, "Per-node probe timeout (default: health.timeout)."),
@@ -52,6 +53,7 @@ def health_command(
     nodes = inv.select(select, exclude)
     if not nodes:
         raise UsageError("health: the selection is empty", hint="check -w / -x against brctl nodes")
+    env.output.ndjson = watch is not None  # --watch --json: one document per line
     per_node = (timeout or inv.health.timeout) * env.timeout_scale()
 
     def one_sweep() -> HealthReport:

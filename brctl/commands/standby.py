@@ -62,7 +62,7 @@ def list_pool(ctx: typer.Context) -> int:
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
     report = standby_list(inv, DaemonState(env.store(), inv.job_key))
-    render_pool(env.output, report)
+    render_pool(env.output, report, "standby.list")
     return int(report.exit_code)
 
 
@@ -88,5 +88,5 @@ def check(
     report = standby_check(env.inventory(as_listed=True), env.transport(), env.store(),
                            select, runner=env.probes(),
                            timeout_scale=env.timeout_scale())
-    render_pool(env.output, report)
+    render_pool(env.output, report, "standby.check", report.exit_code)
     return int(report.exit_code)

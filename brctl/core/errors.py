@@ -23,14 +23,23 @@ class BrctlError(Exception):
     Args:
         message: what went wrong, naming what and where.
         hint: optional next step for the user.
+        file: the input file at fault (an inventory, a playbook, a plan), if any.
+        key: the key path in it (``nodes[2].gpus``), if any.
+        line: its line (1-based), if known.
+
+    ``file``/``key``/``line`` are the machine-readable "where" of ``brctl.error/1``.
     """
 
     code: ExitCode = ExitCode.USAGE
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, file: str | None = None,
+                 key: str | None = None, line: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.file = file
+        self.key = key
+        self.line = line
 
 
 class UsageError(BrctlError):

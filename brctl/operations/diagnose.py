@@ -82,10 +82,11 @@ class StageReport:
             "name": self.name, "nodes_tested": list(self.nodes_tested),
             "faulty": list(self.faulty), "seconds": round(self.seconds, 3),
             "skipped": list(self.skip_reasons()),
-            "verdicts": [v.to_json() for v in self.verdicts],
+            "nodes": {v.node: {k: x for k, x in v.to_json().items() if k != "node"}
+                      for v in self.verdicts},
         }
         if self.rounds:
-            out["rounds"] = [[{"nodes": list(g), "ok": ok} for g, ok in rnd] for rnd in self.rounds]
+            out["rounds"] = [[{"members": list(g), "ok": ok} for g, ok in rnd] for rnd in self.rounds]
         return out
 
 

@@ -210,7 +210,8 @@ class PoolReport:
 
     def to_json(self) -> dict[str, Any]:
         """``{standby: [...], ready: [...]}``."""
-        return {"standby": [m.to_json() for m in self.machines], "ready": self.ready}
+        return {"nodes": {m.node: {k: v for k, v in m.to_json().items() if k != "node"}
+                          for m in self.machines}, "ready": self.ready}
 
 
 def standby_list(inv: Inventory, state: DaemonState) -> PoolReport:

@@ -128,7 +128,8 @@ class HealthReport:
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.health/1``."""
         return {"nodes": {n: h.to_json() for n, h in self.nodes.items()},
-                "evict": self.evict_candidates(), "incomplete": self.incomplete()}
+                "evict": self.evict_candidates(), "incomplete": self.incomplete(),
+                "unknown": self.unknown()}
 
 
 def probe_request(inv: Inventory, node: Node, before: Optional[Sample]) -> dict[str, Any]:

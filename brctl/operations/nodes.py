@@ -26,7 +26,7 @@ class GroupRow:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (nodes as a list, plus the folded set)."""
-        return {"index": self.index, "ranks": list(self.ranks), "nodes": list(self.nodes),
+        return {"index": self.index, "ranks": list(self.ranks), "members": list(self.nodes),
                 "nodeset": fold(self.nodes)}
 
 

@@ -305,7 +305,7 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
                            capture_output=True, text=True, timeout=scaled(60),
                            env=dict(env, BRCTL_STATE=str(state)))
     assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout)["job"]["nodes"] == ["node01", "node04"]
+    assert json.loads(shown.stdout)["job"]["members"] == ["node01", "node04"]
     assert " ".join(shown.stderr.split()).count("the daemon swapped node04 in for node02") == 1
     # The daemon saw nothing while it was dead: compare over the spans it observed.
     sampler.stop.set()

@@ -81,7 +81,7 @@ def test_fake_dcgmi_names_the_machine_and_stops_at_eud(brctl: Any, ssh_cluster: 
     assert [s["name"] for s in doc["stages"]] == ["eud"]  # stopped early
     eud = doc["stages"][0]
     assert eud["faulty"] == ["node02"] and eud["nodes_tested"] == ["node02"]
-    verdict = next(v for v in eud["verdicts"] if v["node"] == "node02")
+    verdict = eud["nodes"]["node02"]
     assert verdict["details"]["exit_code"] == 226
     assert "GPU 1: memory: Fail" in verdict["evidence"][0]
     assert (doc["decision"], doc["faulty"]) == ("evict", ["node02"])
@@ -101,7 +101,7 @@ def test_corrupted_and_slow_alltoall_name_their_machines(brctl: Any, ssh_cluster
     assert doc["stages"][0]["nodes_tested"] == []  # no dcgmi on any node: skipped
     a2a = doc["stages"][1]
     assert a2a["faulty"] == ["node02", "node03"] and len(a2a["nodes_tested"]) == 4
-    verdicts = {v["node"]: v for v in a2a["verdicts"]}
+    verdicts = a2a["nodes"]
     bad = verdicts["node03"]
     assert bad["evidence"][0] == "wrong data received" and bad["details"]["backend"] == "gloo"
     slow = verdicts["node02"]
@@ -119,14 +119,14 @@ def test_hung_allgather_names_the_machine_after_repairing(brctl: Any, ssh_cluste
     inv = _inventory(tmp_path, ssh_cluster, 1, env)
     res, doc = _run(brctl, inv, "--symptom", "hang")
     assert res.exit_code == 1, res.stderr
-    assert doc["stages"][1]["faulty"] == [], doc["stages"][1]["verdicts"]
+    assert doc["stages"][1]["faulty"] == [], doc["stages"][1]["nodes"]
     assert [s["name"] for s in doc["stages"]] == ["eud", "alltoall", "allgather"]
     assert doc["stages"][1]["faulty"] == []
     gather = doc["stages"][2]
     assert gather["faulty"] == ["node04"]
     first = gather["rounds"][0]
     assert first == [{"nodes": ssh_cluster.names, "ok": False}]  # the wide group failed
-    assert all(g["ok"] for rnd in gather["rounds"][1:] for g in rnd if "node04" not in g["nodes"])
+    assert all(g["ok"] for rnd in gather["rounds"][1:] for g in rnd if "node04" not in g["members"])
     assert (doc["decision"], doc["faulty"]) == ("evict", ["node04"])
 
 

@@ -89,5 +89,5 @@ def test_nodes_probe_cli_reports_unreachable(make_cluster: Callable[..., SshClus
     cluster.stop_node("node02")
     res = brctl("-i", inv, "--json", "nodes", "--probe", "-t", "10")
     assert res.exit_code == 3
-    assert res.json["probe"]["node01"]["ok"] is True
-    assert res.json["probe"]["node02"]["state"] == "unreachable"
+    assert res.json["nodes"]["node01"]["probe"]["ok"] is True
+    assert res.json["nodes"]["node02"]["probe"]["state"] == "unreachable"

@@ -44,7 +44,7 @@ def _replay(brctl: Callable[..., Any], inv: Path, *args: str) -> Any:
 
 
 def _deviant(rnd: dict[str, Any]) -> list[list[str]]:
-    return [g["nodes"] for g in rnd["groups"] if g["deviant"]]
+    return [g["members"] for g in rnd["groups"] if g["deviant"]]
 
 
 def test_one_corrupting_machine_is_named_in_two_rounds(
@@ -92,7 +92,7 @@ def test_a_fault_that_fires_once_is_not_reproduced(
     doc = res.json
     assert doc["verdict"] == "not_reproduced" and doc["faulty"] == []
     assert "node02" in doc["candidates"]
-    [group] = [g for g in doc["rounds"][0]["groups"] if "node02" in g["nodes"]]
+    [group] = [g for g in doc["rounds"][0]["groups"] if "node02" in g["members"]]
     assert group["status"] == "unconfirmed"
     assert [r["steps"] == doc["rounds"][0]["groups"][0]["runs"][0]["steps"]
             for r in group["runs"]] == [False, True]

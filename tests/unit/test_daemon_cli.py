@@ -51,7 +51,7 @@ def test_evict_records_tells_scheduler_and_caps_refuse(brctl: Any, tmp_path: Pat
     # quarantined machines never show as ready standbys; unevict returns them unchecked
     assert brctl("-i", inv, "--json", "unevict", "n2").json["changed"] is True
     pool = brctl("-i", inv, "--json", "standby", "list").json
-    assert pool["ready"] == [] and {m["node"]: m["status"] for m in pool["standby"]} == {
+    assert pool["ready"] == [] and {n: m["status"] for n, m in pool["nodes"].items()} == {
         "s1": "unchecked"}
 
 
@@ -69,7 +69,7 @@ def test_standby_size_flag_and_history(brctl: Any, tmp_path: Path, state_dir: Pa
     inv = write_inv(tmp_path)
     res = brctl("-i", inv, "--json", "standby", "size", "--machines", "1000",
                 "--daily-failure-rate", "0.002")
-    assert res.exit_code == 0 and res.json["schema"] == "brctl.standby-size/1"
+    assert res.exit_code == 0 and res.json["schema"] == "brctl.standby.size/1"
     assert res.json["size"] == 6  # P99 of Binomial(1000, 0.002): mean 2
     none = brctl("-i", inv, "standby", "size")
     assert none.exit_code == 2 and "--daily-failure-rate" in none.stderr
@@ -86,7 +86,7 @@ def test_standby_check_marks_machines_on_local_nodes(brctl: Any, tmp_path: Path,
     res = brctl("-i", inv, "--json", "standby", "check")
     assert res.exit_code == 0, res.stderr
     assert res.json["ready"] == ["s1"]
-    assert "standby_stages is empty" in res.json["standby"][0]["detail"]
+    assert "standby_stages is empty" in res.json["nodes"]["s1"]["detail"]
 
 
 DCGM_FAIL = Path(__file__).parent / "data" / "dcgm_diag_fail.json"
@@ -115,7 +115,7 @@ def test_standby_check_runs_the_diagnose_stages(brctl: Any, tmp_path: Path,
          "env": {"PATH": f"{fake}:/usr/bin:/bin"}}])
     res = brctl("-i", inv, "--json", "standby", "check")
     assert res.exit_code == 1, res.stderr
-    pool = {m["node"]: m for m in res.json["standby"]}
+    pool = res.json["nodes"]
     assert pool["s1"]["status"] == "checked" and "alltoall pass" in pool["s1"]["detail"]
     assert "eud skipped (dcgmi not found" in pool["s1"]["detail"]
     assert pool["s2"]["status"] == "failed" and pool["s2"]["detail"].startswith("eud: fail")
@@ -131,11 +131,11 @@ def test_standby_check_with_every_stage_skipped_is_untested(brctl: Any, tmp_path
     (tmp_path / "notorch" / "torch.py").write_text("raise ImportError('no torch here')\n")
     res = brctl("-i", inv, "--json", "standby", "check")
     assert res.exit_code == 3, res.stderr
-    machine = res.json["standby"][0]
+    [machine] = res.json["nodes"].values()
     assert machine["status"] == "untested" and res.json["ready"] == []
     assert "no diagnose stage could run" in machine["detail"]
     listed = brctl("-i", inv, "--json", "standby", "list").json
-    assert listed["standby"][0]["status"] == "untested"
+    assert next(iter(listed["nodes"].values()))["status"] == "untested"
 
 
 def test_ettr_and_daemon_status_read_the_database(brctl: Any, tmp_path: Path,
@@ -166,7 +166,7 @@ def test_daemon_run_needs_a_restart_command_unless_dry_run(brctl: Any, tmp_path:
     assert res.exit_code == 2 and "restart_command" in res.stderr
     dry = brctl("-i", inv, "--json", "daemon", "run", "--dry-run", "--max-iterations", "2")
     assert dry.exit_code == 0, dry.stderr
-    assert dry.json["schema"] == "brctl.daemon/1" and dry.json["iterations"] == 2
+    assert dry.json["schema"] == "brctl.daemon.run/1" and dry.json["iterations"] == 2
     assert dry.json["stopped_by"] == "max-iterations"
     assert (state_dir / "daemon-events.jsonl").exists()
 

@@ -56,8 +56,8 @@ def test_job_commands_see_the_swap_with_one_warning(brctl: Any, tmp_path: Path,
     record(state_dir, ["n1", "s1", "n3", "n4"])
     res = brctl("-i", inv, "--json", "nodes")
     assert res.exit_code == 0, res.stderr
-    assert res.json["job"]["nodes"] == ["n1", "s1", "n3", "n4"]
-    roles = {n["name"]: n["role"] for n in res.json["nodes"]}
+    assert res.json["job"]["members"] == ["n1", "s1", "n3", "n4"]
+    roles = {name: n["role"] for name, n in res.json["nodes"].items()}
     assert roles["s1"] == "job" and roles["n2"] == "other" and roles["s2"] == "standby"
     assert res.stderr.count("warning") == 1
     assert "the daemon swapped s1 in for n2 (state DB); the inventory still lists n2" in (
@@ -75,7 +75,7 @@ def test_daemon_family_commands_read_the_record_themselves(brctl: Any, tmp_path:
     record(state_dir, ["n1", "s1", "n3", "n4"])
     pool = brctl("-i", inv, "--json", "standby", "list")
     assert pool.exit_code == 0 and "warning" not in pool.stderr
-    status = {m["node"]: m["status"] for m in pool.json["standby"]}
+    status = {n: m["status"] for n, m in pool.json["nodes"].items()}
     assert status["s1"] == "in-job" and status["n2"] == "unchecked"  # n2 left the job
 
 

@@ -140,8 +140,8 @@ def test_cli_names_the_faulty_local_machine(tmp_path: Path, brctl: Any) -> None:
     assert (doc["verdict"], doc["faulty"]) == ("found", ["m6"])
     assert len(doc["rounds"]) == 2
     group = doc["rounds"][0]["groups"][1]
-    assert set(group) >= {"nodes", "fingerprint", "deviant"}
-    assert group["nodes"] == ["m2", "m6"] and group["deviant"] is True
+    assert set(group) >= {"members", "fingerprint", "deviant"}
+    assert group["members"] == ["m2", "m6"] and group["deviant"] is True
     assert [g["deviant"] for g in doc["rounds"][0]["groups"]].count(True) == 1
 
 
@@ -158,7 +158,7 @@ def test_plan_only_runs_nothing(tmp_path: Path, brctl: Any) -> None:
     assert r.exit_code == 0
     doc = r.json
     assert doc["verdict"] is None and doc["plan"]["grid"] is True
-    assert [g["nodes"] for g in doc["rounds"][0]["groups"]] == [
+    assert [g["members"] for g in doc["rounds"][0]["groups"]] == [
         ["m1", "m5"], ["m2", "m6"], ["m3", "m7"], ["m4", "m8"]]
     assert doc["rounds"][1]["kind"] == "vertical"
     assert not (tmp_path / "meet").exists()

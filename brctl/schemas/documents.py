@@ -1,0 +1,160 @@
+"""The JSON Schemas (draft 2020-12) of brctl's ``--json`` documents.
+
+Each names the keys a script may rely on (``required``) and their types; a
+document may carry more keys than listed (new keys are added without a version
+bump; a key that changes meaning or goes away bumps ``/<n>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+STR: Schema = {"type": "string"}
+INT: Schema = {"type": "integer"}
+NUM: Schema = {"type": "number"}
+BOOL: Schema = {"type": "boolean"}
+ANY: Schema = {}
+OBJ: Schema = {"type": "object"}
+NAMES: Schema = {"type": "array", "items": STR}
+TIME: Schema = {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$"}
+STATUS: Schema = {"enum": ["ok", "findings", "incomplete", "refused", "error", "interrupted"]}
+
+
+def opt(schema: Schema) -> Schema:
+    """``schema`` or null."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def arr(items: Schema) -> Schema:
+    """A list of ``items``."""
+    return {"type": "array", "items": items}
+
+
+def obj(props: dict[str, Schema], *required: str) -> Schema:
+    """An object with these properties; ``required`` (default: all of them)."""
+    return {"type": "object", "properties": props,
+            "required": list(required) if required else list(props)}
+
+
+def by_node(value: Schema) -> Schema:
+    """The ``nodes`` map: machine name → ``value``."""
+    return {"type": "object", "additionalProperties": value}
+
+
+def document(name: str, props: dict[str, Schema], *, judges: bool) -> Schema:
+    """The schema of the document called ``name`` (every listed key required)."""
+    head: dict[str, Schema] = {"schema": {"const": name}, "generated_at": TIME}
+    if judges:
+        head["status"] = STATUS
+    body = obj({**head, **props})
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": name,
+            "title": name, **body}
+
+
+RUN_RESULT = obj({"state": {"enum": ["ok", "failed", "timeout", "unreachable", "auth",
+                                     "hostkey", "refused"]},
+                  "exit_code": opt(INT), "stdout": STR, "stderr": STR, "seconds": NUM})
+CHECK = obj({"name": STR, "status": {"enum": ["ok", "warn", "fail", "unknown", "skip"]},
+             "message": STR, "evict": BOOL}, "name", "status", "message")
+HOOK = obj({"argv": NAMES, "exit_code": opt(INT), "stdout": STR, "stderr": STR, "seconds": NUM})
+GROUP = obj({"index": INT, "ranks": arr(INT), "members": NAMES}, "index", "members")
+STAGE = obj({"name": STR, "nodes_tested": NAMES, "faulty": NAMES, "seconds": NUM,
+             "skipped": NAMES,
+             "nodes": by_node(obj({"status": {"enum": ["pass", "fail", "warn", "skip", "error"]},
+                                   "evidence": NAMES, "details": OBJ})),
+             "rounds": arr(arr(obj({"members": NAMES, "ok": BOOL})))},
+            "name", "nodes_tested", "faulty", "seconds", "nodes")
+REPLAY_GROUP = obj({"members": NAMES, "fingerprint": opt(STR), "deviant": opt(BOOL)})
+REPLAY_PLAN = obj({"dp": INT, "tp": INT, "pp": INT, "machines_per_group": INT,
+                   "groups_per_round": INT, "grid": BOOL, "can_vote": BOOL,
+                   "rounds_single_fault": opt(INT), "round1": arr(NAMES),
+                   "round2": opt(arr(NAMES))})
+UPDATE_OUTCOME = obj({"state": STR, "message": STR, "bytes_sent": INT})
+SWITCH = {"action": {"enum": ["apply", "rollback"]}, "job": STR, "version": opt(STR),
+          "from_version": opt(STR), "outcome": STR, "reason": STR,
+          "nodes": by_node(UPDATE_OUTCOME), "restart": opt(HOOK)}
+COPY = obj({"owner": STR, "source": STR, "dest": STR, "state": STR, "step": opt(STR),
+            "files": INT, "copied": INT, "skipped": INT, "bytes": INT, "seconds": NUM,
+            "error": opt(STR), "notes": NAMES})
+POOL_MACHINE = obj({"status": STR, "detail": STR, "checked_at": opt(NUM)})
+EVICT = {"node": STR, "action": {"enum": ["evict", "unevict"]}, "changed": BOOL,
+         "reason": STR, "dry_run": BOOL, "hook": opt(HOOK)}
+
+_DOCS: list[tuple[str, dict[str, Schema], bool]] = [
+    ("brctl.error/1", {"exit": INT, "message": STR, "hint": opt(STR), "file": opt(STR),
+                       "key": opt(STR), "line": opt(INT)}, True),
+    ("brctl.nodes/1", {
+        "inventory": STR,
+        "nodes": by_node(obj({"address": STR, "port": INT, "user": STR, "connection": STR,
+                              "gpus": INT, "labels": {"type": "object",
+                                                      "additionalProperties": STR},
+                              "role": STR, "probe": obj({"state": STR, "ok": BOOL,
+                                                         "error": opt(STR)})},
+                             "address", "port", "user", "connection", "gpus", "labels", "role")),
+        "job": opt(obj({"name": STR, "members": NAMES, "world": INT, "tp": INT, "cp": INT,
+                        "ep": INT, "dp": INT, "pp": INT, "order": STR})),
+        "groups": {"type": "object", "additionalProperties": arr(GROUP)}}, False),
+    ("brctl.exec/1", {"argv": NAMES, "nodes": by_node(RUN_RESULT)}, True),
+    ("brctl.health/1", {
+        "nodes": by_node(obj({"status": STR, "checks": arr(CHECK), "error": opt(STR),
+                              "seconds": NUM})),
+        "evict": {"type": "object", "additionalProperties": STR},
+        "incomplete": NAMES, "unknown": NAMES}, True),
+    ("brctl.diagnose/1", {
+        "job": opt(STR), "symptom": STR, "stages": arr(STAGE), "faulty": NAMES,
+        "decision": {"enum": ["evict", "reattempt", "rollback", "replay"]}, "reason": STR,
+        "incomplete": OBJ, "seconds": NUM}, True),
+    ("brctl.stacks/1", {"classes": arr(OBJ), "outliers": arr(OBJ), "suspect_group": opt(OBJ),
+                        "evict": NAMES, "nodes": by_node(OBJ)}, False),
+    ("brctl.replay/1", {
+        "verdict": opt({"enum": ["found", "none", "ambiguous", "not_reproduced", "incomplete"]}),
+        "plan": REPLAY_PLAN,
+        "rounds": arr(obj({"index": INT, "kind": STR, "groups": arr(REPLAY_GROUP)}))}, False),
+    ("brctl.ckpt.plan/1", {"job": STR, "ok": BOOL, "placements": arr(obj({
+        "node": STR, "backup_node": opt(STR), "meets_rule": BOOL, "how": STR,
+        "shared_kinds": NAMES, "same_domain": BOOL})), "notes": NAMES}, False),
+    ("brctl.ckpt.verify/1", {"ok": BOOL, "evictions": INT, "machines": INT,
+                             "violations": arr(obj({"kind": STR, "group": ANY, "members": NAMES,
+                                                    "lost": NAMES})),
+                             "loss_probability": {"type": "object",
+                                                  "additionalProperties": opt(NUM)}}, True),
+    ("brctl.ckpt.backup/1", {"copies": arr(COPY)}, True),
+    ("brctl.ckpt.restore/1", {"copies": arr(COPY)}, True),
+    ("brctl.update.push/1", {
+        "job": STR, "version": STR, "sha256": STR, "size": INT, "source": STR, "urgent": BOOL,
+        "bytes_sent": INT, "message": STR, "nodes": by_node(UPDATE_OUTCOME),
+        "pending": opt(OBJ), "switch": opt(obj(SWITCH))}, True),
+    ("brctl.update.apply/1", SWITCH, True),
+    ("brctl.update.rollback/1", SWITCH, True),
+    ("brctl.update.status/1", {
+        "job": STR, "version": opt(STR), "sha256": opt(STR), "pending": opt(OBJ), "due": BOOL,
+        "drift": NAMES, "unknown": NAMES,
+        "nodes": by_node(obj({"state": STR, "current": opt(STR), "releases": NAMES,
+                              "pending_staged": opt(BOOL), "drift": BOOL, "error": opt(STR)}))},
+     True),
+    ("brctl.update.history/1", {"job": STR, "events": arr(OBJ)}, False),
+    ("brctl.daemon.run/1", {"job": STR, "iterations": INT, "incidents": arr(OBJ),
+                            "refusals": NAMES, "resumed": ANY, "members": NAMES,
+                            "ettr": opt(NUM), "stopped_by": opt(STR)}, True),
+    ("brctl.daemon.status/1", {
+        "job": STR, "running": BOOL, "lease": opt(OBJ), "last_poll": opt(NUM), "summary": OBJ,
+        "events": arr(obj({"id": INT, "at": NUM, "kind": STR, "members": NAMES, "detail": OBJ},
+                          "at", "kind", "members", "detail")),
+        "actions": arr(OBJ), "quarantined": arr(OBJ)}, False),
+    ("brctl.evict/1", EVICT, False),
+    ("brctl.unevict/1", EVICT, False),
+    ("brctl.standby.size/1", {"size": INT, "machines": INT, "quantile": NUM,
+                              "window_hours": NUM, "daily_failure_rate": NUM,
+                              "window_probability": NUM, "source": STR,
+                              "expected_failures": NUM, "configured": INT}, False),
+    ("brctl.standby.list/1", {"nodes": by_node(POOL_MACHINE), "ready": NAMES}, False),
+    ("brctl.standby.check/1", {"nodes": by_node(POOL_MACHINE), "ready": NAMES}, True),
+    ("brctl.ettr/1", {"job": STR, "cumulative": opt(NUM), "window_seconds": NUM,
+                      "window": opt(NUM), "productive_seconds": NUM, "observed_seconds": NUM,
+                      "series": arr(obj({"at": NUM, "ettr": opt(NUM)}))}, False),
+]
+
+DOCUMENTS: dict[str, Schema] = {name: document(name, props, judges=judges)
+                                for name, props, judges in _DOCS}

@@ -1,0 +1,140 @@
+"""The output contract (DESIGN.md "Output and exit codes") against the real CLI.
+
+JSON documents: one per run, errors included (brctl.error/1); shipped schemas,
+distinct names of one pattern, generated_at and status; global options anywhere.
+Every ``r.json`` in the suite is validated against the shipped schema (conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from brctl import schemas
+from tests.conftest import validated
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "examples" / "local.yaml"
+NAME = re.compile(r"^brctl\.[a-z]+(\.[a-z]+)?/[1-9][0-9]*$")
+
+
+def test_every_schema_is_valid_and_named_by_the_pattern() -> None:
+    names = schemas.names()
+    assert len(names) == len(set(names))
+    for name in names:
+        assert NAME.match(name), name
+        schema = schemas.get(name)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        assert schema["$id"] == name
+
+
+def test_schemas_module_lists_and_prints() -> None:
+    listed = subprocess.run([sys.executable, "-m", "brctl.schemas"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert listed == schemas.names() and "brctl.error/1" in listed
+    one = subprocess.run([sys.executable, "-m", "brctl.schemas", "brctl.health/1"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(one)["$id"] == "brctl.health/1"
+    missing = subprocess.run([sys.executable, "-m", "brctl.schemas", "brctl.nope/1"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "no schema" in missing.stderr
+
+
+@pytest.mark.parametrize("path", ["inventory.example.yaml", "examples/local.yaml",
+                                  "examples/demo.yaml"])
+def test_shipped_inventories_fit_the_inventory_schema(path: str) -> None:
+    doc = yaml.safe_load((ROOT / path).read_text())
+    jsonschema.validate(doc, schemas.get("brctl.inventory/1"))
+
+
+def test_inventory_schema_rejects_what_the_loader_rejects() -> None:
+    schema = schemas.get("brctl.inventory/1")
+    for bad in ({"nodes": [{"name": "a", "gpuz": 1}]}, {"nodes": [{"name": "a", "gpus": -1}]},
+                {"nodes": [{"name": "a"}], "ssh": {"host_key_policy": "yolo"}}, {}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_documents_have_generated_at_and_status(brctl: Any, state_dir: Path) -> None:
+    r = brctl("-i", LOCAL, "--json", "exec", "-w", "local1", "--", "true")
+    assert r.exit_code == 0
+    doc = r.json
+    assert doc["schema"] == "brctl.exec/1" and doc["status"] == "ok"
+    assert re.match(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$", doc["generated_at"])
+    failed = brctl("-i", LOCAL, "--json", "exec", "-w", "local1", "--", "false")
+    assert failed.exit_code == 1 and failed.json["status"] == "findings"
+
+
+def test_nodes_is_a_map_and_machine_lists_are_members(brctl: Any, state_dir: Path) -> None:
+    doc = brctl("-i", LOCAL, "--json", "nodes").json
+    assert doc["nodes"]["local1"]["gpus"] == 2
+    assert doc["job"]["members"] == ["local1", "local2", "local3", "local4"]
+    assert all("members" in g for rows in doc["groups"].values() for g in rows)
+
+
+@pytest.mark.parametrize(("args", "code", "where"), [
+    (["nodes", "--no-such-option"], 2, {"file": None}),
+    (["-i", "/nonexistent/inv.yaml", "nodes"], 2, {"file": "/nonexistent/inv.yaml"}),
+    (["health", "--watch", "0"], 2, {}),
+])
+def test_errors_are_one_json_document(brctl: Any, state_dir: Path, args: list[str], code: int,
+                                      where: dict[str, Any]) -> None:
+    r = brctl(*(["-i", LOCAL] if args[0] != "-i" else []), *args, "--json")
+    assert r.exit_code == code
+    doc = r.json
+    assert doc["schema"] == "brctl.error/1" and doc["exit"] == code and doc["status"] == "error"
+    assert doc["message"] and doc.items() >= where.items()
+    assert r.stdout.count('"schema"') == 1
+    assert "brctl: error:" in r.stderr  # people still read stderr
+
+
+def test_schema_error_names_file_and_key(brctl: Any, state_dir: Path, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("nodes:\n  - name: a1\n    gpuz: 2\n")
+    doc = brctl("--json", "-i", inv, "nodes").json
+    assert (doc["exit"], doc["file"], doc["key"]) == (2, str(inv), "nodes[0].gpuz")
+
+
+@pytest.mark.parametrize("args", [
+    ["nodes", "--json", "-i", str(LOCAL)],
+    ["nodes", "-i", str(LOCAL), "--json", "-v"],
+    ["--json", "nodes", f"--inventory={LOCAL}"],
+    ["exec", "--json", "-w", "local1", "-i", str(LOCAL), "--", "true"],
+])
+def test_global_options_after_the_subcommand(brctl: Any, state_dir: Path, args: list[str]) -> None:
+    r = brctl(*args)
+    assert r.exit_code == 0, r.stderr
+    assert r.json["schema"] in ("brctl.nodes/1", "brctl.exec/1")
+
+
+def test_options_after_the_remote_command_belong_to_it(brctl: Any, state_dir: Path) -> None:
+    r = brctl("-i", LOCAL, "--json", "exec", "-w", "local1", "--", "echo", "--json", "-v")
+    assert r.json["nodes"]["local1"]["stdout"] == "--json -v\n"
+    r = brctl("-i", LOCAL, "exec", "-w", "local1", "echo", "-i", "x")
+    assert r.exit_code == 0 and "-i x" in r.stdout
+
+
+def test_watch_json_is_one_compact_document_per_line(brctl: Any, state_dir: Path,
+                                                     tmp_path: Path) -> None:
+    r = brctl("-i", LOCAL, "health", "-w", "local1", "--watch", "0.01", "--count", "3", "--json",
+              env={"HOME": str(tmp_path)})
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout
+    docs = [validated(json.loads(line)) for line in lines]
+    assert {d["schema"] for d in docs} == {"brctl.health/1"}
+    assert "changes" in docs[1]
+
+
+def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Path) -> None:
+    r = brctl("-i", LOCAL, "nodes", "-q")
+    assert (r.exit_code, r.stdout) == (0, "")
+    r = brctl("-i", LOCAL, "exec", "-q", "-w", "local1", "--", "false")
+    assert (r.exit_code, r.stdout) == (1, "")
