@@ -1,4 +1,10 @@
-"""Rendering of ``brctl exec``: clush -b style blocks, then a per-state summary."""
+"""Rendering of ``brctl exec``: clush -b style blocks (or clush -L lines), or the JSON.
+
+Remote stdout goes to stdout and remote stderr to stderr, as ssh, clush and pdsh
+keep them: ``brctl exec CMD 2>/dev/null | sort`` sees only what the nodes printed
+on stdout. The per-state summary goes to stderr only when something was not ok
+(or with -v): a healthy run leaves stderr empty.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +14,44 @@ from brctl.operations.exec_ import ExecReport
 from brctl.render import Output, escape
 
 
-def render(out: Output, report: ExecReport) -> None:
-    """Folded blocks of identical output, a state summary on stderr; or the JSON."""
+def render(out: Output, report: ExecReport, *, lines: bool = False) -> None:
+    """Folded blocks of identical output (or ``node: line`` in machine order), a summary;
+    or the JSON."""
     if out.json:
         out.emit_json("exec", {
             "argv": list(report.argv),
             "nodes": report.results.to_json(),
-        })
+        }, status=report.exit_code)
         return
-    for nodes, r, count in report.results.folded():
-        status = r.state.value if r.state is not NodeState.FAILED else f"exit {r.exit_code}"
-        colour = "green" if r.state is NodeState.OK else "red"
-        out.console.print(f"[bold]---------------- {escape(nodes)} ({count}) [{colour}]{status}[/]")
-        if r.stdout:
-            out.console.print(escape(r.stdout.rstrip("\n")))
-        if r.stderr.strip():
-            out.console.print(f"[dim]{escape(r.stderr.rstrip())}[/]")
+    if lines:
+        _lines(out, report)
+    else:
+        _blocks(out, report)
     states = fold_by({n: r.state.value for n, r in report.results.items()})
-    summary = "; ".join(f"{state}: {nodes}" for nodes, state, _ in states)
-    out.err.print(f"[dim]{escape(summary)}[/]")
+    if out.verbose or any(r.state is not NodeState.OK for r in report.results.values()):
+        summary = "; ".join(f"{state}: {nodes}" for nodes, state, _ in states)
+        out.err.print(f"[dim]{escape(summary)}[/]")
+
+
+def _blocks(out: Output, report: ExecReport) -> None:
+    keyed = {n: (r.state, r.exit_code, r.stdout) for n, r in report.results.items()}
+    for nodes, (state, code, stdout), count in fold_by(keyed):
+        status = state.value if state is not NodeState.FAILED else f"exit {code}"
+        colour = "green" if state is NodeState.OK else "red"
+        out.console.print(f"[bold]---------------- {escape(nodes)} ({count}) [{colour}]{status}[/]")
+        if stdout:
+            out.console.print(escape(stdout.rstrip("\n")))
+    for nodes, stderr, _ in fold_by({n: r.stderr for n, r in report.results.items()
+                                     if r.stderr.strip()}):
+        for line in stderr.rstrip("\n").split("\n"):
+            out.err.print(f"{escape(nodes)}: {escape(line)}")
+
+
+def _lines(out: Output, report: ExecReport) -> None:
+    for name, result in report.results.items():  # inventory (machine) order
+        for line in result.stdout.splitlines():
+            out.console.print(f"{escape(name)}: {escape(line)}")
+        for line in result.stderr.splitlines():
+            out.err.print(f"{escape(name)}: {escape(line)}")
+        if not result.state.ran:
+            out.err.print(f"{escape(name)}: [red]{result.state.value}[/]")

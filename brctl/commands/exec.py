@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Optional
 
 import typer
@@ -22,37 +21,63 @@ def register(app: typer.Typer) -> None:
 def exec_command(
     ctx: typer.Context,
     command: list[str] = typer.Argument(..., metavar="CMD [ARG...]",
-                                        help="The command as an argv list (put it after --)."),
-    select: Optional[str] = opt.nodes("every machine in the inventory"),
+                                        help="One argument: a shell command line (sh -c). "
+                                             "Two or more: an argv list (put it after --)."),
+    select: Optional[str] = opt.nodes("every machine in the inventory; -: read the node set "
+                                      "from stdin"),
     exclude: Optional[str] = opt.EXCLUDE,
     timeout: Optional[float] = opt.timeout(
         None, "Per-node command timeout (default: ssh.command_timeout)."),
     fanout: Optional[int] = typer.Option(None, "-f", "--fanout", metavar="N",
                                          help="Machines in flight at once (default: ssh.fanout)."),
+    argv_only: bool = typer.Option(False, "--argv",
+                                   help="Read a single argument as an argv too (a program name, "
+                                        "no shell)."),
+    stdin: bool = typer.Option(False, "-s", "--stdin",
+                               help="Send brctl's standard input to the command on every node."),
+    lines: bool = typer.Option(False, "-L", "--lines",
+                               help="Print every output line as 'node: line', sorted by node "
+                                    "(as clush -L), instead of folding identical output."),
 ) -> int:
     """Run CMD on every selected machine and fold identical output (ClusterShell style).
 
-    CMD is an argv list, never passed through a shell: write `brctl exec -w gpu[01-04]
-    -- nvidia-smi -L`; a single quoted argument is split like a shell would
-    (`brctl exec 'uname -r'`), still without a shell. For pipes, run `sh -c '...'`
-    explicitly. Exit 0 when every machine exited 0, 1 when some exited non-zero,
-    3 when some were unreachable, timed out, or refused auth or the host key.
+    The number of arguments decides, as with ssh, clush and pdsh: exactly one
+    argument is a shell command line, run as the argv sh -c ARG on each node:
+
+        brctl exec -w gpu[01-04] 'nvidia-smi -L | wc -l'
+
+    Two or more are an argv list, each argument passed as it is (quoted per
+    argument, no shell; the form the daemon and hooks use):
+
+        brctl exec -w gpu[01-04] -- nvidia-smi -L
+
+    --argv reads a single argument as an argv too (brctl exec --argv -- /opt/check).
+    -s sends standard input to every node (brctl exec -s -- tee /etc/x < x).
+    Remote stdout goes to stdout, remote stderr to stderr ('nodes: line').
+    Exit 0 when every machine exited 0, 1 when some exited non-zero, 3 when some
+    were unreachable, timed out, or refused auth or the host key.
     """
+    import sys
+
     from brctl.commands._render_exec import render
     from brctl.core.errors import UsageError
-    from brctl.operations.exec_ import execute
+    from brctl.operations.exec_ import command_argv, execute
 
     env: Env = ctx.obj
-    argv = shlex.split(command[0]) if len(command) == 1 else list(command)
-    if not argv:
-        raise UsageError("exec: empty command")
+    argv = command_argv(command, shell=not argv_only)
     opt.check_seconds("--timeout", timeout)
+    if select == "-":
+        if stdin:
+            raise UsageError("exec: -s/--stdin and -w - both want standard input",
+                             hint="give the node set with -w NODESET when sending stdin")
+        select = ",".join(sys.stdin.read().split())
+    data = sys.stdin.buffer.read() if stdin else None
     inv = env.inventory()
     nodes = inv.select(select, exclude)
     if not nodes:
         raise UsageError("exec: the selection is empty", hint="check -w / -x against brctl nodes")
     with env.output.progress("exec", len(nodes)) as advance:
-        report = execute(env.transport(), nodes, argv, timeout=timeout,
+        report = execute(env.transport(), nodes, argv, timeout=timeout, stdin=data,
                          concurrency=fanout or inv.ssh.fanout, on_done=advance)
-    render(env.output, report)
+    render(env.output, report, lines=lines)
     return int(report.exit_code)
