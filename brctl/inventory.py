@@ -7,12 +7,16 @@ wrong cluster.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Hashable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from brctl.analysis.inventory import Inventory, from_document
 from brctl.core.errors import InputError
+from brctl.core.schema import SchemaError
 
 
 def find_inventory(explicit: str | None, environ: dict[str, str] | None = None) -> Path:
@@ -21,12 +25,13 @@ def find_inventory(explicit: str | None, environ: dict[str, str] | None = None) 
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():
-            raise InputError(f"inventory {explicit}: no such file")
+            raise InputError(f"inventory {explicit}: no such file", file=explicit)
         return path
     if env.get("BRCTL_INVENTORY"):
         path = Path(env["BRCTL_INVENTORY"]).expanduser()
         if not path.is_file():
-            raise InputError(f"inventory {path} (from $BRCTL_INVENTORY): no such file")
+            raise InputError(f"inventory {path} (from $BRCTL_INVENTORY): no such file",
+                             file=str(path))
         return path
     path = Path("inventory.yaml")
     if path.is_file():
@@ -39,17 +44,99 @@ def find_inventory(explicit: str | None, environ: dict[str, str] | None = None) 
 
 
 def load_inventory(path: Path) -> Inventory:
-    """Read, parse (``yaml.safe_load``) and validate the inventory at ``path``."""
+    """Read, parse (strict YAML: UTF-8, no duplicate keys) and validate the inventory.
+
+    Every error names the file and, when it is a place in the text, its line (and
+    column for YAML syntax), as a compiler does.
+    """
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"inventory {source}: cannot read: {exc.strerror}") from None
+        raise InputError(f"inventory {source}: cannot read: {exc.strerror}", file=source) from None
+    text = utf8_text(raw, source)
+    data = parse_yaml(text, source)
     try:
-        data = yaml.safe_load(text)
+        return from_document(data, source)
+    except SchemaError as exc:
+        line = line_of(text, exc.path)
+        raise (exc.at_line(line) if line is not None else exc) from None
+
+
+def utf8_text(raw: bytes, source: str) -> str:
+    """``raw`` decoded as UTF-8, or an error at the first byte that is not."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise InputError(f"{source}:{line}:{column}: not UTF-8 text (byte 0x{raw[exc.start]:02x})",
+                         hint="save the inventory as UTF-8", file=source, line=line) from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping.
+
+    PyYAML keeps the last value silently: ``gpus: 8`` then ``gpus: 4`` would be 4
+    GPUs with no word said.
+    """
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # << merges may repeat keys on purpose
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, Hashable):
+                    continue  # the base class reports it
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"duplicate key {key!r} (first at line {seen[key] + 1})",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)  # type: ignore[arg-type]
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """The YAML document in ``text``; errors as ``file:line:column: what``."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"inventory {source}:{where}: malformed YAML: {problem}") from None
-    return from_document(data, source)
+        if mark is None:
+            raise InputError(f"{source}: malformed YAML: {problem}", file=source) from None
+        raise InputError(f"{source}:{mark.line + 1}:{mark.column + 1}: malformed YAML: {problem}",
+                         file=source, line=mark.line + 1) from None
+
+
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def line_of(text: str, path: str) -> int | None:
+    """The line (1-based) of the key path ``nodes[2].gpus`` in the YAML ``text``.
+
+    The deepest part of the path present in the text: a missing key is reported on
+    the line of the mapping that lacks it.
+    """
+    try:
+        node: Any = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key, index in _STEP.findall(path):
+        if key and isinstance(node, yaml.MappingNode):
+            found = next(((k, v) for k, v in node.value if k.value == key), None)
+            if found is None:
+                break
+            line, node = found[0].start_mark.line + 1, found[1]
+        elif index and isinstance(node, yaml.SequenceNode) and int(index) < len(node.value):
+            node = node.value[int(index)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    if line is None and node is not None:
+        line = node.start_mark.line + 1
+    return line

@@ -19,7 +19,15 @@ from brctl.config.health import HealthSection
 from brctl.config.update import UpdateSection
 from brctl.core import nodeset
 from brctl.core.errors import InputError
-from brctl.core.schema import SchemaError, at_least_one, from_mapping, non_negative, positive, regex
+from brctl.core.schema import (
+    SchemaError,
+    at_least_one,
+    from_mapping,
+    non_negative,
+    port_number,
+    positive,
+    regex,
+)
 from brctl.core.schema import field as sfield
 from brctl.core.templates import check_template
 from brctl.core.transport import Node
@@ -44,7 +52,7 @@ class SshSection:
     """``ssh:`` defaults for every node (each key may be overridden per node entry)."""
 
     user: str = "root"
-    port: int = sfield(22, check=at_least_one)
+    port: int = sfield(22, check=port_number)
     identity_file: Optional[str] = None
     known_hosts: Optional[str] = "~/.ssh/known_hosts"
     host_key_policy: Literal["strict", "accept-new"] = "strict"
@@ -67,12 +75,12 @@ class NodeEntry:
     env: dict[str, str] = sfield(factory=dict)
     labels: dict[str, str] = sfield(factory=dict)  # e.g. {rack: r12}: failure domains
     user: Optional[str] = None
-    port: Optional[int] = None
+    port: Optional[int] = sfield(None, check=port_number)
     identity_file: Optional[str] = None
     known_hosts: Optional[str] = None
     host_key_policy: Optional[Literal["strict", "accept-new"]] = None
-    connect_timeout: Optional[float] = None
-    command_timeout: Optional[float] = None
+    connect_timeout: Optional[float] = sfield(None, check=positive)
+    command_timeout: Optional[float] = sfield(None, check=positive)
     proxy_jump: Optional[str] = None
     python: Optional[str] = None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from brctl.analysis.inventory import Inventory
-from brctl.analysis.topology import Topology
+from brctl.analysis.topology import Topology, TopologyError
 from brctl.core.errors import InputError
 
 
@@ -24,5 +24,10 @@ def job_topology(inv: Inventory, rank_machines: Sequence[str] | None = None) -> 
                          hint="add job: nodes/tp/pp (see inventory.example.yaml)")
     job = inv.job
     gpus = [inv.nodes[n].gpus for n in job.nodes]
-    return Topology.build(job.nodes, gpus, tp=job.tp, pp=job.pp, cp=job.cp, ep=job.ep,
-                          order=job.order, rank_machines=rank_machines)
+    try:
+        return Topology.build(job.nodes, gpus, tp=job.tp, pp=job.pp, cp=job.cp, ep=job.ep,
+                              order=job.order, rank_machines=rank_machines)
+    except TopologyError as exc:  # name the file, and the key the message opens with
+        key = exc.message.split(":", 1)[0] if exc.message.startswith("job") else None
+        raise InputError(f"{inv.source}: {exc.message}", hint=exc.hint, file=inv.source,
+                         key=key) from None

@@ -24,13 +24,22 @@ T = TypeVar("T")
 
 
 class SchemaError(InputError):
-    """A value does not fit the schema; carries the source file and key path."""
+    """A value does not fit the schema; carries the source file, key path and (once the
+    file's text is known) the line, as a compiler does: ``inv.yaml:12: nodes[2].gpus: …``."""
 
-    def __init__(self, source: str, path: str, message: str, hint: str | None = None) -> None:
-        where = f"{source}: {path}" if path else source
-        super().__init__(f"{where}: {message}", hint=hint)
+    def __init__(self, source: str, path: str, message: str, hint: str | None = None,
+                 line: int | None = None) -> None:
+        at = f"{source}:{line}" if line is not None else source
+        where = f"{at}: {path}" if path else at
+        super().__init__(f"{where}: {message}", hint=hint, file=source, key=path or None,
+                         line=line)
         self.source = source
         self.path = path
+        self.detail = message
+
+    def at_line(self, line: int) -> SchemaError:
+        """The same error, placed on ``line`` of its file."""
+        return SchemaError(self.source, self.path, self.detail, self.hint, line)
 
 
 def _describe(tp: Any) -> str:
@@ -156,11 +165,15 @@ def from_mapping(cls: type[T], data: Any, source: str, path: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
     if unknown:
+        import difflib
+
+        near = difflib.get_close_matches(str(unknown[0]), list(fields), n=1, cutoff=0.6)
+        guess = f"did you mean {near[0]}? " if near else ""
         raise SchemaError(
             source,
             _join(path, str(unknown[0])),
             "unknown key",
-            hint=f"known keys here: {', '.join(sorted(fields))}",
+            hint=f"{guess}known keys here: {', '.join(sorted(fields))}",
         )
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
@@ -171,7 +184,7 @@ def from_mapping(cls: type[T], data: Any, source: str, path: str = "") -> T:
             continue
         value = _convert(data[name], hints[name], source, _join(path, name))
         check = field.metadata.get("check")
-        if check is not None:
+        if check is not None and value is not None:  # null: an optional key left unset
             try:
                 value = check(value)
             except ValueError as exc:
@@ -184,6 +197,13 @@ def non_negative(value: Any) -> Any:
     """Field check: a whole number >= 0 (a count or threshold where 0 means "any")."""
     if value < 0:
         raise ValueError(f"got {value!r}, expected a whole number >= 0")
+    return value
+
+
+def port_number(value: Any) -> Any:
+    """Field check: a TCP port, 1-65535."""
+    if not 1 <= value <= 65535:
+        raise ValueError(f"got {value!r}, expected a port number from 1 to 65535")
     return value
 
 

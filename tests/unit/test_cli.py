@@ -25,9 +25,9 @@ def test_nodes_json_lists_machines_and_groups(brctl: Any) -> None:
     assert res.exit_code == 0, res.stderr
     doc = res.json
     assert doc["schema"] == "brctl.nodes/1"
-    assert [n["name"] for n in doc["nodes"]] == ["local1", "local2", "local3", "local4", "spare1"]
+    assert list(doc["nodes"]) == ["local1", "local2", "local3", "local4", "spare1"]
     assert doc["job"]["dp"] == 2 and doc["job"]["world"] == 8
-    assert [g["nodes"] for g in doc["groups"]["pp"]] == [["local1", "local3"]] * 2 + [
+    assert [g["members"] for g in doc["groups"]["pp"]] == [["local1", "local3"]] * 2 + [
         ["local2", "local4"]] * 2
 
 
@@ -61,10 +61,15 @@ def test_exec_timeout_is_incomplete(brctl: Any, tmp_path: Path) -> None:
     assert res.json["nodes"]["n1"]["exit_code"] is None
 
 
-def test_exec_single_string_is_split_without_a_shell(brctl: Any, tmp_path: Path) -> None:
+def test_exec_one_argument_is_a_shell_command_line(brctl: Any, tmp_path: Path) -> None:
     inv = write(tmp_path, {"nodes": [{"name": "n1", "connection": "local"}]})
-    res = brctl("-i", inv, "--json", "exec", "echo 'a b' $HOME;")
+    res = brctl("-i", inv, "--json", "exec", "echo hi | wc -l")
+    assert res.exit_code == 0 and res.json["argv"] == ["sh", "-c", "echo hi | wc -l"]
+    assert res.json["nodes"]["n1"]["stdout"].strip() == "1"
+    res = brctl("-i", inv, "--json", "exec", "--", "echo", "a b", "$HOME;")  # argv: no shell
     assert res.json["nodes"]["n1"]["stdout"] == "a b $HOME;\n"
+    res = brctl("-i", inv, "--json", "exec", "--argv", "--", "echo hi | wc -l")
+    assert res.exit_code == 1 and res.json["argv"] == ["echo hi | wc -l"]  # no such program
 
 
 def test_no_inventory_exits_2_with_hint(brctl: Any, tmp_path: Path, monkeypatch: Any) -> None:
@@ -80,7 +85,7 @@ def test_bad_inventory_exits_2_naming_file_and_key(brctl: Any, tmp_path: Path) -
     inv = write(tmp_path, {"nodes": [{"name": "a1", "gpus": -1}]})
     res = brctl("-i", inv, "nodes")
     assert res.exit_code == 2
-    assert f"{inv}: nodes[0].gpus" in res.stderr and "Traceback" not in res.stderr
+    assert f"{inv}:2: nodes[0].gpus" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_bad_node_set_and_unknown_option_exit_2(brctl: Any) -> None:

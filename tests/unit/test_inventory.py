@@ -145,7 +145,7 @@ def test_unsafe_node_name_is_exit_2_on_the_command_line(brctl, tmp_path: Path) -
 def test_malformed_yaml_names_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("nodes:\n  - name: a1\n   gpus: 2\n")
-    with pytest.raises(InputError, match=r"bad.yaml: line 3, column \d+: malformed YAML"):
+    with pytest.raises(InputError, match=r"bad.yaml:3:\d+: malformed YAML"):
         load_inventory(path)
 
 
