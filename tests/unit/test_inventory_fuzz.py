@@ -134,7 +134,7 @@ def mutations() -> list[tuple[str, bytes]]:
     keyed = [i for i, line in enumerate(lines) if ":" in line and not line.lstrip().startswith("-")]
     for n in range(40):  # a key written twice (the second line copied right after the first)
         i = keyed[(n * 7) % len(keyed)]
-        text = "".join(lines[:i + 1] + [lines[i]] + lines[i + 1:])
+        text = "".join([*lines[:i + 1], lines[i], *lines[i + 1:]])
         out.append((f"duplicate line {i + 1}", text.encode()))
     for n in range(30):  # bytes that are not UTF-8, somewhere in the file
         raw = bytearray(base_text.encode())

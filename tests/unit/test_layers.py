@@ -25,6 +25,7 @@ LAYER_OF = {
     "brctl.diagnostics": "node",
     "brctl.config": "config",
     "brctl.analysis": "analysis",
+    "brctl.schemas": "analysis",  # the JSON Schemas: data, and the inventory's from its types
     "brctl.remote": "remote",
     "brctl.state": "state",
     "brctl.operations": "operations",
@@ -36,6 +37,7 @@ LAYER_OF = {
     "brctl.env": "env",
     "brctl.commands": "face",
     "brctl.cli": "face",
+    "brctl.cliargs": "face",
     "brctl.manpages": "face",
     "brctl.__main__": "face",
 }
