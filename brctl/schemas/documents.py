@@ -106,7 +106,8 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
         "job": opt(STR), "symptom": STR, "stages": arr(STAGE), "faulty": NAMES,
         "decision": {"enum": ["evict", "reattempt", "rollback", "replay"]}, "reason": STR,
         "incomplete": OBJ, "seconds": NUM}, True),
-    ("brctl.stacks/1", {"classes": arr(OBJ), "outliers": arr(OBJ), "suspect_group": opt(OBJ),
+    # the stacks document's content is the stack analysis' (loose here: its keys only)
+    ("brctl.stacks/2", {"classes": arr(OBJ), "outliers": arr(OBJ), "suspect_groups": arr(OBJ),
                         "evict": NAMES, "nodes": by_node(OBJ)}, False),
     ("brctl.replay/1", {
         "verdict": opt({"enum": ["found", "none", "ambiguous", "not_reproduced", "incomplete"]}),
