@@ -97,11 +97,6 @@ class Plan:
         """Every placement shares no parallel group with its machine."""
         return all(p.meets_rule for p in self.placements)
 
-    @property
-    def exit_code(self) -> ExitCode:
-        """1 when some placement breaks the rule, else 0."""
-        return ExitCode.OK if self.ok else ExitCode.FINDINGS
-
     def backups(self) -> dict[str, str]:
         """``{node: backup_node}``."""
         return {p.node: p.backup_node for p in self.placements}

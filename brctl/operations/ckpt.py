@@ -49,7 +49,7 @@ class PlanReport:
     @property
     def exit_code(self) -> ExitCode:
         """1 when some placement breaks the rule, else 0."""
-        return self.plan.exit_code
+        return ExitCode.OK if self.plan.ok else ExitCode.FINDINGS
 
     def to_json(self) -> dict[str, Any]:
         """The plan as the document ``--json`` and ``--format yaml`` print."""
