@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
 import os
 import pkgutil
 import sys
-from typing import Optional
+from typing import Optional, TextIO
 
 import typer
 
@@ -155,8 +156,49 @@ def run(argv: list[str], env: Env | None = None) -> int:
     return int(result or 0)
 
 
+class _PipeSafe(io.TextIOBase):
+    """stdout for a reader that may leave early (``brctl nodes | head -1``).
+
+    When the reader closes the pipe, writing raises EPIPE; the rest of the output
+    goes to /dev/null instead, quietly, and the command still ends with the exit
+    code of the work it did (no traceback, no 'Broken pipe' on stderr).
+    """
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._inner.fileno())
+        os.close(devnull)
+
+    def isatty(self) -> bool:
+        return self._inner.isatty()
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._inner.encoding
+
+
 def main() -> None:
     """Console-script entry point."""
+    sys.stdout = _PipeSafe(sys.stdout)
     code = run(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()

@@ -105,7 +105,7 @@ def render_evict(out: Output, report: EvictReport) -> None:
         out.console.print(f"evict_command: {state} {escape(report.hook.output.strip()[-300:])}")
 
 
-def render_size(out: Output, report: SizeReport, have: int) -> None:
+def render_size(out: Output, report: SizeReport, have: int | None) -> None:
     """The pool size and how it was reached."""
     if out.json:
         out.emit_json("standby.size", {**report.to_json(), "configured": have})
@@ -114,7 +114,8 @@ def render_size(out: Output, report: SizeReport, have: int) -> None:
         f"standby pool: {report.size} machines (P{report.quantile * 100:g} of "
         f"Binomial({report.machines}, p={report.window_probability:.3g}) failures in "
         f"{report.window_hours:g}h; daily rate {report.daily_failure_rate:.3g} from "
-        f"{report.source}; expected {report.expected:.2f}); configured: {have}")
+        f"{report.source}; expected {report.expected:.2f})"
+        + (f"; configured: {have}" if have is not None else ""))
 
 
 def render_pool(out: Output, report: PoolReport, schema: str, code: int | None = None) -> None:
@@ -125,7 +126,7 @@ def render_pool(out: Output, report: PoolReport, schema: str, code: int | None =
     out.console.print(table(["machine", "status", "checked", "detail"],
                             [(m.node, m.status, _when(m.checked_at), m.detail[:200])
                              for m in report.machines]))
-    out.err.print(f"{len(report.ready)} ready: {escape(','.join(report.ready) or 'none')}")
+    out.console.print(f"{len(report.ready)} ready: {escape(','.join(report.ready) or 'none')}")
 
 
 def render_ettr(out: Output, job: str, report: EttrReport) -> None:

@@ -41,11 +41,6 @@ def render(out: Output, report: HealthReport) -> None:
     if evict:
         for nodes, reason, _ in fold_by(evict):
             out.console.print(f"[bold red]evict[/] {escape(nodes)}: {escape(reason)}")
-    elif not out.verbose:
-        skipped = sorted({c.name for h in report.nodes.values() for c in h.checks
-                          if c.status == "skip"})
-        if skipped:
-            out.err.print(f"[dim]skipped: {', '.join(skipped)} (-v shows why)[/]")
 
 
 def _folded(out: Output, rows: dict[tuple[str, str, str], list[str]]) -> None:

@@ -22,7 +22,7 @@ def ettr(
 
     brctl daemon records each poll interval as productive (the job logged a new
     step) or not (down, restarting, hung). The sparkline shows the windowed ratio
-    over time. Exit 0; 1 when nothing has been recorded for the job yet.
+    over time. Exit 0, also when nothing has been recorded for the job yet (it says so).
     """
     from brctl.commands._render_daemon import render_ettr
     from brctl.core.errors import UsageError

@@ -32,13 +32,19 @@ def size(
     """Size the pool: the QUANTILE of Binomial(machines, p) failures in the window.
 
     p = 1-(1-P)^(window/24h) with P from --daily-failure-rate, or estimated from
-    the evictions recorded in the state database. JSON key: size.
+    the evictions recorded in the state database. With --machines, --window and
+    --daily-failure-rate all given it is a pure calculation: no inventory needed.
+    JSON key: size.
     """
     from brctl.commands._render_daemon import render_size
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import standby_size
 
     env: Env = ctx.obj
+    if machines is not None and window is not None and daily_rate is not None:
+        # every input given: a pure calculation, no inventory or history needed
+        render_size(env.output, standby_size(machines, quantile, window, daily_rate, None), None)
+        return 0
     inv = env.inventory(as_listed=True)
     n = machines if machines is not None else (len(inv.job.nodes) if inv.job else len(inv.nodes))
     hours = window if window is not None else inv.daemon.replenish_window

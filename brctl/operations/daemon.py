@@ -106,7 +106,10 @@ class DaemonReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """4 when anything was refused, else 1 when incidents were handled, else 0."""
+        """0 when stopped by SIGTERM/SIGINT (systemctl stop is a normal end), else 4 when
+        anything was refused, else 1 when incidents were handled, else 0."""
+        if self.stopped_by == "signal":
+            return ExitCode.OK
         if self.refusals:
             return ExitCode.REFUSED
         return ExitCode.FINDINGS if self.handled else ExitCode.OK

@@ -149,7 +149,7 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
     ("brctl.standby.size/1", {"size": INT, "machines": INT, "quantile": NUM,
                               "window_hours": NUM, "daily_failure_rate": NUM,
                               "window_probability": NUM, "source": STR,
-                              "expected_failures": NUM, "configured": INT}, False),
+                              "expected_failures": NUM, "configured": opt(INT)}, False),
     ("brctl.standby.list/1", {"nodes": by_node(POOL_MACHINE), "ready": NAMES}, False),
     ("brctl.standby.check/1", {"nodes": by_node(POOL_MACHINE), "ready": NAMES}, True),
     ("brctl.ettr/1", {"job": STR, "cumulative": opt(NUM), "window_seconds": NUM,

@@ -254,7 +254,7 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
               lambda: len(rank0.read_text().splitlines()) >= mark + 8, 120, dlog)
         second.send_signal(signal.SIGTERM)
         out, _ = second.communicate(timeout=scaled(60))
-        assert second.returncode in (0, 1), dlog.read_text()[-2000:]
+        assert second.returncode == 0, dlog.read_text()[-2000:]  # SIGTERM: a normal stop
         report = json.loads(out)
         assert report["members"] == ["node01", "node04"] and report["resumed"]
         kinds = [(i["incident"]["kind"], i["plan"]["decision"]) for i in report["incidents"]]
