@@ -228,7 +228,10 @@ def scan(req: dict[str, Any]) -> dict[str, Any]:
         names = sorted((n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern)
                         and not n.startswith(".")), key=_natural, reverse=True)
         for name in names:
-            st = os.lstat(name, dir_fd=base)
+            try:
+                st = os.lstat(name, dir_fd=base)
+            except FileNotFoundError:  # rotated away since it was listed
+                continue
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 skipped.append([name, "symlink; not followed" if stat.S_ISLNK(st.st_mode)
                                 else "not a file or directory"])
@@ -236,7 +239,11 @@ def scan(req: dict[str, Any]) -> dict[str, Any]:
             eligible = not marker or _has(base, name, marker)
             step: dict[str, Any] = {"name": name, "eligible": eligible}
             if eligible and want > 0:
-                rels, step["skipped"] = _step_files(base, name, owner)
+                try:
+                    rels, step["skipped"] = _step_files(base, name, owner)
+                except (SymlinkRefused, FileNotFoundError) as exc:  # swapped since listed
+                    skipped.append([name, str(exc.strerror)])
+                    continue
                 step["files"] = _describe(base, rels, step["skipped"])
                 want -= 1
             steps.append(step)

@@ -111,7 +111,8 @@ def stage(req: dict[str, Any]) -> dict[str, Any]:
             if not name.startswith(STAGING_PREFIX):
                 continue
             st = os.lstat(name, dir_fd=base)
-            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            if (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+                    and stat.S_IMODE(st.st_mode) == 0o700):
                 safefs.remove_tree(base, name)  # a crashed restore's; never the job's
         name = STAGING_PREFIX + secrets.token_hex(8)
         os.close(safefs.make_dir(base, name, 0o700))

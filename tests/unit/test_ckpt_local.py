@@ -205,8 +205,10 @@ def test_restore_ignores_stale_staging(brctl: Any, cluster: Any, tmp_path: Path)
     inv_path, _inv = cluster
     want = make_step(tmp_path, "n2", "step_7")
     assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n2").exit_code == 0
+    (tmp_path / "spare" / "ckpt").mkdir(parents=True)
+    (tmp_path / "spare" / "ckpt" / ".brctl-restore-5eed").mkdir(mode=0o700)  # as brctl makes it
     stale = tmp_path / "spare" / "ckpt" / ".brctl-restore-5eed" / "step_7"
-    stale.mkdir(parents=True, mode=0o700)
+    stale.mkdir()
     (stale / "junk.pt").write_bytes(b"from an earlier attempt")
     res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n2")
     assert res.exit_code == 0, res.stdout + res.stderr

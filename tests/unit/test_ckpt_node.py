@@ -70,10 +70,13 @@ def test_a_staging_dir_that_is_not_brctls_is_not_used(ckpt: Path) -> None:
                     "files": [_entry("step_1/a.pt", b"x")]}, b"x")
     assert "was replaced (owner uid 65534" in str(doc["refused"])
     assert not list((ckpt / staging).iterdir())
-    # The next stage removes brctl's own stale dirs, never the job's.
+    # The next stage removes brctl's own stale dirs (ours, 0700), never the job's,
+    # nor a root-owned dir of other modes that the job renamed there.
     (ckpt / ".brctl-restore-stale").mkdir(mode=0o700)
+    (ckpt / ".brctl-restore-renamed").mkdir(mode=0o755)
     fresh = _stage(ckpt)
     assert fresh != staging and (ckpt / staging).is_dir() and not (ckpt / ".brctl-restore-stale").exists()
+    assert (ckpt / ".brctl-restore-renamed").is_dir()
     assert (ckpt / fresh).stat().st_mode & 0o777 == 0o700
 
 
