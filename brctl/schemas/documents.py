@@ -77,7 +77,7 @@ SWITCH = {"action": {"enum": ["apply", "rollback"]}, "job": STR, "version": opt(
           "nodes": by_node(UPDATE_OUTCOME), "restart": opt(HOOK)}
 COPY = obj({"owner": STR, "source": STR, "dest": STR, "state": STR, "step": opt(STR),
             "files": INT, "copied": INT, "skipped": INT, "bytes": INT, "seconds": NUM,
-            "error": opt(STR), "notes": NAMES})
+            "error": opt(STR), "notes": NAMES, "warnings": NAMES})
 POOL_MACHINE = obj({"status": STR, "detail": STR, "checked_at": opt(NUM)})
 EVICT = {"node": STR, "action": {"enum": ["evict", "unevict"]}, "changed": BOOL,
          "reason": STR, "dry_run": BOOL, "hook": opt(HOOK)}
