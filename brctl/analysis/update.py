@@ -227,19 +227,3 @@ def retained(pushed: Sequence[str], keep: int, protect: Sequence[Optional[str]])
     """
     recent = list(pushed)[-keep:] if keep > 0 else []
     return set(recent) | {v for v in protect if v is not None}
-
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str, what: str) -> float:
-    """Seconds from ``90``, ``90s``, ``45m``, ``24h`` or ``2d``.
-
-    Raises:
-        UsageError: not a positive duration (the message names ``what``).
-    """
-    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", text)
-    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else 0.0
-    if seconds <= 0:
-        raise UsageError(f"{what} {text!r}: expected a duration like 90s, 45m, 24h or 2d")
-    return seconds

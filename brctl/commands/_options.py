@@ -6,6 +6,7 @@ says only what its selection or timeout means.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 import typer
@@ -34,3 +35,19 @@ def check_seconds(flag: str, value: Optional[float]) -> None:
     """Refuse a duration option that is not above zero (exit 2, naming the flag)."""
     if value is not None and value <= 0:
         raise UsageError(f"{flag} {value:g}: expected seconds greater than 0")
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, what: str) -> float:
+    """Seconds from ``90``, ``90s``, ``45m``, ``24h`` or ``2d``.
+
+    Raises:
+        UsageError: not a positive duration (the message names ``what``).
+    """
+    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", text)
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else 0.0
+    if seconds <= 0:
+        raise UsageError(f"{what} {text!r}: expected a duration like 90s, 45m, 24h or 2d")
+    return seconds

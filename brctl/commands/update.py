@@ -77,12 +77,11 @@ def push(
     did not answer (they are caught up by the next push or apply), 4 when another
     push/apply/rollback of the job is running.
     """
-    from brctl.analysis.update import parse_duration
     from brctl.commands._render_update import render_push
     from brctl.operations.update import push as do_push
 
     env: Env = ctx.obj
-    window_s = parse_duration(window, "--window") if window is not None else None
+    window_s = opt.parse_duration(window, "--window") if window is not None else None
     uctx = _context(env, select, exclude, timeout)
     with env.output.progress("push", 2 * len(uctx.targets())) as advance:
         uctx.on_done = advance

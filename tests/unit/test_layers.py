@@ -44,7 +44,7 @@ LAYER_OF = {
 
 # What each layer may import besides itself (every layer may import "root").
 ALLOWED: dict[str, frozenset[str]] = {
-    "face": frozenset({"env", "render", "operations", "analysis", "config", "core"}),
+    "face": frozenset({"env", "render", "operations", "core"}),
     "env": frozenset({"render", "operations", "remote", "state", "analysis", "config", "core"}),
     "render": frozenset({"operations", "analysis", "config", "core"}),
     "operations": frozenset({"analysis", "remote", "state", "config", "core", "node"}),

@@ -11,11 +11,11 @@ from brctl.analysis.update import (
     check_version,
     drift,
     is_due,
-    parse_duration,
     plan_switch,
     plan_transfer,
     rollback_target,
 )
+from brctl.commands._options import parse_duration
 from brctl.core.errors import UsageError
 
 SHA = "a" * 64
