@@ -22,6 +22,24 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+# Width of the stdout console when it is not a terminal (a pipe, a file, cron mail):
+# wide enough that rich never wraps or cuts a record; one record stays one line.
+NOT_A_TERMINAL_WIDTH = 1 << 20
+
+
+def stamp(at: float | None, utc: bool = False) -> str:
+    """A time people can place: ``2026-11-30 22:52:37Z`` with ``utc``, else local time with
+    its offset (``2026-11-30 23:52:37+01:00``); ``-`` for none."""
+    import datetime
+
+    if not at:
+        return "-"
+    if utc:
+        return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(at).astimezone().isoformat(sep=" ", timespec="seconds")
+
+
 # ``status`` of a document that judges: the exit code it ends with, in words.
 STATUS_WORDS = {0: "ok", 1: "findings", 2: "error", 3: "incomplete", 4: "refused",
                 70: "error", 130: "interrupted"}
@@ -93,7 +111,11 @@ class Output:
             from rich.console import Console
 
             target = io.StringIO() if self.quiet else self.stdout
-            self._console = Console(file=target, highlight=False, soft_wrap=True)
+            # not a terminal: nothing is ever cut or wrapped (one record per line)
+            # on a terminal: fit its width (rich wraps at words, cuts only with …)
+            tty = _isatty(target)
+            self._console = Console(file=target, highlight=False, soft_wrap=not tty,
+                                    width=None if tty else NOT_A_TERMINAL_WIDTH)
         return self._console
 
     @property
@@ -111,6 +133,33 @@ class Output:
         self.stdout.write(json_document(schema, payload, version=version, status=status,
                                         compact=self.ndjson) + "\n")
         self.stdout.flush()
+
+    @property
+    def terminal(self) -> bool:
+        """Whether stdout is a terminal (fit its width) or not (never cut, one line each)."""
+        return _isatty(self.stdout) and not self.quiet
+
+    def stamp(self, at: float | None) -> str:
+        """``at`` with date and zone (``--utc``: UTC, else local with its offset)."""
+        return stamp(at, self.utc)
+
+    def record(self, head: str, text: str = "", style: str = "") -> None:
+        """One record: ``head`` (plain text) and its long ``text``.
+
+        On a terminal the head fits the width (cut with ``…``) and the text is a
+        paragraph wrapped under it; elsewhere both are one line, in full.
+        """
+        from rich.padding import Padding
+        from rich.text import Text
+
+        if not self.terminal:
+            line = f"{head}  {text}" if text else head
+            self.console.print(Text(visible(line), style=style), soft_wrap=True)
+            return
+        self.console.print(Text(visible(head), style=style, overflow="ellipsis", no_wrap=True),
+                           soft_wrap=False)
+        if text:
+            self.console.print(Padding(Text(visible(text)), (0, 0, 0, 4)), soft_wrap=False)
 
     def warn(self, message: str) -> None:
         """A one-line warning on stderr."""
@@ -138,6 +187,13 @@ class Output:
                 bar.advance(task)
 
             yield advance
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or file-less stream
+        return False
 
 
 def _ignore(_item: Any = None) -> None:

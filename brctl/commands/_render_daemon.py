@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from brctl.core.nodeset import fold
 from brctl.operations.daemon import DaemonReport, StatusReport
 from brctl.operations.fleet import EttrReport, EvictReport, PoolReport, SizeReport
-from brctl.render import Output, escape, table
+from brctl.render import Output, escape
 
 _QUIET = {"standby_check", "daemon_start", "daemon_stop"}
-
-
-def _when(at: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(at)) if at else "-"
 
 
 def _pct(value: float | None) -> str:
@@ -22,19 +20,10 @@ def _pct(value: float | None) -> str:
 
 def event_line(out: Output, doc: dict[str, Any]) -> None:
     """One line per recorded event on stderr while the daemon runs."""
-    detail = doc.get("detail") or {}
-    nodes = ",".join(doc.get("nodes") or [])
-    text = detail.get("reason") or detail.get("detail") or ""
-    if doc["kind"] == "decision":
-        plan = detail.get("plan") or {}
-        text = f"{plan.get('decision')}" + (f" {','.join(plan.get('evict') or [])}"
-                                            if plan.get("evict") else "") + f": {plan.get('reason')}"
-        if detail.get("dry_run"):
-            text += " (dry run)"
-    if doc["kind"] == "daemon_start":
-        text = f"members {','.join(detail.get('members') or [])}"
+    nodes = fold(doc.get("nodes") or [])
+    text = event_text(doc)
     colour = {"refused": "red", "halted": "red", "decision": "bold"}.get(doc["kind"], "")
-    line = f"{_when(doc['at'])} {doc['kind']:<16} {nodes:<12} {text}"
+    line = f"{out.stamp(doc['at'])} {doc['kind']:<16} {nodes:<12} {text}"
     out.err.print(f"[{colour}]{escape(line)}[/]" if colour else escape(line))
 
 
@@ -51,41 +40,99 @@ def render_run(out: Output, report: DaemonReport) -> None:
         out.console.print(f"[red]refused:[/] {escape(why)}")
 
 
-def status_json(report: StatusReport) -> dict[str, Any]:
-    """``brctl.daemon.status/1``: the report, each event's machine list named ``members``."""
+@dataclass(frozen=True)
+class StatusView:
+    """Which records ``daemon status`` shows: ``--since``, ``--node``, ``--kind``."""
+
+    since: float = 0.0
+    node: str | None = None
+    kind: str | None = None
+
+    def wants(self, at: float | None, nodes: Sequence[str], kind: str) -> bool:
+        """Whether a record at ``at`` about ``nodes`` of ``kind`` is shown."""
+        return ((at or 0.0) >= self.since and (self.node is None or self.node in nodes)
+                and (self.kind is None or self.kind == kind))
+
+
+def status_json(report: StatusReport, view: StatusView | None = None) -> dict[str, Any]:
+    """``brctl.daemon.status/1``: the report (narrowed by ``view``), each event's machine
+    list named ``members``."""
+    view = view or StatusView()
     doc = report.to_json()
     doc["events"] = [{("members" if k == "nodes" else k): v for k, v in e.items()}
-                     for e in doc["events"]]
+                     for e in doc["events"] if view.wants(e["at"], e["nodes"], e["kind"])]
+    doc["actions"] = [a for a in doc["actions"]
+                      if view.wants(a["created"], [a["node"]] if a["node"] else [], a["kind"])]
     return doc
 
 
-def render_status(out: Output, report: StatusReport) -> None:
-    """The lease, last poll and recent records."""
+def render_status(out: Output, report: StatusReport, view: StatusView | None = None, *,
+                  header: bool = True) -> None:
+    """The lease, last poll, then every recorded event and action as one record each.
+
+    A decision shows what was decided and why; a step that did nothing says so
+    (``skipped: no backup``); node lists are folded. ``view`` narrows the records
+    (``--since/--node/--kind``).
+    """
+    view = view or StatusView()
     if out.json:
-        out.emit_json("daemon.status", status_json(report))
+        out.emit_json("daemon.status", status_json(report, view))
         return
+    if header:
+        _status_header(out, report)
+    for q in report.quarantined:
+        if view.wants(q["at"], [q["node"]], "quarantine"):
+            out.record(f"{out.stamp(q['at'])}  quarantined    {q['node']} (by {q['source']})",
+                       q["reason"])
+    for e in report.events:
+        if e["kind"] not in _QUIET and view.wants(e["at"], e["nodes"], e["kind"]):
+            style = {"refused": "red", "halted": "red", "decision": "bold"}.get(e["kind"], "")
+            out.record(f"{out.stamp(e['at'])}  {e['kind']:<14} {fold(e['nodes'])}",
+                       event_text(e), style=style)
+    for a in report.actions:
+        if view.wants(a["created"], [a["node"]] if a["node"] else [], a["kind"]):
+            state, text = action_text(a)
+            who = f" {a['node']}" if a["node"] else ""
+            out.record(f"{out.stamp(a['created'])}  {a['kind']:<14}{who} {state}", text,
+                       style="red" if a["state"] in ("failed", "unknown") else "")
+
+
+def _status_header(out: Output, report: StatusReport) -> None:
     lease = report.lease
     who = f"running ({lease['owner']})" if report.alive and lease else "not running"
     s = report.summary
-    out.console.print(f"job {escape(report.job)}: daemon {escape(who)}; last poll "
-                      f"{_when(report.last_poll)}; step {s.get('step')}; ETTR {_pct(s.get('ettr'))}")
+    out.record(f"job {report.job}: daemon {who}; last poll {out.stamp(report.last_poll)}; "
+               f"step {s.get('step')}; ETTR {_pct(s.get('ettr'))}")
     if s.get("halted"):
-        out.console.print(f"[red]halted:[/] {escape(str(s['halted']))}")
+        out.record("halted", str(s["halted"]), style="red")
     if s.get("members"):
-        out.console.print(f"machines: {escape(','.join(s['members']))}")
-    if report.quarantined:
-        out.console.print(table(["quarantined", "reason", "by", "since"],
-                                [(q["node"], q["reason"], q["source"], _when(q["at"]))
-                                 for q in report.quarantined]))
-    out.console.print(table(["time", "event", "nodes", "detail"],
-                            [(_when(e["at"]), e["kind"], ",".join(e["nodes"]),
-                              str(e["detail"].get("reason") or e["detail"].get("detail") or ""))
-                             for e in report.events if e["kind"] not in _QUIET]))
-    out.console.print(table(["time", "action", "node", "state", "why / outcome"],
-                            [(_when(a["created"]), a["kind"], a["node"] or "", a["state"],
-                              a["reason"].rsplit(": ", 1)[-1][:70] if a["kind"] != "plan"
-                              else a["reason"][:70])
-                             for a in report.actions]))
+        out.record(f"machines: {fold(s['members'])}")
+
+
+def event_text(e: dict[str, Any]) -> str:
+    """What an event says: a decision and its reason, else the recorded reason."""
+    detail = e.get("detail") or {}
+    if e["kind"] == "decision":
+        plan = detail.get("plan") or {}
+        evict = f" {fold(plan['evict'])}" if plan.get("evict") else ""
+        dry = " (dry run)" if detail.get("dry_run") else ""
+        return f"{plan.get('decision')}{evict}: {plan.get('reason')}{dry}"
+    if e["kind"] == "daemon_start":
+        return f"members {fold(detail.get('members') or [])}"
+    return str(detail.get("reason") or detail.get("detail") or "")
+
+
+def action_text(a: dict[str, Any]) -> tuple[str, str]:
+    """(state shown, outcome) of an action; a step that found nothing to do is ``skipped``."""
+    reason = str(a.get("reason") or "")
+    if a["kind"] == "plan":
+        plan = (a.get("payload") or {}).get("plan") or {}
+        if plan.get("decision"):
+            evict = f" {fold(plan['evict'])}" if plan.get("evict") else ""
+            return a["state"], f"{plan['decision']}{evict}: {plan.get('reason') or reason}"
+    if a["state"] == "done" and reason.startswith("no backup"):
+        return "skipped: no backup", reason
+    return a["state"], reason
 
 
 def render_evict(out: Output, report: EvictReport) -> None:
@@ -123,9 +170,8 @@ def render_pool(out: Output, report: PoolReport, schema: str, code: int | None =
     if out.json:
         out.emit_json(schema, report.to_json(), status=code)
         return
-    out.console.print(table(["machine", "status", "checked", "detail"],
-                            [(m.node, m.status, _when(m.checked_at), m.detail[:200])
-                             for m in report.machines]))
+    for m in report.machines:
+        out.record(f"{m.node}  {m.status}  checked {out.stamp(m.checked_at)}", m.detail)
     out.console.print(f"{len(report.ready)} ready: {escape(','.join(report.ready) or 'none')}")
 
 

@@ -54,7 +54,7 @@ def _folded(out: Output, rows: dict[tuple[str, str, str], list[str]]) -> None:
 
 def render_changes(out: Output, before: HealthReport, after: HealthReport) -> None:
     """Only what changed since the previous sweep: node states and check statuses."""
-    stamp = time.strftime("%H:%M:%S")
+    stamp = out.stamp(time.time())
     changes: dict[tuple[str, str], tuple[str, str]] = {}  # (node, check or "") -> (what, text)
     for name, health in after.nodes.items():
         old = before.nodes.get(name)

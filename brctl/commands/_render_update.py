@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
@@ -18,11 +17,6 @@ from brctl.operations.update_report import (
 from brctl.render import Output, escape, table
 
 _GOOD = {"staged", "present", "switched", "already", "ok"}
-
-
-def _when(epoch: float, short: bool = False) -> str:
-    fmt = "%Y-%m-%dT%H:%M:%SZ" if short else "%Y-%m-%d %H:%M:%S UTC"
-    return time.strftime(fmt, time.gmtime(epoch))
 
 
 def _outcomes(out: Output, nodes: Mapping[str, NodeOutcome]) -> None:
@@ -76,11 +70,11 @@ def render_switch(out: Output, report: SwitchReport) -> None:
     _switch_body(out, report, restart_wanted=False)
 
 
-def _pending_line(pending: Optional[Pending], due: bool) -> str:
+def _pending_line(out: Output, pending: Optional[Pending], due: bool) -> str:
     if pending is None:
         return "no pending release"
     kind = "urgent" if pending.urgent else "lazy"
-    when = "due now" if due else f"due {_when(pending.due_at)}"
+    when = "due now" if due else f"due {out.stamp(pending.due_at)}"
     return f"pending {pending.version} ({kind}, {when})"
 
 
@@ -92,7 +86,7 @@ def render_status(out: Output, report: StatusReport) -> None:
     version = f"{report.version} (sha256 {report.sha256[:12]})" if report.version and \
         report.sha256 else "none recorded"
     out.console.print(f"job {escape(report.job)}: version {escape(version)}; "
-                      f"{escape(_pending_line(report.pending, report.due))}")
+                      f"{escape(_pending_line(out, report.pending, report.due))}")
     keyed = {}
     for name, s in report.nodes.items():
         staged = "-" if s.pending_staged is None else "staged" if s.pending_staged else "missing"
@@ -128,7 +122,7 @@ def render_history(out: Output, job: str, events: Sequence[Event]) -> None:
         return
     from brctl.core.nodeset import fold
 
-    rows = [(_when(e.at, short=True), e.who, e.action, e.version, e.sha256[:8],
+    rows = [(out.stamp(e.at), e.who, e.action, e.version, e.sha256[:8],
              e.from_version or "-",
              fold(e.machines), e.outcome) for e in events]
     out.console.print(table(("WHEN", "WHO", "ACTION", "VERSION", "SHA256", "FROM", "MACHINES",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -78,16 +78,69 @@ def run(
 def status(
     ctx: typer.Context,
     events: int = typer.Option(20, "--events", metavar="N", help="Recent events and actions shown."),
+    since: Optional[str] = typer.Option(None, "--since", metavar="WHEN",
+                                        help="Only records since WHEN: an age (30m, 2h, 7d) or a "
+                                             "date (2026-11-30, 2026-11-30T22:00)."),
+    node: Optional[str] = typer.Option(None, "--node", metavar="NODE",
+                                       help="Only records about this machine."),
+    kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND",
+                                       help="Only records of this kind (decision, gpu_fault, "
+                                            "evict, restart, ...)."),
+    follow: bool = typer.Option(False, "--follow",
+                                help="Keep printing new records as the daemon writes them "
+                                     "(Ctrl-C ends)."),
 ) -> int:
-    """Show the daemon's lease, last poll, recent events, actions and quarantined machines.
+    """Show the daemon's lease, last poll, every recorded event and action, quarantines.
 
-    Reads the state database only. Exit 0 when a daemon holds the job's lease,
-    1 when none does (the job is not being watched).
+    Each decision shows what was decided and why; a step that did nothing says so
+    (skipped: no backup). Times have a date and zone (--utc for UTC). Reads the
+    state database only. Exit 0 when a daemon holds the job's lease, 1 when none
+    does (the job is not being watched).
     """
-    from brctl.commands._render_daemon import render_status
+    import time
+
+    from brctl.commands._render_daemon import StatusView, render_status
+    from brctl.core.errors import UsageError
     from brctl.operations.daemon import status as read_status
 
     env: Env = ctx.obj
-    report = read_status(env.inventory(as_listed=True), env.state_dir(), events=events)
-    render_status(env.output, report)
+    inv = env.inventory(as_listed=True)
+    if events < 1:
+        raise UsageError(f"--events {events}: expected at least 1")
+    view = StatusView(since=_since(since, time.time()) if since else 0.0, node=node, kind=kind)
+    limit = max(events, 100_000) if since else events
+    report = read_status(inv, env.state_dir(), events=limit)
+    render_status(env.output, report, view)
+    while follow:
+        seen = max([e["id"] for e in report.events] + [0])
+        done = max([a["id"] for a in report.actions] + [0])
+        time.sleep(inv.daemon.poll_interval)
+        report = read_status(inv, env.state_dir(), events=events)
+        render_status(env.output, _newer(report, seen, done), view, header=False)
     return int(report.exit_code)
+
+
+def _since(text: str, now: float) -> float:
+    """``30m``/``2h``/``7d`` ago, or an ISO date or time (local unless it says a zone)."""
+    import datetime
+
+    from brctl.core.errors import UsageError
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return now - float(text[:-1]) * units[text[-1]]
+    try:
+        at = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--since {text}: expected an age (30m, 2h, 7d) or a date "
+                         "(2026-11-30 or 2026-11-30T22:00)") from None
+    return (at if at.tzinfo else at.astimezone()).timestamp()
+
+
+def _newer(report: Any, event_id: int, action_id: int) -> Any:
+    """``report`` with only the events and actions recorded after those ids (--follow)."""
+    import dataclasses
+
+    return dataclasses.replace(report, events=[e for e in report.events if e["id"] > event_id],
+                               actions=[a for a in report.actions if a["id"] > action_id],
+                               quarantined=[])

@@ -1,0 +1,134 @@
+"""One rendering contract, against the real CLI process (DESIGN.md "Output and exit codes").
+
+Through a pipe nothing is cut or wrapped (one record per line, full text), whatever
+$COLUMNS says; through an 80-column pseudo-terminal everything fits, long reasons
+wrap under their row and anything cut ends in '…'. Times have a date and a zone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from brctl.operations.daemon_state import DaemonState
+from brctl.state import Store
+
+LONG = ("NCCL watchdog timeout on rank 17 after 600 s in all-reduce of the data-parallel "
+        "group while the job was saving checkpoint step 41200; the kernel log of n3 shows "
+        "Xid 79 (GPU has fallen off the bus) three seconds earlier, so the machine is the cause")
+STAMP = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(Z|[+-]\d{2}:\d{2})")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> tuple[Path, Path]:
+    """An inventory and a state directory holding what a daemon wrote last week and now."""
+    inv = tmp_path / "inv.yaml"
+    names = ",".join(f"n{i}" for i in range(1, 41))
+    inv.write_text(yaml.safe_dump({
+        "nodes": [{"name": "n[1-40]", "connection": "local", "gpus": 1}],
+        "job": {"name": "llm", "nodes": "n[1-40]"}}))
+    state = tmp_path / "state"
+    store = Store(state)
+    db = DaemonState(store, "llm")
+    now = time.time()
+    db.event("gpu_fault", ["n3"], {"reason": "ecc: GPU1: 2 volatile uncorrectable ECC errors"},
+             now - 7 * 86400)
+    db.event("decision", names.split(","), {"plan": {"decision": "evict", "evict": ["n3"],
+                                                     "reason": LONG}}, now - 60)
+    db.intend("llm/plan/1", "plan", None, {"plan": {"decision": "evict", "evict": ["n3"],
+                                                    "reason": LONG}}, "evict n3", now - 60)
+    db.intend("llm/restore/1", "restore", "n3", {}, "restore n3", now - 50)
+    db.finish("llm/restore/1", "done", now - 40,
+              reason="no backup of n3 yet: no complete backup step on n4")
+    store.close()
+    return inv, state
+
+
+def cli(inv: Path, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BRCTL_STATE": str(state), "COLUMNS": "40"}
+    return subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def on_a_terminal(inv: Path, state: Path, *args: str, columns: int = 80) -> list[str]:
+    """What brctl prints on a pseudo-terminal of ``columns`` columns, line by line."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {**os.environ, "BRCTL_STATE": str(state), "TERM": "xterm"}
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "brctl", "-i", str(inv), *args],
+                            stdout=slave, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=120)
+    os.close(master)
+    text = ANSI.sub("", b"".join(chunks).decode())
+    return text.replace("\r\n", "\n").splitlines()
+
+
+def test_through_a_pipe_nothing_is_cut_or_wrapped(records: tuple[Path, Path]) -> None:
+    r = cli(*records, "daemon", "status")
+    assert r.returncode == 1, r.stderr  # no daemon holds the lease
+    lines = r.stdout.splitlines()
+    decision = [line for line in lines if " decision " in line]
+    assert len(decision) == 1 and decision[0].endswith(f"evict n3: {LONG}")  # one line, in full
+    assert "n[1-40]" in decision[0]  # node lists folded
+    assert "…" not in r.stdout
+    assert any("restore" in line and "skipped: no backup" in line for line in lines)
+    assert any(line.rstrip().endswith(f"evict n3: {LONG}") and " plan " in line for line in lines)
+    assert all(STAMP.search(line) for line in lines if "gpu_fault" in line or "decision" in line)
+
+
+def test_on_an_80_column_terminal_everything_fits(records: tuple[Path, Path]) -> None:
+    lines = on_a_terminal(*records, "daemon", "status")
+    assert lines and all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    text = " ".join(line.strip() for line in lines)
+    assert re.sub(r"\s+", " ", LONG) in re.sub(r"\s+", " ", text)  # wrapped, not cut
+    assert any("skipped: no backup" in line for line in lines)
+
+
+def test_utc_and_filters(records: tuple[Path, Path]) -> None:
+    r = cli(*records, "daemon", "status", "--utc")
+    stamps = [m.group(0) for m in STAMP.finditer(r.stdout)]
+    assert stamps and all(s.endswith("Z") for s in stamps)
+    recent = cli(*records, "daemon", "status", "--since", "1d")
+    assert "gpu_fault" not in recent.stdout and "decision" in recent.stdout
+    kinds = cli(*records, "--json", "daemon", "status", "--kind", "gpu_fault")
+    assert '"kind": "decision"' not in kinds.stdout and '"kind": "gpu_fault"' in kinds.stdout
+    node = cli(*records, "daemon", "status", "--node", "n3", "--kind", "restore")
+    assert "skipped: no backup" in node.stdout and "decision" not in node.stdout
+    bad = cli(*records, "daemon", "status", "--since", "yesterday")
+    assert bad.returncode == 2 and "--since yesterday" in bad.stderr
+
+
+def test_tables_are_whole_through_a_pipe_and_fit_a_terminal(tmp_path: Path) -> None:
+    label = "a-failure-domain-label-that-is-much-longer-than-forty-columns-" + "x" * 60
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [
+        {"name": "gpu[001-004,007]", "connection": "local", "gpus": 1, "labels": {"rack": label}},
+        {"name": "cpu1", "connection": "local", "gpus": 0}]}))
+    piped = cli(inv, tmp_path / "state", "nodes")
+    assert piped.returncode == 0 and f"rack={label}" in piped.stdout and "…" not in piped.stdout
+    assert "gpu[001-004,007]" in piped.stdout  # node lists folded
+    lines = on_a_terminal(inv, tmp_path / "state", "nodes")
+    assert lines and all(len(line) <= 80 for line in lines), lines
