@@ -124,11 +124,13 @@ def _since(text: str, now: float) -> float:
     """``30m``/``2h``/``7d`` ago, or an ISO date or time (local unless it says a zone)."""
     import datetime
 
+    from brctl.commands._options import parse_duration
     from brctl.core.errors import UsageError
 
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
-        return now - float(text[:-1]) * units[text[-1]]
+    try:
+        return now - parse_duration(text, "--since")
+    except UsageError:
+        pass  # not an age: a date
     try:
         at = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

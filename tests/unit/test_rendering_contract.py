@@ -132,3 +132,27 @@ def test_tables_are_whole_through_a_pipe_and_fit_a_terminal(tmp_path: Path) -> N
     assert "gpu[001-004,007]" in piped.stdout  # node lists folded
     lines = on_a_terminal(inv, tmp_path / "state", "nodes")
     assert lines and all(len(line) <= 80 for line in lines), lines
+
+
+def test_follow_prints_new_records_as_they_are_written(records: tuple[Path, Path]) -> None:
+    import signal
+
+    inv, state = records
+    doc = yaml.safe_load(inv.read_text())
+    doc["daemon"] = {"poll_interval": 0.2}
+    inv.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "BRCTL_STATE": str(state)}
+    proc = subprocess.Popen([sys.executable, "-m", "brctl", "-i", str(inv), "daemon", "status",
+                             "--follow", "--kind", "restart"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # the header: the follow loop has started
+    assert first.startswith("job llm:")
+    store = Store(state)
+    DaemonState(store, "llm").event("restart", ["n1", "n2"], {"reason": "restarted after evict"},
+                                    time.time())
+    store.close()
+    line = proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "restart" in line and "n[1-2]" in line and line.rstrip().endswith("restarted after evict")
