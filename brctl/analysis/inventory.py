@@ -62,6 +62,7 @@ class SshSection:
     connect_rate: float = sfield(100.0, check=positive)  # new connections per second, at most
     proxy_jump: Optional[str] = None
     python: str = "python3"
+    output_keep: int = sfield(2 << 20, check=at_least_one)  # bytes kept at each end of each stream
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class NodeEntry:
     command_timeout: Optional[float] = sfield(None, check=positive)
     proxy_jump: Optional[str] = None
     python: Optional[str] = None
+    output_keep: Optional[int] = None
 
 
 @dataclass(frozen=True)

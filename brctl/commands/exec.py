@@ -56,6 +56,10 @@ def exec_command(
     Remote stdout goes to stdout, remote stderr to stderr ('nodes: line').
     Exit 0 when every machine exited 0, 1 when some exited non-zero, 3 when some
     were unreachable, timed out, or refused auth or the host key.
+    A timed-out command is killed with everything it started. Ctrl-C kills the
+    running commands on every machine and waits up to 5 s for them; a second
+    Ctrl-C exits at once (exit 130 either way). Each stream keeps its first and
+    last ssh.output_keep bytes.
     """
     import sys
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import BinaryIO, Literal, Protocol
 
+from brctl.core.capture import DEFAULT_KEEP
 from brctl.core.errors import ExitCode
 
 HostKeyPolicy = Literal["strict", "accept-new"]
@@ -52,6 +53,7 @@ class Node:
     command_timeout: float = 600.0
     proxy_jump: str | None = None
     python: str = "python3"
+    output_keep: int = DEFAULT_KEEP  # bytes of each stream kept at each end (brctl.core.capture)
     connection: ConnectionKind = "ssh"
     gpus: int = 8
     env: Mapping[str, str] = field(default_factory=dict)
@@ -192,6 +194,11 @@ class Transport(Protocol):
 
     def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
         """Copy ``remote_path`` on ``node`` to a local file (temp name, renamed)."""
+        ...
+
+    def cancel(self) -> None:
+        """Ctrl-C: kill every command running through this transport (the timeout's kill
+        path), make those runs return promptly, and start no more."""
         ...
 
     def close(self) -> None:

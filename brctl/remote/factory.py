@@ -69,6 +69,14 @@ class RoutingTransport:
         """Copy from the node."""
         return self._backend(node).get(node, remote_path, local_path, timeout=timeout)
 
+    def cancel(self) -> None:
+        """Kill what runs on every backend (Ctrl-C)."""
+        self._local.cancel()
+        with self._lock:
+            ssh = self._ssh
+        if ssh is not None:
+            ssh.cancel()
+
     def close(self) -> None:
         """Close the ssh connections, if any were opened."""
         if self._ssh is not None:

@@ -86,5 +86,8 @@ class FakeTransport:
             fh.write(data)
         return RunResult(node.name, NodeState.OK, 0, "", "", 0.0)
 
+    def cancel(self) -> None:
+        """Nothing runs for real."""
+
     def close(self) -> None:
         """Nothing to close."""

@@ -1,59 +1,100 @@
 """``connection: local``: run on this host with subprocess, no ssh.
 
-The command runs in its own session (process group) so a timeout kills it and
-everything it started, as the ssh backend does on a node.
+Commands run under the same node-side reaper as on an ssh node
+(``brctl.remote.wrap``): a timeout, or ``cancel()`` (Ctrl-C), kills everything the
+command started. Output is captured bounded (``brctl.core.capture``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import BinaryIO
 
+from brctl.core.capture import Capture
 from brctl.core.transport import Node, NodeState, RunResult, state_for_exit
+from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
+
+LINGER_S = 1.0  # after the command exits, how long its output may still arrive
 
 
 def _decode(data: bytes | None) -> str:
     return (data or b"").decode("utf-8", errors="replace")
 
 
+def _feed(pipe: BinaryIO, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
+
+
 class LocalTransport:
     """Runs argv lists on the controller itself; ``node.env`` is added to our environment."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Kill every running command (the reaper ends its whole tree); start no more."""
+        with self._lock:
+            self._cancelled = True
+            running = list(self._running)
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
 
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
     ) -> RunResult:
-        """Run ``argv`` locally; kill its process group after ``timeout`` seconds."""
+        """Run ``argv`` locally under the reaper; read its output bounded."""
         start = time.monotonic()
-        env = {**os.environ, **node.env}
+        if self._cancelled:
+            return RunResult(node.name, NodeState.TIMEOUT, None, "", "brctl: interrupted before start", 0.0)
         try:
             proc = subprocess.Popen(
-                list(argv),
+                wrapped(sys.executable, argv, timeout),
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
+                env={**os.environ, **node.env},
+                start_new_session=True,  # Ctrl-C on the terminal is ours to relay, not its
             )
         except OSError as exc:
             return RunResult(node.name, NodeState.FAILED, 127, "", f"{argv[0]}: {exc.strerror}",
                              time.monotonic() - start)
+        with self._lock:
+            self._running.add(proc)
         try:
-            out, err = proc.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            return RunResult(node.name, NodeState.TIMEOUT, None, _decode(out),
-                             _decode(err) + f"\nkilled after {timeout:g}s",
-                             time.monotonic() - start)
-        return RunResult(node.name, state_for_exit(proc.returncode), proc.returncode,
-                         _decode(out), _decode(err), time.monotonic() - start)
+            out, err = Capture(node.output_keep), Capture(node.output_keep)
+            if stdin is not None and proc.stdin is not None:
+                threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+            gave_up = not _drain(proc, out, err, start + timeout + GRACE_S + SLACK_S)
+            if gave_up:
+                _kill_group(proc)
+            code = proc.wait()
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        elapsed = time.monotonic() - start
+        if gave_up or (self._cancelled and code == 128 + signal.SIGTERM):
+            why = "interrupted; the command was killed" if self._cancelled else "gave up waiting"
+            return RunResult(node.name, NodeState.TIMEOUT, None, out.text(), err.text() + f"brctl: {why}\n",
+                             elapsed)
+        state = exit_state(code, elapsed, timeout)
+        return RunResult(node.name, state, None if state is NodeState.TIMEOUT else code,
+                         out.text(), err.text(), elapsed)
 
     def stream(
         self, node: Node, argv: Sequence[str], *, timeout: float,
@@ -88,6 +129,36 @@ class LocalTransport:
 
     def close(self) -> None:
         """Nothing to close."""
+
+
+def _drain(proc: subprocess.Popen[bytes], out: Capture, err: Capture, give_up: float) -> bool:
+    """Read stdout and stderr to their end (True), or until ``give_up`` (False).
+
+    A command that exited leaving a background child on its stdout is done
+    ``LINGER_S`` later (the child keeps running, as under ``ssh``).
+    """
+    with selectors.DefaultSelector() as sel:
+        for pipe, capture in ((proc.stdout, out), (proc.stderr, err)):
+            if pipe is not None:
+                sel.register(pipe, selectors.EVENT_READ, capture)
+        exited = None
+        while sel.get_map():
+            now = time.monotonic()
+            if exited is None and proc.poll() is not None:
+                exited = now
+            if exited is not None and now - exited >= LINGER_S:
+                return True
+            left = give_up - now
+            if left <= 0:
+                return False
+            for key, _ in sel.select(min(left, LINGER_S)):
+                data = os.read(key.fd, 1 << 16)
+                if data:
+                    key.data.add(data)
+                else:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()  # type: ignore[union-attr]
+    return True
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

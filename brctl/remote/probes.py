@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any, Union
 
 import brctl
+from brctl.core.capture import truncated_total
 from brctl.core.transport import Node, NodeState, Results, RunResult, Transport
 from brctl.remote.fanout import run_all
 
+PROBE_DOC_MAX = 4 << 20  # a probe's answer larger than this is refused (a broken or hostile node)
 MISSING_EXIT = 97  # the bootstrap's "ship me the bundle" answer
 MISSING_MARK = "brctl-bundle-missing"
 
@@ -137,6 +139,9 @@ def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None
     """The probe's JSON document from its stdout, or a one-line reason it is unusable."""
     if not result.state.ran:
         return None, f"{result.state.value}: {result.stderr.strip()[-300:]}"
+    size = truncated_total(result.stdout) or len(result.stdout)
+    if size > PROBE_DOC_MAX:
+        return None, f"probe answer too large: {size} bytes (at most {PROBE_DOC_MAX}); refused"
     lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
     if not lines:
         tail = result.stderr.strip().splitlines()[-1:] or ["no output"]

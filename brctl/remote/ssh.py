@@ -14,10 +14,19 @@ reset, lost during the handshake) are retried with capped, jittered exponential
 back-off inside the connect budget; auth and host-key refusals are not retried.
 
 Timeouts. ``connect_timeout`` bounds TCP connect + banner + key exchange + auth
-(retries included). The command runs under ``timeout -k 2 T`` (GNU coreutils on
-the node): it puts the command in its own process group and kills the whole group
-at T (SIGTERM, SIGKILL 2 s later), so a timed-out command is not orphaned, which
-pdsh/clush ``-u`` do. Exit 124/137 at or after T is reported as ``timeout``.
+(retries included). The command runs under the node-side reaper
+(``brctl.remote.wrap``, ``python3`` on the node): at T it kills the whole tree the
+command started (SIGTERM, SIGKILL 2 s later; ``setsid`` escapees included) and
+exits 124, reported as ``timeout`` whatever the command did with SIGTERM. A
+closed channel (``cancel()`` on Ctrl-C, a dead controller) makes it do the same.
+
+Prompt and bounded. The read loop blocks on the channel and ends on EOF with the
+exit status, on the channel closing, or on the connection dying: a connection
+lost mid-command is ``unreachable`` ("connection lost while running") as soon as
+paramiko sees it. A silent loss (power) is seen through keepalives: every
+``keepalive`` seconds of silence a packet is sent, and TCP_USER_TIMEOUT drops a
+connection whose packets go unacknowledged that long. Output is kept per stream
+as its first and last ``node.output_keep`` bytes (``brctl.core.capture``).
 
 States. Refused/reset/lost/no route → ``unreachable``; the connect budget spent
 (TCP, or a listener that never sends a banner) → ``timeout``; the node refused
@@ -75,6 +84,7 @@ from typing import BinaryIO
 
 import paramiko
 
+from brctl.core.capture import Capture
 from brctl.core.transport import Node, NodeState, RunResult, command_line, with_env
 from brctl.remote.known_hosts import (
     HostKeyStatus,
@@ -83,6 +93,7 @@ from brctl.remote.known_hosts import (
     fingerprint,
     host_names,
 )
+from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
 
 # paramiko logs transport errors at ERROR; with no handler configured Python's
 # last-resort handler would print them on brctl's stderr. Results carry the message.
@@ -90,8 +101,8 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 KEEPALIVE_S = 15  # detect dead peers on cached connections between daemon polls
 IDLE_POLL_S = 1.0  # reader-thread wake-up interval on an established connection
-KILL_GRACE_S = 2  # SIGTERM, then SIGKILL this much later (timeout -k)
-CLIENT_SLACK_S = 5  # how long past the remote timeout we wait for its exit status
+LINGER_S = 1.0  # after the exit status, how long output may still arrive (a background child)
+NODE_PYTHON = "python3"  # runs the reaper (brctl.remote.wrap) on every ssh node
 RETRY_BASE_S = 0.1
 STDIN_SLICE = 1 << 20  # bytes per sendall; see _exec
 RETRY_CAP_S = 2.0
@@ -207,6 +218,50 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
     except (OSError, EOFError, paramiko.SSHException):
         pass
 
+def _drain(chan: paramiko.Channel, out: Capture, err: Capture) -> None:
+    """Move whatever the channel holds into the captures."""
+    while chan.recv_ready():
+        out.add(chan.recv(65536))
+    while chan.recv_stderr_ready():
+        err.add(chan.recv_stderr(65536))
+
+
+def _read_to_end(chan: paramiko.Channel, out: Capture, err: Capture, give_up: float) -> None:
+    """Read the channel until EOF with an exit status, an exit status and ``LINGER_S``
+    without EOF (a background child holds stdout), the channel closed (a lost
+    connection, ``cancel``) or the connection dead; block between events, never spin.
+
+    Raises:
+        socket.timeout: ``give_up`` passed first.
+    """
+    fd = chan.fileno()  # an OS pipe paramiko signals when data arrives
+    exited = None
+    while True:
+        _drain(chan, out, err)
+        now = time.monotonic()
+        if chan.closed or not _alive(chan):
+            break
+        if chan.exit_status != -1:
+            if chan.eof_received:
+                break
+            exited = exited or now
+            if now - exited >= LINGER_S:
+                break
+        left = give_up - now
+        if left <= 0:
+            raise socket.timeout()
+        if chan.eof_received:  # the pipe stays set after EOF: wait on the status
+            chan.status_event.wait(min(left, LINGER_S))
+        else:
+            select.select([fd], [], [], min(left, LINGER_S))
+    _drain(chan, out, err)
+
+
+def _alive(chan: paramiko.Channel) -> bool:
+    transport = chan.get_transport()
+    return transport is not None and transport.is_active()
+
+
 def _pump(src: BinaryIO, chan: paramiko.Channel) -> None:
     """Copy ``src`` into the channel as stdin, then EOF; errors end it quietly (see ``_feed``)."""
     try:
@@ -273,6 +328,8 @@ class SshTransport:
         self._key_locks: dict[tuple[object, ...], threading.Lock] = {}
         self._pkeys: dict[str, paramiko.PKey] = {}
         self._endpoints: dict[tuple[object, ...], Endpoint] = {}
+        self._running: set[paramiko.Channel] = set()
+        self._cancelled = False
         self.connections_opened = 0  # for tests and benchmarks
 
     def process_factory(self, processes: int) -> Callable[[], SshTransport]:
@@ -478,8 +535,15 @@ class SshTransport:
         sock = socket.socket(family, stype, proto)
         # paramiko never sets it; without it every round trip waits for delayed ACKs.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # The kernel notices a vanished peer on an idle cached connection, too.
+        # The kernel notices a vanished peer on an idle cached connection, too, and
+        # (with paramiko's keepalive packets) on a busy one within the interval.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if self._keepalive:
+            k = self._keepalive
+            for opt, value in (("TCP_KEEPIDLE", k), ("TCP_KEEPINTVL", max(1, k // 3)),
+                               ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", k * 1000)):
+                if hasattr(socket, opt):
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             sock.connect(addr)
@@ -644,19 +708,43 @@ class SshTransport:
                 # A cached connection died since its last use: reopen it once.
         raise AssertionError("unreachable")
 
+    def cancel(self) -> None:
+        """Stop every running command (Ctrl-C): close their channels, start no more.
+
+        The node-side reaper sees its channel go and kills the command's whole tree.
+        """
+        with self._lock:
+            self._cancelled = True
+            running = list(self._running)
+        for chan in running:
+            chan.close()
+
+    def _track(self, chan: paramiko.Channel, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._running.add(chan)
+            else:
+                self._running.discard(chan)
+        if add and self._cancelled:  # cancelled while this one was opening
+            chan.close()
+
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
     ) -> RunResult:
         """Run ``argv`` on ``node``; see the module docstring for states and timeouts."""
         t0 = time.monotonic()
+        if self._cancelled:
+            return _result(node.name, NodeState.TIMEOUT, t0, "brctl: interrupted before start")
         chan, failed = self._session(node, t0)
         if chan is None:
             assert failed is not None
             return failed
-        wrapped = ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:.3f}", *argv]
+        self._track(chan, True)
+        cmd = command_line(wrapped(NODE_PYTHON, with_env(argv, node.env), timeout))
         try:
-            return self._exec(node, chan, command_line(with_env(wrapped, node.env)), stdin, timeout, t0)
+            return self._exec(node, chan, cmd, stdin, timeout, t0)
         finally:
+            self._track(chan, False)
             chan.close()
 
     def _exec(
@@ -668,10 +756,14 @@ class SshTransport:
         timeout: float,
         t0: float,
     ) -> RunResult:
+        """Run ``cmd`` on the open channel and read its output, bounded, to the end.
+
+        See ``_read_to_end``; the state comes from the exit status, or from why
+        there is none.
+        """
         started = time.monotonic()
-        give_up = started + timeout + KILL_GRACE_S + CLIENT_SLACK_S
-        out: list[bytes] = []
-        err: list[bytes] = []
+        give_up = started + timeout + GRACE_S + SLACK_S
+        out, err = Capture(node.output_keep), Capture(node.output_keep)
         try:
             chan.settimeout(max(0.01, give_up - time.monotonic()))
             chan.exec_command(cmd)
@@ -683,47 +775,30 @@ class SshTransport:
                                  name=f"brctl-stdin-{node.name}").start()
             else:
                 chan.shutdown_write()
-            fd = chan.fileno()  # an OS pipe paramiko signals when data arrives
-            while True:
-                while chan.recv_ready():
-                    out.append(chan.recv(65536))
-                while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(65536))
-                if (
-                    chan.exit_status_ready()
-                    and chan.eof_received
-                    and not (chan.recv_ready() or chan.recv_stderr_ready())
-                ):
-                    break
-                left = give_up - time.monotonic()
-                if left <= 0:
-                    raise socket.timeout()
-                if chan.eof_received:
-                    chan.status_event.wait(left)
-                else:
-                    select.select([fd], [], [], left)
+            _read_to_end(chan, out, err, give_up)
         except (socket.timeout, TimeoutError):
             return RunResult(
-                node.name,
-                NodeState.TIMEOUT,
-                None,
-                b"".join(out).decode(errors="replace"),
-                b"".join(err).decode(errors="replace")
-                + f"brctl: no exit status {timeout:g}s+{KILL_GRACE_S + CLIENT_SLACK_S}s after start; "
+                node.name, NodeState.TIMEOUT, None, out.text(),
+                err.text() + f"brctl: no exit status {timeout:g}s+{GRACE_S + SLACK_S:g}s after start; "
                 "gave up on the node\n",
                 time.monotonic() - t0,
-            )
+            )  # fmt: skip
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            return _result(node.name, NodeState.UNREACHABLE, t0, f"connection lost while running: {exc}")
-        code = chan.recv_exit_status()
-        stdout = b"".join(out).decode(errors="replace")
-        stderr = b"".join(err).decode(errors="replace")
-        elapsed = time.monotonic() - started
-        if code in (124, 128 + 9) and elapsed >= timeout * 0.98:
-            stderr += f"brctl: timed out after {timeout:g}s; its process group was killed\n"
-            return RunResult(node.name, NodeState.TIMEOUT, code, stdout, stderr, time.monotonic() - t0)
-        state = NodeState.OK if code == 0 else NodeState.FAILED
-        return RunResult(node.name, state, code, stdout, stderr, time.monotonic() - t0)
+            if not self._cancelled:  # else cancel() closed the channel under us
+                return _result(node.name, NodeState.UNREACHABLE, t0, f"connection lost while running: {exc}")
+        code = chan.exit_status
+        seconds = time.monotonic() - t0
+        if code == -1:  # no exit status: why did the channel end?
+            if self._cancelled:
+                state, why = NodeState.TIMEOUT, "interrupted; the command was killed"
+            elif not _alive(chan):
+                state, why = NodeState.UNREACHABLE, "connection lost while running"
+            else:
+                state, why = NodeState.FAILED, "the command ended without an exit status"
+            return RunResult(node.name, state, None, out.text(), err.text() + f"brctl: {why}\n", seconds)
+        state = exit_state(code, time.monotonic() - started, timeout)
+        return RunResult(node.name, state, None if state is NodeState.TIMEOUT else code,
+                         out.text(), err.text(), seconds)
 
     # -- files --------------------------------------------------------------------
 
@@ -733,7 +808,7 @@ class SshTransport:
     ) -> RunResult:
         """Run ``argv`` with bulk stdin/stdout files (checkpoint shards): see ``Transport.stream``.
 
-        Under ``timeout -k`` like ``run``; the channel's own timeout is ``timeout`` too,
+        Under the reaper like ``run``; the channel's own timeout is ``timeout`` too,
         so a stream that stops moving for that long is a ``timeout``. stderr is read
         at the end (probes write little there). A ``stdout`` that stops taking data
         (the other end of a relay died) closes the channel: the command gets SIGPIPE.
@@ -743,11 +818,11 @@ class SshTransport:
         if chan is None:
             assert failed is not None
             return failed
-        wrapped = ["timeout", "-k", str(KILL_GRACE_S), f"{timeout:.3f}", *argv]
-        out: list[bytes] = []
+        cmd = command_line(wrapped(NODE_PYTHON, with_env(argv, node.env), timeout))
+        out = Capture(node.output_keep)
         try:
-            chan.settimeout(timeout + KILL_GRACE_S + CLIENT_SLACK_S)
-            chan.exec_command(command_line(with_env(wrapped, node.env)))
+            chan.settimeout(timeout + GRACE_S + SLACK_S)
+            chan.exec_command(cmd)
             if stdin is not None:
                 threading.Thread(target=_pump, args=(stdin, chan), daemon=True,
                                  name=f"brctl-stream-{node.name}").start()
@@ -758,10 +833,10 @@ class SshTransport:
                 if not data:
                     break
                 if stdout is None:
-                    out.append(data)
+                    out.add(data)
                 else:
                     stdout.write(data)
-            if not chan.status_event.wait(CLIENT_SLACK_S + KILL_GRACE_S):
+            if not chan.status_event.wait(SLACK_S + GRACE_S):
                 raise socket.timeout()
             err = b""
             while chan.recv_stderr_ready():
@@ -774,10 +849,11 @@ class SshTransport:
             return _result(node.name, NodeState.UNREACHABLE, t0, f"connection lost while streaming: {exc}")
         finally:
             chan.close()
-        code = chan.recv_exit_status()
-        return RunResult(node.name, NodeState.OK if code == 0 else NodeState.FAILED, code,
-                         b"".join(out).decode(errors="replace"), err.decode(errors="replace"),
-                         time.monotonic() - t0)
+        code = chan.exit_status
+        if code == -1:
+            return _result(node.name, NodeState.UNREACHABLE, t0, "connection lost while streaming")
+        return RunResult(node.name, exit_state(code, time.monotonic() - t0, timeout), code,
+                         out.text(), err.decode(errors="replace"), time.monotonic() - t0)
 
     def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
         """Copy a local file to the node over SFTP: written as a temp name, then renamed.

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -15,6 +16,7 @@ from brctl.core.errors import InterruptedRun
 from brctl.core.nodeset import fold
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 
+CANCEL_WAIT_S = 5.0  # after Ctrl-C, how long running commands get to report their kill
 ArgvFor = Union[Sequence[str], Callable[[Node], Sequence[str]]]
 StdinFor = Union[bytes, None, Callable[[Node], Union[bytes, None]]]
 
@@ -61,8 +63,15 @@ def run_threads(
                 if on_done is not None:
                     on_done(res)
     except KeyboardInterrupt:
+        # First Ctrl-C: kill what runs on every node (the timeout's kill path) and wait
+        # briefly for those runs to end; a second Ctrl-C stops waiting at once.
         pool.shutdown(wait=False, cancel_futures=True)
+        transport.cancel()
+        with contextlib.suppress(KeyboardInterrupt):
+            wait(pending, timeout=CANCEL_WAIT_S)
         unfinished = fold(n.name for n in todo if n.name not in results)
-        raise InterruptedRun(f"interrupted; not finished: {unfinished or 'none'}") from None
+        raise InterruptedRun(
+            f"interrupted; commands still running were killed; not finished: {unfinished or 'none'}"
+        ) from None
     pool.shutdown(wait=True)
     return {n.name: results[n.name] for n in todo}

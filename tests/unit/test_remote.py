@@ -7,11 +7,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from brctl.core.transport import Node, NodeState, with_env
+from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.fake import FakeTransport, Reply
 from brctl.remote.fanout import run_all
 from brctl.remote.local import LocalTransport
@@ -180,3 +181,43 @@ def test_interrupt_names_the_unfinished_nodes() -> None:
     with pytest.raises(InterruptedRun) as err:
         run_all(FakeTransport(handler), [local("a"), local("b"), local("c")], ["x"], concurrency=1)
     assert err.value.code is ExitCode.INTERRUPTED and "not finished: a" in err.value.message
+
+
+def test_capture_keeps_head_and_tail_and_counts_everything() -> None:
+    from brctl.core.capture import Capture, truncated_total
+
+    whole = Capture(keep=8)
+    whole.add(b"0123")
+    whole.add(b"4567")
+    assert (whole.text(), whole.truncated) == ("01234567", False)
+    cut = Capture(keep=4)
+    for chunk in (b"ab", b"cdef", b"g" * 100, b"wxyz"):
+        cut.add(chunk)
+    text = cut.text()
+    assert cut.truncated and text.startswith("abcd\n") and text.endswith("\nwxyz")
+    assert truncated_total(text) == 110 and truncated_total("abcd") is None
+    bad = Capture(keep=16)
+    bad.add(b"\xff\xfeok")
+    assert bad.text() == "\ufffd\ufffdok"
+
+
+def test_local_output_is_bounded_and_a_huge_probe_answer_is_refused() -> None:
+    from brctl.remote.probes import PROBE_DOC_MAX, parse_document
+
+    node = replace(local("a"), output_keep=1000)
+    res = LocalTransport().run(node, ["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x; echo; echo end"],
+                               timeout=30)
+    assert res.state is NodeState.OK and len(res.stdout) < 2200
+    assert res.stdout.endswith("x\nend\n") and "5000005 bytes in all" in res.stdout
+    huge = RunResult("a", NodeState.OK, 0, "{}" + " " * PROBE_DOC_MAX, "", 0.1)
+    doc, why = parse_document(huge)
+    assert doc is None and why is not None and "too large" in why
+
+
+def test_local_timeout_kills_a_sigterm_ignoring_setsid_escapee(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    script = f"trap '' TERM; setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 30' & sleep 30"
+    res = LocalTransport().run(local("a"), ["sh", "-c", script], timeout=1)
+    assert res.state is NodeState.TIMEOUT and res.exit_code is None, res
+    pid = int(pidfile.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

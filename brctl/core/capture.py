@@ -1,0 +1,57 @@
+"""Bounded capture of one node's output stream: the first and last N bytes, and the count.
+
+A node may print gigabytes (``brctl exec -- journalctl``, a broken probe): every
+transport keeps, per node and stream, the first ``keep`` and the last ``keep``
+bytes, reads on to the end, and marks the cut with the total byte count. Memory
+per stream is at most ~3 × ``keep``, so a fan-out costs O(fan-out × keep).
+"""
+
+from __future__ import annotations
+
+import re
+
+DEFAULT_KEEP = 2 << 20  # bytes kept at each end of each stream (inventory ssh.output_keep)
+MARKER = "[brctl: output truncated: {total} bytes in all; the first and last {keep} kept]"
+_MARKER_RX = re.compile(r"^\[brctl: output truncated: (\d+) bytes in all;", re.M)
+
+
+def truncated_total(text: str) -> int | None:
+    """The byte count in ``text``'s truncation marker, or None when it was kept whole."""
+    found = _MARKER_RX.search(text)
+    return int(found.group(1)) if found else None
+
+
+class Capture:
+    """Collects one stream: ``add`` chunks as they come, ``text()`` at the end."""
+
+    def __init__(self, keep: int = DEFAULT_KEEP) -> None:
+        """Args: keep: bytes kept at each end (at least 1)."""
+        self.keep = max(1, keep)
+        self.total = 0
+        self._head = bytearray()
+        self._tail = bytearray()
+
+    def add(self, data: bytes) -> None:
+        """Take one chunk."""
+        self.total += len(data)
+        room = self.keep - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if data:
+            self._tail += data
+            if len(self._tail) > 2 * self.keep:  # trim in batches, not per chunk
+                del self._tail[: len(self._tail) - self.keep]
+
+    @property
+    def truncated(self) -> bool:
+        """More came than is kept."""
+        return self.total > len(self._head) + min(len(self._tail), self.keep)
+
+    def text(self) -> str:
+        """What was kept, decoded (invalid UTF-8 replaced), with the marker where it was cut."""
+        tail = bytes(self._tail[-self.keep:]) if self._tail else b""
+        if not self.truncated:
+            return (bytes(self._head) + tail).decode(errors="replace")
+        marker = MARKER.format(total=self.total, keep=self.keep)
+        return f"{self._head.decode(errors='replace')}\n{marker}\n{tail.decode(errors='replace')}"

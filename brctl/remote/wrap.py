@@ -1,0 +1,38 @@
+"""The node-side wrapper every command runs under (``brctl.diagnostics.reaper``).
+
+Its source travels in the argv (``python3 -I -S -c SOURCE SECONDS ARGV...``), so
+nothing has to be installed on the node. It enforces the timeout and kills the
+whole tree the command started (``setsid`` escapees included) on a timeout, on a
+lost channel (Ctrl-C, a dead controller) and on SIGTERM; exit 124 means "killed
+for its timeout", whatever the command did with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+from brctl.core.transport import NodeState
+
+TIMEOUT_EXIT = 124  # brctl.diagnostics.reaper.TIMEOUT_EXIT
+GRACE_S = 2.0  # reaper.GRACE_S: SIGTERM, then SIGKILL this much later
+SLACK_S = 5.0  # how long past GRACE_S the controller waits before it gives up itself
+
+
+@functools.cache
+def _source() -> str:
+    text = (Path(__file__).parent.parent / "diagnostics" / "reaper.py").read_text()
+    return text.split('"""', 2)[2].lstrip()  # the module docstring need not travel
+
+
+def wrapped(python: str, argv: Sequence[str], timeout: float) -> list[str]:
+    """``argv`` under the reaper with ``timeout`` seconds, run by ``python``."""
+    return [python, "-I", "-S", "-c", _source(), f"{timeout:.3f}", *argv]
+
+
+def exit_state(code: int, elapsed: float, timeout: float) -> NodeState:
+    """The state of a command the reaper reported ``code`` for, ``elapsed`` s after start."""
+    if code == TIMEOUT_EXIT and elapsed >= timeout * 0.98:
+        return NodeState.TIMEOUT
+    return NodeState.OK if code == 0 else NodeState.FAILED

@@ -1,0 +1,173 @@
+"""The transport under dying machines, runaway commands, Ctrl-C and huge output (issue 14).
+
+Every test proves what happened on the node (its processes) and on the controller
+(state, seconds, CPU, memory), over real sshd.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from brctl.core.transport import Node, NodeState, RunResult
+from brctl.remote.ssh import SshTransport
+from tests.integration.cluster import SshCluster, scaled
+from tests.integration.test_ssh_transport import MakeCluster, nodes_of
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(predicate: object, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return bool(predicate())  # type: ignore[operator]
+
+
+def _in_thread(transport: SshTransport, node: Node, argv: list[str], timeout: float) -> dict[str, object]:
+    """Run in a thread; the dict gets the result, when it came and the thread's CPU seconds."""
+    box: dict[str, object] = {}
+
+    def go() -> None:
+        cpu = time.thread_time()
+        box["result"] = transport.run(node, argv, timeout=timeout)
+        box["at"] = time.monotonic()
+        box["cpu"] = time.thread_time() - cpu
+
+    box["thread"] = threading.Thread(target=go, daemon=True)
+    box["thread"].start()  # type: ignore[attr-defined]
+    return box
+
+
+def test_sshd_killed_mid_command_is_unreachable_at_once_without_spinning(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = make_cluster(1)
+    node = nodes_of(cluster)[0]
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        box = _in_thread(transport, node, ["sleep", "10"], timeout=scaled(10))
+        assert _wait_for(lambda: cluster.node_pids("node01", r"^sleep 10"), scaled(10))
+        time.sleep(1)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cluster.stop_node("node01")
+        stopped = time.monotonic()
+        box["thread"].join(scaled(12))  # type: ignore[attr-defined]
+        r = box["result"]
+        assert isinstance(r, RunResult)
+        assert r.state is NodeState.UNREACHABLE, r
+        assert "connection lost while running" in r.stderr
+        assert float(box["at"]) - stopped <= scaled(1.0)  # type: ignore[arg-type]
+        assert float(box["cpu"]) <= scaled(0.5)  # type: ignore[arg-type]  # it spun 12 s before
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        spent = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+        assert spent <= scaled(1.0), spent
+    finally:
+        transport.close()
+
+
+def test_timeout_kills_a_sigterm_ignoring_command_and_its_setsid_child(
+    ssh_cluster: SshCluster,
+) -> None:
+    node = nodes_of(ssh_cluster, ["node02"])[0]
+    script = ("trap '' TERM; setsid sh -c \"trap '' TERM; exec sleep 1011\" & "
+              "sh -c 'trap \"\" TERM; sleep 1012'; wait")
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        r = transport.run(node, ["sh", "-c", script], timeout=scaled(1))
+    finally:
+        transport.close()
+    assert r.state is NodeState.TIMEOUT, r
+    assert "killed after" in r.stderr
+    assert r.seconds <= scaled(1) + 2 + scaled(3)  # timeout, the SIGKILL grace, slack
+    assert ssh_cluster.node_pids("node02", r"sleep 101[12]") == []
+
+
+def test_a_closed_channel_kills_the_remote_tree(ssh_cluster: SshCluster) -> None:
+    """``cancel`` (the first Ctrl-C) closes the channel; the node kills everything."""
+    node = nodes_of(ssh_cluster, ["node03"])[0]
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        box = _in_thread(transport, node, ["sh", "-c", "setsid sleep 1021 & sleep 1022"],
+                         timeout=scaled(60))
+        assert _wait_for(lambda: len(ssh_cluster.node_pids("node03", r"^sleep 102[12]")) == 2,
+                         scaled(10))
+        t0 = time.monotonic()
+        transport.cancel()
+        box["thread"].join(scaled(3))  # type: ignore[attr-defined]
+        r = box["result"]
+        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, r
+        assert "interrupted" in r.stderr
+        assert time.monotonic() - t0 <= scaled(3)
+        assert _wait_for(lambda: not ssh_cluster.node_pids("node03", r"sleep 102[12]"), scaled(5))
+        assert transport.run(node, ["true"], timeout=5).state is NodeState.TIMEOUT  # no new work
+    finally:
+        transport.close()
+
+
+def test_ctrl_c_on_brctl_exec_leaves_no_remote_process(
+    ssh_cluster: SshCluster, tmp_path: Path,
+) -> None:
+    inv = ssh_cluster.write_inventory(tmp_path, names=["node01", "node04"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--",
+         "sh", "-c", "setsid sleep 1031 & sleep 1032"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        def running() -> bool:
+            return all(len(ssh_cluster.node_pids(n, r"^sleep 103[12]")) == 2 for n in ("node01", "node04"))
+
+        assert _wait_for(running, scaled(20)), proc.stderr
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=scaled(8))
+        assert proc.returncode == 130, err
+        assert b"killed" in err
+        assert time.monotonic() - t0 <= scaled(6)
+        gone = lambda: not any(ssh_cluster.node_pids(n, r"sleep 103[12]") for n in ("node01", "node04"))  # noqa: E731
+        assert _wait_for(gone, scaled(3))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+_PEAK_RSS = """
+import os, resource, sys
+from brctl.core.transport import Node
+from brctl.remote.ssh import SshTransport
+node = Node(name="n", address=sys.argv[1], port=int(sys.argv[2]), identity_file=sys.argv[3],
+            known_hosts=sys.argv[4], connect_timeout=float(sys.argv[5]))
+t = SshTransport(ssh_config=os.devnull)
+r = t.run(node, ["sh", "-c", "head -c 200000000 /dev/zero | tr '\\\\0' x; echo; echo end"],
+          timeout=float(sys.argv[6]))
+print(r.state.value, len(r.stdout), r.stdout[-4:] == "end\\n", "200000005 bytes in all" in r.stdout,
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.slow
+def test_200_mb_of_output_is_kept_head_and_tail_in_bounded_memory(ssh_cluster: SshCluster) -> None:
+    node = nodes_of(ssh_cluster, ["node01"])[0]
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, node.address, str(node.port), str(node.identity_file),
+         str(node.known_hosts), str(scaled(10)), str(scaled(120))],
+        cwd=REPO, capture_output=True, text=True, timeout=scaled(150), check=True,
+    ).stdout.split()
+    state, kept, tail_ok, counted, peak_mib = out[0], int(out[1]), out[2], out[3], int(out[4])
+    assert state == "ok"
+    assert 4 << 20 <= kept <= (4 << 20) + 200  # the first and last 2 MiB and the marker
+    assert tail_ok == "True" and counted == "True"
+    assert peak_mib <= 150, peak_mib  # it was 647 MiB when every chunk was kept
