@@ -43,8 +43,9 @@ def size(
     env: Env = ctx.obj
     if machines is not None and window is not None and daily_rate is not None:
         # every input given: a pure calculation, no inventory or history needed
-        render_size(env.output, standby_size(machines, quantile, window, daily_rate, None), None)
-        return 0
+        report = standby_size(machines, quantile, window, daily_rate, None)
+        render_size(env.output, report, None)
+        return int(report.exit_code)
     inv = env.inventory(as_listed=True)
     n = machines if machines is not None else (len(inv.job.nodes) if inv.job else len(inv.nodes))
     hours = window if window is not None else inv.daemon.replenish_window
