@@ -44,6 +44,7 @@ from brctl.analysis.replay import (  # noqa: E402
     shape_of,
 )
 from brctl.analysis.topology import Topology  # noqa: E402
+from brctl.core.errors import BrctlError  # noqa: E402
 
 
 def simulate(p: ReplayPlan, faulty: set[str]) -> tuple[Verdict, int]:
@@ -82,6 +83,53 @@ def part1(sizes: list[int]) -> None:
             double.append(r)
         print(f"| {n:,} | {plan_ms:.1f} | {len(p.round1):,} | {max(single)} | {max(double)} | "
               f"{math.ceil(math.log2(n))} | {n:,} / {(n + 1) / 2:,.1f} |")
+
+
+def sweep(max_machines: int) -> None:
+    """Rounds to name one fault over every shape: tp 1-8, pp 1-16, cp 1-2, 8-GPU machines.
+
+    Machine counts m·2^a (m odd, 1-15) up to ``max_machines``, banded; for every
+    (tp, pp, cp) whose default replay plan can vote, the worst case over every
+    position of a round-1 group (the groups are alike) of the pure decoder
+    against the simulated oracle. "not named" would be one fault left ambiguous.
+    """
+    from collections import Counter
+
+    sizes = sorted({m << a for m in range(1, 16, 2) for a in range(15) if m << a <= max_machines})
+    print("| machines | shapes | rounds to name one fault: shapes | worst shape | not named |"
+          " CPU |")
+    print("|---|---|---|---|---|---|")
+    band_top = 16
+    hist: Counter[int] = Counter()
+    worst: tuple[int, str] = (0, "")
+    failed, t0, low = 0, time.process_time(), 1
+    for i, n in enumerate(sizes):
+        for tp in (1, 2, 4, 8):
+            for pp in range(1, 17):
+                for cp in (1, 2):
+                    try:
+                        topo = Topology.build([f"m{j:05d}" for j in range(n)], 8, tp=tp,
+                                              pp=pp, cp=cp)
+                        p = plan(shape_of(topo))
+                    except BrctlError:  # shapes that do not divide, or machines sharing stages
+                        continue
+                    if not p.can_vote:
+                        continue
+                    r = p.rounds_single_fault()
+                    if r is None:
+                        failed += 1
+                        continue
+                    hist[r] += 1
+                    label = (f"{n} machines tp{tp} pp{pp} cp{cp}: {len(p.round1)} groups "
+                             f"of {p.shape.slots}")
+                    worst = max(worst, (r, label))
+        if i + 1 == len(sizes) or sizes[i + 1] > band_top:
+            counts = ", ".join(f"{r} rounds: {c}" for r, c in sorted(hist.items()))
+            print(f"| {low:,}-{n:,} | {sum(hist.values()) + failed} | {counts} | {worst[0]} "
+                  f"({worst[1]}) | {failed} | {time.process_time() - t0:.0f} s |", flush=True)
+            hist, worst, failed, t0, low = Counter(), (0, ""), 0, time.process_time(), n + 1
+            while i + 1 < len(sizes) and sizes[i + 1] > band_top:
+                band_top *= 4
 
 
 def _children_cpu() -> float:
@@ -140,7 +188,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", action="store_true", help="planner only (part 1)")
     ap.add_argument("--sizes", default="8,16,64,256,1024,4096,10000")
+    ap.add_argument("--sweep", type=int, metavar="N", default=0,
+                    help="only the round-bound sweep over every shape up to N machines")
     args = ap.parse_args()
+    if args.sweep:
+        sweep(args.sweep)
+        return
     part1([int(s) for s in args.sizes.split(",")])
     if not args.plan:
         print()

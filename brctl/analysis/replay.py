@@ -33,6 +33,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, Optional, Union
 
 from brctl.analysis.topology import Topology, TopologyError
@@ -127,12 +128,12 @@ def _classes(topo: Topology) -> tuple[list[frozenset[Position]], list[list[str]]
     return roles, members
 
 
-def _default_k(rows: int, n_roles: int) -> int:
-    # The smallest jobs that still give a voting majority and a 2-round grid.
-    for k in range(1, rows + 1):
-        if rows % k == 0 and rows // k >= max(MIN_VOTERS, k * n_roles):
-            return k
-    return 1  # most groups; the plan says when it cannot vote or needs more rounds
+def _k_preference(rows: int, n_roles: int) -> list[int]:
+    """Machines per role in one replay job, best first: the smallest jobs that still
+    give a voting majority and a 2-round grid, then the rest by size (most groups)."""
+    ks = [k for k in range(1, rows + 1) if rows % k == 0]
+    grid = [k for k in ks if rows // k >= max(MIN_VOTERS, k * n_roles)]
+    return grid[:1] + [k for k in ks if k not in grid[:1]]
 
 
 def shape_of(topo: Topology, dp: int | None = None) -> ReplayShape:
@@ -154,18 +155,42 @@ def shape_of(topo: Topology, dp: int | None = None) -> ReplayShape:
     rows = len(members[0])
     per_machine = n_gpus // len(roles[0])
     if dp is None:
-        k = _default_k(rows, len(roles))
-    else:
-        valid = [k * per_machine for k in range(1, rows + 1) if rows % k == 0]
-        if dp not in valid:
-            raise UsageError(
-                f"--dp {dp}: the replay DP' must be one of {', '.join(map(str, valid))} "
-                f"for this job ({rows} machines per pipeline role, {per_machine} "
-                "data-parallel replicas per machine)")
-        k = dp // per_machine
+        for k in _k_preference(rows, len(roles)):
+            try:
+                return _replay_shape(topo, roles, members, n_gpus, k)
+            except TopologyError:
+                continue  # e.g. PP does not divide a job of k rows: try the next size
+        raise TopologyError(
+            "replay: no smaller job of whole rows keeps TP, CP and PP for this job "
+            f"({rows} machines per pipeline role, {n_gpus} GPUs each)",
+            hint="pick --dp explicitly, or replay a job whose machines split into rows")
+    valid = [k * per_machine for k in range(1, rows + 1) if rows % k == 0]
+    if dp not in valid:
+        raise UsageError(
+            f"--dp {dp}: the replay DP' must be one of {', '.join(map(str, valid))} "
+            f"for this job ({rows} machines per pipeline role, {per_machine} "
+            "data-parallel replicas per machine)")
+    k = dp // per_machine
+    try:
+        shape = _replay_shape(topo, roles, members, n_gpus, k)
+    except TopologyError as exc:
+        raise UsageError(f"--dp {dp}: the replay job cannot be built: {exc.message}") from None
+    if shape.dp != dp:  # never run another DP' than the one asked for
+        raise UsageError(f"--dp {dp}: {k} machine(s) per role make a replay job with "
+                         f"DP'={shape.dp}, not {dp}")
+    return shape
+
+
+def _replay_shape(topo: Topology, roles: list[frozenset[Position]], members: list[list[str]],
+                  n_gpus: int, k: int) -> ReplayShape:
+    """The replay job of ``k`` machines per role (raises TopologyError when it does not fit)."""
     slots = [f"s{i}" for i in range(k * len(roles))]
-    replay_topo = Topology.build(slots, n_gpus, tp=topo.tp, pp=topo.pp, cp=topo.cp,
-                                 order=topo.order)
+    try:
+        replay_topo = Topology.build(slots, n_gpus, tp=topo.tp, pp=topo.pp, cp=topo.cp,
+                                     order=topo.order)
+    except TopologyError as exc:
+        raise TopologyError(f"replay: a job of {len(slots)} machine(s) ({k} per role): "
+                            f"{exc.message}") from None
     slot_classes = []
     for slot in slots:
         role = _role(replay_topo, slot)
@@ -208,22 +233,48 @@ class ReplayPlan:
         """Round 2 is fixed in advance (a grid); else it is adaptive."""
         return self.round2 is not None
 
+    @property
+    def thin(self) -> bool:
+        """Round 1 votes with exactly three groups: a 2-1 majority may be two faults alike."""
+        return len(self.round1) == MIN_VOTERS
+
     def rounds_single_fault(self) -> Optional[int]:
-        """Rounds to name one faulty machine (None when round 1 cannot vote or staff a job)."""
+        """The most rounds one faulty machine takes to be named (None: it cannot be)."""
+        return self._single_fault_bound
+
+    @cached_property
+    def _single_fault_bound(self) -> Optional[int]:
+        """The most rounds one faulty machine takes to be named (None: it cannot be).
+
+        Found by running the decoder itself against every position of one round-1
+        group (the groups are alike): 2 with a grid, 1 for one-machine jobs, about
+        1 + ceil(log_g S) when confirm jobs split S suspects g ways, one more to
+        confirm when only three groups vote.
+        """
         if not self.can_vote:
             return None
-        if self.shape.slots == 1:
-            return 1
-        if self.grid:
-            return 2
-        # Adaptive: every member of the deviant group is replayed with known-good
-        # fillers from the other groups; fillers limit how many run at once.
-        suspects = list(self.round1[0])
-        good = [m for g in self.round1[1:] for m in g]
-        per_round = len(staff(self.shape, suspects, good)[0])
-        if per_round == 0:
-            return None
-        return 1 + -(-len(suspects) // per_round)
+        worst = 0
+        for bad in self.round1[0]:
+            verdict, rounds = _simulate(self, bad)
+            if verdict.verdict != "found":
+                return None
+            worst = max(worst, rounds)
+        return worst
+
+    def default_max_rounds(self) -> int:
+        """What ``--max-rounds`` defaults to: the single-fault bound, plus two for a second fault."""
+        return (self.rounds_single_fault() or 1) + 2
+
+
+def _simulate(plan_: ReplayPlan, bad: str) -> tuple[Verdict, int]:
+    """Decode one fault in ``bad`` with a model workload (groups holding it deviate)."""
+    rounds: list[JudgedRound] = []
+    while True:
+        decision = decide(plan_, rounds, max_rounds=4 * len(plan_.shape.machines))
+        if isinstance(decision, Verdict):
+            return decision, len(rounds)
+        runs = [GroupRun(g, "ok", ("ok", "bad" if bad in g else "ok")) for g in decision.groups]
+        rounds.append(judge_round(decision.kind, [runs], reference_of(rounds), decision.suspects))
 
 
 def plan(shape: ReplayShape) -> ReplayPlan:
@@ -282,7 +333,8 @@ class JudgedGroup:
         first_deviant_step: the first step that differed from the expected value.
         deviant_runs: in how many runs it deviated.
         runs: every run's raw outcome.
-        suspect: the machine a confirm job tests (None in rounds 1 and 2).
+        suspects: the machines a confirm job tests (empty in rounds 1 and 2, and for a
+            confirm round's control job of known-good machines only).
     """
 
     nodes: Group
@@ -291,7 +343,12 @@ class JudgedGroup:
     first_deviant_step: Optional[int]
     deviant_runs: int
     runs: tuple[GroupRun, ...]
-    suspect: Optional[str] = None
+    suspects: tuple[str, ...] = ()
+
+    @property
+    def suspect(self) -> Optional[str]:
+        """The one machine a confirm job tests, when it tests exactly one."""
+        return self.suspects[0] if len(self.suspects) == 1 else None
 
     @property
     def deviant(self) -> bool:
@@ -348,12 +405,18 @@ def expected_steps(
     voters = [r for r in runs if r.status == "ok"]
     n_steps = max((len(r.steps) for r in voters), default=0)
     out: list[Optional[str]] = []
+    agreed = False  # an earlier step had a healthy value; the voters left are its holders
     for s in range(n_steps):
         ref = reference[s] if reference is not None and s < len(reference) else None
         values = [r.steps[s] if s < len(r.steps) else "missing" for r in voters]
         want = _expected_at(values, ref)
+        if want is None and agreed and len(values) == 1 and values[0] not in NON_FINITE:
+            # the others dropped out as proven deviant (NaN/inf or against the agreed
+            # value): the one group still on the agreed path stays the healthy one
+            want = values[0]
         out.append(want)
         if want is not None:
+            agreed = True
             voters = [r for r, v in zip(voters, values) if v == want]
     return out
 
@@ -374,7 +437,7 @@ def judge_round(
     kind: RoundKind,
     runs: Sequence[Sequence[GroupRun]],
     reference: Optional[Sequence[str]] = None,
-    suspects: Optional[Sequence[Optional[str]]] = None,
+    suspects: Optional[Sequence[Sequence[str]]] = None,
 ) -> JudgedRound:
     """Compare the groups of one round with each other, run by run.
 
@@ -383,7 +446,7 @@ def judge_round(
         runs: ``runs[r][g]`` is group ``g`` in repetition ``r`` (same groups each time).
         reference: healthy per-step fingerprints from an earlier round of the same
             replay job; when given it is what every group must match.
-        suspects: the machine each group tests (confirm rounds).
+        suspects: the machines each group tests (confirm rounds; empty: a control job).
 
     Returns:
         The judged round; ``expected`` is set when every step had a healthy value
@@ -397,7 +460,7 @@ def judge_round(
         if any(r.status != "ok" for r in mine):
             status: GroupStatus = "incomplete"
             groups.append(JudgedGroup(mine[0].nodes, status, None, None, 0, mine,
-                                      suspects[g] if suspects else None))
+                                      tuple(suspects[g]) if suspects else ()))
             continue
         outcomes = [_compare(run, exp) for run, exp in zip(mine, per_rep)]
         deviant = [step for verdict, step in outcomes if verdict == "deviant" and step is not None]
@@ -410,7 +473,7 @@ def judge_round(
         shown = next((run for run, (v, _) in zip(mine, outcomes) if v == "deviant"), mine[-1])
         groups.append(JudgedGroup(mine[0].nodes, status, summarize(shown.steps),
                                   min(deviant) if deviant else None, len(deviant), mine,
-                                  suspects[g] if suspects else None))
+                                  tuple(suspects[g]) if suspects else ()))
     expected: Optional[tuple[str, ...]] = None
     if per_rep and per_rep[0] and all(v is not None for v in per_rep[0]):
         expected = tuple(v for v in per_rep[0] if v is not None)
@@ -426,12 +489,13 @@ class RoundSpec:
     Attributes:
         kind: horizontal | vertical | confirm.
         groups: the replay jobs, each in slot order.
-        suspects: for confirm rounds, the machine each job tests.
+        suspects: for confirm rounds, the machines each job tests (empty: a control job
+            of known-good machines only, checking the reference itself).
     """
 
     kind: RoundKind
     groups: tuple[Group, ...]
-    suspects: tuple[Optional[str], ...] = ()
+    suspects: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -494,23 +558,91 @@ def staff(
     return jobs, left
 
 
+def split_jobs(
+    shape: ReplayShape, suspects: Sequence[str], good: Sequence[str], control: bool = False
+) -> tuple[list[tuple[tuple[str, ...], Group]], list[str]]:
+    """Spread suspects over as many confirm jobs as known-good fillers can staff.
+
+    Group testing: each job carries several suspects (at most its slots of each
+    role) and known-good machines in the other slots; the job that deviates
+    holds the fault, so g jobs cut S suspects to S/g per round (about
+    1 + ceil(log_g S) rounds in all), and one suspect per job names it.
+
+    Args:
+        shape: the replay job's roles.
+        suspects: machines to test, in order of preference.
+        good: machines known to be healthy, in order of preference.
+        control: also staff a control job (returned with no suspects): the first job
+            with its suspects swapped for known-good machines; it must match the
+            reference, or the reference is wrong.
+
+    Returns:
+        ``([(its suspects, group)], suspects left for a later round)``.
+    """
+    class_of = shape.class_of()
+    cap = Counter(shape.slot_classes)
+    pool: dict[int, list[str]] = {c: [] for c in range(len(shape.classes))}
+    for m in good:
+        pool[class_of[m]].append(m)
+    jobs: list[tuple[tuple[str, ...], Group]] = []
+    if control:  # keep one known-good machine of every role for the control job
+        spare = {c: pool[c].pop() for c in cap if pool[c]}
+    by_role = Counter(class_of[m] for m in suspects)
+    # J jobs use J·cap slots of each role: suspects of that role plus fillers
+    n_jobs = min([len(suspects)] + [(len(pool[c]) + by_role[c]) // n for c, n in cap.items()])
+    if n_jobs < 1:
+        return jobs, list(suspects)
+    placed: list[list[str]] = [[] for _ in range(n_jobs)]
+    used: list[Counter[int]] = [Counter() for _ in range(n_jobs)]
+    left: list[str] = []
+    for m in sorted(suspects, key=lambda x: class_of[x]):  # stable: preference kept per role
+        c = class_of[m]
+        open_jobs = [j for j in range(n_jobs) if used[j][c] < cap[c]]
+        if not open_jobs:
+            left.append(m)
+            continue
+        j = min(open_jobs, key=lambda j: (len(placed[j]), j))
+        placed[j].append(m)
+        used[j][c] += 1
+    for mine, counts in zip(placed, used):
+        need = {c: n - counts[c] for c, n in cap.items()}
+        if not mine or any(len(pool[c]) < n for c, n in need.items()):
+            left.extend(mine)
+            continue
+        fill = {c: [pool[c].pop(0) for _ in range(n)] for c, n in need.items()}
+        own = {c: [m for m in mine if class_of[m] == c] for c in cap}
+        group = tuple((own[c] or fill[c]).pop(0) for c in shape.slot_classes)
+        jobs.append((tuple(sorted(mine, key=suspects.index)), group))
+    if control and jobs and all(class_of[m] in spare for m in jobs[0][0]):
+        # the first job again with its suspects swapped for known-good machines: the
+        # two differ only there, so only a suspect can make one deviate and not the other
+        first, group = jobs[0]
+        swap = {m: spare[class_of[m]] for m in first}
+        jobs.append(((), tuple(swap.get(m, m) for m in group)))
+    return jobs, sorted(left, key=suspects.index)
+
+
 def _ordered(names: set[str], order: Mapping[str, int]) -> tuple[str, ...]:
     return tuple(sorted(names, key=lambda n: order.get(n, len(order))))
 
 
-def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *, max_rounds: int = 8) -> NextStep:
+def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *,
+           max_rounds: Optional[int] = None) -> NextStep:
     """The next round to run, or the verdict, from the rounds judged so far.
 
     Args:
         plan_: the replay plan.
         rounds: every round run so far, judged, in order.
-        max_rounds: stop with ``ambiguous`` rather than run more rounds than this.
+        max_rounds: stop with ``ambiguous`` rather than run more rounds than this
+            (None: ``plan_.default_max_rounds()``, what the shape needs).
 
     Returns:
         A ``RoundSpec`` to run next, or the ``Verdict``.
     """
     if not rounds:
         return RoundSpec("horizontal", plan_.round1)
+    if max_rounds is None:
+        max_rounds = plan_.default_max_rounds()
     order = {m: i for i, m in enumerate(plan_.shape.machines)}
     groups = [g for rnd in rounds for g in rnd.groups]
     clean = {m for g in groups if g.status == "clean" for m in g.nodes}
@@ -530,6 +662,14 @@ def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *, max_rounds: int 
         return Verdict("ambiguous", (), suspects, cleared,
                        "replay groups disagree and no majority says which is right "
                        f"({len(last.groups)} groups; a vote needs {MIN_VOTERS} or more)")
+    control = [g for rnd in rounds if rnd.kind == "confirm" for g in rnd.groups
+               if not g.suspects and g.status in ("deviant", "unconfirmed")]
+    if control:
+        tested = {m for g in deviant if g.suspects for m in g.suspects}
+        return Verdict("ambiguous", (), _ordered(tested - clean, order), cleared,
+                       "a control job of machines the vote called healthy deviated: the "
+                       f"{len(plan_.round1)}-group majority itself may be wrong (two machines "
+                       "corrupting alike)")
     if not deviant:
         unconfirmed = _ordered(flagged - clean, order)
         if flagged:
@@ -544,19 +684,37 @@ def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *, max_rounds: int 
                        "replayed cleanly elsewhere (intermittent corruption?)")
     definite = {next(iter(c)) for g in deviant if len(c := set(g.nodes) & candidates) == 1}
     open_ = candidates - definite
-    if not open_:
+    if not open_ and (not plan_.thin or _confirmed(definite, rounds)):
         return Verdict("found", _ordered(definite, order), (), cleared,
                        f"the deviant groups meet in {len(definite)} machine(s)")
     if len(rounds) == 1 and plan_.round2 is not None:
         return RoundSpec("vertical", plan_.round2)
-    jobs, _left = staff(plan_.shape, _ordered(open_, order), _ordered(clean, order))
-    if not jobs or len(rounds) >= max_rounds or reference_of(rounds) is None:
+    # with three groups a 2-1 vote may be two faults alike: every confirm round also
+    # runs a control job of known-good machines, and a lone intersection is confirmed
+    test = open_ or definite
+    jobs, _left = split_jobs(plan_.shape, _ordered(test, order), _ordered(clean, order),
+                             control=plan_.thin)
+    if not any(sus for sus, _ in jobs) or len(rounds) >= max_rounds \
+            or reference_of(rounds) is None:
         why = ("not enough known-good machines to replay a suspect" if not jobs
                else f"the round limit ({max_rounds}) was reached" if len(rounds) >= max_rounds
                else "no round agreed on a healthy fingerprint to compare with")
+        if not open_:
+            return Verdict("ambiguous", (), _ordered(definite, order), cleared,
+                           f"the deviant groups meet in {len(definite)} machine(s), but with "
+                           f"{len(plan_.round1)} groups that needs confirming: {why}")
         return Verdict("ambiguous", _ordered(definite, order), _ordered(open_, order), cleared,
                        f"{len(open_)} candidate(s) could not be told apart: {why}")
     return RoundSpec("confirm", tuple(g for _, g in jobs), tuple(s for s, _ in jobs))
+
+
+def _confirmed(machines: set[str], rounds: Sequence[JudgedRound]) -> bool:
+    """Each machine deviated alone among known-good ones in a round whose control job was clean."""
+    def alone(m: str) -> bool:
+        return any(rnd.kind == "confirm" and g.suspects == (m,) and g.deviant
+                   and any(not h.suspects and h.status == "clean" for h in rnd.groups)
+                   for rnd in rounds for g in rnd.groups)
+    return all(alone(m) for m in machines)
 
 
 def reference_of(rounds: Sequence[JudgedRound]) -> Optional[tuple[str, ...]]:

@@ -24,6 +24,7 @@ def plan_json(p: ReplayPlan) -> dict[str, Any]:
         "grid": p.grid,
         "can_vote": p.can_vote,
         "rounds_single_fault": p.rounds_single_fault(),
+        "max_rounds_default": p.default_max_rounds(),
         "round1": [list(g) for g in p.round1],
         "round2": [list(g) for g in p.round2] if p.round2 is not None else None,
     }
@@ -37,6 +38,7 @@ def _group_json(g: JudgedGroup) -> dict[str, Any]:
         "status": g.status,
         "first_deviant_step": g.first_deviant_step,
         "suspect": g.suspect,
+        "suspects": list(g.suspects),
         "runs": [{"status": r.status, "steps": list(r.steps), "losses": list(r.losses),
                   "error": r.error, "seconds": round(r.seconds, 3)} for r in g.runs],
     }
@@ -47,10 +49,13 @@ def _round_json(i: int, rnd: JudgedRound) -> dict[str, Any]:
 
 
 def _summary(p: ReplayPlan) -> str:
-    grid = ("round 2 is a grid" if p.grid else "round 2 is adaptive (suspects with "
-            "known-good machines)")
+    grid = ("round 2 is a grid" if p.grid else "later rounds are adaptive (suspects split "
+            f"over up to {len(p.round1)} jobs with known-good machines)")
+    if p.thin:
+        grid += "; with 3 groups a lone candidate is confirmed against a control job"
     n = p.rounds_single_fault()
-    rounds = f"{n} round(s) to name one faulty machine" if n else "no majority vote possible"
+    rounds = (f"at most {n} round(s) to name one faulty machine" if n
+              else "no majority vote possible")
     return (f"DP'={p.shape.dp} (TP={p.shape.tp}, PP={p.shape.pp}): {len(p.round1)} groups of "
             f"{p.shape.slots} machine(s) per round; {grid}; {rounds}")
 
@@ -97,7 +102,8 @@ def render(out: Output, report: ReplayReport) -> None:
     for i, rnd in enumerate(report.rounds, 1):
         rows = []
         for gi, g in enumerate(rnd.groups):
-            label = f"{gi}" if g.suspect is None else f"{gi} (tests {g.suspect})"
+            label = (f"{gi} (control)" if rnd.kind == "confirm" and not g.suspects
+                     else f"{gi} (tests {','.join(g.suspects)})" if g.suspects else f"{gi}")
             note = g.runs[-1].error or "" if g.status == "incomplete" else ""
             rows.append((label, ",".join(g.nodes), g.fingerprint or "-", _deviant_cell(g),
                          f"{max(r.seconds for r in g.runs):.1f}s", note))

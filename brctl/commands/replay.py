@@ -1,4 +1,4 @@
-"""``brctl replay``: find the machine that silently corrupts data, in two rounds."""
+"""``brctl replay``: find the machine that silently corrupts data in few rounds (2 with a grid)."""
 
 from __future__ import annotations
 
@@ -41,10 +41,13 @@ def replay_command(
                                        help="First rendezvous port on each group's first "
                                             "machine (default: random in 20000-39999); each "
                                             "group run takes the next."),
-    max_rounds: int = typer.Option(8, "--max-rounds", metavar="N",
-                                   help="Stop with 'ambiguous' after N rounds."),
+    max_rounds: Optional[int] = typer.Option(
+        None, "--max-rounds", metavar="N",
+        help="Stop with 'ambiguous' after N rounds (default: the rounds one fault needs "
+             "for this shape, plus 2; --plan-only shows it)."),
     plan_only: bool = typer.Option(False, "--plan-only",
-                                   help="Print the groups of rounds 1 and 2; run nothing."),
+                                   help="Print the groups of rounds 1 and 2 and the round "
+                                        "bound for this shape; run nothing."),
 ) -> int:
     """Dual-phase replay: name the machine producing silent data corruption.
 
@@ -53,8 +56,13 @@ def replay_command(
     machine on its own pipeline stage; round 2 regroups them so that each new group
     meets each round-1 group in at most one machine. Groups are compared with each
     other (majority of bitwise per-step fingerprints of loss and gradients), so the
-    faulty machine is where the deviant groups meet. Two faulty machines get a third
-    round that replays each candidate with known-good machines. The built-in workload
+    faulty machine is where the deviant groups meet: 2 rounds when each pipeline
+    position has at least as many machines as there are positions per group.
+    Otherwise later rounds split the suspects over as many jobs of known-good
+    machines as there are groups (g), about 1 + ceil(log_g S) rounds for S
+    suspects; --plan-only prints the bound for the job's shape. Two faulty
+    machines get a further round that replays each candidate with known-good
+    machines. The built-in workload
     needs torch for ssh.python on the nodes; a group's ranks meet over TCP at its first
     machine's inventory address (set GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME in a
     node's env: when the default interface is the wrong one). Exit 0 none, 1 found,
@@ -72,7 +80,7 @@ def replay_command(
 
     env: Env = ctx.obj
     for name, value in (("--steps", steps), ("--repeat", repeat), ("--max-rounds", max_rounds)):
-        if value < 1:
+        if value is not None and value < 1:
             raise UsageError(f"{name} {value}: expected a whole number >= 1")
     opt.check_seconds("--timeout", timeout)
     if device not in ("auto", "cpu", "cuda"):

@@ -265,7 +265,7 @@ def replay(
     repeat: int = 1,
     timeout: float = 300.0,
     port_base: int = 29500,
-    max_rounds: int = 8,
+    max_rounds: Optional[int] = None,
     on_round: Optional[Callable[[RoundSpec, int], None]] = None,
 ) -> ReplayReport:
     """Run replay rounds until a verdict.
@@ -274,11 +274,13 @@ def replay(
         transport: the backend.
         inv: the inventory (its job's machines and parallel sizes).
         workload: built-in or ``--command``.
-        dp: the replay DP' (None: the smallest that votes and decodes in 2 rounds).
+        dp: the replay DP' (None: the smallest that votes, and decodes in 2 rounds
+            where the shape allows a grid).
         repeat: runs per round; a deviation seen in one run only is ``not_reproduced``.
         timeout: seconds one run of a round may take (per group).
         port_base: first rendezvous port; each group run takes the next one.
-        max_rounds: give up (``ambiguous``) after this many rounds.
+        max_rounds: give up (``ambiguous``) after this many rounds (None: what the
+            shape needs, ``ReplayPlan.default_max_rounds``).
         on_round: called before each round with its spec and its index (1-based).
 
     Returns:

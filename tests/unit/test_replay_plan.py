@@ -9,6 +9,7 @@ deviate from step 1 in a way that depends on which faulty machines it holds
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Collection
 
 import pytest
@@ -261,3 +262,86 @@ def test_machines_holding_parts_of_two_stages_are_refused_loudly() -> None:
 
     with pytest.raises(TopologyError, match="m01 hosts positions"):
         shape_of(topo(12, 4, tp=2, pp=3, order="tp-cp-ep-pp-dp"))
+
+
+# -- issue 15: honest round bounds, several suspects per confirm job, NaN drop-outs --------
+
+
+def test_few_machines_per_position_still_name_every_fault() -> None:
+    """48 machines tp8 pp16: 3 machines per stage, 16 per group. Confirm rounds tested one
+    suspect per job, so m45 was never tested within 8 rounds (ambiguous)."""
+    t = topo(48, 8, tp=8, pp=16)
+    p = plan(shape_of(t))
+    assert (len(p.round1), p.shape.slots, p.grid) == (3, 16, False)
+    bound = p.rounds_single_fault()
+    assert bound is not None and bound <= 2 + math.ceil(math.log(16, 3))  # +1: 3-group confirm
+    assert p.default_max_rounds() == bound + 2
+    for bad in t.machines:
+        verdict, rounds = simulate(p, faulty_oracle({bad}), max_rounds=p.default_max_rounds())
+        assert (verdict.verdict, verdict.faulty) == ("found", (bad,)), bad
+        assert rounds <= bound
+
+
+def test_round_bound_is_about_one_plus_log_g_of_the_suspects() -> None:
+    """128 machines tp8 pp16 cp2 needed 12 rounds; g = 4 jobs cut 32 suspects to 1 in 3."""
+    t = topo(128, 8, tp=8, pp=16, cp=2)
+    p = plan(shape_of(t))
+    g, s = len(p.round1), p.shape.slots
+    assert not p.grid and not p.thin
+    assert p.rounds_single_fault() == 1 + math.ceil(math.log(s, g)) == 4
+    for bad in t.machines[::5]:
+        verdict, rounds = simulate(p, faulty_oracle({bad}), max_rounds=p.default_max_rounds())
+        assert verdict.faulty == (bad,) and rounds <= 4
+
+
+def test_groups_gone_nan_never_make_the_healthy_group_the_suspect() -> None:
+    """2 of 3 groups go NaN before the last step: the healthy group used to be undecided
+    (and listed as the only candidates)."""
+    def runs(*values: tuple[str, ...]) -> list[list[GroupRun]]:
+        return [[GroupRun((f"n{i}",), "ok", v) for i, v in enumerate(values)]]
+    j = judge_round("horizontal", runs(("a", "nan", "x"), ("a", "inf", "y"), ("a", "b", "c")))
+    assert [g.status for g in j.groups] == ["deviant", "deviant", "clean"]
+    assert j.expected == ("a", "b", "c")
+
+    p = plan(shape_of(topo(9, 1, pp=3)))  # 3 groups of 3
+
+    def two_nan(nodes: tuple[str, ...], _c: int) -> GroupRun:
+        if "m00" in nodes or "m01" in nodes:
+            return GroupRun(nodes, "ok", ("h0", "nan", "nan"))
+        return GroupRun(nodes, "ok", HEALTHY)
+    verdict, _ = simulate(p, two_nan)
+    assert not {"m02", "m05", "m08"} & set(verdict.faulty + verdict.candidates), verdict
+
+
+def test_three_groups_confirm_a_lone_intersection_with_a_control_job() -> None:
+    """With 3 groups a 2-1 vote can be two machines corrupting alike out-voting the healthy
+    group; the lone intersection is replayed beside a control job before it is found."""
+    t = topo(9, 1, pp=3)
+    p = plan(shape_of(t))
+    assert p.thin and p.grid
+    for bad in t.machines:
+        verdict, rounds = simulate(p, faulty_oracle({bad}))
+        assert (verdict.verdict, verdict.faulty, rounds) == ("found", (bad,), 3)
+    assert p.rounds_single_fault() == 3
+
+    # m00 (H0) and m05 (H2) corrupt alike and out-vote the healthy H1 = (m01, m04, m07);
+    # the grid's lone intersection m01 was found. The control job (m01's job with m01
+    # swapped for a machine the vote called healthy) deviates too: the vote is suspect.
+    def alike(nodes: tuple[str, ...], _c: int) -> GroupRun:
+        return GroupRun(nodes, "ok", ("h0", "z", "z") if {"m00", "m05"} & set(nodes)
+                        else HEALTHY)
+    verdict, rounds = simulate(p, alike)
+    assert (verdict.verdict, rounds) == ("ambiguous", 3) and "control job" in verdict.reason
+    # Not every alike pair can be caught: when the control's stand-in is itself one of
+    # the two, every fingerprint mirrors a single fault in the lone candidate.
+
+
+def test_default_dp_is_one_the_replay_job_can_build() -> None:
+    """3 machines × 4 GPUs, PP=3, pp-dp order: one row per role is 4 GPUs that PP=3
+    cannot split; the default failed with an error about a 4-GPU "job" the user never
+    wrote. The default now takes the next size that builds, and an explicit --dp that
+    cannot be built says so."""
+    s = shape_of(topo(6, 4, pp=3, order="tp-cp-ep-pp-dp"))
+    assert (s.k, s.dp) == (3, 4)  # 3 machines of 4 GPUs: PP=3 × DP'=4
+    with pytest.raises(UsageError, match="--dp"):
+        shape_of(topo(3, 4, pp=3, order="tp-cp-ep-pp-dp"), 1)
