@@ -37,6 +37,20 @@ Template = Union[str, list[str]]
 ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
 
 
+def _order(value: str) -> str:
+    """Field check: an order of Megatron's axes (tp, cp, ep, dp, pp), each at most once.
+
+    Short orders (``tp-dp-pp``) are Megatron's too; whether one fits the job's
+    sizes is checked with the topology (``topology.canonical_order``).
+    """
+    names = value.split("-")
+    if any(n not in ("tp", "cp", "ep", "dp", "pp") for n in names) or \
+            len(set(names)) != len(names):
+        raise ValueError(f"{value!r} is not an order of tp, cp, ep, dp, pp (e.g. "
+                         f"{' or '.join(ORDERS)})")
+    return value
+
+
 def _template(value: Template | None) -> Template | None:
     if value is None:
         return None
@@ -97,7 +111,7 @@ class JobSection:
     pp: int = sfield(1, check=at_least_one)
     cp: int = sfield(1, check=at_least_one)
     ep: int = sfield(1, check=at_least_one)
-    order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
+    order: str = sfield("tp-cp-ep-dp-pp", check=_order)
     process_match: str = sfield("pretrain", check=regex)
     log_paths: list[str] = sfield(factory=list)
     restart_command: Optional[Template] = sfield(None, check=_template)

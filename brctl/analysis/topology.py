@@ -68,6 +68,52 @@ class _Generator:
         return total // self.sizes[self.axes.index(axis)]
 
 
+SUPPORTED_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+def canonical_order(order: str, sizes: dict[str, int]) -> str:
+    """The supported order string that ranks the same as ``order`` for these sizes.
+
+    Megatron accepts any order of the five axes and appends the ones left out
+    (which must have size 1); axes of size 1 do not move a rank, so ``tp-pp-dp``
+    with CP = EP = 1 is ``tp-cp-ep-pp-dp``. Megatron also refuses a layout where PP
+    is not last, PP > 1, and the expert layers' data-parallel size (CP·DP/EP)
+    differs from the dense one's (DP): their pipeline groups would differ
+    (checked here when EP > 1).
+
+    Raises:
+        TopologyError: unknown or repeated axes, a size-1-only omission violated, an
+            order brctl does not model, or the layout Megatron refuses.
+    """
+    names = order.split("-")
+    if any(n not in AXES for n in names) or len(set(names)) != len(names):
+        raise TopologyError(f"job.order: {order!r} is not an order of tp, cp, ep, dp, pp",
+                            hint="e.g. tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp")
+    left_out = [a for a in AXES if a not in names and sizes[a] > 1]
+    if left_out:
+        raise TopologyError(f"job.order: {order!r} leaves out {', '.join(left_out)}, "
+                            "whose size is more than 1",
+                            hint="Megatron appends only axes of size 1 to a short order")
+    full = names + [a for a in AXES if a not in names]
+    used = [a for a in full if sizes[a] > 1]
+    found = next((o for o in SUPPORTED_ORDERS
+                  if [a for a in o.split("-") if sizes[a] > 1] == used), None)
+    if found is None:
+        raise TopologyError(f"job.order: {order!r} is not supported for these sizes",
+                            hint="use tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp "
+                                 "(orders that differ only in axes of size 1 are the same)")
+    edp = sizes["cp"] * sizes["dp"] // sizes["ep"]
+    # Megatron builds the expert generator even with EP = 1 (then CP > 1 trips this
+    # too); brctl checks it where expert layers exist, EP > 1.
+    if not found.endswith("pp") and sizes["pp"] > 1 and sizes["ep"] > 1 and edp != sizes["dp"]:
+        raise TopologyError(
+            f"job.order: {order!r} with pp={sizes['pp']} needs the expert data-parallel size "
+            f"cp×dp/ep = {edp} to equal dp = {sizes['dp']} (Megatron refuses it otherwise)",
+            hint="use tp-cp-ep-dp-pp (pipeline last), or ep = cp")
+    return found
+
+
 @dataclass(frozen=True)
 class Topology:
     """A job's parallel layout over its machines.
@@ -103,11 +149,6 @@ class Topology:
         Raises:
             TopologyError: sizes that do not divide, an unknown order string.
         """
-        if order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
-            raise TopologyError(
-                f"job.order: {order!r} is not supported",
-                hint="use tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp",
-            )
         if not machines:
             raise TopologyError("job.nodes: the job has no machines")
         per = [gpus] * len(machines) if isinstance(gpus, int) else list(gpus)
@@ -131,6 +172,7 @@ class Topology:
                 f"job.ep: ep={ep} must divide cp×dp = {cp}×{dp} = {cp * dp}",
                 hint="expert parallelism is carved out of the data-parallel ranks",
             )
+        order = canonical_order(order, {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp})
         return cls(tuple(machines), tuple(rank_machines), tp, cp, ep, dp, pp, order)
 
     # -- generators ---------------------------------------------------------------

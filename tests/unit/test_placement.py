@@ -42,6 +42,8 @@ def _shapes() -> list[tuple[int, int, int, int, int, int, str]]:
                                          (2, 2, 1, 2, 4, 4), (8, 2, 2, 4, 2, 8), (4, 4, 1, 4, 1, 8),
                                          (8, 8, 1, 8, 4, 16), (8, 8, 1, 1, 2, 64), (8, 8, 1, 1, 1, 64)):
             world = tp * cp * pp * dp
+            if order.endswith("dp") and pp > 1 and ep > 1 and cp * dp // ep != dp:
+                continue  # Megatron refuses these layouts (and so does Topology now)
             out.append((world // gpus, gpus, tp, pp, cp, ep, order))
     return out
 

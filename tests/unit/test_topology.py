@@ -47,6 +47,13 @@ def closed_form(tp: int, cp: int, dp: int, pp: int, order: str) -> dict[str, lis
 def test_dense_groups_match_closed_form(machines: int, gpus: int, tp: int, cp: int, pp: int,
                                         ep: int, order: str) -> None:
     names = [f"m{i:02d}" for i in range(machines)]
+    dp = machines * gpus // (tp * cp * pp)
+    if order.endswith("dp") and pp > 1 and ep > 1 and cp * dp // ep != dp:
+        # Megatron refuses it (expert and dense pipeline groups would differ); this
+        # test used to accept such layouts (issue 15)
+        with pytest.raises(TopologyError, match="expert data-parallel size"):
+            Topology.build(names, gpus, tp=tp, cp=cp, pp=pp, ep=ep, order=order)
+        return
     topo = Topology.build(names, gpus, tp=tp, cp=cp, pp=pp, ep=ep, order=order)
     expected = closed_form(tp, cp, topo.dp, pp, order)
     for kind in ("tp", "cp", "dp", "pp"):
@@ -97,9 +104,29 @@ def test_live_rank_mapping_wins() -> None:
         ({"tp": 3}, "cannot be split"),
         ({"tp": 2, "pp": 3}, "cannot be split"),
         ({"ep": 3}, "ep=3 must divide"),
-        ({"order": "pp-dp-tp"}, "not supported"),
+        ({"tp": 2, "pp": 2, "order": "pp-dp-tp"}, "not supported"),  # TP not first
     ],
 )
 def test_sizes_that_do_not_divide_are_clear_errors(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(TopologyError, match=needle):
         Topology.build(["a", "b"], 4, **kwargs)  # type: ignore[arg-type]
+
+
+def test_short_orders_are_megatrons_too() -> None:
+    """Megatron appends the size-1 axes left out of a short order; they were refused."""
+    names = [f"m{i}" for i in range(4)]
+    assert Topology.build(names, 4, tp=2, pp=2, order="tp-dp-pp").order == "tp-cp-ep-dp-pp"
+    assert Topology.build(names, 4, tp=2, pp=2, order="tp-pp-dp").order == "tp-cp-ep-pp-dp"
+    with pytest.raises(TopologyError, match="leaves out cp"):
+        Topology.build(names, 4, tp=2, cp=2, order="tp-dp-pp")
+    with pytest.raises(TopologyError, match="not an order"):
+        Topology.build(names, 4, tp=2, order="tp-dp-dp")
+
+
+def test_expert_layouts_megatron_refuses_are_refused() -> None:
+    """tp-cp-ep-pp-dp with EP > 1 and PP > 1 needs CP·DP/EP = DP (Megatron's assertion)."""
+    names = [f"m{i}" for i in range(4)]
+    with pytest.raises(TopologyError, match="expert data-parallel size"):
+        Topology.build(names, 4, tp=2, pp=2, ep=2, order="tp-cp-ep-pp-dp")
+    ok = Topology.build(names, 4, tp=1, pp=2, cp=2, ep=2, order="tp-cp-ep-pp-dp")
+    assert ok.edp == ok.dp
