@@ -60,6 +60,10 @@ def binomial_quantile(n: int, p: float, q: float) -> int:
     """
     if not 0 < q <= 1:
         raise ValueError(f"quantile {q!r} is not in (0, 1]")
+    if q == 1:
+        # P[X <= k] = 1 only at k = n (0 when p = 0): the slack below would stop where
+        # the upper tail underflows (k = 39 for n = 1000, p = 0.01)
+        return 0 if p <= 0 else n
     cdf = 0.0
     pmf = binomial_pmf(n, p)
     for k, mass in enumerate(pmf):

@@ -42,6 +42,13 @@ def test_large_n_neither_underflows_nor_overflows() -> None:
     assert binomial_quantile(10, 1.0, 0.5) == 10
 
 
+def test_quantile_one_is_every_machine() -> None:
+    """P[X <= k] = 1 only at k = n: quantile 1 gave 39 for n = 1000, p = 0.01."""
+    assert binomial_quantile(1000, 0.01, 1.0) == 1000
+    assert binomial_quantile(7, 0.3, 1.0) == brute_quantile(7, Fraction(3, 10), Fraction(1)) == 7
+    assert binomial_quantile(1000, 0.0, 1.0) == 0
+
+
 def test_window_scaling() -> None:
     assert window_probability(0.01, 24) == pytest.approx(0.01)
     assert window_probability(0.01, 48) == pytest.approx(1 - 0.99**2)
