@@ -165,18 +165,30 @@ def cleared_nodes(rounds: Sequence[Round]) -> set[str]:
     return {n for rnd in rounds for group, ok in rnd if ok for n in group}
 
 
-def judge_rounds(nodes: Sequence[str], rounds: Sequence[Round]) -> tuple[list[str], list[str]]:
-    """Faulty machines (failed every group, and a failed group's partners are all cleared)
-    and ambiguous ones (failed, never cleared, not pinned down), in machine order."""
+def _blamed_by(node: str, rounds: Sequence[Round], cleared: set[str]) -> set[frozenset[str]]:
+    """The distinct partner sets of the failed groups of ``node`` whose partners all passed."""
+    return {frozenset(p for p in g if p != node) for rnd in rounds for g, ok in rnd
+            if not ok and node in g and len(g) > 1 and all(p in cleared for p in g if p != node)}
+
+
+def judge_rounds(nodes: Sequence[str], rounds: Sequence[Round], *, final: bool = True
+                 ) -> tuple[list[str], list[str]]:
+    """Faulty machines and ambiguous ones (failed, never cleared, not pinned down), in order.
+
+    A machine is faulty when it failed beside partners that all passed elsewhere,
+    with two different sets of such partners: a partner that passed once may be
+    flaky itself, so one such failure is retested beside another partner while
+    rounds remain. At the end (``final``) one such failure is enough.
+    """
     cleared = cleared_nodes(rounds)
     faulty, ambiguous = [], []
     for node in nodes:
         if node in cleared:
             continue
-        failed = [g for rnd in rounds for g, ok in rnd if not ok and node in g]
-        if not failed:
+        if not any(not ok and node in g for rnd in rounds for g, ok in rnd):
             continue
-        if any(all(p in cleared for p in g if p != node) for g in failed):
+        blamers = _blamed_by(node, rounds, cleared)
+        if len(blamers) >= 2 or (blamers and final):
             faulty.append(node)
         else:
             ambiguous.append(node)
@@ -187,22 +199,30 @@ def next_round(nodes: Sequence[str], rounds: Sequence[Round]) -> list[list[str]]
     """The next round of groups (empty: done), DLRover-style re-pairing.
 
     Round 1 pairs machines in order (an odd one out waits). Later rounds pair each
-    machine still in doubt with a cleared machine (one that passed) while there are
-    any, then pair the rest with machines they have not met yet.
+    machine still in doubt with a cleared machine (one that passed; those that never
+    failed first) it has not met, while there are any, then pair the rest with
+    machines they have not met yet.
     """
     if not rounds:
         return [list(nodes[i:i + 2]) for i in range(0, len(nodes) - 1, 2)]
     if len(rounds) >= MAX_ROUNDS:
         return []
     cleared = cleared_nodes(rounds)
-    faulty, _ = judge_rounds(nodes, rounds)
+    faulty, _ = judge_rounds(nodes, rounds, final=False)
     doubt = [n for n in nodes if n not in cleared and n not in faulty]
     met = {(a, b) for rnd in rounds for g, _ in rnd for a in g for b in g}
-    good = [n for n in nodes if n in cleared]
+    failed = {n for rnd in rounds for g, ok in rnd if not ok for n in g}
+    # known-good partners: those that never failed first (a flaky one may have passed once)
+    good = sorted((n for n in nodes if n in cleared), key=lambda n: n in failed)
     groups: list[list[str]] = []
     left: list[str] = []
     for node in doubt:
-        (groups.append([node, good.pop(0)]) if good else left.append(node))
+        partner = next((p for p in good if (node, p) not in met), None)
+        if partner is None:
+            left.append(node)
+            continue
+        good.remove(partner)
+        groups.append([node, partner])
     while left:
         node = left.pop(0)
         peer = next((p for p in left if (node, p) not in met), None)

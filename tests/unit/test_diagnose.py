@@ -211,6 +211,21 @@ def test_pair_rounds_two_bad_machines(n: int) -> None:
             assert sorted(faulty) == sorted(pair), (n, pair)
 
 
+@pytest.mark.parametrize("n", range(6, 13))
+def test_a_flaky_machine_that_passed_once_never_condemns_a_healthy_partner(n: int) -> None:
+    """F passes round 1 and fails from then on; X is bad. F used to be trusted as a
+    known-good partner, and a healthy machine failing beside it was named faulty."""
+    nodes = [f"m{i}" for i in range(n)]
+    for bad, flaky in itertools.permutations(nodes, 2):
+        rounds: list[list[tuple[list[str], bool]]] = []
+        while groups := st.next_round(nodes, rounds):
+            later = bool(rounds)
+            rounds.append([(g, bad not in g and not (later and flaky in g)) for g in groups])
+        faulty, _ = st.judge_rounds(nodes, rounds)
+        assert set(faulty) <= {bad, flaky}, (n, bad, flaky, rounds)
+        assert len(rounds) <= 3
+
+
 def _found(name: str, nodes: tuple[str, ...] = ()) -> Any:
     book = next(b for b in BOOKS if b.name == name)
     from brctl.analysis.playbook import Classification, Hit
