@@ -10,9 +10,12 @@ matched linearly too.
 
 What is supported, and what is not:
 
-- ``@revoked`` lines: a revoked key is refused for every host its patterns match.
-- ``@cert-authority`` lines are **not supported**: they are skipped, so a host
-  known only through a host CA is "unknown" and refused (the message says so).
+- ``@revoked`` lines: a revoked key is refused for every host its patterns match,
+  plain, wildcard or hashed (they are indexed like the keys).
+- ``@cert-authority`` lines are indexed but cannot be used: paramiko cannot verify
+  host certificates (its issues #771/#2277), so a host published only through a
+  host CA is refused with a message naming that gap (``has_authority``), and is
+  never trusted on first use, even under ``accept-new``.
 - A malformed line is an ``InputError`` naming ``file:line`` (exit 2), never a
   silent skip: a typo in known_hosts would otherwise look like an unknown host.
 
@@ -23,10 +26,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fnmatch
 import hashlib
 import hmac
 import os
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -83,7 +86,8 @@ class KnownHosts:
     exact: dict[str, list[HostKeyEntry]] = field(default_factory=dict)
     hashed: list[tuple[bytes, bytes, HostKeyEntry]] = field(default_factory=list)
     wildcard: list[tuple[tuple[str, ...], HostKeyEntry]] = field(default_factory=list)
-    revoked: list[tuple[tuple[str, ...], HostKeyEntry]] = field(default_factory=list)
+    revoked: KnownHosts | None = None  # @revoked lines, indexed like the keys
+    authorities: KnownHosts | None = None  # @cert-authority lines (see the module docstring)
     cert_authorities: int = 0
     _hashed_hits: dict[str, list[HostKeyEntry]] = field(default_factory=dict, repr=False)
 
@@ -108,7 +112,12 @@ class KnownHosts:
         self.hashed.extend(other.hashed)
         self._hashed_hits.clear()
         self.wildcard.extend(other.wildcard)
-        self.revoked.extend(other.revoked)
+        if other.revoked is not None:
+            self.revoked = self.revoked or KnownHosts()
+            self.revoked.merge(other.revoked)
+        if other.authorities is not None:
+            self.authorities = self.authorities or KnownHosts()
+            self.authorities.merge(other.authorities)
         self.cert_authorities += other.cert_authorities
 
     def lookup(self, names: Iterable[str]) -> list[HostKeyEntry]:
@@ -138,17 +147,22 @@ class KnownHosts:
 
     def is_revoked(self, names: Iterable[str], blob: bytes) -> bool:
         """True when ``blob`` is listed ``@revoked`` for any of ``names``."""
-        for patterns, entry in self.revoked:
-            if entry.blob == blob and any(_match_patterns(n.lower(), patterns) for n in names):
-                return True
-        return False
+        return self.revoked is not None and any(e.blob == blob for e in self.revoked.lookup(names))
 
-    def check(self, host: str, port: int, keytype: str, blob: bytes) -> HostKeyStatus:
+    def has_authority(self, names: Iterable[str]) -> str | None:
+        """The ``file:line`` of a ``@cert-authority`` line that covers one of ``names``, if any."""
+        found = self.authorities.lookup(names) if self.authorities is not None else []
+        return found[0].source if found else None
+
+    def check(
+        self, host: str, port: int, keytype: str, blob: bytes, *, names: Sequence[str] = ()
+    ) -> HostKeyStatus:
         """Check the key a server presented.
 
         Args:
             host: the address (or name) connected to, as looked up by OpenSSH.
             port: the port connected to.
+            names: the names to look up instead (a ``HostKeyAlias``).
             keytype: the key's type as the server presented it.
             blob: the key's wire blob.
 
@@ -157,7 +171,7 @@ class KnownHosts:
             but a different one (or only keys of other types); REVOKED when the
             key is ``@revoked``; UNKNOWN when the host is not listed at all.
         """
-        names = host_names(host, port)
+        names = names or host_names(host, port)
         if self.is_revoked(names, blob):
             return HostKeyStatus.REVOKED
         entries = self.lookup(names)
@@ -167,13 +181,18 @@ class KnownHosts:
             return HostKeyStatus.CHANGED
         return HostKeyStatus.UNKNOWN
 
-    def keytypes_for(self, host: str, port: int) -> list[str]:
+    def keytypes_for(self, host: str, port: int, *, names: Sequence[str] = ()) -> list[str]:
         """Key types listed for the host, so the client can ask the server for those first."""
         seen: list[str] = []
-        for e in self.lookup(host_names(host, port)):
+        for e in self.lookup(names or host_names(host, port)):
             if e.keytype not in seen:
                 seen.append(e.keytype)
         return seen
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """OpenSSH's match_pattern: only ``*`` and ``?`` are special (``[host]:port`` is literal)."""
+    return re.compile(re.escape(pattern.lower()).replace(r"\*", ".*").replace(r"\?", "."), re.S)
 
 
 def _match_patterns(name: str, patterns: Iterable[str]) -> bool:
@@ -181,9 +200,9 @@ def _match_patterns(name: str, patterns: Iterable[str]) -> bool:
     positive = False
     for pattern in patterns:
         if pattern.startswith("!"):
-            if fnmatch.fnmatchcase(name, pattern[1:].lower()):
+            if _glob(pattern[1:]).fullmatch(name):
                 return False
-        elif fnmatch.fnmatchcase(name, pattern.lower()):
+        elif _glob(pattern).fullmatch(name):
             positive = True
     return positive
 
@@ -241,9 +260,12 @@ def parse(text: str, filename: str) -> KnownHosts:
         if not patterns:
             raise KnownHostsError(f"{source}: no host pattern")
         if marker == "@cert-authority":
-            kh.cert_authorities += 1  # unsupported: see the module docstring
+            kh.cert_authorities += 1
+            kh.authorities = kh.authorities or KnownHosts()
+            kh.authorities.add(patterns, entry)
         elif marker == "@revoked":
-            kh.revoked.append((tuple(patterns), entry))
+            kh.revoked = kh.revoked or KnownHosts()
+            kh.revoked.add(patterns, entry)
         else:
             kh.add(patterns, entry)
     return kh
@@ -309,13 +331,12 @@ class KnownHostsCache:
             self._merged[key] = merged
         return merged
 
-    def accept(self, path: str, host: str, port: int, keytype: str, blob: bytes) -> None:
-        """Append ``host``'s key to ``path`` (created 0600) for ``accept-new``."""
+    def accept(self, path: str, name: str, keytype: str, blob: bytes) -> None:
+        """Append ``name``'s key to ``path`` (created 0600, its directory 0700) for ``accept-new``."""
         full = os.path.expanduser(path)
-        name = host_names(host, port)[0]
         line = f"{name} {keytype} {base64.b64encode(blob).decode()}\n"
         with self._lock:
-            os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+            os.makedirs(os.path.dirname(full) or ".", mode=0o700, exist_ok=True)
             fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.write(fd, line.encode())

@@ -33,12 +33,16 @@ States. Refused/reset/lost/no route → ``unreachable``; the connect budget spen
 our key → ``auth``; unknown, changed or revoked host key → ``hostkey``; non-zero
 exit → ``failed``. The stderr of a result that never ran is one short line.
 
-Host keys (``brctl.remote.known_hosts``): the node's ``known_hosts`` plus
-``<known_hosts>.brctl-accepted`` are parsed once and indexed. ``strict`` (the
-default) refuses unknown keys; ``accept-new`` trusts a host never seen before and
-appends its key to ``<known_hosts>.brctl-accepted`` (the user's own file is never
-written) — a changed key is refused in both modes. ``@cert-authority`` is not
-supported (documented in known_hosts.py).
+Host keys (``brctl.remote.known_hosts``), as OpenSSH: the user files (the
+inventory's ``known_hosts``, else ssh config ``UserKnownHostsFile``) and the global
+ones (``GlobalKnownHostsFile``, else ``/etc/ssh/ssh_known_hosts``), looked up under
+``HostKeyAlias`` when set, parsed once and indexed. ``strict`` (the default)
+refuses unknown keys; ``accept-new`` trusts a host never seen before and appends
+its key to ``<known_hosts>.brctl-accepted`` (the user's own file is never
+written; that file is trusted only under ``accept-new``) — a changed or
+``@revoked`` key is refused in both modes, and so is a host vouched for only by
+``@cert-authority`` (paramiko cannot verify host certificates), never trusted on
+first use.
 
 Credentials, no prompts ever. Keys come only from the inventory's
 ``identity_file``, else ssh config ``IdentityFile``, else OpenSSH's default files
@@ -57,8 +61,8 @@ config has one. (The inventory cannot tell an explicit ``port: 22`` from the
 default, so a config ``Port`` wins over it.) Honoured: HostName, User, Port,
 IdentityFile, ProxyJump.
 
-Jump hosts (``proxy_jump`` or ProxyJump; one hop, ``[user@]host[:port]``, itself
-resolved through the ssh config): one authenticated connection to the jump host,
+Jump hosts (``proxy_jump`` or ProxyJump; ``[user@]host[:port]`` hops, comma
+separated as for ``ssh -J``, each resolved through the ssh config): one authenticated connection to the jump host,
 every target opened as a ``direct-tcpip`` channel over it, at full fan-out. The
 jump host's host key is checked like any other. paramiko has a race there:
 ``Channel.send`` checks ``closed`` under its lock but sends outside it, so a
@@ -132,7 +136,9 @@ class Endpoint:
     port: int
     user: str
     identities: tuple[str, ...]
-    known_hosts: tuple[str, ...]
+    known_hosts: tuple[str, ...]  # every file whose keys are trusted
+    accepted: str | None  # where accept-new writes a first-seen key (None: strict)
+    key_names: tuple[str, ...]  # the names looked up in known_hosts (HostKeyAlias, or host/[host]:port)
     policy: str
     connect_timeout: float
     jump: Endpoint | None = field(default=None)
@@ -279,6 +285,37 @@ def _result(node: str, state: NodeState, t0: float, stderr: str, exit_code: int 
     return RunResult(node, state, exit_code, "", stderr, time.monotonic() - t0)
 
 
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # OpenSSH's default
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"  # the inventory's default
+
+
+def _trust(
+    node: Node, cfg: paramiko.SSHConfigDict, host: str, port: int
+) -> tuple[tuple[str, ...], str | None, tuple[str, ...]]:
+    """Which known_hosts files, accept-new file and lookup names apply to one endpoint.
+
+    As OpenSSH: the user files (the inventory's ``known_hosts`` when set other than
+    its default, else ssh config ``UserKnownHostsFile``, else ``~/.ssh/known_hosts``),
+    then the global ones (``GlobalKnownHostsFile``, else ``/etc/ssh/ssh_known_hosts``
+    and ``…2``); ``HostKeyAlias`` replaces the looked-up name. The
+    ``.brctl-accepted`` file beside the first user file is trusted, and written,
+    only under ``accept-new``.
+    """
+    if node.known_hosts and node.known_hosts != USER_KNOWN_HOSTS:
+        user_files = [node.known_hosts]
+    else:
+        user_files = str(cfg.get("userknownhostsfile", USER_KNOWN_HOSTS)).split()
+    global_files = str(cfg.get("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)).split()
+    files = [os.path.expanduser(f) for f in (*user_files, *global_files)]
+    accepted = None
+    if node.host_key_policy == "accept-new":
+        accepted = files[0] + ACCEPTED_SUFFIX
+        files.append(accepted)
+    alias = cfg.get("hostkeyalias")
+    names = (str(alias),) if alias else tuple(host_names(host, port))
+    return tuple(files), accepted, names
+
+
 def _parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     """``[user@]host[:port]`` → (user, host, port)."""
     user = None
@@ -360,7 +397,7 @@ class SshTransport:
         """Where and how to connect for ``node`` (inventory + ssh config; cached).
 
         Raises:
-            ValueError: an unsupported ProxyJump (several hops).
+            ValueError: a ProxyJump that cannot be parsed.
         """
         cache_key = (
             node.name,
@@ -377,8 +414,6 @@ class SshTransport:
         if hit is not None:
             return hit
         cfg = self._ssh_config().lookup(node.name)
-        known = os.path.expanduser(node.known_hosts or "~/.ssh/known_hosts")
-        known_files = (known, known + ACCEPTED_SUFFIX)
         host = node.address if node.address != node.name else cfg.get("hostname", node.address)
         user = node.user if node.user != DEFAULT_USER else cfg.get("user", node.user)
         port = node.port if node.port != DEFAULT_PORT else int(cfg.get("port", node.port))
@@ -386,30 +421,38 @@ class SshTransport:
         jump_spec = node.proxy_jump if node.proxy_jump else cfg.get("proxyjump")
         jump = None
         if jump_spec and jump_spec.lower() != "none":
-            if "," in jump_spec:
-                raise ValueError(f"ProxyJump {jump_spec!r}: only one jump host is supported")
-            juser, jhost, jport = _parse_jump(jump_spec)
-            jcfg = self._ssh_config().lookup(jhost)
-            jump = Endpoint(
-                label=f"jump host {jhost}",
-                host=jcfg.get("hostname", jhost),
-                port=jport or int(jcfg.get("port", DEFAULT_PORT)),
-                user=juser or jcfg.get("user", user),
-                identities=self._identities(None, jcfg) if "identityfile" in jcfg else identities,
-                known_hosts=known_files,
-                policy=node.host_key_policy,
-                connect_timeout=node.connect_timeout,
-            )
+            for hop in jump_spec.split(","):  # b1,b2: b1 first, b2 reached through it
+                juser, jhost, jport = _parse_jump(hop.strip())
+                jcfg = self._ssh_config().lookup(jhost)
+                jhost_addr = jcfg.get("hostname", jhost)
+                jport = jport or int(jcfg.get("port", DEFAULT_PORT))
+                files, accepted, names = _trust(node, jcfg, jhost_addr, jport)
+                jump = Endpoint(
+                    label=f"jump host {jhost}",
+                    host=jhost_addr,
+                    port=jport,
+                    user=juser or jcfg.get("user", user),
+                    identities=self._identities(None, jcfg) if "identityfile" in jcfg else identities,
+                    policy=node.host_key_policy,
+                    connect_timeout=node.connect_timeout,
+                    jump=jump,
+                    known_hosts=files,
+                    accepted=accepted,
+                    key_names=names,
+                )
+        files, accepted, names = _trust(node, cfg, host, port)
         ep = Endpoint(
             label=node.name,
             host=host,
             port=port,
             user=user,
             identities=identities,
-            known_hosts=known_files,
             policy=node.host_key_policy,
             connect_timeout=node.connect_timeout,
             jump=jump,
+            known_hosts=files,
+            accepted=accepted,
+            key_names=names,
         )
         self._endpoints[cache_key] = ep
         return ep
@@ -579,7 +622,7 @@ class SshTransport:
         t.handshake_timeout = left
         t.auth_timeout = left
         known = self._known.load_all(ep.known_hosts)
-        self._prefer_known_key_types(t, known.keytypes_for(ep.host, ep.port))
+        self._prefer_known_key_types(t, known.keytypes_for(ep.host, ep.port, names=ep.key_names))
         try:
             t.start_client(timeout=left)
         except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -624,16 +667,22 @@ class SshTransport:
     def _check_host_key(self, t: paramiko.Transport, ep: Endpoint) -> None:
         key = t.get_remote_server_key()
         keytype, blob = key.get_name(), key.asbytes()
-        name = host_names(ep.host, ep.port)[0]
+        name = ep.key_names[0]
         what = f"{keytype} {fingerprint(blob)}"
         known = self._known.load_all(ep.known_hosts)
-        status = known.check(ep.host, ep.port, keytype, blob)
+        status = known.check(ep.host, ep.port, keytype, blob, names=ep.key_names)
         if status is HostKeyStatus.KNOWN:
             return
-        if status is HostKeyStatus.UNKNOWN and ep.policy == "accept-new":
-            self._known.accept(ep.known_hosts[-1], ep.host, ep.port, keytype, blob)
+        authority = known.has_authority(ep.key_names) if status is HostKeyStatus.UNKNOWN else None
+        if authority is not None:
+            # Never trust on first use what the organisation publishes through a CA.
+            msg = (f"host key for {name} is vouched for only by @cert-authority ({authority}), and "
+                   "brctl cannot verify host certificates (paramiko #771/#2277); refusing. "
+                   f"List the host's key ({what}) in a known_hosts file")
+        elif status is HostKeyStatus.UNKNOWN and ep.accepted is not None:
+            self._known.accept(ep.accepted, name, keytype, blob)
             return
-        if status is HostKeyStatus.REVOKED:
+        elif status is HostKeyStatus.REVOKED:
             msg = f"host key for {name} is @revoked ({what})"
         elif status is HostKeyStatus.CHANGED:
             msg = (
@@ -641,10 +690,8 @@ class SshTransport:
                 f"{ep.known_hosts[0]}; refusing (possible man-in-the-middle)"
             )
         else:
-            msg = f"host key for {name} is unknown ({what}); not in {ep.known_hosts[0]}"
-            if known.cert_authorities:
-                msg += " (@cert-authority lines are not supported)"
-            msg += "; add it or set host_key_policy: accept-new"
+            msg = (f"host key for {name} is unknown ({what}); not in {', '.join(ep.known_hosts)}; "
+                   "add it or set host_key_policy: accept-new")
         raise _ConnectError(NodeState.HOSTKEY, msg)
 
     def _authenticate(self, t: paramiko.Transport, ep: Endpoint, deadline: float) -> None:

@@ -119,11 +119,30 @@ def test_cache_parses_once_and_rereads_on_change(tmp_path: Path) -> None:
     cache = KnownHostsCache()
     first = cache.load_all([str(path), str(path) + ".brctl-accepted"])
     assert cache.load_all([str(path), str(path) + ".brctl-accepted"]) is first
-    cache.accept(str(path) + ".brctl-accepted", "10.0.0.5", 2222, ED, _blob(ED, K2))
+    cache.accept(str(path) + ".brctl-accepted", "[10.0.0.5]:2222", ED, _blob(ED, K2))
     again = cache.load_all([str(path), str(path) + ".brctl-accepted"])
     assert again is not first
     assert again.check("10.0.0.5", 2222, ED, _blob(ED, K2)) is HostKeyStatus.KNOWN
     assert oct(os.stat(str(path) + ".brctl-accepted").st_mode & 0o777) == "0o600"
+    fresh = tmp_path / "home" / ".ssh" / "known_hosts.brctl-accepted"
+    cache.accept(str(fresh), "gpu001", ED, _blob(ED, K2))
+    assert oct(os.stat(fresh.parent).st_mode & 0o777) == "0o700"  # ~/.ssh as OpenSSH makes it
+
+
+def test_hashed_revoked_is_refused_like_a_plain_one() -> None:
+    hashed = _hashed("[10.0.0.9]:2222")
+    kh = parse(f"{_line('[10.0.0.9]:2222', K1)}\n{_line(hashed, K1, marker='@revoked')}\n", "kh")
+    assert kh.check("10.0.0.9", 2222, ED, _blob(ED, K1)) is HostKeyStatus.REVOKED
+    assert kh.check("10.0.0.8", 2222, ED, _blob(ED, K1)) is HostKeyStatus.UNKNOWN
+
+
+def test_cert_authority_is_found_for_the_hosts_it_covers() -> None:
+    kh = parse(_line("*.example.com", K1, marker="@cert-authority") + "\n", "kh")
+    assert kh.has_authority(["gpu1.example.com"]) == "kh:1"
+    assert kh.has_authority(["gpu1.other.com"]) is None
+    ported = parse(_line("[10.0.0.*]:*", K1, marker="@cert-authority") + "\n", "kh")
+    assert ported.has_authority(["[10.0.0.3]:2222"]) == "kh:1"  # '[' is literal, as in OpenSSH
+    assert ported.has_authority(["10.0.0.3"]) is None
 
 
 def test_12k_entries_load_fast(tmp_path: Path) -> None:
@@ -167,19 +186,40 @@ def test_ssh_config_fills_only_what_the_inventory_leaves_default(tmp_path: Path)
     )  # fmt: skip
     assert (ep.host, ep.user, ep.port, ep.identities) == ("10.0.0.2", "svc", 2222, ("/k",))
     assert ep.jump is not None and (ep.jump.host, ep.jump.user, ep.jump.port) == ("hop", "me", 2023)
-    # No config at all: nothing changes; known_hosts gains the accept-new file.
+    # No config at all: the user's and the global files; the accept-new file only under accept-new.
     plain = SshTransport(ssh_config=os.devnull).endpoint(Node(name="gpu001", address="gpu001"))
     assert (plain.host, plain.user, plain.port, plain.jump) == ("gpu001", "root", 22, None)
-    assert plain.known_hosts[1].endswith(".brctl-accepted")
+    assert plain.known_hosts == (os.path.expanduser("~/.ssh/known_hosts"), "/etc/ssh/ssh_known_hosts",
+                                 "/etc/ssh/ssh_known_hosts2")
+    assert plain.accepted is None and plain.key_names == ("gpu001",)
+    new = SshTransport(ssh_config=os.devnull).endpoint(
+        Node(name="gpu001", address="gpu001", host_key_policy="accept-new"))
+    assert new.accepted == new.known_hosts[-1] == os.path.expanduser("~/.ssh/known_hosts.brctl-accepted")
 
 
-def test_multi_hop_proxy_jump_is_refused(tmp_path: Path) -> None:
+def test_known_hosts_files_and_alias_come_from_ssh_config(tmp_path: Path) -> None:
+    from brctl.core.transport import Node
+    from brctl.remote.ssh import SshTransport
+
+    cfg = tmp_path / "config"
+    cfg.write_text("Host gpu*\n  UserKnownHostsFile /u1 /u2\n  GlobalKnownHostsFile /g1\n"
+                   "  HostKeyAlias fleet-gpu\n")
+    ep = SshTransport(ssh_config=str(cfg)).endpoint(Node(name="gpu7", address="gpu7", port=2222))
+    assert (ep.known_hosts, ep.key_names) == (("/u1", "/u2", "/g1"), ("fleet-gpu",))
+    mine = SshTransport(ssh_config=str(cfg)).endpoint(Node(name="gpu7", address="gpu7", known_hosts="/mine"))
+    assert mine.known_hosts == ("/mine", "/g1")  # the inventory's explicit file wins
+
+
+def test_multi_hop_proxy_jump_is_a_chain(tmp_path: Path) -> None:
     from brctl.core.transport import Node
     from brctl.remote.ssh import SshTransport
 
     t = SshTransport(ssh_config=os.devnull)
-    with pytest.raises(ValueError, match="only one jump host"):
-        t.endpoint(Node(name="n", address="n", proxy_jump="a,b"))
+    ep = t.endpoint(Node(name="n", address="n", proxy_jump="u1@a:2201,b"))
+    assert ep.jump is not None and (ep.jump.host, ep.jump.port) == ("b", 22)
+    assert ep.jump.jump is not None and (ep.jump.jump.host, ep.jump.jump.port, ep.jump.jump.user) == (
+        "a", 2201, "u1")
+    assert ep.jump.jump.jump is None
 
 
 def test_passphrase_protected_key_is_auth_without_prompt(tmp_path: Path) -> None:

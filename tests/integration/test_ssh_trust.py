@@ -1,0 +1,101 @@
+"""Host trust and routes as OpenSSH has them, over real sshd (issue 14 items 6 and 7)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from brctl.core.transport import NodeState
+from brctl.remote.ssh import ACCEPTED_SUFFIX, SshTransport
+from tests.integration.cluster import SshCluster, scaled
+from tests.integration.test_ssh_transport import nodes_of
+
+pytestmark = pytest.mark.integration
+
+
+def _host_line(cluster: SshCluster, name: str) -> str:
+    """The cluster's known_hosts line of ``name``: ``[addr]:port keytype key``."""
+    prefix = f"[{cluster.address(name)}]:{cluster.port} "
+    return next(ln for ln in cluster.known_hosts.read_text().splitlines() if ln.startswith(prefix))
+
+
+def _hashed(name: str) -> str:
+    salt = b"brctl-test-salt-0001"
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def test_hashed_revoked_key_is_refused(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    line = _host_line(ssh_cluster, "node01")
+    name, key = line.split(" ", 1)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"{line}\n@revoked {_hashed(name)} {key}\n")
+    t = SshTransport(ssh_config=str(tmp_path / "none"))
+    try:
+        r = t.run(nodes_of(ssh_cluster, ["node01"], known_hosts=str(kh))[0], ["true"], timeout=scaled(10))
+    finally:
+        t.close()
+    assert r.state is NodeState.HOSTKEY and "@revoked" in r.stderr, r
+
+
+def test_host_ca_only_is_refused_never_trusted_on_first_use(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    ca = tmp_path / "host_ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ca)], check=True)
+    host_key = ssh_cluster.node_dir("node02") / "ssh_host_ed25519_key.pub"
+    subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-I", "node02", "-h",
+                    "-n", ssh_cluster.address("node02"), "-O", "no-touch-required",
+                    str(host_key)], check=False, capture_output=True)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"@cert-authority [127.0.0.*]:* {ca.with_suffix('.pub').read_text().strip()}\n")
+    node = nodes_of(ssh_cluster, ["node02"], known_hosts=str(kh), host_key_policy="accept-new")[0]
+    t = SshTransport(ssh_config=str(tmp_path / "none"))
+    try:
+        r = t.run(node, ["true"], timeout=scaled(10))
+    finally:
+        t.close()
+    assert r.state is NodeState.HOSTKEY, r
+    assert "@cert-authority" in r.stderr and "cannot verify host certificates" in r.stderr
+    assert not Path(str(kh) + ACCEPTED_SUFFIX).exists()  # nothing trusted on first use
+
+
+def test_global_and_configured_known_hosts_and_alias(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    """The key only in a GlobalKnownHostsFile, under a HostKeyAlias; the user file empty."""
+    _, key = _host_line(ssh_cluster, "node03").split(" ", 1)
+    (tmp_path / "global").write_text(f"fleet-node03 {key}\n")
+    (tmp_path / "user").write_text("")
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host node03\n  UserKnownHostsFile {tmp_path / 'user'}\n"
+                   f"  GlobalKnownHostsFile {tmp_path / 'global'}\n  HostKeyAlias fleet-node03\n")
+    node = nodes_of(ssh_cluster, ["node03"], known_hosts="~/.ssh/known_hosts")[0]
+    t = SshTransport(ssh_config=str(cfg))
+    try:
+        assert t.run(node, ["true"], timeout=scaled(10)).state is NodeState.OK
+    finally:
+        t.close()
+    other = replace(node, name="node03b")  # no alias: the global file does not list it
+    t = SshTransport(ssh_config=str(cfg))
+    try:
+        assert t.run(other, ["true"], timeout=scaled(10)).state is NodeState.HOSTKEY
+    finally:
+        t.close()
+
+
+def test_two_hop_proxy_jump(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    hops = ",".join(f"root@{ssh_cluster.address(n)}:{ssh_cluster.port}" for n in ("node01", "node02"))
+    node = nodes_of(ssh_cluster, ["node04"], proxy_jump=hops)[0]
+    before = {n: ssh_cluster.count_connections(n) for n in ("node01", "node02", "node04")}
+    t = SshTransport(ssh_config=str(tmp_path / "none"))
+    try:
+        r = t.run(node, ["sh", "-c", "echo $SSH_CONNECTION"], timeout=scaled(10))
+    finally:
+        t.close()
+    assert r.state is NodeState.OK, r
+    assert r.stdout.split()[2] == ssh_cluster.address("node04")
+    after = {n: ssh_cluster.count_connections(n) for n in before}
+    assert all(after[n] == before[n] + 1 for n in before), (before, after)
