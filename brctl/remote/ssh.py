@@ -59,12 +59,12 @@ at its default (``address`` equal to the name, ``user: root``, ``port: 22``, no
 ``identity_file``, no ``proxy_jump``) is taken from the ssh config when the
 config has one. (The inventory cannot tell an explicit ``port: 22`` from the
 default, so a config ``Port`` wins over it.) Honoured: HostName, User, Port,
-IdentityFile, ProxyJump.
+IdentityFile, ProxyJump, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias.
 
 Jump hosts (``proxy_jump`` or ProxyJump; ``[user@]host[:port]`` hops, comma
-separated as for ``ssh -J``, each resolved through the ssh config): one authenticated connection to the jump host,
-every target opened as a ``direct-tcpip`` channel over it, at full fan-out. The
-jump host's host key is checked like any other. paramiko has a race there:
+separated as for ``ssh -J``, each resolved through the ssh config): one
+authenticated connection to the jump host, every target opened as a
+``direct-tcpip`` channel over it, at full fan-out. The jump host's host key is checked like any other. paramiko has a race there:
 ``Channel.send`` checks ``closed`` under its lock but sends outside it, so a
 target's close racing its transport's last packet puts a data packet after our
 CHANNEL_CLOSE, and OpenSSH then drops the *whole* jump connection ("data packet
