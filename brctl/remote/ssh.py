@@ -63,12 +63,13 @@ IdentityFile, ProxyJump, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias.
 
 Jump hosts (``proxy_jump`` or ProxyJump; ``[user@]host[:port]`` hops, comma
 separated as for ``ssh -J``, each resolved through the ssh config): one
-authenticated connection to the jump host, every target opened as a
-``direct-tcpip`` channel over it, at full fan-out. The jump host's host key
-is checked like any other. paramiko has a race there: ``Channel.send`` checks ``closed`` under its lock but sends outside it, so a
-target's close racing its transport's last packet puts a data packet after our
-CHANNEL_CLOSE, and OpenSSH then drops the *whole* jump connection ("data packet
-referred to nonexistent channel"). ``_ChannelSocket`` serialises send and close.
+authenticated connection to the jump host, every target opened as a ``direct-tcpip``
+channel over it, at full fan-out. The jump host's host key is checked like any
+other. paramiko has a race there: ``Channel.send`` checks ``closed`` under its lock
+but sends outside it, so a target's close racing its transport's last packet puts a
+data packet after our CHANNEL_CLOSE, and OpenSSH then drops the *whole* jump
+connection ("data packet referred to nonexistent channel"). ``_ChannelSocket``
+serialises send and close.
 """
 
 from __future__ import annotations
