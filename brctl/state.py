@@ -38,7 +38,7 @@ class Store:
         """Open (creating) the database under ``directory``."""
         self.path = directory / DB_NAME
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             _private(self.path)
             self._db = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000,
                                        isolation_level=None, check_same_thread=False)
@@ -118,7 +118,9 @@ def read_existing(directory: Path, sql: str, params: Sequence[object] = ()) -> l
 
 
 def _private(path: Path) -> None:
-    """Create the database file 0600 (SQLite gives its -wal and -shm files the same mode)."""
+    """Create the database file 0600 before SQLite does (it would follow the umask), and
+    tighten one created looser; SQLite gives its -wal and -shm files the same mode.
+    The records name machines, operators and reasons."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         if os.fstat(fd).st_mode & 0o077:

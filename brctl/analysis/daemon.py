@@ -29,9 +29,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
+from brctl.analysis.diagnose_decide import next_rung
 from brctl.config.daemon import DaemonSection
 
-IncidentKind = Literal["gpu_fault", "crash", "hang", "fail_slow"]
+IncidentKind = Literal["gpu_fault", "hand_evict", "crash", "hang", "fail_slow"]
 Decision = Literal["evict", "reattempt", "rollback", "replay", "notify"]
 HOUR = 3600.0
 
@@ -137,6 +138,8 @@ class Observation:
         step: the job's step from its logs (None: no step line found).
         running: True/False from the status command or the process scan; None unknown.
         stopped_on: machines where the training processes are gone (crash evidence).
+        quarantined: machines with an open quarantine record → who put them there
+            ("hand: <operator>: <reason>" for ``brctl evict``, "daemon" for a plan's).
     """
 
     now: float
@@ -145,6 +148,7 @@ class Observation:
     step: Optional[int] = None
     running: Optional[bool] = None
     stopped_on: tuple[str, ...] = ()
+    quarantined: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -165,13 +169,19 @@ def detect(obs: Observation, progress: Progress, cfg: DaemonSection,
     """The most urgent incident in ``obs``, or None when the job looks fine.
 
     Order: a confident GPU/hardware fault on a job machine (evict at once, even if
-    the job still runs), then a stopped job (crash → diagnose), then a stall
-    (hang → stacks), then fail-slow.
+    the job still runs), then a job machine evicted by hand (``brctl evict``: swap a
+    standby in), then a stopped job (crash → diagnose), then a stall (hang → stacks),
+    then fail-slow. A machine already quarantined by a plan of the daemon's is not
+    a new fault: that plan, or the human it paged, owns it.
     """
-    faulty = tuple(n for n in members if n in obs.evict_candidates)
+    faulty = tuple(n for n in members if n in obs.evict_candidates and n not in obs.quarantined)
     if faulty:
         reasons = "; ".join(f"{n}: {obs.evict_candidates[n]}" for n in faulty)
         return Incident("gpu_fault", faulty, reasons)
+    by_hand = tuple(n for n in members if obs.quarantined.get(n, "").startswith("hand"))
+    if by_hand:
+        reasons = "; ".join(f"{n}: evicted by {obs.quarantined[n]}" for n in by_hand)
+        return Incident("hand_evict", by_hand, reasons)
     # The job gets its start-up grace before a missing process counts as a crash.
     settled = obs.now - progress.started_at >= min(cfg.poll_interval, cfg.startup_grace)
     if obs.running is False and settled:
@@ -198,11 +208,13 @@ class Finding:
             None when no analysis ran or it found nothing.
         faulty: machines the analysis blames.
         reason: its one-line reason.
+        symptom: the playbook diagnose matched ("" for stacks or no analysis).
     """
 
     decision: Optional[Decision] = None
     faulty: tuple[str, ...] = ()
     reason: str = ""
+    symptom: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,19 +232,31 @@ class Plan:
                 "restart": self.restart}
 
 
-def plan_for(incident: Incident, finding: Finding) -> Plan:
+def plan_for(incident: Incident, finding: Finding, previous: Optional[str] = None) -> Plan:
     """The playbook: incident + analysis → plan (ByteRobust's evict/reattempt/rollback/replay).
 
     - GPU fault: evict the machines at once (no analysis needed), restart.
+    - Hand eviction (``brctl evict`` of a job machine): finish it, swap and restart.
     - Crash: follow diagnose's decision; evict its faulty machines when it says evict.
+      When diagnose has no stronger verdict than reattempt, the escalation ladder
+      (``diagnose_decide.next_rung``) climbs from ``previous``: the decision of the
+      last crash plan carried out since the job's last new step.
     - Hang: evict the machines stack analysis blames; nothing blamed → reattempt.
     - Fail-slow: evict the blamed group; nothing blamed → only notify (a slow job
       still trains; a restart would cost more than it saves).
     """
-    if incident.kind == "gpu_fault":
+    if incident.kind in ("gpu_fault", "hand_evict"):
         return Plan("evict", incident.nodes, incident.reason, restart=True)
     if incident.kind == "crash":
         decision = finding.decision or "reattempt"
+        if decision == "reattempt" and next_rung(previous) is not None:
+            rung = next_rung(previous)
+            assert rung is not None
+            return Plan(rung, (), f"crashed again after a {previous}: "
+                        + ("roll the last code update back" if rung == "rollback"
+                           else "look for silent data corruption")
+                        + f" ({finding.reason or 'no fault found'})",
+                        restart=rung == "rollback")
         if decision == "evict" and finding.faulty:
             return Plan("evict", finding.faulty, finding.reason or incident.reason, restart=True)
         if decision == "evict":  # evict with nobody to evict: try again

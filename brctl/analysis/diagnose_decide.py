@@ -92,6 +92,21 @@ class Conclusion:
     reason: str
 
 
+def next_rung(previous: str | None) -> DecisionName | None:
+    """ByteRobust's escalation ladder, the one place it lives.
+
+    The same failure again after a reattempt → roll the last code update back;
+    after a rollback (or a replay) → replay, to find a machine with silent data
+    corruption. None: nothing before it, the caller's default applies. Callers feed
+    it what actually happened (a rollback that failed did not happen).
+    """
+    if previous == "reattempt":
+        return "rollback"
+    if previous in ("rollback", "replay"):
+        return "replay"
+    return None
+
+
 def last_repeat(history: Sequence[PastConclusion], symptom: str, now: float,
                 window: float) -> PastConclusion | None:
     """The most recent earlier verdict if it was for the same symptom within ``window`` s."""
@@ -137,10 +152,11 @@ def decide(
                        f"stage {faulty_stage or '?'} found {fold(stage_faulty)} faulty")
     clean = describe_clean(stages)
     last = last_repeat(history, book.name, now, window)
-    if last is not None and last.decision == "reattempt":
+    rung = next_rung(last.decision if last is not None else None)
+    if last is not None and rung == "rollback":
         return Conclusion("rollback", (), f"{book.symptom} again after a reattempt and {clean}: "
                        "roll back the last code update")
-    if last is not None and last.decision in ("rollback", "replay"):
+    if last is not None and rung == "replay":
         return Conclusion("replay", (), f"{book.symptom} still fails after a {last.decision} and "
                        f"{clean}: replay to find a machine with silent data corruption")
     if nothing_tested(stages) or not stages:

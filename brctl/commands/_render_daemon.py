@@ -150,6 +150,8 @@ def render_evict(out: Output, report: EvictReport) -> None:
     if report.hook is not None:
         state = "ok" if report.hook.ok else f"exit {report.hook.exit_code}"
         out.console.print(f"evict_command: {state} {escape(report.hook.output.strip()[-300:])}")
+    if report.remains:
+        out.console.print(escape(report.remains))
 
 
 def render_size(out: Output, report: SizeReport, have: int | None) -> None:

@@ -22,21 +22,26 @@ def evict(
 ) -> int:
     """Take NODE out of service: quarantine it and tell the scheduler.
 
-    The record is kept in the state database; a quarantined machine is never
-    picked as a standby and the daemon never swaps it back in. job.evict_command
-    (placeholders {node} {reason}) drains it in the scheduler. The daemon's caps
-    apply (daemon.max_evictions_per_hour, daemon.max_evict_fraction): a refusal
-    is recorded and exits 4. Exit 0 when done (or already quarantined), 1 when
-    the evict_command failed.
+    The record is kept in the state database (with who evicted it); a
+    quarantined machine is never picked as a standby and the daemon never swaps
+    it back in. job.evict_command (placeholders {node} {reason}) drains it in the
+    scheduler. A machine of the job stays in its machine list until the daemon,
+    at its next poll, swaps a checked standby in and restarts the job; with no
+    daemon running, the output says what remains to do. The daemon's caps apply
+    (daemon.max_evictions_per_hour, daemon.max_evict_fraction), checked and
+    recorded at once: a refusal is recorded and exits 4. Exit 0 when done (or
+    already quarantined), 1 when the evict_command failed.
     """
     from brctl.commands._render_daemon import render_evict
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.fleet import evict as do_evict
+    from brctl.operations.update import who
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
     report = do_evict(inv, DaemonState(env.store(), inv.job_key), node, reason, dry_run=dry_run,
-                      timeout=inv.daemon.command_timeout * env.timeout_scale())
+                      timeout=inv.daemon.command_timeout * env.timeout_scale(),
+                      operator=who(env.environ))
     render_evict(env.output, report)
     return int(report.exit_code)
 

@@ -72,8 +72,25 @@ def _standby_stages(value: list[str]) -> list[str]:
 
 
 def _webhook(value: Optional[str]) -> Optional[str]:
-    if value is not None and not value.startswith(("http://", "https://")):
-        raise ValueError(f"got {value!r}, expected an http:// or https:// URL")
+    """An http(s) URL that urllib can POST to, checked whole now (not at the first page,
+    mid-plan). The message never echoes the value: a webhook's path is its secret."""
+    if value is None:
+        return None
+    import urllib.parse
+
+    hidden = "(the value is not shown: a webhook URL's path is a secret)"
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"not a URL: it holds whitespace or control characters {hidden}")
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"expected an http:// or https:// URL {hidden}")
+    try:
+        port = parts.port
+        host = parts.hostname
+    except ValueError:
+        raise ValueError(f"not a valid URL: bad host or port {hidden}") from None
+    if not host or port == 0:
+        raise ValueError(f"not a valid URL: no host{' or port' if port == 0 else ''} {hidden}")
     return value
 
 
@@ -111,9 +128,13 @@ class DaemonSection:
         None, check=_template("notify_command", NOTIFY_PLACEHOLDERS))
     # Hours to replace a failed machine in the standby pool (sizing window, fraction cap).
     replenish_window: float = field(24.0, check=positive)
-    # Seconds a daemon's lease on the job lasts without renewal (a crashed daemon's
-    # successor waits this long before acting).
+    # Seconds a daemon's lease on the job lasts without renewal; a heartbeat renews it
+    # every lease_ttl/4 while the daemon works. A successor on the same host takes a
+    # dead holder's lease over at once; one elsewhere waits this long.
     lease_ttl: float = field(60.0, check=positive)
+    # Seconds after which an unfinished plan (the daemon was killed mid-way) is not
+    # resumed but abandoned with a page: what it was based on is stale by then.
+    max_plan_age: float = field(600.0, check=positive)
     # Prometheus /metrics; 0 turns it off. Loopback by default: metrics name machines.
     metrics_port: int = field(9469, check=_port)
     metrics_address: str = "127.0.0.1"

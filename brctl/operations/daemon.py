@@ -1,48 +1,45 @@
-"""``brctl daemon run``: the unattended detect → diagnose → act loop.
+"""``brctl daemon run``: the unattended loop, poll → detect → decide → execute.
 
-One ``Daemon`` holds one persistent transport (through its ``Hooks``), the state
-database and the job adapter. Each poll:
+One ``Daemon`` watches one job under one lease. Each poll:
 
-1. renews the job's lease (a second daemon for the job refuses, exit 4);
-2. sweeps health on the job's current machines (confident hardware faults and
-   training-process liveness) and reads the tails of the job's logs (the step);
-3. records the poll interval as productive (a new step) or not, for ETTR;
-4. ``analysis.daemon.detect`` → an incident (gpu_fault, crash, hang, fail_slow);
-5. analyses it (stacks for a hang or fail-slow, the diagnose ladder for a crash),
-   ``plan_for`` → a plan, checks the safety caps (``refusal``);
-6. writes the plan and then each step as ``intent`` before doing it (evict →
-   stop → restore checkpoint shards onto the standby → apply pending updates →
-   swap membership → roll back → restart), marking each ``done``/``failed``.
-   A replay decision stops the job, runs ``brctl replay`` on its current machines
-   and records the verdict; the follow-up (evict what it proved faulty and swap
-   standbys in, or reattempt and page a human with the evidence) is a plan of its
-   own under the same caps and the same action log.
+1. **poll**: renews the lease (a heartbeat thread renews it too while work runs),
+   sweeps health on the job's current machines, reads the tails of its logs (the
+   step) and records the interval as productive (a new step) or not, for ETTR;
+2. **detect**: ``analysis.daemon.detect`` → an incident (a GPU fault, a machine
+   evicted by hand, a crash, a hang, fail-slow);
+3. **decide**: analyses it (stacks for a hang or fail-slow, the diagnose ladder for
+   a crash, fed the crash plans actually carried out), ``plan_for`` → a plan,
+   ``analysis.daemon_plan.steps_for`` → its steps with targets fixed now; the
+   caps are checked and the plan recorded in one transaction (``admit``);
+4. **execute**: ``operations.daemon_steps.Executor`` carries the steps out, each
+   recorded before and after, fenced by the lease generation.
 
-A restart after ``kill -9`` first finishes every plan left as ``intent`` (steps
-already ``done`` are skipped, the standby chosen is in the plan, a replay's
-verdict is read back from its step), so nothing is evicted, swapped or replayed
-twice; the restarts-without-progress count and the crash escalation ladder are
-read back from the database too. ``--dry-run`` records the decisions only. A refusal
-(caps, restarts without progress, no checked standby) is recorded, notified,
-and stops further actions: the daemon keeps observing and exits 4.
+A daemon that starts takes the lease (at once from a holder proven dead, see
+``operations.daemon_lease``) and re-decides every unfinished plan: too old, or
+based on machines or a quarantine that changed → abandoned with a page; else
+resumed, step by step, never running an opaque step twice. A refusal (caps,
+restarts without progress, no checked standby) or an abandoned plan is recorded,
+paged, and stops further actions: the daemon stays up, keeps observing and
+reporting (status, /metrics), and exits 4 when stopped. A daemon that lost its
+lease stops before its next step and exits 4. ``--dry-run`` takes no lease and
+writes nothing the live daemon reads: it decides and reports only.
 
-The analyses and remote actions are behind ``Hooks`` so the loop is tested with
-scripted ones; ``operations.daemon_hooks.LiveHooks`` wires the real operations (health,
-stacks, diagnose, ckpt, update) in one place.
+The machines are behind ``Hooks`` (``operations.daemon_hooks``) so the loop is
+tested with scripted ones; ``LiveHooks`` wires the real operations.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 from brctl.analysis.daemon import (
-    Decision,
     Finding,
     Incident,
     Observation,
@@ -57,15 +54,18 @@ from brctl.analysis.daemon import (
     plan_after_replay,
     plan_for,
     refusal,
-    swap_members,
 )
+from brctl.analysis.daemon_plan import Holder, Release, resume_refusal, steps_for
+from brctl.analysis.diagnose_decide import PastConclusion
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
-from brctl.core.errors import BrctlError, ExitCode
+from brctl.core.errors import ExitCode
 from brctl.core.transport import Node, Transport
 from brctl.operations.daemon_hooks import Hooks, LiveHooks
-from brctl.operations.daemon_state import DONE, FAILED, REFUSED, DaemonState
-from brctl.operations.jobadapter import HookRun, JobAdapter, Notifier
+from brctl.operations.daemon_lease import Heartbeat, proven_dead, this_holder
+from brctl.operations.daemon_state import ABANDONED, DONE, INTENT, DaemonState, LeaseLost
+from brctl.operations.daemon_steps import Executor, PlanOutcome
+from brctl.operations.jobadapter import JobAdapter, Notifier
 from brctl.state import Store
 
 FAIL_SLOW_ROUNDS = 3  # stack rounds for fail-slow (brctl stacks --rounds), one poll apart
@@ -103,11 +103,15 @@ class DaemonReport:
     members: list[str] = field(default_factory=list)
     ettr: Optional[float] = None
     stopped_by: str = ""
+    lease_lost: Optional[str] = None
 
     @property
     def exit_code(self) -> ExitCode:
-        """0 when stopped by SIGTERM/SIGINT (systemctl stop is a normal end), else 4 when
-        anything was refused, else 1 when incidents were handled, else 0."""
+        """4 when the lease was lost; else 0 when stopped by SIGTERM/SIGINT (systemctl stop
+        is a normal end); else 4 when anything was refused or abandoned, 1 when incidents
+        were handled, 0 otherwise."""
+        if self.lease_lost:
+            return ExitCode.REFUSED
         if self.stopped_by == "signal":
             return ExitCode.OK
         if self.refusals:
@@ -119,7 +123,19 @@ class DaemonReport:
         return {"job": self.job, "iterations": self.iterations,
                 "incidents": [p.to_json() for p in self.handled], "refusals": self.refusals,
                 "resumed": self.resumed, "members": self.members, "ettr": self.ettr,
-                "stopped_by": self.stopped_by}
+                "stopped_by": self.stopped_by, "lease_lost": self.lease_lost}
+
+
+def append_private(path: Path, line: str) -> None:
+    """Append ``line`` to ``path``, created 0600 (events name machines and reasons)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 class Daemon:
@@ -128,8 +144,12 @@ class Daemon:
     def __init__(self, inv: Inventory, state: DaemonState, hooks: Hooks, adapter: JobAdapter, *,
                  notifier: Optional[Notifier] = None, owner: str, dry_run: bool = False,
                  event_log: Optional[Path] = None, clock: Callable[[], float] = time.time,
-                 on_event: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
-        """Args: see the attributes; ``on_event`` sees every recorded event (stderr lines)."""
+                 on_event: Optional[Callable[[dict[str, Any]], None]] = None,
+                 holder: Optional[Holder] = None,
+                 dead: Callable[[Optional[dict[str, Any]]], Optional[str]] = proven_dead) -> None:
+        """Args: see the attributes; ``on_event`` sees every recorded event (stderr lines);
+        ``holder`` is this process as recorded with the lease (default: this process);
+        ``dead`` proves a recorded holder dead (default: ``/proc``)."""
         assert inv.job is not None
         self.inv = inv
         self.job = inv.job
@@ -139,69 +159,112 @@ class Daemon:
         self.adapter = adapter
         self.notifier = notifier
         self.owner = owner
+        self.holder = holder if holder is not None else this_holder()
+        self.dead = dead
         self.dry_run = dry_run
         self.event_log = event_log
         self.clock = clock
         self.on_event = on_event
+        self.generation: Optional[int] = None
+        self.heartbeat: Optional[Heartbeat] = None
         self.progress = Progress.start(clock())
         self.last_poll: Optional[float] = None
         self.last_signature: Optional[tuple[str, tuple[str, ...]]] = None
-        self.crash_history: list[Decision] = []  # decisions on crashes since the last new step
+        self.crash_history: list[tuple[str, str, float]] = []  # carried out since the last step
         self.restarts_without_progress = 0
         self.halted: Optional[str] = None
         self.health_status: dict[str, str] = {}
         self.report = DaemonReport(job=self.job.name)
+        self.executor = Executor(inv, state, hooks, adapter, self, lambda: self.generation, clock,
+                                 self._after_replay)
 
-    # recording ----------------------------------------------------------------
-    def _event(self, kind: str, nodes: Sequence[str], detail: dict[str, Any]) -> int:
+    # recording (the executor's Recorder) ------------------------------------------------
+    def event(self, kind: str, nodes: Sequence[str], detail: dict[str, Any]) -> int:
+        """Record an event (a dry run only shows it: it writes nowhere the live daemon reads)."""
         at = self.clock()
-        event_id = self.state.event(kind, nodes, detail, at)
+        event_id = 0 if self.dry_run else self.state.event(kind, nodes, detail, at)
         doc = {"id": event_id, "at": at, "job": self.job.name, "kind": kind, "nodes": list(nodes),
                "detail": detail}
-        if self.event_log is not None:
-            self.event_log.parent.mkdir(parents=True, exist_ok=True)
-            with self.event_log.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(doc, default=str) + "\n")
+        if self.event_log is not None and not self.dry_run:
+            append_private(self.event_log, json.dumps(doc, default=str) + "\n")
         if self.on_event is not None:
             self.on_event(doc)
         return event_id
 
-    def _notify(self, kind: str, state: str, node: Optional[str], reason: str,
-                detail: Mapping[str, Any]) -> None:
-        if self.notifier is None:
+    def notify(self, kind: str, state: str, node: Optional[str], reason: str,
+               detail: Mapping[str, Any]) -> None:
+        """Page; best effort, never raises into the loop (a failure is an event)."""
+        if self.notifier is None or self.dry_run:
             return
-        errors = self.notifier.send(kind, state, node, reason, detail)
+        try:
+            errors = self.notifier.send(kind, state, node, reason, detail)
+        except Exception as exc:  # a notifier bug must not stop a plan midway
+            errors = [f"notifier: {type(exc).__name__}"]
         if errors:
-            self._event("notify_failed", [node] if node else [], {"errors": errors})
+            self.event("notify_failed", [node] if node else [], {"errors": errors})
 
-    # lifecycle ------------------------------------------------------------------
+    # lifecycle ------------------------------------------------------------------------
     def members(self) -> list[str]:
         """The job's machines now (after swaps)."""
         return self.state.members(self.job.nodes)
 
     def start(self) -> None:
-        """Take the lease, finish interrupted plans, self-check unchecked standbys.
+        """Take the lease, re-decide unfinished plans, self-check unchecked standbys.
 
         Raises:
-            RefusedError: another daemon holds the job's lease.
+            RefusedError: another daemon holds the job's lease and is not proven dead.
         """
         now = self.clock()
-        self.state.acquire_lease(self.owner, now, self.cfg.lease_ttl)
+        took_over = None
+        if not self.dry_run:
+            lease = self.state.acquire_lease(
+                self.owner, self.holder.to_json() if self.holder else None, now,
+                self.cfg.lease_ttl, self.dead)
+            self.generation, took_over = lease.generation, lease.took_over
         self.last_poll = now  # ETTR counts from here: finishing a plan is not training time
-        # The caps and the escalation ladder survive a kill -9: read them back.
+        self._refresh_counters()
+        self.event("daemon_start", [], {"owner": self.owner, "dry_run": self.dry_run,
+                                        "generation": self.generation, "took_over": took_over,
+                                        "members": self.members()})
+        if not self.dry_run:
+            self._resume_all()
+            self._check_pool()
+
+    def _refresh_counters(self) -> None:
+        """The restart cap and the escalation ladder, read back from the records (they
+        survive a kill -9 and count only what was carried out)."""
         since = self.state.last_progress()
         self.restarts_without_progress = self.state.restarts_since(since)
-        self.crash_history = cast(list[Decision], self.state.crash_decisions_since(since))
-        self._event("daemon_start", [], {"owner": self.owner, "dry_run": self.dry_run,
-                                         "members": self.members()})
-        if not self.dry_run:
-            for action in self.state.unfinished():
-                current = self.state.action(action.key)  # a parent plan may have finished it
-                if action.kind == "plan" and current is not None and current.state == "intent":
-                    self._event("resume", [], {"plan": action.key})
-                    self.report.resumed.append(action.key)
-                    self._execute(action.key, action.payload)
-        self._check_pool()
+        self.crash_history = self.state.crash_history(since)
+
+    def _resume_all(self) -> None:
+        for action in self.state.unfinished():
+            current = self.state.action(action.key)  # a parent plan may have finished it
+            if action.kind != "plan" or current is None or current.state != INTENT:
+                continue
+            parent = current.payload.get("follows")
+            if parent and (p := self.state.action(str(parent))) is not None and p.state == INTENT:
+                continue  # the parent resumes its follow-up itself
+            self._resume(current.key, current.payload, current.created)
+
+    def _resume(self, key: str, doc: Mapping[str, Any], written: float) -> None:
+        """Re-decide an unfinished plan: abandon it with a page, or carry it on."""
+        states = {s["id"]: (a.state if (a := self.state.action(f"{key}/{s['id']}")) else None)
+                  for s in doc.get("steps", [])}
+        kinds = {s["id"]: s["kind"] for s in doc.get("steps", [])}
+        why = resume_refusal(
+            doc, written=written, now=self.clock(), max_age=self.cfg.max_plan_age,
+            members=self.members(), swapped=_swapped(kinds, states),
+            quarantined=self.state.quarantined(),
+            restart_pending=any(kinds[i] == "restart" and st is None for i, st in states.items()),
+            restarts_without_progress=self.restarts_without_progress,
+            max_restarts=self.cfg.max_restarts_without_progress)
+        self.event("resume", [], {"plan": key, "abandon": why})
+        self.report.resumed.append(key)
+        if why is not None:
+            self._after_plan(self.executor.abandon(key, doc, f"not resumed: {why}"))
+            return
+        self._after_plan(self.executor.run(key, doc))
 
     def _check_pool(self) -> None:
         checks = self.state.checks()
@@ -214,20 +277,24 @@ class Daemon:
         results = self.hooks.check(todo)
         for name, (outcome, detail) in results.items():
             self.state.mark_checked(name, outcome == "checked", detail, self.clock(), outcome)
-        self._event("standby_check", list(results), {
+        self.event("standby_check", list(results), {
             n: {"ok": outcome == "checked", "outcome": outcome, "detail": d}
             for n, (outcome, d) in results.items()})
 
     def stop(self) -> None:
-        """Give the lease back (clean exit)."""
-        self._event("daemon_stop", [], {"stopped_by": self.report.stopped_by})
-        self.state.release_lease(self.owner)
+        """Give the lease back (clean exit; a lost lease is not ours to give)."""
+        self.event("daemon_stop", [], {"stopped_by": self.report.stopped_by})
+        if self.generation is not None and not self.report.lease_lost:
+            self.state.release_lease(self.generation)
 
-    # one poll -------------------------------------------------------------------
+    # poll → detect → decide → execute -------------------------------------------------
     def poll(self) -> PollResult:
-        """Observe once, and handle what is found."""
-        now = self.clock()
-        self.state.acquire_lease(self.owner, now, self.cfg.lease_ttl)
+        """Observe once, and handle what is found.
+
+        Raises:
+            LeaseLost: another daemon took the job's lease over.
+        """
+        self._keep_lease()
         members = self.members()
         nodes = [self.inv.node(n) for n in members]
         health = self.hooks.health(nodes)
@@ -240,13 +307,16 @@ class Daemon:
             running = status
         now = self.clock()
         self.progress, moved = observe(self.progress, step, now, self.cfg.fail_slow_window)
-        if self.last_poll is not None:
+        if self.last_poll is not None and not self.dry_run:
             self.state.add_interval(self.last_poll, now, moved)
         self.last_poll = now
         if moved:
             self.restarts_without_progress = 0
-            self.crash_history.clear()
-        obs = Observation(now, health.evict, health.unanswered, step, running, health.stopped_on)
+            self.crash_history = []
+        quarantined = {n: (f"hand: {e.operator or 'someone'}: {e.reason}" if e.source == "hand"
+                           else e.source) for n, e in self.state.quarantined().items()}
+        obs = Observation(now, health.evict, health.unanswered, step, running, health.stopped_on,
+                          quarantined)
         result = PollResult(now, step, moved, dry_run=self.dry_run)
         incident = detect(obs, self.progress, self.cfg, members)
         signature = (incident.kind, incident.nodes) if incident else None
@@ -258,24 +328,32 @@ class Daemon:
         restarted = result.plan is not None and (result.plan.restart or result.plan.decision == "replay")
         if restarted and not result.refused and not self.dry_run:
             self.last_signature = None  # a restarted job starts a fresh story (a replay ends in one)
-        self.state.save_status(self.status_doc(step, running), now)
+        if not self.dry_run:
+            self.state.save_status(self.status_doc(step, running), now)
         self.report.iterations += 1
         return result
+
+    def _keep_lease(self) -> None:
+        if self.dry_run or self.generation is None:
+            return
+        lost = self.heartbeat is not None and self.heartbeat.lost.is_set()
+        if lost or not self.state.renew_lease(self.generation, self.clock(), self.cfg.lease_ttl):
+            self.state.fence(self.generation)  # raises LeaseLost naming the new holder
+            raise LeaseLost(f"daemon: lost the lease of job {self.job.name!r}")
 
     def status_doc(self, step: Optional[int], running: Optional[bool]) -> dict[str, Any]:
         """The summary ``brctl daemon status`` shows."""
         intervals = self.state.intervals()
-        return {"owner": self.owner, "step": step, "running": running,
-                "members": self.members(), "halted": self.halted, "dry_run": self.dry_run,
-                "health": self.health_status,
+        return {"owner": self.owner, "generation": self.generation, "step": step,
+                "running": running, "members": self.members(), "halted": self.halted,
+                "dry_run": self.dry_run, "health": self.health_status,
                 "restarts_without_progress": self.restarts_without_progress,
                 "ettr": ratio(intervals), "poll_interval": self.cfg.poll_interval}
 
-    # deciding -------------------------------------------------------------------
     def _analyse(self, incident: Incident, nodes: Sequence[Node]) -> Finding:
         if incident.kind == "crash":
-            finding = self.hooks.diagnose(nodes)
-            return _escalate(finding, self.crash_history)
+            return self.hooks.diagnose(nodes, [PastConclusion(symptom, decision, at)
+                                               for decision, symptom, at in self.crash_history])
         if incident.kind == "hang":
             return self.hooks.stacks(nodes, 1)
         if incident.kind == "fail_slow":  # a slow rank shows over rounds, not in one dump
@@ -283,193 +361,114 @@ class Daemon:
         return Finding()
 
     def _handle(self, incident: Incident, nodes: Sequence[Node], result: PollResult) -> None:
-        event_id = self._event(incident.kind, incident.nodes, {"reason": incident.reason})
+        event_id = self.event(incident.kind, incident.nodes, {"reason": incident.reason})
         finding = self._analyse(incident, nodes)
-        if incident.kind != "gpu_fault":
-            self._event("analysis", finding.faulty, {"decision": finding.decision,
-                                                     "reason": finding.reason})
-        plan = plan_for(incident, finding)
+        if incident.kind not in ("gpu_fault", "hand_evict"):
+            self.event("analysis", finding.faulty, {"decision": finding.decision,
+                                                    "reason": finding.reason})
+        previous = self.crash_history[-1][0] if self.crash_history else None
+        plan = plan_for(incident, finding, previous)
         result.plan = plan
-        if incident.kind == "crash":
-            self.crash_history.append(plan.decision)
-        members = [n.name for n in nodes]
-        self._event("decision", plan.evict, {"plan": plan.to_json(), "incident": event_id,
-                                             "dry_run": self.dry_run})
-        why, replacements = self._authorize(plan, members)
+        self.event("decision", plan.evict, {"plan": plan.to_json(), "incident": event_id,
+                                            "dry_run": self.dry_run})
+        by_hand = incident.nodes if incident.kind == "hand_evict" else ()
+        doc = {"incident": incident.to_json(), "symptom": finding.symptom,
+               "source": "hand" if by_hand else "daemon",
+               "by": sorted({self.state.quarantined()[n].operator or "" for n in by_hand})}
+        why = self._admit(f"{self.job.name}/plan/{event_id}", plan, [n.name for n in nodes], doc,
+                          stop=True, by_hand=by_hand)
         if why is not None:
-            self._refuse(f"{self.job.name}/refused/{event_id}", plan, why, result)
-            return
-        key = f"{self.job.name}/plan/{event_id}"
-        payload = {"plan": plan.to_json(), "members": members, "replacements": replacements,
-                   "incident": incident.to_json()}
-        if self.dry_run:
-            self.state.intend(key, "plan", None, payload, plan.reason, self.clock())
-            self.state.finish(key, "dry-run", self.clock())
-            return
-        self.state.intend(key, "plan", None, payload, plan.reason, self.clock())
-        self._execute(key, payload)
-
-    def _authorize(self, plan: Plan, members: Sequence[str]) -> tuple[Optional[str], dict[str, str]]:
-        """(why the caps refuse ``plan`` or None, evicted machine → checked standby)."""
-        why = self.halted or refusal(
-            plan, now=self.clock(), eviction_times=[e.at for e in self.state.eviction_history()],
-            job_size=len(members), restarts_without_progress=self.restarts_without_progress,
-            cfg=self.cfg)
-        replacements: dict[str, str] = {}
-        if why is None and plan.evict:
-            spares = pick_standbys(self.inv.standby, in_use=members, count=len(plan.evict),
-                                   checked=[n for n, (ok, _, _) in self.state.checks().items() if ok],
-                                   quarantined=self.state.quarantined())
-            replacements = dict(zip(plan.evict, spares))
-            if len(spares) < len(plan.evict) and plan.restart:
-                missing = [n for n in plan.evict if n not in replacements]
-                why = (f"no checked standby for {', '.join(missing)} "
-                       "(run brctl standby check, or add machines to standby:)")
-        return why, replacements
-
-    def _refuse(self, key: str, plan: Plan, why: str, result: Optional[PollResult]) -> None:
-        if result is not None:
             result.refused = why
+
+    def _admit(self, key: str, plan: Plan, members: Sequence[str], extra: Mapping[str, Any], *,
+               stop: bool, by_hand: Sequence[str] = ()) -> Optional[str]:
+        """Fix the plan's targets, check the caps and record it in one transaction, then
+        carry it out; the refusal, or None."""
+        spares = pick_standbys(self.inv.standby, in_use=members, count=len(plan.evict),
+                               checked=[n for n, (ok, _, _) in self.state.checks().items() if ok],
+                               quarantined=self.state.quarantined())
+        replacements = dict(zip(plan.evict, spares))
+        missing = [n for n in plan.evict if n not in replacements]
+        short = (f"no checked standby for {', '.join(missing)} (run brctl standby check, or add "
+                 "machines to standby:)") if missing and plan.restart else None
+        counted = replace(plan, evict=tuple(n for n in plan.evict if n not in set(by_hand)))
+
+        def caps(eviction_times: list[float]) -> Optional[str]:
+            return self.halted or short or refusal(
+                counted, now=self.clock(), eviction_times=eviction_times, job_size=len(members),
+                restarts_without_progress=self.restarts_without_progress, cfg=self.cfg)
+
+        release = self.hooks.release() if plan.restart or plan.decision == "rollback" else Release()
+        steps = steps_for(plan, members=members, replacements=replacements, release=release,
+                          stop=stop and self.job.stop_command is not None, already_evicted=by_hand)
+        doc = {**extra, "plan": plan.to_json(), "members": list(members),
+               "replacements": replacements, "steps": [s.to_json() for s in steps]}
+        if self.dry_run:  # decide and show; record nothing
+            why = caps([e.at for e in self.state.eviction_history()])
+        else:
+            why = self.state.admit(key, doc, plan.reason, self.clock(), evict=counted.evict,
+                                   source="daemon", operator=None, caps=caps,
+                                   generation=self.generation)
+        if why is not None:
+            self._refused(plan, why)
+            return why
+        if not self.dry_run:
+            self._after_plan(self.executor.run(key, doc))
+        return None
+
+    def _refused(self, plan: Plan, why: str) -> None:
         self.report.refusals.append(why)
-        self.state.intend(key, "plan", None, {"plan": plan.to_json()}, why, self.clock())
-        self.state.finish(key, REFUSED, self.clock())
-        self._event("refused", plan.evict, {"reason": why, "plan": plan.to_json()})
-        self._notify("refused", REFUSED, None, why, {"plan": plan.to_json()})
+        self.event("refused", plan.evict, {"reason": why, "plan": plan.to_json()})
+        self.notify("refused", "refused", None, why, {"plan": plan.to_json()})
+        self._halt(why)
+
+    def _halt(self, why: str) -> None:
         if self.halted is None:
             self.halted = why
-            self._event("halted", [], {"reason": "a refusal stops further actions until a "
-                                                 "human restarts the daemon: " + why})
+            self.event("halted", [], {"reason": "further actions stop until a human restarts "
+                                                "the daemon: " + why})
 
-    # acting -----------------------------------------------------------------------
-    def _step(self, key: str, kind: str, node: Optional[str], reason: str,
-              work: Callable[[], str]) -> bool:
-        """Run one idempotent step under ``key`` unless it is already done; True if it succeeded."""
-        action = self.state.intend(key, kind, node, {}, reason, self.clock())
-        if action.state == DONE:
-            return True
-        try:
-            detail = work()
-            ok = True
-        except BrctlError as exc:
-            detail, ok = exc.message, False
-        self.state.finish(key, DONE if ok else FAILED, self.clock(), f"{reason}: {detail}"[:2000])
-        self._event(f"action_{kind}", [node] if node else [],
-                    {"key": key, "ok": ok, "detail": detail})
-        self._notify(kind, DONE if ok else FAILED, node, reason, {"key": key, "detail": detail})
-        return ok
-
-    def _hook(self, run: Optional[HookRun], what: str) -> str:
-        if run is None:
-            return f"no {what} configured"
-        if not run.ok:
-            raise BrctlError(f"{what} {' '.join(run.argv)} exited {run.exit_code}: "
-                             f"{run.output.strip()[-300:]}")
-        return f"{what} ok ({run.seconds:.1f}s)"
-
-    def _execute(self, key: str, payload: Mapping[str, Any]) -> None:
-        """Carry out a recorded plan; every step is skipped when already done."""
-        plan = payload["plan"]
-        before: list[str] = list(payload["members"])
-        replacements: dict[str, str] = dict(payload["replacements"])
-        reason = str(plan["reason"])
-        after = swap_members(before, replacements)
-        for node in plan["evict"]:
-            self._step(f"{key}/evict/{node}", "evict", node, reason,
-                       _bind(self._evict, before, node, reason))
-        stop = plan["restart"] or plan["decision"] == "replay"
-        if stop and self.job.stop_command is not None and not payload.get("follows"):
-            self._step(f"{key}/stop", "stop", None, reason,
-                       lambda: self._hook(self.adapter.stop(before), "stop_command"))
-        for evicted, spare in replacements.items():
-            self._step(f"{key}/restore/{spare}", "restore", spare, f"shards of {evicted}",
-                       _bind(self.hooks.restore, self.inv.node(evicted), self.inv.node(spare),
-                             [self.inv.node(n) for n in after]))
-        if replacements:
-            self._step(f"{key}/swap", "swap", None, reason,
-                       lambda: self._swap(after, replacements))
-        after_nodes = [self.inv.node(n) for n in after]
-        if plan["decision"] == "rollback":
-            self._step(f"{key}/rollback", "rollback", None, reason,
-                       lambda: self.hooks.rollback(after_nodes))
-        elif plan["restart"]:
-            # a restart is when lazy updates land; standbys catch up to the job's release
-            self._step(f"{key}/apply", "apply", None, "pending updates before the restart",
-                       lambda: self.hooks.apply_updates(after_nodes))
-        if plan["decision"] == "replay":
-            self._after_replay(key, payload, self._replay(key, before, reason))
-        if plan["decision"] == "notify":  # e.g. fail-slow with nobody to blame: a human looks
-            self._notify(str(payload["incident"]["kind"]), "needs-attention", None, reason, {})
-        if plan["restart"]:
-            recorded = self.state.action(f"{key}/restart")
-            restarted = self._step(f"{key}/restart", "restart", None, reason,
-                                   lambda: self._hook(self.adapter.restart(after), "restart_command"))
-            if recorded is None or recorded.state != DONE:  # a resumed, done restart is counted
-                self.restarts_without_progress += 1
+    def _after_plan(self, outcome: PlanOutcome) -> None:
+        self._refresh_counters()
+        if outcome.restarted:
             # Keep the last step: the old log lines are still there after a restart,
             # and only a different step is progress of the new run.
             self.progress = Progress.start(self.clock(), self.progress.step)
-            if not restarted:
-                self._event("restart_failed", [], {"plan": key})
-        self.state.finish(key, DONE, self.clock())
+        if outcome.state == ABANDONED:
+            self.report.refusals.append(f"plan abandoned: {outcome.why}")
+            self._halt(f"a plan was abandoned: {outcome.why}")
 
-    def _replay(self, key: str, members: Sequence[str], reason: str) -> ReplayOutcome:
-        """Replay the stopped job once per plan; a resumed plan reads the verdict back."""
-        step = f"{key}/replay"
-        action = self.state.intend(step, "replay", None, {}, reason, self.clock())
-        if action.state == DONE and action.payload.get("verdict"):
-            return ReplayOutcome.from_json(action.payload)
-        try:
-            outcome = self.hooks.replay([self.inv.node(n) for n in members])
-        except BrctlError as exc:
-            outcome = ReplayOutcome("incomplete", (), (), f"replay failed: {exc.message}")
-        self.state.finish(step, DONE, self.clock(), f"replay {outcome.verdict}: {outcome.reason}"[:2000],
-                          payload=outcome.to_json())
-        self._event("action_replay", list(outcome.faulty or outcome.candidates),
-                    {"key": step, "ok": outcome.verdict != "incomplete", **outcome.to_json()})
-        return outcome
-
-    def _after_replay(self, key: str, payload: Mapping[str, Any], outcome: ReplayOutcome) -> None:
-        """Carry out what the replay's verdict calls for, as its own recorded plan."""
+    def _after_replay(self, key: str, doc: Mapping[str, Any], outcome: ReplayOutcome) -> None:
+        """What the replay's verdict calls for, as a plan of its own (caps, records)."""
         sub = f"{key}/after-replay"
         existing = self.state.action(sub)
         if existing is not None:  # decided before a kill -9: the same standbys, no new decision
-            if existing.state == "intent":
-                self._execute(sub, existing.payload)
+            if existing.state == INTENT:
+                self._resume(sub, existing.payload, existing.created)
             return
         follow = plan_after_replay(outcome)
-        members = list(payload["members"])
-        self._event("decision", follow.evict, {"plan": follow.to_json(), "replay": outcome.to_json(),
-                                               "dry_run": self.dry_run})
+        self.event("decision", follow.evict, {"plan": follow.to_json(), "replay": outcome.to_json(),
+                                              "dry_run": self.dry_run})
         if outcome.verdict != "found":  # nobody proven: a human looks at the evidence
-            self._notify("replay", outcome.verdict, None, follow.reason,
-                         {"replay": outcome.to_json(), "job": self.job.name})
-        why, replacements = self._authorize(follow, members)
-        if why is not None:
-            self._refuse(f"{sub}/refused", follow, why, None)
-            return
-        doc = {"plan": follow.to_json(), "members": members, "replacements": replacements,
-               "incident": payload["incident"], "follows": key}
-        action = self.state.intend(sub, "plan", None, doc, follow.reason, self.clock())
-        self._execute(sub, action.payload)
+            self.notify("replay", outcome.verdict, None, follow.reason,
+                        {"replay": outcome.to_json(), "job": self.job.name})
+        extra = {"incident": doc.get("incident"), "symptom": doc.get("symptom", ""),
+                 "source": "daemon", "by": [], "follows": key}
+        self._admit(sub, follow, list(doc["members"]), extra, stop=False)
 
-    def _evict(self, members: Sequence[str], node: str, reason: str) -> str:
-        fresh = self.state.quarantine(node, reason, "daemon", self.clock())
-        detail = self._hook(self.adapter.evict(members, node, reason), "evict_command")
-        return detail if fresh else f"already quarantined; {detail}"
-
-    def _swap(self, after: list[str], replacements: Mapping[str, str]) -> str:
-        self.state.set_members(after)
-        for spare in replacements.values():
-            self.state.mark_checked(spare, False, "in the job since a swap", self.clock())
-        return ", ".join(f"{a} -> {b}" for a, b in replacements.items())
-
-    # the loop -----------------------------------------------------------------------
+    # the loop -------------------------------------------------------------------------
     def run(self, *, stop: threading.Event, max_iterations: Optional[int] = None,
             until_step: Optional[int] = None, duration: Optional[float] = None,
             on_poll: Optional[Callable[[PollResult], None]] = None) -> DaemonReport:
-        """Poll until ``stop`` is set (SIGTERM), or a limit is reached; returns the report."""
+        """Poll until ``stop`` is set (SIGTERM), a limit is reached or the lease is lost.
+
+        Raises:
+            RefusedError: another daemon holds the job's lease (at start).
+        """
         began = self.clock()
         self.start()
+        if self.generation is not None:
+            self.heartbeat = Heartbeat(self.state, self.generation, self.cfg.lease_ttl, self.clock)
         try:
             while True:
                 started = self.clock()
@@ -484,7 +483,13 @@ class Daemon:
                 if left > 0 and stop.wait(left):
                     self.report.stopped_by = "signal"
                     break
+        except LeaseLost as exc:  # stop before the next step; the new holder carries on
+            self.report.lease_lost = exc.message
+            self.report.stopped_by = "lease-lost"
+            self.event("lease_lost", [], {"reason": exc.message, "generation": self.generation})
         finally:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
             self.report.members = self.members()
             self.report.ettr = ratio(self.state.intervals())
             self.stop()
@@ -505,27 +510,12 @@ class Daemon:
         return None
 
 
-def _escalate(finding: Finding, history: Sequence[Decision]) -> Finding:
-    """ByteRobust's ladder when diagnose has no stronger verdict.
-
-    A crash again after a reattempt (no new step in between) → roll back the last
-    code update; again after the rollback → replay. Diagnose's own evict or
-    rollback verdicts stand.
-    """
-    if finding.decision not in (None, "reattempt"):
-        return finding
-    if "rollback" in history:
-        return Finding("replay", (), "crashed again after a rollback: look for silent data "
-                       "corruption (" + (finding.reason or "no fault found") + ")")
-    if "reattempt" in history:
-        return Finding("rollback", (), "crashed again after a reattempt: roll the last code "
-                       "update back (" + (finding.reason or "no fault found") + ")")
-    return Finding("reattempt", (), finding.reason or "no fault found: reattempt")
-
-
-def _bind(fn: Callable[..., str], *args: Any) -> Callable[[], str]:
-    """``fn`` with its arguments bound now (a loop variable in a lambda binds late)."""
-    return lambda: fn(*args)
+def _swapped(kinds: Mapping[str, str], states: Mapping[str, Optional[str]]) -> Optional[bool]:
+    """Whether a plan's swap is recorded done (None: interrupted, it may have happened)."""
+    swap = [st for i, st in states.items() if kinds[i] == "swap"]
+    if swap and swap[0] == INTENT:
+        return None
+    return bool(swap) and swap[0] == DONE
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from brctl.analysis.daemon import Finding, ReplayOutcome, StandbyOutcome
+from brctl.analysis.daemon_plan import Release
+from brctl.analysis.diagnose_decide import PastConclusion
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import BrctlError
 from brctl.core.transport import Node, Transport
@@ -57,20 +59,26 @@ class Hooks(Protocol):
         """Stack analysis of a stalled (1 round) or slow job (several): machines to evict."""
         ...
 
-    def diagnose(self, nodes: Sequence[Node]) -> Finding:
-        """The stop-time diagnose ladder of a stopped job."""
+    def diagnose(self, nodes: Sequence[Node], history: Sequence[PastConclusion]) -> Finding:
+        """The stop-time diagnose ladder of a stopped job; ``history``: the crash plans the
+        daemon carried out since the job's last new step (what the ladder climbs from)."""
         ...
 
     def restore(self, evicted: Node, standby: Node, members: Sequence[Node]) -> str:
         """Copy the evicted machine's checkpoint shards onto ``standby`` from its backup peer."""
         ...
 
-    def apply_updates(self, nodes: Sequence[Node]) -> str:
-        """Apply pending lazy code updates on ``nodes``."""
+    def release(self) -> Release:
+        """The job's code now: its version, the pending release, the rollback target."""
         ...
 
-    def rollback(self, nodes: Sequence[Node]) -> str:
-        """Roll the job's code back to the previous release."""
+    def apply_updates(self, nodes: Sequence[Node], version: str, sha256: str) -> str:
+        """Switch ``nodes`` to ``version`` (the pending release, or the job's own to catch
+        standbys up); refuses when the job's release is no longer the one planned."""
+        ...
+
+    def rollback(self, nodes: Sequence[Node], version: str, sha256: str) -> str:
+        """Roll the job's code back to exactly ``version`` (idempotent: already there is ok)."""
         ...
 
     def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
@@ -158,8 +166,11 @@ class LiveHooks:
                        f"stack outliers{where}: evict {', '.join(evict)}" if evict
                        else "no stack outliers")
 
-    def diagnose(self, nodes: Sequence[Node]) -> Finding:
-        """brctl diagnose's ladder on the stopped job: its decision and faulty machines."""
+    def diagnose(self, nodes: Sequence[Node], history: Sequence[PastConclusion]) -> Finding:
+        """brctl diagnose's ladder on the stopped job: its decision and faulty machines.
+
+        The ladder climbs from ``history``, what the daemon actually carried out (not
+        diagnose's own records of what it once advised)."""
         from brctl.operations.diagnose import Options
         from brctl.operations.diagnose import diagnose as run_ladder
         from brctl.playbooks import load_playbooks, playbook_dirs
@@ -171,13 +182,14 @@ class LiveHooks:
             report = run_ladder(self._current(nodes), self.transport, books,
                                 Options(force=True, timeout_scale=self.scale,
                                         concurrency=self.inv.ssh.fanout),
-                                nodes=nodes, store=self.store)
+                                nodes=nodes, store=self.store, history=history)
         except BrctlError as exc:
             return Finding(None, (), f"diagnose failed: {exc.message}")
         decision = report.decision if report.decision in (
             "evict", "reattempt", "rollback", "replay") else None
         return Finding(decision, tuple(report.faulty),  # type: ignore[arg-type]
-                       f"{report.found.playbook.name}: {report.reason}")
+                       f"{report.found.playbook.name}: {report.reason}",
+                       report.found.playbook.name)
 
     def restore(self, evicted: Node, standby: Node, members: Sequence[Node]) -> str:
         """brctl ckpt restore: the evicted machine's newest verified backup onto ``standby``.
@@ -212,20 +224,38 @@ class LiveHooks:
                              self.state_dir / "update" / "artifacts", who(self.environ),
                              concurrency=self.inv.ssh.fanout, nodes=list(nodes))
 
-    def apply_updates(self, nodes: Sequence[Node]) -> str:
-        """brctl update apply: pending lazy updates, and standbys caught up to the job's release."""
+    def release(self) -> Release:
+        """The job's version, pending release and rollback target from the update records."""
+        from brctl.operations.update_state import release_targets
+
+        assert self.inv.job is not None
+        return release_targets(self.store, self.inv.job.name)
+
+    def apply_updates(self, nodes: Sequence[Node], version: str, sha256: str) -> str:
+        """brctl update apply to ``version``: the pending release, or the job's own (standbys
+        catch up); a release pushed since the plan was written is not applied."""
         from brctl.operations.update import apply
 
+        if not version:
+            return "no release recorded for the job: nothing to apply"
+        now = self.release()
+        if (now.pending or now.current) != (version, sha256):
+            raise BrctlError(f"update apply: the job's release changed since the plan "
+                             f"(planned {version}, now {(now.pending or now.current or ('none',))[0]})")
         rep = apply(self._update(nodes))
         if rep.outcome not in ("ok", "noop"):
             raise BrctlError(f"update apply {rep.outcome}: {rep.reason}")
         return f"update apply {rep.outcome}: {rep.version or '-'} ({rep.reason})"
 
-    def rollback(self, nodes: Sequence[Node]) -> str:
-        """brctl update rollback on the job's machines."""
+    def rollback(self, nodes: Sequence[Node], version: str, sha256: str) -> str:
+        """brctl update rollback --to ``version`` on the job's machines."""
         from brctl.operations.update import rollback
+        from brctl.operations.update_state import release_sha256
 
-        rep = rollback(self._update(nodes))
+        if release_sha256(self.store, version) != sha256:
+            raise BrctlError(f"update rollback: release {version} is not the one planned "
+                             f"(sha256 {sha256[:12]}…)")
+        rep = rollback(self._update(nodes), to=version)
         if rep.outcome not in ("ok", "noop"):
             raise BrctlError(f"update rollback {rep.outcome}: {rep.reason}")
         return f"rolled back {rep.from_version} -> {rep.version}"

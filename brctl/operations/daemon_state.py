@@ -3,16 +3,20 @@
 Shared by ``brctl daemon``, ``evict``/``unevict``, ``standby`` and ``ettr``:
 
 - ``daemon_events``: what the loop saw (incidents, decisions, refusals), in order.
-- ``daemon_actions``: the action log. Each step of a plan is written as
-  ``intent`` under an idempotency key BEFORE it is carried out, then marked
-  ``done``/``failed``/``refused``. A daemon restarted after ``kill -9`` finds
-  the unfinished ``intent`` rows and finishes them (each step is idempotent:
-  re-running it converges) and skips ``done`` ones, so a machine is never
-  evicted twice and a standby never swapped in twice.
-- ``daemon_lease``: one holder per job; a second daemon refuses (exit 4) until
-  the holder's lease expires.
+- ``daemon_actions``: the action log. A plan is admitted (caps checked, its
+  evictions quarantined, the plan written) in one transaction; each of its steps
+  is written as ``intent`` under ``<plan>/<step>`` BEFORE it is carried out, then
+  marked ``done``/``failed``/``skipped``/``unknown``; the plan ends ``done``,
+  ``failed``, ``abandoned`` or ``refused``. What a resumed daemon does with a step
+  left as intent is ``analysis.daemon_plan.RESUME``.
+- ``daemon_lease``: one holder per job, with a generation number that grows at each
+  takeover. Every intent and outcome is written in a transaction that first checks
+  the writer's generation (fencing): a daemon that lost the lease cannot record,
+  so it stops before its next step (``LeaseLost``, exit 4). A second daemon refuses
+  (exit 4) while the holder is alive; a holder proven dead is taken over at once.
 - ``evictions``: quarantine records (a machine with an open record never becomes a
-  standby and never rejoins the job); ``unevict`` closes the record.
+  standby and never rejoins the job); ``unevict`` closes the record. ``source`` is
+  daemon or hand, ``operator`` who evicted by hand.
 - ``standby_checks``: the last self-check of each pool machine.
 - ``job_members``: the job's machines in rank order, after swaps.
 - ``ettr_intervals``: productive / unproductive time.
@@ -25,7 +29,7 @@ import json
 import os
 import socket
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -63,9 +67,30 @@ COMPONENT = Component("daemon", [
     """,
     # checked | failed | untested (every self-check stage skipped); NULL on older rows.
     "ALTER TABLE standby_checks ADD COLUMN outcome TEXT",
+    # the fencing generation and the holder's process (host, boot id, PID namespace, pid,
+    # start time) so a successor can prove it dead; who evicted by hand
+    """
+    ALTER TABLE daemon_lease ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE daemon_lease ADD COLUMN holder TEXT;
+    ALTER TABLE evictions ADD COLUMN operator TEXT
+    """,
 ])
 
 INTENT, DONE, FAILED, REFUSED = "intent", "done", "failed", "refused"
+ABANDONED, UNKNOWN, SKIPPED = "abandoned", "unknown", "skipped"
+FINAL = (DONE, FAILED, REFUSED, ABANDONED, UNKNOWN, SKIPPED)
+
+
+class LeaseLost(RefusedError):
+    """This daemon's lease generation is no longer the job's: another daemon took over."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease taken: its fencing generation, and whose expired or dead lease it replaced."""
+
+    generation: int
+    took_over: Optional[str] = None  # "<owner>: <why it was dead>", or None
 
 
 def owner_id() -> str:
@@ -104,11 +129,17 @@ class Eviction:
     source: str
     at: float
     released: Optional[float]
+    operator: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
-        """``{node, job, reason, source, at, released}``."""
+        """``{node, job, reason, source, operator, at, released}``."""
         return {"node": self.node, "job": self.job, "reason": self.reason, "source": self.source,
-                "at": self.at, "released": self.released}
+                "operator": self.operator, "at": self.at, "released": self.released}
+
+
+def _eviction(r: sqlite3.Row) -> Eviction:
+    return Eviction(r["node"], r["job"], r["reason"], r["source"], r["at"], r["released"],
+                    r["operator"])
 
 
 def _action(row: sqlite3.Row) -> Action:
@@ -149,13 +180,36 @@ class DaemonState:
         return {r["kind"]: int(r["n"]) for r in rows}
 
     # the action log ---------------------------------------------------------
+    def _fence(self, db: sqlite3.Connection, generation: Optional[int]) -> None:
+        """Raise ``LeaseLost`` unless ``generation`` still holds the job's lease (None: unfenced,
+        a hand command)."""
+        if generation is None:
+            return
+        row = db.execute("SELECT owner, generation FROM daemon_lease WHERE job = ?",
+                         (self.job,)).fetchone()
+        if row is None or int(row["generation"]) != generation:
+            who = f"{row['owner'] or 'nobody'} (generation {row['generation']})" if row else "nobody"
+            raise LeaseLost(f"daemon: lost the lease of job {self.job!r} (generation {generation}): "
+                            f"now held by {who}",
+                            hint="another daemon took over; this one stops before its next step")
+
+    def fence(self, generation: Optional[int]) -> None:
+        """Raise ``LeaseLost`` unless ``generation`` still holds the job's lease."""
+        if generation is not None:
+            with self.store.transaction() as db:
+                self._fence(db, generation)
+
     def intend(self, key: str, kind: str, node: Optional[str], payload: dict[str, Any],
-               reason: str, at: float) -> Action:
+               reason: str, at: float, generation: Optional[int] = None) -> Action:
         """Write an ``intent`` under ``key``; if the key exists, return the existing row as is.
 
         The caller carries the step out only when the returned action is not ``done``.
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
         """
         with self.store.transaction() as db:
+            self._fence(db, generation)
             db.execute(
                 "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
                 " created) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
@@ -164,9 +218,14 @@ class DaemonState:
         return _action(row)
 
     def finish(self, key: str, state: str, at: float, reason: Optional[str] = None,
-               payload: Optional[dict[str, Any]] = None) -> None:
-        """Mark an action ``done``/``failed``/``refused`` (and keep its result in ``payload``)."""
+               payload: Optional[dict[str, Any]] = None, generation: Optional[int] = None) -> None:
+        """Mark an action ``done``/``failed``/``refused``/... (and keep its result in ``payload``).
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+        """
         with self.store.transaction() as db:
+            self._fence(db, generation)
             if payload is not None:
                 db.execute("UPDATE daemon_actions SET payload = ? WHERE key = ?",
                            (json.dumps(payload, default=str), key))
@@ -176,6 +235,45 @@ class DaemonState:
             else:
                 db.execute("UPDATE daemon_actions SET state = ?, finished = ?, reason = ? "
                            "WHERE key = ?", (state, at, reason, key))
+
+    def admit(self, key: str, payload: dict[str, Any], reason: str, at: float, *,
+              evict: Sequence[str], source: str, operator: Optional[str],
+              caps: Callable[[list[float]], Optional[str]],
+              generation: Optional[int] = None, kind: str = "plan") -> Optional[str]:
+        """Check the caps and record the plan in one ``BEGIN IMMEDIATE`` transaction.
+
+        ``caps`` gets the times of every eviction recorded so far and says why the plan
+        is refused, or None. Admitted: the plan is written as intent and ``evict`` is
+        quarantined (that is what the eviction caps count), so two daemons or hand
+        evictions racing at the cap cannot both pass it. Refused: the plan is written
+        as ``refused``. Returns the refusal, or None.
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+        """
+        with self.store.transaction() as db:
+            self._fence(db, generation)
+            times = [float(r["at"]) for r in db.execute("SELECT at FROM evictions")]
+            why = caps(times)
+            db.execute(
+                "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
+                " created, finished) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.job, key, kind, evict[0] if kind != "plan" and evict else None,
+                 json.dumps(payload, default=str), REFUSED if why else INTENT,
+                 why or reason, at, at if why else None))
+            if why is None:
+                db.executemany(
+                    "INSERT OR IGNORE INTO evictions(node, job, reason, source, at, operator)"
+                    " VALUES(?, ?, ?, ?, ?, ?)",
+                    [(n, self.job, reason, source, at, operator) for n in evict])
+        return why
+
+    def plan_of(self, key: str) -> Optional[Action]:
+        """The plan a step key ``<plan>/<step id>`` belongs to (the longest plan key prefix)."""
+        rows = self.store.query("SELECT * FROM daemon_actions WHERE job = ? AND kind = 'plan' "
+                                "AND ? LIKE key || '/%' ORDER BY length(key) DESC LIMIT 1",
+                                (self.job, key))
+        return _action(rows[0]) if rows else None
 
     def actions(self, states: Iterable[str] = (), limit: int = 1000) -> list[Action]:
         """Actions of this job, oldest first (all states when ``states`` is empty)."""
@@ -200,72 +298,97 @@ class DaemonState:
         return float(rows[0]["t"] or 0.0) if rows else 0.0
 
     def restarts_since(self, since: float) -> int:
-        """Restarts carried out (done or failed) since ``since``: the no-progress count."""
+        """Restarts begun since ``since`` (done, failed, or unknown after a kill): the
+        no-progress count."""
         rows = self.store.query("SELECT COUNT(*) AS n FROM daemon_actions WHERE job = ? AND "
-                                "kind = 'restart' AND state IN (?, ?) AND created > ?",
-                                (self.job, DONE, FAILED, since))
+                                "kind = 'restart' AND state IN (?, ?, ?, ?) AND created > ?",
+                                (self.job, DONE, FAILED, UNKNOWN, INTENT, since))
         return int(rows[0]["n"])
 
-    def crash_decisions_since(self, since: float) -> list[str]:
-        """Decisions of the plans made for crashes since ``since``, oldest first.
+    def crash_history(self, since: float) -> list[tuple[str, str, float]]:
+        """(decision, symptom, when) of the crash plans carried out since ``since``, oldest first.
 
-        The escalation ladder (reattempt → rollback → replay) reads this back after a
-        restart of the daemon, so a ``kill -9`` does not reset it. Follow-up plans
-        (after a replay) are not crash decisions of their own.
+        Only plans that finished ``done`` count: the escalation ladder is fed what
+        actually happened (a failed or abandoned rollback did not roll anything back).
+        Read back after a restart, so a ``kill -9`` does not reset the ladder. Follow-up
+        plans (after a replay) are not crash decisions of their own.
         """
-        rows = self.store.query("SELECT payload FROM daemon_actions WHERE job = ? AND "
-                                "kind = 'plan' AND created > ? ORDER BY id", (self.job, since))
+        rows = self.store.query("SELECT payload, created FROM daemon_actions WHERE job = ? AND "
+                                "kind = 'plan' AND state = ? AND created > ? ORDER BY id",
+                                (self.job, DONE, since))
         out = []
         for row in rows:
             doc = json.loads(row["payload"])
             if (doc.get("incident") or {}).get("kind") == "crash" and not doc.get("follows"):
-                out.append(str(doc["plan"]["decision"]))
+                out.append((str(doc["plan"]["decision"]), str(doc.get("symptom", "")),
+                            float(row["created"])))
         return out
 
     def unfinished(self) -> list[Action]:
-        """Steps written as intent and never finished (a crash or kill -9 in between)."""
+        """Plans and steps written as intent and never finished (a crash or kill -9 in between)."""
         return self.actions([INTENT])
 
     # lease ------------------------------------------------------------------
-    def acquire_lease(self, owner: str, now: float, ttl: float) -> None:
-        """Take or renew the job's lease.
+    def acquire_lease(self, owner: str, holder: Optional[dict[str, Any]], now: float, ttl: float,
+                      dead: Callable[[Optional[dict[str, Any]]], Optional[str]]) -> Lease:
+        """Take the job's lease with a new generation.
+
+        Args:
+            owner: this daemon (``host:pid``).
+            holder: this process's facts, recorded so a successor can prove it dead.
+            now: the time now.
+            ttl: seconds the lease lasts without renewal.
+            dead: the recorded holder's facts → why it is provably dead, or None.
 
         Raises:
-            RefusedError: another owner holds an unexpired lease (exit 4).
+            RefusedError: another daemon holds an unexpired lease and is not proven dead (exit 4).
         """
         with self.store.transaction() as db:
-            row = db.execute("SELECT owner, expires FROM daemon_lease WHERE job = ?",
-                             (self.job,)).fetchone()
-            if row is not None and row["owner"] != owner and row["expires"] > now:
-                raise RefusedError(
-                    f"daemon: job {self.job!r} is leased by {row['owner']} for another "
-                    f"{row['expires'] - now:.0f}s",
-                    hint="one daemon per job; if that daemon is dead, wait for daemon.lease_ttl")
+            row = db.execute("SELECT * FROM daemon_lease WHERE job = ?", (self.job,)).fetchone()
+            took_over = None
+            if row is not None and row["owner"] and row["expires"] > now:
+                why = dead(json.loads(row["holder"]) if row["holder"] else None)
+                if why is None:
+                    raise RefusedError(
+                        f"daemon: job {self.job!r} is leased by {row['owner']} for another "
+                        f"{row['expires'] - now:.0f}s",
+                        hint="one daemon per job; a dead holder on this host is taken over at "
+                             "once, one elsewhere when daemon.lease_ttl runs out")
+                took_over = f"{row['owner']}: {why}"
+            generation = (int(row["generation"]) if row is not None else 0) + 1
             db.execute(
-                "INSERT INTO daemon_lease(job, owner, expires, acquired) VALUES(?, ?, ?, ?) "
-                "ON CONFLICT(job) DO UPDATE SET owner = excluded.owner, expires = excluded.expires,"
-                " acquired = CASE WHEN daemon_lease.owner = excluded.owner"
-                " THEN daemon_lease.acquired ELSE excluded.acquired END",
-                (self.job, owner, now + ttl, now))
+                "INSERT INTO daemon_lease(job, owner, expires, acquired, generation, holder)"
+                " VALUES(?, ?, ?, ?, ?, ?) ON CONFLICT(job) DO UPDATE SET owner = excluded.owner,"
+                " expires = excluded.expires, acquired = excluded.acquired,"
+                " generation = excluded.generation, holder = excluded.holder",
+                (self.job, owner, now + ttl, now, generation,
+                 json.dumps(holder) if holder is not None else None))
+        return Lease(generation, took_over)
 
-    def release_lease(self, owner: str) -> None:
-        """Give the lease up (clean exit)."""
+    def renew_lease(self, generation: int, now: float, ttl: float) -> bool:
+        """Extend the lease of ``generation``; False when it is no longer this job's lease."""
         with self.store.transaction() as db:
-            db.execute("DELETE FROM daemon_lease WHERE job = ? AND owner = ?", (self.job, owner))
+            cur = db.execute("UPDATE daemon_lease SET expires = ? WHERE job = ? AND generation = ?",
+                             (now + ttl, self.job, generation))
+            return cur.rowcount == 1
+
+    def release_lease(self, generation: int) -> None:
+        """Give the lease up (clean exit); the generation counter stays."""
+        with self.store.transaction() as db:
+            db.execute("UPDATE daemon_lease SET owner = '', expires = 0, holder = NULL "
+                       "WHERE job = ? AND generation = ?", (self.job, generation))
 
     def lease(self) -> Optional[dict[str, Any]]:
-        """``{owner, expires, acquired}`` or None."""
-        rows = self.store.query("SELECT * FROM daemon_lease WHERE job = ?", (self.job,))
-        return dict(rows[0]) if rows else None
+        """``{owner, expires, acquired, generation, holder}``, or None when nobody holds it."""
+        rows = self.store.query("SELECT * FROM daemon_lease WHERE job = ? AND owner != ''",
+                                (self.job,))
+        if not rows:
+            return None
+        doc = dict(rows[0])
+        doc["holder"] = json.loads(doc["holder"]) if doc["holder"] else None
+        return doc
 
     # quarantine -------------------------------------------------------------
-    def quarantine(self, node: str, reason: str, source: str, at: float) -> bool:
-        """Open an eviction record; False when the machine was already quarantined."""
-        with self.store.transaction() as db:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO evictions(node, job, reason, source, at) VALUES(?, ?, ?, ?, ?)",
-                (node, self.job, reason, source, at))
-            return cur.rowcount == 1
 
     def release(self, node: str, at: float) -> bool:
         """Close the machine's open record; False when it had none."""
@@ -277,14 +400,12 @@ class DaemonState:
     def quarantined(self) -> dict[str, Eviction]:
         """Open records, any job (a bad machine is bad for every job)."""
         rows = self.store.query("SELECT * FROM evictions WHERE released IS NULL ORDER BY at")
-        return {r["node"]: Eviction(r["node"], r["job"], r["reason"], r["source"], r["at"],
-                                    r["released"]) for r in rows}
+        return {r["node"]: _eviction(r) for r in rows}
 
     def eviction_history(self) -> list[Eviction]:
         """Every eviction record, oldest first (caps and failure-rate history)."""
         rows = self.store.query("SELECT * FROM evictions ORDER BY at")
-        return [Eviction(r["node"], r["job"], r["reason"], r["source"], r["at"], r["released"])
-                for r in rows]
+        return [_eviction(r) for r in rows]
 
     # standby pool -------------------------------------------------------------
     def mark_checked(self, node: str, ok: bool, detail: str, at: float,
@@ -317,9 +438,33 @@ class DaemonState:
     def set_members(self, nodes: Sequence[str]) -> None:
         """Replace the job's machine list."""
         with self.store.transaction() as db:
-            db.execute("DELETE FROM job_members WHERE job = ?", (self.job,))
-            db.executemany("INSERT INTO job_members(job, position, node) VALUES(?, ?, ?)",
-                           [(self.job, i, n) for i, n in enumerate(nodes)])
+            _write_members(db, self.job, nodes)
+
+    def swap_members(self, before: Sequence[str], after: Sequence[str], default: Sequence[str],
+                     spares: Sequence[str], at: float, generation: Optional[int]) -> bool:
+        """Compare-and-set the job's machines ``before`` → ``after``, fenced; the spares leave
+        the checked pool in the same transaction. False when the list was neither (someone
+        else changed it); True when it is ``after`` now.
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+        """
+        with self.store.transaction() as db:
+            self._fence(db, generation)
+            rows = db.execute("SELECT node FROM job_members WHERE job = ? ORDER BY position",
+                              (self.job,)).fetchall()
+            now = [r["node"] for r in rows] if rows else list(default)
+            if now == list(after):
+                return True
+            if now != list(before):
+                return False
+            _write_members(db, self.job, after)
+            db.executemany(
+                "INSERT INTO standby_checks(node, ok, at, detail, outcome) VALUES(?, 0, ?, ?, "
+                "'failed') ON CONFLICT(node) DO UPDATE SET ok = 0, at = excluded.at,"
+                " detail = excluded.detail, outcome = excluded.outcome",
+                [(n, at, "in the job since a swap") for n in spares])
+            return True
 
     # ETTR -------------------------------------------------------------------
     def add_interval(self, start: float, end: float, productive: bool) -> None:
@@ -355,3 +500,9 @@ class DaemonState:
         return (rows[0]["at"], json.loads(rows[0]["doc"])) if rows else None
 
 
+
+
+def _write_members(db: sqlite3.Connection, job: str, nodes: Sequence[str]) -> None:
+    db.execute("DELETE FROM job_members WHERE job = ?", (job,))
+    db.executemany("INSERT INTO job_members(job, position, node) VALUES(?, ?, ?)",
+                   [(job, i, n) for i, n in enumerate(nodes)])

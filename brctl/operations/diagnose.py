@@ -153,6 +153,7 @@ def diagnose(
     store: Store | None = None,
     now: float | None = None,
     progress: Progress | None = None,
+    history: Sequence[PastConclusion] | None = None,
 ) -> DiagnoseReport:
     """Diagnose the failed job on ``nodes`` (default: the job's machines).
 
@@ -165,6 +166,8 @@ def diagnose(
         store: the state database (earlier verdicts in, this one recorded); None: neither.
         now: the time used for the history window (default: the clock).
         progress: called with a one-line message as each step starts.
+        history: the earlier verdicts the escalation ladder climbs from; default the
+            store's (the daemon gives what it actually carried out).
 
     Returns:
         The report; ``report.exit_code`` follows the exit-code table of brctl(1).
@@ -207,7 +210,7 @@ def diagnose(
             incomplete.update(_untested(stages, candidates))
     job = inv.job_key
     when = time.time() if now is None else now
-    history = _history(store, job)
+    history = list(history) if history is not None else _history(store, job)
     verdict = decide(found, faulty, history, now=when, window=inv.diagnose.repeat_window,
                      faulty_stage=faulty_stage, stages=[s.outcome() for s in stages])
     if store is not None:

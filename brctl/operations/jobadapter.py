@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,28 @@ class JobAdapter:
         return None if run is None else run.ok
 
 
+def redact_url(url: str) -> str:
+    """``scheme://host[:port]/…``: a webhook's path and query often are its secret."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or "?"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}/…"
+
+
+def _without_secrets(text: str, url: str) -> str:
+    """``text`` with the URL, its path, query and credentials cut out (an error message
+    from urllib or http.client may quote any of them)."""
+    parts = urllib.parse.urlsplit(url)
+    for secret in sorted({url, parts.path, parts.query, parts.netloc, parts.password or ""},
+                         key=len, reverse=True):
+        if len(secret) > 1:
+            text = text.replace(secret, "…")
+    return text
+
+
 @dataclass(frozen=True)
 class Notifier:
     """Sends one message per action or refusal; failures are returned, never raised."""
@@ -134,23 +157,32 @@ class Notifier:
 
     def send(self, kind: str, state: str, node: Optional[str], reason: str,
              detail: Mapping[str, Any]) -> list[str]:
-        """Deliver the message; returns the delivery errors (empty when all went out)."""
+        """Deliver the message; returns the delivery errors (empty when all went out).
+
+        Best effort: whatever a webhook answers (no HTTP at all, a reset, a malformed
+        redirect) or a notify_command does is an error string, never an exception, and
+        the webhook URL appears only redacted.
+        """
         message = {"job": self.job, "kind": kind, "state": state, "node": node, "reason": reason,
                    "detail": dict(detail), "at": time.time()}
         body = json.dumps(message, default=str).encode()
         errors = []
         if self.webhook:
-            request = urllib.request.Request(self.webhook, data=body, method="POST",
-                                             headers={"Content-Type": "application/json"})
             try:
+                request = urllib.request.Request(self.webhook, data=body, method="POST",
+                                                 headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                    resp.read()
-            except OSError as exc:
-                errors.append(f"webhook: {exc}")
+                    resp.read(65536)
+            except Exception as exc:  # http.client raises far more than OSError
+                errors.append(f"webhook {redact_url(self.webhook)}: {type(exc).__name__}: "
+                              f"{_without_secrets(str(exc), self.webhook)[:200]}")
         if self.command is not None:
-            argv = render_argv(self.command, {"job": self.job, "kind": kind, "state": state,
-                                              "node": node or "", "reason": reason})
-            run = run_hook(argv, self.timeout, stdin=body)
-            if not run.ok:
-                errors.append(f"notify_command exited {run.exit_code}: {run.output[-200:]}")
+            try:
+                argv = render_argv(self.command, {"job": self.job, "kind": kind, "state": state,
+                                                  "node": node or "", "reason": reason})
+                run = run_hook(argv, self.timeout, stdin=body)
+                if not run.ok:
+                    errors.append(f"notify_command exited {run.exit_code}: {run.output[-200:]}")
+            except Exception as exc:  # a page is never worth a dead daemon
+                errors.append(f"notify_command: {type(exc).__name__}: {str(exc)[:200]}")
         return errors

@@ -42,10 +42,9 @@ from brctl.analysis.update import (
 )
 from brctl.core import nodeset
 from brctl.core.errors import InputError, RefusedError
-from brctl.core.templates import render_argv
 from brctl.core.transport import Node, RunResult, Transport
 from brctl.operations import update_pack
-from brctl.operations.jobadapter import HookRun, JobAdapter, run_hook
+from brctl.operations.jobadapter import HookRun, JobAdapter
 from brctl.operations.update_report import (
     NodeOutcome,
     NodeStatus,
@@ -60,7 +59,7 @@ from brctl.operations.update_state import (
     history,
     job_state,
     pushed_release,
-    save_job,
+    write_job,
 )
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner, parse_document
@@ -136,13 +135,17 @@ def who(environ: Mapping[str, str]) -> str:
 
 def _record(ctx: UpdateContext, action: str, version: str, sha256: str,
             from_version: Optional[str], machines: Sequence[str], outcome: str,
-            detail: Mapping[str, Any]) -> None:
+            detail: Mapping[str, Any], job: Optional[JobState] = None) -> int:
+    """Write a history row (and the job's new state, in the same transaction); its id."""
     with ctx.store.transaction() as db:
-        db.execute(
+        if job is not None:
+            write_job(db, ctx.job, job)
+        cur = db.execute(
             "INSERT INTO update_events(job, at, who, action, version, sha256, from_version,"
             " machines, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (ctx.job, ctx.now(), ctx.who, action, version, sha256, from_version,
              json.dumps(list(machines)), outcome, json.dumps(detail, sort_keys=True)))
+        return int(cur.lastrowid or 0)
 
 
 def _register_release(ctx: UpdateContext, version: str, art: update_pack.Artifact) -> None:
@@ -307,14 +310,11 @@ def _revert(ctx: UpdateContext, report: Callable[[SwitchOutcome, str], SwitchRep
 
 
 def run_restart_hook(inv: Inventory, version: str, reason: str, timeout: float) -> Optional[HookRun]:
-    """Run ``job.restart_command`` on the controller (the job adapter's hook runner, with
-    ``{version}`` and ``{reason}`` too); None without one."""
-    job = inv.job
-    if job is None or job.restart_command is None:
+    """Run ``job.restart_command`` on the job's machines (the job adapter's restart, the
+    daemon's too, with ``{version}`` and ``{reason}``); None without one."""
+    if inv.job is None:
         return None
-    values = {**JobAdapter(inv, timeout).values(list(job.nodes)), "reason": reason,
-              "version": version}
-    return run_hook(render_argv(job.restart_command, values), timeout)
+    return JobAdapter(inv, timeout).restart(list(inv.job.nodes), version, reason)
 
 
 def _hook_timeout(ctx: UpdateContext) -> float:
@@ -323,24 +323,33 @@ def _hook_timeout(ctx: UpdateContext) -> float:
 
 def _finish_switch(ctx: UpdateContext, rep: SwitchReport, sha256: str, restart: bool,
                    state: JobState, clear_pending: bool) -> SwitchReport:
-    """Record the job's new version, run the hook, write the history row."""
-    hook = None
-    if rep.outcome == "ok":
-        pending = None if clear_pending else state.pending
-        save_job(ctx.store, ctx.job, JobState(rep.version, sha256, pending))
-        if restart:
-            hook = run_restart_hook(ctx.inventory, rep.version or "",
-                            f"update {rep.action} {rep.version}", _hook_timeout(ctx))
-            rep = SwitchReport(rep.action, rep.job, rep.version, rep.from_version, rep.outcome,
-                               rep.reason, rep.nodes, hook)
+    """Record the job's new version and its history row in one transaction, then run the
+    hook and prune, and add what they did to that row.
+
+    A kill in between leaves the version and its history consistent: a rollback that
+    switched is never forgotten (and never done again by a daemon that resumes it).
+    """
+    machines = [n.name for n in ctx.targets()]
     detail: dict[str, Any] = {"switched": rep.outcome == "ok", "reason": rep.reason,
                               "nodes": {n: o.to_json() for n, o in rep.nodes.items()},
-                              "restart": hook.to_json() if hook else None}
-    if rep.outcome == "ok":
-        detail["pruned"] = prune(ctx, [rep.version, rep.from_version,
-                                       state.pending.version if state.pending else None])
-    _record(ctx, rep.action, rep.version or "", sha256, rep.from_version,
-            [n.name for n in ctx.targets()], rep.outcome, detail)
+                              "restart": None}
+    if rep.outcome != "ok":
+        _record(ctx, rep.action, rep.version or "", sha256, rep.from_version, machines,
+                rep.outcome, detail)
+        return rep
+    pending = None if clear_pending else state.pending
+    event_id = _record(ctx, rep.action, rep.version or "", sha256, rep.from_version, machines,
+                       rep.outcome, detail, job=JobState(rep.version, sha256, pending))
+    if restart:
+        hook = run_restart_hook(ctx.inventory, rep.version or "",
+                                f"update {rep.action} {rep.version}", _hook_timeout(ctx))
+        rep = replace(rep, restart=hook)
+        detail["restart"] = hook.to_json() if hook else None
+    detail["pruned"] = prune(ctx, [rep.version, rep.from_version,
+                                   state.pending.version if state.pending else None])
+    with ctx.store.transaction() as db:
+        db.execute("UPDATE update_events SET detail = ? WHERE id = ?",
+                   (json.dumps(detail, sort_keys=True), event_id))
     return rep
 
 
@@ -433,13 +442,13 @@ def _push(ctx: UpdateContext, src: str, version: str, rev: Optional[str], urgent
     pending = state.pending
     if version != state.version or urgent:
         pending = Pending(version, art.sha256, ctx.now(), window, urgent)
-    save_job(ctx.store, ctx.job, JobState(state.version, state.sha256, pending))
     outcome = ("ok" if all(o.state in ("staged", "present") for o in nodes.values())
                else "incomplete" if any(not o.answered for o in nodes.values()) else "failed")
     _record(ctx, "push", version, art.sha256, state.version, list(nodes), outcome,
             {"source": art.source, "size": art.size, "urgent": urgent, "window_s": window,
              "bytes_sent": sum(o.bytes_sent for o in nodes.values()),
-             "nodes": {n: o.to_json() for n, o in nodes.items()}})
+             "nodes": {n: o.to_json() for n, o in nodes.items()}},
+            job=JobState(state.version, state.sha256, pending))
     switch = None
     if urgent and outcome == "ok":
         # The switch is job-wide even when -w narrowed the push: never mix versions.

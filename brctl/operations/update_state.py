@@ -4,10 +4,12 @@ and the history of every push, apply and rollback."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass
 from typing import Optional
 
-from brctl.analysis.update import Event, Pending
+from brctl.analysis.daemon_plan import Release
+from brctl.analysis.update import Event, Pending, rollback_target
 from brctl.core.errors import InputError
 from brctl.state import Component, Store
 
@@ -54,17 +56,23 @@ def job_state(store: Store, job: str) -> JobState:
 
 def save_job(store: Store, job: str, state: JobState) -> None:
     """Record the job's version and pending release."""
-    p = state.pending
     with store.transaction() as db:
-        db.execute(
-            "INSERT INTO update_jobs(job, version, sha256, pending_version, pending_sha256,"
-            " pending_since, pending_window_s, pending_urgent) VALUES (?,?,?,?,?,?,?,?)"
-            " ON CONFLICT(job) DO UPDATE SET version=excluded.version, sha256=excluded.sha256,"
-            " pending_version=excluded.pending_version, pending_sha256=excluded.pending_sha256,"
-            " pending_since=excluded.pending_since, pending_window_s=excluded.pending_window_s,"
-            " pending_urgent=excluded.pending_urgent",
-            (job, state.version, state.sha256, p.version if p else None, p.sha256 if p else None,
-             p.since if p else None, p.window_s if p else None, int(p.urgent) if p else 0))
+        write_job(db, job, state)
+
+
+def write_job(db: sqlite3.Connection, job: str, state: JobState) -> None:
+    """Record the job's version and pending release inside the caller's transaction (the
+    history row of the switch goes in the same one)."""
+    p = state.pending
+    db.execute(
+        "INSERT INTO update_jobs(job, version, sha256, pending_version, pending_sha256,"
+        " pending_since, pending_window_s, pending_urgent) VALUES (?,?,?,?,?,?,?,?)"
+        " ON CONFLICT(job) DO UPDATE SET version=excluded.version, sha256=excluded.sha256,"
+        " pending_version=excluded.pending_version, pending_sha256=excluded.pending_sha256,"
+        " pending_since=excluded.pending_since, pending_window_s=excluded.pending_window_s,"
+        " pending_urgent=excluded.pending_urgent",
+        (job, state.version, state.sha256, p.version if p else None, p.sha256 if p else None,
+         p.since if p else None, p.window_s if p else None, int(p.urgent) if p else 0))
 
 
 def history(store: Store, job: str, limit: Optional[int] = None) -> list[Event]:
@@ -88,3 +96,24 @@ def pushed_release(store: Store, version: str) -> tuple[str, str]:
         raise InputError(f"release {version!r} was never pushed here",
                          hint="brctl update history lists the releases")
     return rows[0]["sha256"], rows[0]["source"]
+
+
+def release_sha256(store: Store, version: str) -> Optional[str]:
+    """The sha256 of a pushed release, or None when ``version`` was never pushed here."""
+    store.migrate(COMPONENT)
+    rows = store.query("SELECT sha256 FROM update_releases WHERE version = ?", (version,))
+    return str(rows[0]["sha256"]) if rows else None
+
+
+def release_targets(store: Store, job: str) -> Release:
+    """The job's release now, as the daemon fixes a plan's targets: its recorded version
+    (and sha256), the pending release, and the (version, sha256) a rollback goes back to."""
+    store.migrate(COMPONENT)
+    state = job_state(store, job)
+    target = rollback_target(history(store, job), state.version)
+    sha = release_sha256(store, target) if target is not None else None
+    return Release(
+        state.version,
+        (state.pending.version, state.pending.sha256) if state.pending is not None else None,
+        (state.version, state.sha256) if state.version and state.sha256 else None,
+        (target, sha) if target is not None and sha is not None else None)

@@ -168,7 +168,8 @@ def test_daemon_run_needs_a_restart_command_unless_dry_run(brctl: Any, tmp_path:
     assert dry.exit_code == 0, dry.stderr
     assert dry.json["schema"] == "brctl.daemon.run/1" and dry.json["iterations"] == 2
     assert dry.json["stopped_by"] == "max-iterations"
-    assert (state_dir / "daemon-events.jsonl").exists()
+    # a dry run shows its events on stderr and writes nowhere the live daemon reads
+    assert not (state_dir / "daemon-events.jsonl").exists()
 
 
 def test_demo_inventory_and_unit_file_are_valid() -> None:

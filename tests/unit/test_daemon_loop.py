@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from brctl.analysis.daemon import Finding, ReplayOutcome
+from brctl.analysis.daemon_plan import Release
+from brctl.analysis.diagnose_decide import PastConclusion
 from brctl.analysis.inventory import Inventory, from_document
 from brctl.core.errors import RefusedError
 from brctl.core.transport import Node
@@ -46,6 +48,8 @@ class Script:
         default_factory=lambda: ReplayOutcome("none", (), (), "every group matched the reference"))
     calls: list[tuple[str, Any]] = field(default_factory=list)
     kill_on: str = ""
+    versions: list[str] = field(default_factory=lambda: ["v1", "v2", "v3"])
+    version: str = "v3"
 
     def health(self, nodes: Sequence[Node]) -> HealthView:
         return HealthView({n.name: r for n, r in ((n, self.evict.get(n.name)) for n in nodes) if r},
@@ -59,7 +63,7 @@ class Script:
         self.calls.append(("stacks", [n.name for n in nodes]))
         return self.stacks_finding
 
-    def diagnose(self, nodes: Sequence[Node]) -> Finding:
+    def diagnose(self, nodes: Sequence[Node], history: Sequence[PastConclusion]) -> Finding:
         self.calls.append(("diagnose", [n.name for n in nodes]))
         return self.diagnose_finding
 
@@ -69,12 +73,18 @@ class Script:
             raise Killed()
         return "restored"
 
-    def apply_updates(self, nodes: Sequence[Node]) -> str:
+    def release(self) -> Release:
+        at = self.versions.index(self.version)
+        return Release(self.version, None, (self.version, f"sha-{self.version}"),
+                       (self.versions[at - 1], f"sha-{self.versions[at - 1]}") if at else None)
+
+    def apply_updates(self, nodes: Sequence[Node], version: str, sha256: str) -> str:
         self.calls.append(("apply", [n.name for n in nodes]))
         return "applied"
 
-    def rollback(self, nodes: Sequence[Node]) -> str:
+    def rollback(self, nodes: Sequence[Node], version: str, sha256: str) -> str:
         self.calls.append(("rollback", [n.name for n in nodes]))
+        self.version = version
         return "rolled back"
 
     def replay(self, nodes: Sequence[Node]) -> ReplayOutcome:
@@ -96,7 +106,8 @@ class Clock:
         return self.now
 
 
-def inventory(tmp_path: Path, **daemon: Any) -> Inventory:
+def inventory(tmp_path: Path, stop: bool = False, **daemon: Any) -> Inventory:
+    """The test job; ``stop``: with a stop_command (recorded like the other hooks)."""
     log = tmp_path / "hooks.jsonl"
     py = sys.executable
     doc = {
@@ -109,6 +120,8 @@ def inventory(tmp_path: Path, **daemon: Any) -> Inventory:
                    "notify_command": [py, "-c", RECORD, str(tmp_path / "notify.jsonl"),
                                       "{kind}", "{state}", "{node}"], **daemon},
     }
+    if stop:
+        doc["job"]["stop_command"] = [py, "-c", RECORD, str(log), "stop", "{nodes}"]
     return from_document(doc, "test.yaml")
 
 
@@ -347,18 +360,32 @@ def test_eviction_cap_refuses_and_records(tmp_path: Path) -> None:
     assert hooks_log(tmp_path) == [] and daemon.members() == ["n1", "n2", "n3", "n4"]
 
 
-def test_dry_run_decides_and_records_without_acting(tmp_path: Path) -> None:
+def test_dry_run_decides_without_acting_and_writes_nothing_the_live_daemon_reads(
+        tmp_path: Path) -> None:
     script, clock = Script(), Clock()
-    daemon, store = make(tmp_path, script, clock, dry_run=True)
-    daemon.start()
-    tick(daemon, clock, script)
+    live, store = make(tmp_path, script, clock)
+    live.start()
+    tick(live, clock, script)
+    lease = DaemonState(store, "llm").lease()
+    before = {t: store.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"]
+              for t in ("daemon_events", "daemon_actions", "ettr_intervals", "evictions")}
+    status = DaemonState(store, "llm").status()
+    dry, _ = make(tmp_path, script, clock, owner="looker", dry_run=True)
+    dry.start()  # no lease taken: the live daemon's stays
+    tick(dry, clock, script)
     script.evict = {"n4": "ecc"}
-    tick(daemon, clock, script)
-    tick(daemon, clock, script)  # the same incident is decided once
-    assert hooks_log(tmp_path) == [] and daemon.members() == ["n1", "n2", "n3", "n4"]
-    acts = DaemonState(store, "llm").actions()
-    assert [(a.kind, a.state) for a in acts] == [("plan", "dry-run")]
-    assert len(daemon.report.handled) == 1
+    tick(dry, clock, script)
+    tick(dry, clock, script)  # the same incident is decided once
+    assert hooks_log(tmp_path) == [] and dry.members() == ["n1", "n2", "n3", "n4"]
+    assert len(dry.report.handled) == 1 and dry.report.handled[0].plan is not None
+    assert dry.report.handled[0].plan.evict == ("n4",)
+    after = {t: store.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"] for t in before}
+    assert after == before and DaemonState(store, "llm").status() == status
+    assert DaemonState(store, "llm").lease() == lease
+    dry.stop()
+    assert DaemonState(store, "llm").lease() == lease
+    tick(live, clock, script)  # the live daemon still holds its generation and acts
+    assert live.members() == ["n1", "n2", "n3", "s1"]
 
 
 def test_no_checked_standby_refuses(tmp_path: Path) -> None:

@@ -1,0 +1,244 @@
+"""The step executor: carries out a recorded plan, step by step, at most once.
+
+A plan (``analysis.daemon_plan``) is a list of steps with fixed targets. For each
+step, in order:
+
+1. already ``done`` → skip it (a resumed plan);
+2. left as ``intent`` by a daemon that died → ``RESUME[kind]``: run it again
+   (idempotent), check its effect first (done, or run again), or mark it
+   ``unknown``: the plan is abandoned and a human paged, never run twice;
+3. else write its intent, fenced by the lease generation, run it, and write its
+   outcome, fenced too.
+
+A step runs only when every step before it succeeded: a failure stops the plan,
+the rest is recorded ``skipped``, the plan ``failed``, and a human is paged. The
+outcome the loop gets back is what actually happened (the escalation ladder reads
+only plans that finished ``done``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+from brctl.analysis.daemon import ReplayOutcome
+from brctl.analysis.daemon_plan import RESUME, Step, expected_members
+from brctl.analysis.inventory import Inventory
+from brctl.core.errors import BrctlError
+from brctl.operations.daemon_hooks import Hooks
+from brctl.operations.daemon_state import (
+    ABANDONED,
+    DONE,
+    FAILED,
+    INTENT,
+    SKIPPED,
+    UNKNOWN,
+    DaemonState,
+)
+from brctl.operations.jobadapter import HookRun, JobAdapter
+
+_DETAIL_KEEP = 2000
+
+
+class Recorder(Protocol):
+    """Where the executor reports: the loop's event log and notifier."""
+
+    def event(self, kind: str, nodes: Sequence[str], detail: dict[str, Any]) -> int:
+        """Record an event."""
+        ...
+
+    def notify(self, kind: str, state: str, node: Optional[str], reason: str,
+               detail: Mapping[str, Any]) -> None:
+        """Page (best effort, never raises)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """How a plan ended: done | failed | abandoned, why, and whether a restart was begun."""
+
+    state: str
+    why: str = ""
+    restarted: bool = False
+
+
+def hook_detail(run: Optional[HookRun], what: str) -> str:
+    """A hook's one-line result; raises ``BrctlError`` when it failed."""
+    if run is None:
+        return f"no {what} configured"
+    if not run.ok:
+        code = "timed out" if run.exit_code is None else f"exited {run.exit_code}"
+        raise BrctlError(f"{what} {' '.join(run.argv)} {code}: {run.output.strip()[-300:]}")
+    return f"{what} ok ({run.seconds:.1f}s)"
+
+
+class Executor:
+    """Runs plans for one job under one lease generation."""
+
+    def __init__(self, inv: Inventory, state: DaemonState, hooks: Hooks, adapter: JobAdapter,
+                 record: Recorder, generation: Callable[[], Optional[int]],
+                 clock: Callable[[], float],
+                 after_replay: Callable[[str, Mapping[str, Any], ReplayOutcome], None]) -> None:
+        """Args: the job's inventory and records, the hooks, where to report, the lease
+        generation to fence with, the clock, and the loop's follow-up of a replay verdict."""
+        assert inv.job is not None
+        self.inv, self.state, self.hooks, self.adapter = inv, state, hooks, adapter
+        self.record, self.generation, self.clock = record, generation, clock
+        self.after_replay = after_replay
+
+    def run(self, key: str, doc: Mapping[str, Any]) -> PlanOutcome:
+        """Carry out the plan recorded under ``key`` (new or resumed)."""
+        steps = [Step.from_json(s) for s in doc.get("steps", [])]
+        reason = str(doc["plan"]["reason"])
+        restarted = False
+        for i, step in enumerate(steps):
+            skey = f"{key}/{step.id}"
+            self.state.fence(self.generation())
+            rec = self.state.action(skey)
+            if rec is not None and rec.state == DONE:
+                if step.kind == "replay":
+                    self.after_replay(key, doc, ReplayOutcome.from_json(rec.payload))
+                continue
+            if rec is not None and rec.state != INTENT:
+                return self._close(key, steps[i + 1:], FAILED,
+                                   f"step {step.id} was {rec.state}: {rec.reason}", restarted)
+            if rec is not None:  # left as intent by a daemon that died: it may have run
+                resumed = self._resume(step, doc)
+                if resumed == UNKNOWN:
+                    why = (f"step {step.id} ({step.kind}) was interrupted after it began; "
+                           f"whether it took effect cannot be checked, so it is not run again")
+                    self._finish(skey, step, UNKNOWN, why)
+                    return self._close(key, steps[i + 1:], ABANDONED, why, restarted)
+                if resumed == DONE:
+                    self._finish(skey, step, DONE, "found done when the plan was resumed")
+                    continue
+            else:
+                self.state.intend(skey, step.kind, step.node, {"args": dict(step.args)}, reason,
+                                  self.clock(), self.generation())
+            restarted = restarted or step.kind == "restart"
+            ok, detail, payload = self._carry_out(step, doc, reason)
+            self._finish(skey, step, DONE if ok else FAILED, detail, payload)
+            self.record.notify(step.kind, DONE if ok else FAILED, step.node, reason,
+                               {"key": skey, "detail": detail})
+            if not ok:
+                return self._close(key, steps[i + 1:], FAILED, f"step {step.id} failed: {detail}",
+                                   restarted)
+            if step.kind == "replay":
+                self.after_replay(key, doc, ReplayOutcome.from_json(payload or {}))
+        if doc["plan"].get("decision") == "notify":  # e.g. fail-slow with nobody to blame
+            self.record.notify(str((doc.get("incident") or {}).get("kind", "incident")),
+                               "needs-attention", None, reason, {})
+        self.state.finish(key, DONE, self.clock(), generation=self.generation())
+        return PlanOutcome(DONE, "", restarted)
+
+    def _finish(self, skey: str, step: Step, outcome: str, detail: str,
+                payload: Optional[dict[str, Any]] = None) -> None:
+        self.state.finish(skey, outcome, self.clock(), detail[:_DETAIL_KEEP], payload,
+                          self.generation())
+        self.record.event(f"action_{step.kind}", [step.node] if step.node else [],
+                          {"key": skey, "ok": outcome == DONE, "state": outcome, "detail": detail,
+                           **(payload or {})})
+
+    def abandon(self, key: str, doc: Mapping[str, Any], why: str) -> PlanOutcome:
+        """Abandon a recorded plan without running anything: steps left as intent become
+        ``unknown`` (they may have run), steps never begun ``skipped``; a page."""
+        rest = []
+        for step in (Step.from_json(s) for s in doc.get("steps", [])):
+            rec = self.state.action(f"{key}/{step.id}")
+            if rec is None:
+                rest.append(step)
+            elif rec.state == INTENT:
+                self._finish(f"{key}/{step.id}", step, UNKNOWN, f"interrupted; not resumed: {why}")
+        return self._close(key, rest, ABANDONED, why, False)
+
+    def _close(self, key: str, rest: Sequence[Step], outcome: str, why: str,
+               restarted: bool) -> PlanOutcome:
+        """End the plan short of its last step: the rest skipped, the plan recorded, a page."""
+        for step in rest:
+            skey = f"{key}/{step.id}"
+            self.state.intend(skey, step.kind, step.node, {"args": dict(step.args)}, why,
+                              self.clock(), self.generation())
+            self.state.finish(skey, SKIPPED, self.clock(), f"not run: {why}"[:_DETAIL_KEEP],
+                              generation=self.generation())
+        self.state.finish(key, outcome, self.clock(), why[:_DETAIL_KEEP], generation=self.generation())
+        self.record.event(f"plan_{outcome}", [], {"plan": key, "reason": why,
+                                                  "skipped": [s.id for s in rest]})
+        self.record.notify("plan", outcome, None, why, {"plan": key,
+                                                        "skipped": [s.id for s in rest]})
+        return PlanOutcome(outcome, why, restarted)
+
+    # resuming -------------------------------------------------------------------------
+    def _resume(self, step: Step, doc: Mapping[str, Any]) -> str:
+        """What to do with a step a dead daemon left as intent: INTENT (run it again),
+        DONE (its effect shows) or UNKNOWN."""
+        policy = RESUME[step.kind]
+        if policy == "unknown":
+            return UNKNOWN
+        if policy == "rerun":
+            return INTENT
+        if step.kind == "swap":
+            now = self.state.members(self.inv.job.nodes if self.inv.job else ())
+            if now == expected_members(doc, swapped=True):
+                return DONE
+            return INTENT if now == expected_members(doc, swapped=False) else UNKNOWN
+        if step.kind == "rollback":
+            version = step.args.get("version", "")
+            return DONE if version and self.hooks.release().version == version else INTENT
+        return UNKNOWN
+
+    # the steps ------------------------------------------------------------------------
+    def _carry_out(self, step: Step, doc: Mapping[str, Any], reason: str
+                   ) -> tuple[bool, str, Optional[dict[str, Any]]]:
+        """Run one step: (ok, detail, payload kept with it)."""
+        try:
+            if step.kind == "replay":
+                return self._replay(step)
+            return True, self._action(step, doc, reason), None
+        except BrctlError as exc:
+            return False, exc.message, None
+
+    def _nodes(self, names: str) -> list[Any]:
+        return [self.inv.node(n) for n in names.split(",") if n]
+
+    def _action(self, step: Step, doc: Mapping[str, Any], reason: str) -> str:
+        a = step.args
+        members = [str(n) for n in doc["members"]]
+        after = expected_members(doc, swapped=True)
+        if step.kind == "evict":
+            assert step.node is not None
+            return hook_detail(self.adapter.evict(members, step.node, reason), "evict_command")
+        if step.kind == "stop":
+            return hook_detail(self.adapter.stop(a["nodes"].split(",")), "stop_command")
+        if step.kind == "restore":
+            return self.hooks.restore(self.inv.node(a["evicted"]), self.inv.node(a["standby"]),
+                                      [self.inv.node(n) for n in after])
+        if step.kind == "swap":
+            before, new = a["before"].split(","), a["after"].split(",")
+            spares = [n for n in new if n not in set(before)]
+            assert self.inv.job is not None
+            if not self.state.swap_members(before, new, self.inv.job.nodes, spares, self.clock(),
+                                           self.generation()):
+                raise BrctlError("the job's machines changed since the plan was written: "
+                                 "no swap (compare-and-set failed)")
+            return ", ".join(f"{x} -> {y}" for x, y in zip(before, new) if x != y)
+        if step.kind == "apply":
+            return self.hooks.apply_updates(self._nodes(",".join(after)), a.get("version", ""),
+                                            a.get("sha256", ""))
+        if step.kind == "rollback":
+            if not a.get("version"):
+                raise BrctlError("no earlier release recorded to roll back to: the job keeps "
+                                 "its code, and is not restarted on it")
+            return self.hooks.rollback(self._nodes(",".join(after)), a["version"], a["sha256"])
+        if step.kind == "restart":
+            return hook_detail(self.adapter.restart(a["nodes"].split(",")), "restart_command")
+        raise BrctlError(f"step {step.id}: unknown kind {step.kind}")
+
+    def _replay(self, step: Step) -> tuple[bool, str, dict[str, Any]]:
+        """Replay the stopped job once; its verdict is kept with the step (a resumed plan
+        reads it back). A replay that ran and proved nothing is still a done step."""
+        try:
+            outcome = self.hooks.replay(self._nodes(step.args["nodes"]))
+        except BrctlError as exc:
+            outcome = ReplayOutcome("incomplete", (), (), f"replay failed: {exc.message}")
+        return True, f"replay {outcome.verdict}: {outcome.reason}", outcome.to_json()
