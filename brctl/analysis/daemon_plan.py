@@ -115,6 +115,7 @@ def steps_for(plan: Plan, *, members: Sequence[str], replacements: Mapping[str, 
         steps.append(Step(f"restore/{spare}", "restore", spare, {"evicted": evicted, "standby": spare}))
     if replacements:
         steps.append(Step("swap", "swap", None, {"before": ",".join(members), "after": ",".join(after)}))
+    version = release.version or ""
     if plan.decision == "rollback":
         version, sha256 = release.previous or ("", "")
         steps.append(Step("rollback", "rollback", None, {"version": version, "sha256": sha256}))
@@ -125,7 +126,7 @@ def steps_for(plan: Plan, *, members: Sequence[str], replacements: Mapping[str, 
     if plan.decision == "replay":
         steps.append(Step("replay", "replay", None, {"nodes": ",".join(members)}))
     if plan.restart:
-        steps.append(Step("restart", "restart", None, {"nodes": ",".join(after)}))
+        steps.append(Step("restart", "restart", None, {"nodes": ",".join(after), "version": version}))
     return tuple(steps)
 
 

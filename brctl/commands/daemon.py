@@ -39,20 +39,25 @@ def run(
     analysis; then evict (swapping in a checked standby, restoring its checkpoint
     shards and pending updates), reattempt, roll back or replay (brctl replay on
     the stopped job: evict the machines it proves faulty, or reattempt and page a
-    human with its evidence), and restart through job.restart_command. Every
-    decision and action is recorded in the state database before it is carried
-    out, so a restart after a crash or
-    kill -9 finishes it without doing anything twice. SIGTERM stops after the
-    current step. Exit 0: nothing happened; 1: incidents were handled; 4: an
-    action was refused (caps, restarts without progress, no standby, another
-    daemon holds the job's lease).
+    human with its evidence), and restart through job.restart_command. A
+    machine evicted by hand (brctl evict) is swapped out at the next poll.
+    Every step is recorded before and after it runs, under the job's lease: a
+    daemon restarted after a crash or kill -9 takes over at once from its dead
+    predecessor and finishes what it left, except a step that may have run and
+    cannot be checked (a restart or stop command): that plan is abandoned and a
+    human paged, never run twice. A refusal or an abandoned plan stops further
+    actions; the daemon stays up and keeps reporting. --dry-run takes no lease
+    and records nothing. SIGTERM stops after the current step. Exit 0: nothing
+    happened; 1: incidents were handled; 4: an action was refused or a plan
+    abandoned (caps, restarts without progress, no standby), another daemon
+    holds the job's lease, or this one lost it.
     """
     import signal
     import threading
 
     from brctl.commands._render_daemon import event_line, render_run
     from brctl.core.errors import UsageError
-    from brctl.operations.daemon import RunOptions, serve
+    from brctl.operations.daemon_serve import RunOptions, serve
 
     env: Env = ctx.obj
     for name, value in (("--max-iterations", max_iterations), ("--for", duration)):

@@ -25,7 +25,8 @@ lease stops before its next step and exits 4. ``--dry-run`` takes no lease and
 writes nothing the live daemon reads: it decides and reports only.
 
 The machines are behind ``Hooks`` (``operations.daemon_hooks``) so the loop is
-tested with scripted ones; ``LiveHooks`` wires the real operations.
+tested with scripted ones; ``LiveHooks`` wires the real operations, and
+``operations.daemon_serve.serve`` the live daemon (notifier, event log, /metrics).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ from brctl.analysis.diagnose_decide import PastConclusion
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode
-from brctl.core.transport import Node, Transport
-from brctl.operations.daemon_hooks import Hooks, LiveHooks
+from brctl.core.transport import Node
+from brctl.operations.daemon_hooks import Hooks
 from brctl.operations.daemon_lease import Heartbeat, proven_dead, this_holder
 from brctl.operations.daemon_state import ABANDONED, DONE, INTENT, DaemonState, LeaseLost
 from brctl.operations.daemon_steps import Executor, PlanOutcome
@@ -516,71 +517,6 @@ def _swapped(kinds: Mapping[str, str], states: Mapping[str, Optional[str]]) -> O
     if swap and swap[0] == INTENT:
         return None
     return bool(swap) and swap[0] == DONE
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """``brctl daemon run`` options."""
-
-    dry_run: bool = False
-    max_iterations: Optional[int] = None
-    until_step: Optional[int] = None
-    duration: Optional[float] = None
-    metrics: bool = True
-
-
-def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOptions, *,
-          timeout_scale: float = 1.0, stop: Optional[threading.Event] = None,
-          on_event: Optional[Callable[[dict[str, Any]], None]] = None,
-          on_poll: Optional[Callable[[PollResult], None]] = None,
-          warn: Callable[[str], None] = lambda _m: None,
-          environ: Optional[Mapping[str, str]] = None) -> DaemonReport:
-    """Build the daemon for ``inv``'s job and run it until a limit or SIGTERM.
-
-    Raises:
-        UsageError: the inventory has no job, or no restart_command (without --dry-run).
-        RefusedError: another daemon holds the job's lease.
-    """
-    from brctl.core.errors import UsageError
-    from brctl.operations.daemon_state import owner_id
-
-    if inv.job is None:
-        raise UsageError(f"daemon: {inv.source} has no job: section",
-                         hint="the daemon watches one job; see inventory.example.yaml")
-    if inv.job.restart_command is None and not opts.dry_run:
-        raise UsageError(f"daemon: {inv.source}: job.restart_command is not set",
-                         hint="the daemon restarts the job through it; or use --dry-run")
-    stop = stop or threading.Event()
-    store = Store(state_dir)
-    metrics = None
-    try:
-        state = DaemonState(store, inv.job.name)
-        cfg = inv.daemon
-        log = Path(cfg.event_log).expanduser() if cfg.event_log else state_dir / "daemon-events.jsonl"
-        notifier = Notifier(inv.job.name, cfg.notify_webhook, cfg.notify_command)
-        daemon = Daemon(inv, state, LiveHooks(inv, transport, store, state_dir, timeout_scale, environ),
-                        JobAdapter(inv, cfg.command_timeout * timeout_scale), notifier=notifier,
-                        owner=owner_id(), dry_run=opts.dry_run, event_log=log, on_event=on_event)
-        if opts.metrics and cfg.metrics_port:
-            from brctl.operations.daemon_metrics import MetricsServer
-
-            def pool() -> int:
-                checked = {n for n, (ok, _, _) in state.checks().items() if ok}
-                return len(pick_standbys(inv.standby, checked=checked, count=len(inv.standby),
-                                         quarantined=state.quarantined(), in_use=daemon.members()))
-
-            try:
-                metrics = MetricsServer(state, cfg.metrics_address, cfg.metrics_port,
-                                        lambda: daemon.health_status, pool)
-            except OSError as exc:
-                warn(f"/metrics not served on {cfg.metrics_address}:{cfg.metrics_port}: "
-                     f"{exc.strerror or exc}; the loop runs without it")
-        return daemon.run(stop=stop, max_iterations=opts.max_iterations,
-                          until_step=opts.until_step, duration=opts.duration, on_poll=on_poll)
-    finally:
-        if metrics is not None:
-            metrics.close()
-        store.close()
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,8 @@ class Executor:
                                  "its code, and is not restarted on it")
             return self.hooks.rollback(self._nodes(",".join(after)), a["version"], a["sha256"])
         if step.kind == "restart":
-            return hook_detail(self.adapter.restart(a["nodes"].split(",")), "restart_command")
+            return hook_detail(self.adapter.restart(a["nodes"].split(","), a.get("version", ""),
+                                                    reason), "restart_command")
         raise BrctlError(f"step {step.id}: unknown kind {step.kind}")
 
     def _replay(self, step: Step) -> tuple[bool, str, dict[str, Any]]:

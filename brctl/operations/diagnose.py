@@ -39,6 +39,7 @@ from brctl.core.errors import ExitCode, RefusedError, UsageError
 from brctl.core.nodeset import fold
 from brctl.core.transport import Node, Transport
 from brctl.diagnostics.xid import parse_xid_lines
+from brctl.operations.jobadapter import rendezvous_address
 from brctl.remote.probes import ProbeResult, ProbeRunner
 from brctl.state import Component, Store
 
@@ -429,10 +430,6 @@ def _gather_verdicts(names: list[str], faulty: list[str], evidence: dict[str, li
     return out
 
 
-def _master_addr(node: Node) -> str:
-    return "127.0.0.1" if node.connection == "local" else node.address
-
-
 def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], timeout: float,
                 options: Options, evidence: dict[str, list[str]], skipped: dict[str, str],
                 spent: dict[str, float]) -> list[tuple[tuple[str, ...], bool]]:
@@ -441,13 +438,13 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
     startup = cfg.startup_timeout * options.timeout_scale
     masters = [g[0] for g in groups]
     ports = runner.run(masters, "brctl.diagnostics.collective",
-                       lambda n: {"op": "free_port", "address": _master_addr(n)},
+                       lambda n: {"op": "free_port", "address": rendezvous_address(n)},
                        timeout=cfg.collect_timeout * options.timeout_scale)
     plan: dict[str, dict[str, Any]] = {}
     for group in groups:
         doc = ports[group[0].name].document
         port = doc.get("port") if doc else None
-        addr = _master_addr(group[0])
+        addr = rendezvous_address(group[0])
         ifname = cfg.gloo_ifname or ("lo" if addr.startswith("127.") else None)
         for rank, node in enumerate(group):
             plan[node.name] = {"op": "allgather", "nnodes": len(group), "node_rank": rank,

@@ -61,6 +61,29 @@ class HookRun:
                 "stderr": self.stderr, "seconds": round(self.seconds, 3)}
 
 
+def rendezvous_address(node: Node) -> str:
+    """The address a group's first machine is reached at for a rendezvous
+    (``{master_addr}``): 127.0.0.1 for a local "machine" (its name need not resolve)."""
+    return "127.0.0.1" if node.connection == "local" else node.address
+
+
+def placeholder_values(inv: Inventory, group: Sequence[str], *, port: int = MASTER_PORT,
+                       nproc_per_node: Optional[int] = None) -> dict[str, object]:
+    """The placeholders of a job or group running on ``group`` (rank order), for every
+    argv template brctl fills (restart/stop/evict/status commands, replay workloads):
+    ``{nodes}`` ``{nodes_folded}`` ``{nnodes}`` ``{nproc_per_node}`` ``{master_addr}``
+    ``{master_port}``. The one builder, so they never disagree."""
+    first = inv.nodes.get(group[0]) if group else None
+    return {
+        "nodes": ",".join(group),
+        "nodes_folded": fold(group),
+        "nnodes": len(group),
+        "nproc_per_node": nproc_per_node if nproc_per_node is not None else (first.gpus if first else 1),
+        "master_addr": rendezvous_address(first) if first else "",
+        "master_port": port,
+    }
+
+
 # The controller as a "machine" of LocalTransport: hooks run here, with brctl's environment.
 CONTROLLER = Node(name="controller", address="127.0.0.1", connection="local")
 
@@ -89,25 +112,18 @@ class JobAdapter:
 
     def values(self, members: Sequence[str]) -> dict[str, object]:
         """Placeholder values for the job running on ``members``."""
-        first = self.inv.nodes.get(members[0]) if members else None
-        return {
-            "job": self.job.name,
-            "nodes": ",".join(members),
-            "nodes_folded": fold(members),
-            "nnodes": len(members),
-            "nproc_per_node": first.gpus if first else 1,
-            "master_addr": first.address if first else "",
-            "master_port": MASTER_PORT,
-        }
+        return {"job": self.job.name, **placeholder_values(self.inv, members)}
 
     def _run(self, template: Optional[Template], values: Mapping[str, object]) -> Optional[HookRun]:
         if template is None:
             return None
         return run_hook(render_argv(template, values), self.timeout)
 
-    def restart(self, members: Sequence[str]) -> Optional[HookRun]:
-        """Run ``restart_command`` (None when there is none)."""
-        return self._run(self.job.restart_command, self.values(members))
+    def restart(self, members: Sequence[str], version: str = "", reason: str = "") -> Optional[HookRun]:
+        """Run ``restart_command`` (None when there is none): the one restart path, for the
+        daemon and ``brctl update --restart`` alike (``{version}`` the job's release)."""
+        return self._run(self.job.restart_command,
+                         {**self.values(members), "version": version, "reason": reason})
 
     def stop(self, members: Sequence[str]) -> Optional[HookRun]:
         """Run ``stop_command`` (None when there is none)."""

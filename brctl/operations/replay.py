@@ -32,8 +32,8 @@ from brctl.analysis.replay import (
 )
 from brctl.core import templates
 from brctl.core.errors import ExitCode, UsageError
-from brctl.core.nodeset import fold
 from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.operations.jobadapter import placeholder_values
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner
 
@@ -117,11 +117,6 @@ def replay_plan(inv: Inventory, dp: Optional[int] = None) -> ReplayPlan:
     return plan(shape_of(job_topology(inv), dp))
 
 
-def _address(node: Node) -> str:
-    # A local "machine" is this host: its name need not resolve.
-    return "127.0.0.1" if node.connection == "local" else node.address
-
-
 class RoundLauncher:
     """Runs the groups of one round at once and turns machine results into GroupRuns."""
 
@@ -175,11 +170,9 @@ class RoundLauncher:
         return [self._group_run(group, results) for group in groups]
 
     def _values(self, group: tuple[str, ...], rank: int, port: int) -> dict[str, object]:
-        first = self.inv.nodes[group[0]]
-        return {"nodes": ",".join(group), "nodes_folded": fold(group), "node": group[rank],
-                "nnodes": len(group), "node_rank": rank,
-                "nproc_per_node": self.plan.shape.gpus, "master_addr": _address(first),
-                "master_port": port}
+        return {**placeholder_values(self.inv, group, port=port,
+                                     nproc_per_node=self.plan.shape.gpus),
+                "node": group[rank], "node_rank": rank}
 
     def _run_builtin(self, nodes: list[Node], groups: Sequence[tuple[str, ...]],
                      slots: dict[str, tuple[int, int]], ports: list[int],

@@ -185,3 +185,24 @@ def test_demo_inventory_and_unit_file_are_valid() -> None:
     assert inv.update.root.startswith("/tmp/brctl-demo/")
     unit = (root / "contrib" / "brctl-daemon.service").read_text()
     assert "ExecStart=/usr/local/bin/brctl -i /etc/brctl/%i.yaml daemon run" in unit
+
+
+def test_a_bad_webhook_url_is_refused_at_load_without_echoing_it(brctl: Any, tmp_path: Path) -> None:
+    for url in ("http://hooks.example.com:99999/T0KEN", "https:///T0KEN", "ftp://x/T0KEN",
+                "http://hooks.example.com/T0KEN with space"):
+        inv = write_inv(tmp_path, notify_webhook=url)
+        res = brctl("-i", inv, "daemon", "status")
+        assert res.exit_code == 2, (url, res.stderr)
+        assert "notify_webhook" in res.stderr and "T0KEN" not in res.stderr + res.stdout, url
+
+
+def test_the_notifier_never_raises(tmp_path: Path) -> None:
+    from brctl.operations.jobadapter import Notifier
+
+    # a URL that passed the load check but that urllib refuses to send to
+    errors = Notifier("llm", "http://127.0.0.1:1/T0KEN\u2028", None, timeout=2).send(
+        "evict", "done", "n1", "r", {})
+    assert errors and "T0KEN" not in errors[0] and errors[0].startswith("webhook http://127.0.0.1")
+    errors = Notifier("llm", None, ["/nonexistent/notifier", "{kind}"], timeout=2).send(
+        "evict", "done", None, "r", {})
+    assert errors and "notify_command" in errors[0]

@@ -237,3 +237,50 @@ def test_a_live_holder_is_not_taken_over(tmp_path: Path) -> None:
     from brctl.operations.daemon_state import LeaseLost
     with pytest.raises(LeaseLost):
         tick(first, clock, script)  # the first one finds out at its next poll
+
+
+def race(tmp_path: Path, inv: Any, pair: tuple[str, str], at: float) -> list[str]:
+    """Evict both machines of ``pair`` by hand at once, each over its own connection."""
+    import threading
+
+    from brctl.core.errors import RefusedError
+    from brctl.operations.fleet import evict
+
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def one(node: str) -> None:
+        store = Store(tmp_path / "state")  # a connection of its own, as a process has
+        try:
+            state = DaemonState(store, "llm")
+            barrier.wait()
+            evict(inv, state, node, "flaky", dry_run=False, timeout=30, operator="op", now=at)
+            outcomes.append("evicted")
+        except RefusedError:
+            outcomes.append("refused")
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in pair]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_two_concurrent_evictions_at_the_cap_one_passes(tmp_path: Path) -> None:
+    """Caps are checked and recorded in one BEGIN IMMEDIATE transaction: of two hand
+    evictions racing for the last slot under the hourly cap, exactly one passes."""
+    inv = inventory(tmp_path, max_evictions_per_hour=1, max_evict_fraction=1.0)
+    Store(tmp_path / "state").close()
+    for trial in range(5):
+        pair = (f"n{1 + trial % 2}", f"n{3 + trial % 2}") if trial < 2 else ("s1", "s2")
+        at = 1_000_000.0 + trial * 25 * 3600  # past both cap windows of the trial before
+        outcomes = race(tmp_path, inv, pair, at)
+        assert sorted(outcomes) == ["evicted", "refused"], (trial, outcomes)
+        store = Store(tmp_path / "state")
+        state = DaemonState(store, "llm")
+        for node in list(state.quarantined()):
+            state.release(node, at)
+        store.close()
