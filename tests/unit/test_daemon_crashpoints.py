@@ -284,3 +284,27 @@ def test_two_concurrent_evictions_at_the_cap_one_passes(tmp_path: Path) -> None:
         for node in list(state.quarantined()):
             state.release(node, at)
         store.close()
+
+
+def test_a_daemon_that_lost_its_lease_stops_before_its_next_step_and_exits_4(
+        tmp_path: Path) -> None:
+    import threading
+
+    script, clock = Script(), Clock()
+    store = Store(tmp_path / "state")
+    first = daemon(tmp_path, script, clock, DaemonState(store, "llm"), "first")
+    stop = threading.Event()
+
+    def on_poll(_: object) -> None:
+        script.step += 1
+        if first.report.iterations == 1:  # another daemon takes over (say, after a long pause)
+            clock.now += 3600
+            daemon(tmp_path, script, clock, DaemonState(store, "llm"), "second").start()
+            script.evict = {"n2": "ecc"}  # an incident the first daemon must not act on
+
+    report = first.run(stop=stop, on_poll=on_poll, max_iterations=5)
+    assert report.lease_lost and "lost the lease" in report.lease_lost
+    assert int(report.exit_code) == 4 and report.stopped_by == "lease-lost"
+    assert hooks_log(tmp_path) == [] and report.iterations == 1
+    lease = DaemonState(store, "llm").lease()
+    assert lease is not None and lease["owner"] == "second"  # not released by the loser
