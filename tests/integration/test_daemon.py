@@ -161,6 +161,7 @@ def _wait(what: str, pred: Any, timeout: float, log: Path | None = None) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(int(scaled(200)))  # three daemons, two phases: minutes on a loaded machine
 def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Path) -> None:
     cluster: SshCluster = make_cluster(4, private_dirs=("/local/ckpt", "/local/ckpt.brctl-backup", "/opt/train"))
     work, nvml, state = tmp_path / "job", tmp_path / "nvml", tmp_path / "state"
