@@ -173,8 +173,8 @@ def test_kill_9_mid_hook_takeover_at_once_abandons_and_pages(tmp_path: Path, hoo
         time.sleep(scaled(2))  # polls of the halted daemon: nothing runs again
         second.send_signal(signal.SIGTERM)
         out, _ = second.communicate(timeout=scaled(60))
-        assert second.returncode == 4, (tmp_path / "daemon.log").read_text()[-2000:]
-        assert json.loads(out)["refusals"]
+        assert second.returncode == 0, (tmp_path / "daemon.log").read_text()[-2000:]  # SIGTERM
+        assert any("abandoned" in r for r in json.loads(out)["refusals"])  # halted, reporting
     finally:
         stop(first)
         stop(second)
@@ -218,7 +218,7 @@ def test_hand_eviction_then_kill_9_between_polls_is_finished_by_the_next_daemon(
         wait("the plan done", lambda: events(tmp_path, "action_restart"), tmp_path)
         second.send_signal(signal.SIGTERM)
         second.communicate(timeout=scaled(60))
-        assert second.returncode == 1, (tmp_path / "daemon.log").read_text()[-2000:]
+        assert second.returncode == 0, (tmp_path / "daemon.log").read_text()[-2000:]  # SIGTERM
     finally:
         stop(first)
         stop(second)
@@ -328,7 +328,7 @@ def test_two_daemons_and_a_dry_run_race_a_hook_longer_than_the_lease(tmp_path: P
         wait("the restart done", lambda: events(tmp_path, "action_restart"), tmp_path)
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=scaled(60))
-        assert first.returncode == 1, (tmp_path / "daemon.log").read_text()[-2000:]
+        assert first.returncode == 0, (tmp_path / "daemon.log").read_text()[-2000:]  # SIGTERM
     finally:
         stop(first)
     assert refused >= 1
