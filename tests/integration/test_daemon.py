@@ -320,7 +320,9 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
     sampler.thread.join()
     measured = _ettr_within(sampler, [(iv.start, iv.end) for iv in intervals])
     print(f"ETTR recorded by the daemon {recorded:.3f}, measured by the test {measured:.3f}")
-    assert abs(recorded - measured) < 0.12, (recorded, measured)
+    # Each of the three daemon starts takes its first step as a baseline, not progress
+    # (the log may hold a dead run's lines): a poll or two the test counts productive.
+    assert abs(recorded - measured) < 0.15, (recorded, measured)
 
 
 def _ettr_within(sampler: StepSampler, spans: list[tuple[float, float]]) -> float:
