@@ -71,7 +71,7 @@ def utf8_text(raw: bytes, source: str) -> str:
         line = raw.count(b"\n", 0, exc.start) + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         raise InputError(f"{source}:{line}:{column}: not UTF-8 text (byte 0x{raw[exc.start]:02x})",
-                         hint="save the inventory as UTF-8", file=source, line=line) from None
+                         hint="save the file as UTF-8", file=source, line=line) from None
 
 
 class _StrictLoader(yaml.SafeLoader):

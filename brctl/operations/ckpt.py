@@ -96,16 +96,22 @@ def read_plan_file(path: str, inv: Inventory) -> dict[str, str]:
         InputError: unreadable or malformed file, unknown keys, machines that are not
             in the job (``node``) or the inventory (``backup_node``), a machine twice.
     """
-    import yaml
+    from brctl.inventory import line_of, parse_yaml, utf8_text
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
-        raise InputError(f"plan {path}: cannot read: {exc.strerror}") from None
+        raise InputError(f"plan {path}: cannot read: {exc.strerror}", file=path) from None
+    text = utf8_text(raw, path)
+    data = parse_yaml(text, path)  # JSON is YAML too; duplicate keys refused
     try:
-        data = yaml.safe_load(text)  # JSON is YAML too
-    except yaml.YAMLError as exc:
-        raise InputError(f"plan {path}: malformed YAML/JSON: {exc}") from None
+        return _placements(data, path, inv)
+    except SchemaError as exc:
+        line = line_of(text, exc.path)
+        raise (exc.at_line(line) if line is not None else exc) from None
+
+
+def _placements(data: Any, path: str, inv: Inventory) -> dict[str, str]:
     if isinstance(data, list):
         data = {"placements": data}
     if not isinstance(data, dict) or not isinstance(data.get("placements"), list):

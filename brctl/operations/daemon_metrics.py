@@ -63,8 +63,16 @@ class MetricsServer:
 
     def __init__(self, state: DaemonState, address: str, port: int,
                  health: Callable[[], dict[str, str]], pool: Callable[[], int]) -> None:
-        """Start serving (raises OSError when the port is taken)."""
-        from prometheus_client import CollectorRegistry, start_http_server
+        """Start serving (raises OSError when the port is taken, InputError without
+        prometheus_client)."""
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError:
+            from brctl.core.errors import InputError
+
+            raise InputError("daemon.metrics_port is set but prometheus_client is not installed",
+                             hint="pip install 'brctl[daemon]', or set daemon.metrics_port: 0 "
+                                  "to run without /metrics") from None
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(state, health, pool))

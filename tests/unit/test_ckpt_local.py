@@ -109,12 +109,15 @@ def test_verify_plan_file_from_elsewhere(brctl: Any, cluster: Any, tmp_path: Pat
     ("placements: [{node: n1, backup_node: n4}, {node: n1, backup_node: n3}]", "placed twice"),
     ("{placements: [", "malformed"),
     ("nodes: 3", "placements: expected a list"),
+    ("placements:\n  - node: n1\n    node: n2\n    backup_node: n4\n",
+     ":3:5: malformed YAML: duplicate key 'node'"),
+    ("placements: [{node: n1, backup_node: n\udcff}]", ":1:39: not UTF-8 text (byte 0xff)"),
 ])
 def test_bad_plan_files_are_named(brctl: Any, cluster: Any, tmp_path: Path, content: str,
                                   message: str) -> None:
     inv_path, _inv = cluster
     path = tmp_path / "plan.yaml"
-    path.write_text(content)
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))
     res = brctl("-i", inv_path, "ckpt", "verify", "--plan", path)
     assert res.exit_code == 2
     assert message in res.stderr and str(path) in res.stderr

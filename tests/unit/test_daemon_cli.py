@@ -206,3 +206,13 @@ def test_the_notifier_never_raises(tmp_path: Path) -> None:
     errors = Notifier("llm", None, ["/nonexistent/notifier", "{kind}"], timeout=2).send(
         "evict", "done", None, "r", {})
     assert errors and "notify_command" in errors[0]
+
+
+def test_metrics_without_prometheus_client_is_an_input_error(brctl: Any, tmp_path: Path,
+                                                             state_dir: Path,
+                                                             monkeypatch: Any) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # not installed
+    inv = write_inv(tmp_path, poll_interval=0.2, metrics_port=19469)
+    res = brctl("-i", inv, "daemon", "run", "--dry-run", "--max-iterations", "1")
+    assert res.exit_code == 2, res.stderr
+    assert "prometheus_client is not installed" in res.stderr and "Traceback" not in res.stderr
