@@ -59,7 +59,8 @@ at its default (``address`` equal to the name, ``user: root``, ``port: 22``, no
 ``identity_file``, no ``proxy_jump``) is taken from the ssh config when the
 config has one. (The inventory cannot tell an explicit ``port: 22`` from the
 default, so a config ``Port`` wins over it.) Honoured: HostName, User, Port,
-IdentityFile, ProxyJump, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias.
+IdentityFile, ProxyJump, ProxyCommand, UserKnownHostsFile, GlobalKnownHostsFile,
+HostKeyAlias, in Host and Match blocks, with Include expanded as ssh does.
 
 Jump hosts (``proxy_jump`` or ProxyJump; ``[user@]host[:port]`` hops, comma
 separated as for ``ssh -J``, each resolved through the ssh config): one
@@ -75,6 +76,7 @@ serialises send and close.
 from __future__ import annotations
 
 import functools
+import glob
 import logging
 import os
 import random
@@ -143,11 +145,12 @@ class Endpoint:
     policy: str
     connect_timeout: float
     jump: Endpoint | None = field(default=None)
+    proxy_command: str | None = None  # ssh config ProxyCommand (when no ProxyJump)
 
     @property
     def key(self) -> tuple[object, ...]:
         """Connections are shared per (user, host, port, route)."""
-        return (self.user, self.host, self.port, self.jump.key if self.jump else None)
+        return (self.user, self.host, self.port, self.jump.key if self.jump else None, self.proxy_command)
 
 
 class RateLimiter:
@@ -317,6 +320,39 @@ def _trust(
     return tuple(files), accepted, names
 
 
+INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+
+
+def _with_includes(path: str, base: str, depth: int) -> str:
+    """The ssh config at ``path`` with its ``Include`` lines replaced by the files they name.
+
+    As OpenSSH: relative paths are under ``base`` (``~/.ssh`` for the user's file),
+    globs expand in sorted order, missing files are skipped; inside a Host/Match
+    block the included text is conditional like the block's other lines.
+    """
+    if depth > INCLUDE_DEPTH:
+        raise ValueError(f"ssh config {path}: Include nested deeper than {INCLUDE_DEPTH}")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise ValueError(f"ssh config {path}: {exc.strerror}") from None
+    out: list[str] = []
+    for line in lines:
+        words = line.strip().replace("=", " ", 1).split()
+        if not words or words[0].lower() != "include":
+            out.append(line)
+            continue
+        for pattern in words[1:]:
+            full = os.path.expanduser(pattern)
+            if not os.path.isabs(full):
+                full = os.path.join(base, full)
+            for found in sorted(glob.glob(full)):
+                if os.path.isfile(found):
+                    out.append(_with_includes(found, base, depth + 1))
+    return "\n".join(out)
+
+
 def _parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     """``[user@]host[:port]`` → (user, host, port)."""
     user = None
@@ -389,7 +425,8 @@ class SshTransport:
         with self._lock:
             if self._config is None:
                 if os.path.isfile(self._config_path):
-                    self._config = paramiko.SSHConfig.from_path(self._config_path)
+                    text = _with_includes(self._config_path, os.path.expanduser("~/.ssh"), 0)
+                    self._config = paramiko.SSHConfig.from_text(text)
                 else:
                     self._config = paramiko.SSHConfig()
             return self._config
@@ -442,6 +479,7 @@ class SshTransport:
                     key_names=names,
                 )
         files, accepted, names = _trust(node, cfg, host, port)
+        proxy = cfg.get("proxycommand") if jump is None else None
         ep = Endpoint(
             label=node.name,
             host=host,
@@ -454,6 +492,7 @@ class SshTransport:
             known_hosts=files,
             accepted=accepted,
             key_names=names,
+            proxy_command=str(proxy) if proxy else None,
         )
         self._endpoints[cache_key] = ep
         return ep
@@ -476,7 +515,11 @@ class SshTransport:
         """
         for node in nodes:
             if node.connection == "ssh":
-                self._known.load_all(self.endpoint(node).known_hosts)
+                try:
+                    ep = self.endpoint(node)
+                except ValueError:
+                    continue  # that node's own result says why (one bad host spoils no other)
+                self._known.load_all(ep.known_hosts)
 
     # -- connecting ---------------------------------------------------------------
 
@@ -543,8 +586,17 @@ class SshTransport:
             time.sleep(delay)
             self._rate.acquire()
 
-    def _open_socket(self, ep: Endpoint, deadline: float) -> socket.socket | _ChannelSocket:
+    def _open_socket(
+        self, ep: Endpoint, deadline: float
+    ) -> socket.socket | _ChannelSocket | paramiko.ProxyCommand:
         where = f"{ep.host}:{ep.port}"
+        if ep.proxy_command:
+            try:
+                return paramiko.ProxyCommand(ep.proxy_command)
+            except (OSError, ValueError, paramiko.SSHException) as exc:
+                raise _ConnectError(
+                    NodeState.UNREACHABLE, f"ProxyCommand {ep.proxy_command!r} failed: {exc}"
+                ) from None
         if ep.jump is not None:
             try:
                 jump, _ = self._connection(ep.jump)

@@ -99,3 +99,51 @@ def test_two_hop_proxy_jump(ssh_cluster: SshCluster, tmp_path: Path) -> None:
     assert r.stdout.split()[2] == ssh_cluster.address("node04")
     after = {n: ssh_cluster.count_connections(n) for n in before}
     assert all(after[n] == before[n] + 1 for n in before), (before, after)
+
+
+def _ssh_g(cfg: Path, host: str) -> dict[str, list[str]]:
+    out = subprocess.run(["ssh", "-F", str(cfg), "-G", host], capture_output=True, text=True,
+                         check=True).stdout
+    got: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        got.setdefault(key, []).append(value)
+    return got
+
+
+def test_include_match_and_proxy_command_as_ssh_sees_them(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    """Settings resolved as ``ssh -G`` resolves them; the ProxyCommand route really used."""
+    from brctl.core.transport import Node
+
+    kh = ssh_cluster.known_hosts
+    key = ssh_cluster.client_key
+    via = ssh_cluster.address("node01")
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "10-fleet.conf").write_text(
+        f"Host fleet4\n  HostName {ssh_cluster.address('node04')}\n  Port {ssh_cluster.port}\n"
+        f"  ProxyCommand ssh -F none -i {key} -o BatchMode=yes -o UserKnownHostsFile={kh} "
+        f"-p {ssh_cluster.port} -W %h:%p root@{via}\n"
+        "Match originalhost fleet*\n  User root\n"
+        f"  IdentityFile {key}\n  UserKnownHostsFile {kh}\n"
+    )
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Include {tmp_path}/conf.d/*.conf\nHost *\n  User nobody-else\n")
+    want = _ssh_g(cfg, "fleet4")
+    ep = SshTransport(ssh_config=str(cfg)).endpoint(Node(name="fleet4", address="fleet4",
+                                                         known_hosts="~/.ssh/known_hosts"))
+    assert ep.host == want["hostname"][0] and str(ep.port) == want["port"][0]
+    assert ep.user == want["user"][0] == "root"
+    assert ep.identities == (str(key),) and want["identityfile"] == [str(key)]
+    assert ep.known_hosts[0] == want["userknownhostsfile"][0] == str(kh)
+    assert ep.proxy_command == want["proxycommand"][0].replace(
+        "%h:%p", f"{ssh_cluster.address('node04')}:{ssh_cluster.port}")
+    before = ssh_cluster.count_connections("node01")
+    t = SshTransport(ssh_config=str(cfg))
+    try:
+        r = t.run(Node(name="fleet4", address="fleet4", known_hosts="~/.ssh/known_hosts",
+                       connect_timeout=scaled(10)), ["sh", "-c", "echo $SSH_CONNECTION"], timeout=scaled(10))
+    finally:
+        t.close()
+    assert r.state is NodeState.OK, r
+    assert r.stdout.split()[2] == ssh_cluster.address("node04")
+    assert ssh_cluster.count_connections("node01") == before + 1  # really through the proxy
