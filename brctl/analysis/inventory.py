@@ -177,8 +177,46 @@ class Inventory:
         return self.nodes[name]
 
     def select(self, include: str | None = None, exclude: str | None = None) -> list[Node]:
-        """Machines picked by ``-w`` / ``-x`` (all when neither is given), in file order."""
-        return [self.nodes[n] for n in nodeset.select(list(self.nodes), include, exclude)]
+        """Machines picked by ``-w`` / ``-x`` (all when neither is given), in file order.
+
+        Both take node sets with operators and this inventory's ``@groups``.
+        """
+        picked = nodeset.select(list(self.nodes), include, exclude, self.group)
+        return [self.nodes[n] for n in picked]
+
+    def expand(self, pattern: str) -> list[str]:
+        """A node set with this inventory's ``@groups`` resolved, in written order."""
+        return nodeset.expand(pattern, self.group)
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Every group by name (without ``@``): all, job, standby, each label and label:value."""
+        out: dict[str, tuple[str, ...]] = {
+            "all": tuple(self.nodes),
+            "job": self.job.nodes if self.job else (),
+            "standby": self.standby,
+        }
+        labelled: dict[str, list[str]] = {}
+        for node in self.nodes.values():
+            for key, value in node.labels.items():
+                labelled.setdefault(key, []).append(node.name)
+                labelled.setdefault(f"{key}:{value}", []).append(node.name)
+        for name, members in sorted(labelled.items()):
+            out.setdefault(name, tuple(members))  # the built-in groups win over a label of that name
+        return out
+
+    def group(self, name: str) -> tuple[str, ...]:
+        """The machines of group ``@name``.
+
+        Raises:
+            InputError: no such group (the message lists the groups there are).
+        """
+        groups = self.groups()
+        if name not in groups:
+            shown = [f"@{g}" for g in groups]
+            known = ", ".join(shown[:12]) + (f" and {len(shown) - 12} more" if len(shown) > 12 else "")
+            raise InputError(f"group @{name} is not in the inventory {self.source}",
+                             hint=f"groups: {known}")
+        return groups[name]
 
     @property
     def job_key(self) -> str:

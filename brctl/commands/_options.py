@@ -1,29 +1,64 @@
 """The options several commands share: ``-w/--nodes``, ``-x/--exclude``, ``-t/--timeout``.
 
 Declared once so the flags, metavars and wording cannot drift apart; each command
-says only what its selection or timeout means.
+says only what its selection or timeout means. As with pdsh and clush, ``-w ^FILE``
+reads the node set from FILE (one or more per line, ``#`` comments) and ``-w -``
+from standard input; the inventory resolves ``@groups`` and refuses unknown names.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Optional
 
 import typer
 
 from brctl.core.errors import UsageError
 
-EXAMPLE = "e.g. gpu[001-004]"
+EXAMPLE = "e.g. gpu[001-004], @rack:r01, @job!gpu3, ^FILE or - (stdin)"
+
+
+def node_set_text(value: Optional[str]) -> Optional[str]:
+    """A ``-w``/``-x`` value as a node set: ``^FILE`` and ``-`` are read, the rest kept.
+
+    Raises:
+        UsageError: FILE cannot be read, or it (or stdin) holds no names.
+    """
+    if value is None or (value != "-" and not value.startswith("^")):
+        return value
+    where = "standard input" if value == "-" else value[1:]
+    try:
+        if value == "-":
+            text = sys.stdin.read()
+        else:
+            with open(value[1:], encoding="utf-8") as handle:
+                text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"node set file {where}: {getattr(exc, 'strerror', None) or exc}") from None
+    items = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    items = [word for line in items for word in line.split() if word]
+    if not items:
+        raise UsageError(f"node set from {where} is empty", hint="give one node set per line")
+    return ",".join(items)
+
+
+def _complete_nodes(ctx: typer.Context, incomplete: str) -> list[str]:
+    from brctl.commands._complete import node_names  # completion only: keep --help light
+
+    return node_names(ctx, incomplete)
 
 
 def nodes(default_is: str) -> Any:
     """``-w/--nodes NODESET``: the machines to act on; ``default_is`` names the default."""
-    return typer.Option(None, "-w", "--nodes", metavar="NODESET",
+    return typer.Option(None, "-w", "--nodes", metavar="NODESET", callback=node_set_text,
+                        autocompletion=_complete_nodes,
                         help=f"Machines to act on, {EXAMPLE} (default: {default_is}).")
 
 
-EXCLUDE: Any = typer.Option(None, "-x", "--exclude", metavar="NODESET",
-                            help="Machines to leave out.")
+EXCLUDE: Any = typer.Option(None, "-x", "--exclude", metavar="NODESET", callback=node_set_text,
+                            autocompletion=_complete_nodes,
+                            help="Machines to leave out (same forms as -w).")
 
 
 def timeout(default: Optional[float], meaning: str, **extra: Any) -> Any:

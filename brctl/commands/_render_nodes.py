@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from brctl.core.nodeset import fold, fold_by
-from brctl.operations.nodes import NodesReport, SysInfo
+from brctl.operations.nodes import NodeSetReport, NodesReport, SysInfo
 from brctl.render import Output, table
 
 
@@ -73,3 +73,14 @@ def _render_probes(out: Output, probes: dict[str, SysInfo]) -> None:
         keyed[name] = (f"python {p.python}, {p.cpus} cpus" if p.ok else f"no answer: {p.error}")
     rows = [(nodes, key) for nodes, key, _ in fold_by(keyed)]
     out.console.print(table(["machines", "probe"], rows))
+
+
+def render_sets(out: Output, report: NodeSetReport) -> None:
+    """One line, as ClusterShell's nodeset prints it; or JSON."""
+    if out.json:
+        out.emit_json("nodes.set", report.to_json())
+        return
+    # Plain text, never rich markup: '[1-3]' and '@' are node-set syntax here.
+    text = {"count": str(len(report.members)), "expand": " ".join(report.members)}.get(
+        report.mode, report.folded)
+    out.stdout.write(text + "\n")

@@ -1,17 +1,23 @@
 """Node-set syntax (ClusterShell/Slurm style): expand ``gpu[001-016]``, fold names back.
 
-Accepted: ranges and lists in brackets (``a[1-3,7]``), several bracket groups
-(``r[1-2]n[01-04]``), comma lists at the top level (``a[1-2],b9``), zero padding
-taken from the range's first bound and pdsh-lenient (``n[01-128]`` gives n01..n99,
-n100..n128). Order is kept as written: machine order in ``job.nodes`` matters.
+Accepted: ranges, steps and lists in brackets (``a[1-3,7]``, ``gpu[1-16/2]``), several
+bracket groups (``r[1-2]n[01-04]``), comma lists at the top level (``a[1-2],b9``), zero
+padding taken from the range's first bound and pdsh-lenient (``n[01-128]`` gives
+n01..n99, n100..n128). Order is kept as written: machine order in ``job.nodes`` matters.
+
+As ClusterShell's ``nodeset``, the top level also takes the operators ``!``
+(difference), ``&`` (intersection) and ``^`` (symmetric difference), applied left to
+right with ``,`` (union) at the same precedence: ``gpu[1-8]!gpu3&gpu[2-4]`` is
+``gpu[2,4]``. ``@name`` is a group, resolved by the caller's ``groups`` function
+(the inventory's ``@all``, ``@job``, ``@standby``, ``@label`` and ``@label:value``).
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Optional, TypeVar
 
 from brctl.core.errors import InputError
 
@@ -19,10 +25,18 @@ K = TypeVar("K", bound=Hashable)
 
 _MAX_EXPANSION = 1_000_000  # a typo like n[1-99999999] must fail fast, not eat memory
 _TOKEN = re.compile(r"(\d+)")
+_RANGE_ITEM = re.compile(r"(\d+)(?:-(\d+)(?:/(\d+))?)?")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9._:\-]+")
+OPERATORS = ",!&^"  # union, difference, intersection, symmetric difference
+
+Groups = Callable[[str], Sequence[str]]
+"""Resolves a group's name (without the ``@``) to its machines; raises InputError if unknown."""
 
 
-def _split_top(pattern: str) -> list[str]:
-    parts, depth, start = [], 0, 0
+def _split_top(pattern: str) -> list[tuple[str, str]]:
+    """Split at top-level operators: ``[(operator, item)]``, the first operator ``,``."""
+    parts: list[tuple[str, str]] = []
+    depth, start, op = 0, 0, ","
     for i, ch in enumerate(pattern):
         if ch == "[":
             depth += 1
@@ -32,12 +46,12 @@ def _split_top(pattern: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 raise InputError(f"node set {pattern!r}: unmatched ']' at position {i + 1}")
-        elif ch == "," and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
+        elif depth == 0 and ch in OPERATORS:
+            parts.append((op, pattern[start:i]))
+            op, start = ch, i + 1
     if depth != 0:
         raise InputError(f"node set {pattern!r}: unclosed '['", hint="close every range: gpu[001-016]")
-    parts.append(pattern[start:])
+    parts.append((op, pattern[start:]))
     return parts
 
 
@@ -45,20 +59,23 @@ def _expand_range(body: str, pattern: str) -> list[str]:
     out: list[str] = []
     for item in body.split(","):
         item = item.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        m = _RANGE_ITEM.fullmatch(item)
         if not m:
             raise InputError(
                 f"node set {pattern!r}: bad range item {item!r}",
-                hint="ranges look like [1-8], [001-128] or [1-3,7]",
+                hint="ranges look like [1-8], [001-128], [1-16/2] or [1-3,7]",
             )
-        lo_s, hi_s = m.group(1), m.group(2)
+        lo_s, hi_s, step_s = m.groups()
         lo, hi = int(lo_s), int(hi_s) if hi_s is not None else int(lo_s)
+        step = int(step_s) if step_s is not None else 1
         if hi < lo:
             raise InputError(f"node set {pattern!r}: range {item!r} runs backwards")
+        if step < 1:
+            raise InputError(f"node set {pattern!r}: range {item!r} has a step below 1")
         if hi - lo + 1 > _MAX_EXPANSION:
             raise InputError(f"node set {pattern!r}: range {item!r} is larger than {_MAX_EXPANSION}")
         width = len(lo_s) if lo_s.startswith("0") and len(lo_s) > 1 else 0
-        out.extend(str(n).zfill(width) for n in range(lo, hi + 1))
+        out.extend(str(n).zfill(width) for n in range(lo, hi + 1, step))
     return out
 
 
@@ -81,22 +98,54 @@ def _expand_one(part: str, pattern: str) -> list[str]:
     return names
 
 
-def expand(pattern: str) -> list[str]:
+def _expand_item(part: str, pattern: str, groups: Optional[Groups]) -> Iterable[str]:
+    if not part.startswith("@"):
+        return _expand_one(part, pattern)
+    name = part[1:]
+    if not _GROUP_NAME.fullmatch(name):
+        raise InputError(f"node set {pattern!r}: bad group name {part!r}",
+                         hint="groups look like @all, @job, @standby, @rack or @rack:r01")
+    if groups is None:
+        raise InputError(f"node set {pattern!r}: group {part} needs an inventory",
+                         hint="give the inventory with -i FILE or $BRCTL_INVENTORY")
+    return groups(name)
+
+
+def _apply(seen: dict[str, None], op: str, names: Iterable[str]) -> dict[str, None]:
+    if op == ",":
+        for name in names:
+            seen.setdefault(name, None)
+        return seen
+    other = dict.fromkeys(names)
+    if op == "!":
+        return {n: None for n in seen if n not in other}
+    if op == "&":
+        return {n: None for n in seen if n in other}
+    merged = {n: None for n in seen if n not in other}  # "^": in exactly one of the two
+    merged.update((n, None) for n in other if n not in seen)
+    return merged
+
+
+def expand(pattern: str, groups: Optional[Groups] = None) -> list[str]:
     """Expand a node-set pattern into names, in written order, without duplicates.
 
+    Args:
+        pattern: ranges, lists, operators and ``@groups`` (module docstring).
+        groups: resolves ``@name``; without it a group is an error.
+
     Raises:
-        InputError: the pattern is malformed (the message says where).
+        InputError: the pattern is malformed or names an unknown group (the message says where).
     """
     pattern = pattern.strip()
     if not pattern:
         raise InputError("node set is empty", hint="give names like gpu[001-016]")
     seen: dict[str, None] = {}
-    for part in _split_top(pattern):
+    for op, part in _split_top(pattern):
         part = part.strip()
         if not part:
-            raise InputError(f"node set {pattern!r}: empty item between commas")
-        for name in _expand_one(part, pattern):
-            seen.setdefault(name, None)
+            raise InputError(f"node set {pattern!r}: empty item (nothing on one side of a "
+                             f"comma or of an operator {OPERATORS[1:]!r})")
+        seen = _apply(seen, op, _expand_item(part, pattern, groups))
     return list(seen)
 
 
@@ -173,25 +222,34 @@ def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(t)) if t.isdigit() else (1, t) for t in _TOKEN.split(name) if t)
 
 
-def select(available: Sequence[str], include: str | None, exclude: str | None) -> list[str]:
+def _known(flag: str, pattern: str, available: set[str], groups: Optional[Groups]) -> set[str]:
+    names = expand(pattern, groups)
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise InputError(
+            f"{flag} {pattern!r}: not in the inventory: {fold(unknown)}",
+            hint="brctl nodes lists the inventory's machines and groups",
+        )
+    return set(names)
+
+
+def select(
+    available: Sequence[str], include: str | None, exclude: str | None,
+    groups: Optional[Groups] = None,
+) -> list[str]:
     """Names of ``available`` (in its order) picked by ``-w`` and not dropped by ``-x``.
 
     Raises:
-        InputError: ``include`` names machines that are not in ``available``.
+        InputError: ``include`` or ``exclude`` names machines that are not in
+            ``available``, or an unknown group.
     """
     chosen = list(available)
+    known = set(available)
     if include:
-        wanted = expand(include)
-        unknown = [n for n in wanted if n not in set(available)]
-        if unknown:
-            raise InputError(
-                f"-w {include!r}: not in the inventory: {fold(unknown)}",
-                hint="brctl nodes lists the inventory's machines",
-            )
-        keep = set(wanted)
+        keep = _known("-w", include, known, groups)
         chosen = [n for n in chosen if n in keep]
     if exclude:
-        drop = set(expand(exclude))
+        drop = _known("-x", exclude, known, groups)
         chosen = [n for n in chosen if n not in drop]
     return chosen
 

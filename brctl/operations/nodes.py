@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.topology import KINDS, Topology
+from brctl.core import nodeset
 from brctl.core.errors import ExitCode, UsageError
 from brctl.core.nodeset import fold
 from brctl.remote.probes import ProbeResult, ProbeRunner
@@ -130,3 +132,41 @@ def describe(
                             timeout=timeout, concurrency=inv.ssh.fanout)
         probes = {name: SysInfo.from_probe(result) for name, result in answers.items()}
     return NodesReport(inv, selected, topo, groups, probes, tuple(wanted))
+
+
+SetMode = Literal["fold", "expand", "count"]
+
+
+@dataclass(frozen=True)
+class NodeSetReport:
+    """``brctl nodes --fold|--expand|--count``: the union of the given node sets."""
+
+    mode: SetMode
+    members: tuple[str, ...]  # in written order
+
+    @property
+    def folded(self) -> str:
+        """The members folded (empty text for an empty set)."""
+        return fold(self.members) if self.members else ""
+
+    exit_code = ExitCode.OK
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form: the folded set, its members and their count."""
+        return {"mode": self.mode, "nodeset": self.folded, "members": list(self.members),
+                "count": len(self.members)}
+
+
+def node_sets(patterns: Sequence[str], mode: SetMode, inventory: Callable[[], Inventory]) -> NodeSetReport:
+    """Union of ``patterns`` as ClusterShell's ``nodeset`` computes it.
+
+    ``inventory`` is called only when a pattern names an ``@group``, so pure folding
+    and expansion need no inventory.
+
+    Raises:
+        InputError: a malformed pattern, an unknown group or no inventory for a group.
+    """
+    members: dict[str, None] = {}
+    for pattern in patterns:
+        members.update(dict.fromkeys(nodeset.expand(pattern, lambda name: inventory().group(name))))
+    return NodeSetReport(mode, tuple(members))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -85,3 +86,81 @@ def test_select_include_exclude_keeps_inventory_order() -> None:
     assert select(available, None, "gpu[02-07]") == ["gpu01", "gpu08"]
     with pytest.raises(InputError, match="not in the inventory: gpu09"):
         select(available, "gpu09", None)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("gpu[1-8/2]", ["gpu1", "gpu3", "gpu5", "gpu7"]),
+        ("gpu[01-16/5]", ["gpu01", "gpu06", "gpu11", "gpu16"]),
+        ("gpu[1-8]!gpu[2-7]", ["gpu1", "gpu8"]),
+        ("gpu[1-8]&gpu[6-12]", ["gpu6", "gpu7", "gpu8"]),
+        ("gpu[1-4]^gpu[3-6]", ["gpu1", "gpu2", "gpu5", "gpu6"]),
+        # Left to right, one precedence, as ClusterShell's nodeset.
+        ("gpu[1-8]!gpu3&gpu[2-4]", ["gpu2", "gpu4"]),
+        ("gpu[1-2],gpu9!gpu1", ["gpu2", "gpu9"]),
+    ],
+)
+def test_steps_and_operators(pattern: str, expected: list[str]) -> None:
+    assert expand(pattern) == expected
+
+
+def test_groups_resolve_through_the_callers_function() -> None:
+    groups = {"rack:r1": ["a1", "a2"], "job": ["a2", "a3"]}
+
+    def resolve(name: str) -> list[str]:
+        if name not in groups:
+            raise InputError(f"group @{name} is unknown")
+        return groups[name]
+
+    assert expand("@rack:r1^@job", resolve) == ["a1", "a3"]
+    assert expand("@job,a9", resolve) == ["a2", "a3", "a9"]
+    with pytest.raises(InputError, match="@nope"):
+        expand("@nope", resolve)
+    with pytest.raises(InputError, match="needs an inventory"):
+        expand("@job")
+
+
+@pytest.mark.parametrize(("pattern", "needle"), [
+    ("gpu[1-8/0]", "step below 1"), ("a!", "empty item"), ("&a", "empty item"),
+    ("@bad name", "bad group name")])
+def test_operator_and_step_errors(pattern: str, needle: str) -> None:
+    with pytest.raises(InputError, match=re.escape(needle)):
+        expand(pattern, lambda name: [])
+
+
+def test_operators_agree_with_python_sets_on_random_sets() -> None:
+    """Property: fold, chain operators left to right, expand: the set algebra holds."""
+    rng = random.Random(11)
+    ops = {"!": set.difference, "&": set.intersection, "^": set.symmetric_difference,
+           ",": set.union}
+
+    def one_item() -> set[str]:  # one prefix, one width: fold gives a single item
+        prefix, width = rng.choice(["gpu", "n"]), rng.choice([0, 3])
+        return {f"{prefix}{str(rng.randrange(1, 200)).zfill(width)}" for _ in range(rng.randrange(1, 30))}
+
+    for _ in range(300):
+        left = one_item() | one_item()
+        pattern, expected = fold(left), left
+        for _ in range(rng.randrange(1, 4)):
+            op, right = rng.choice(list(ops)), one_item()
+            pattern, expected = f"{pattern}{op}{fold(right)}", ops[op](expected, right)
+        got = expand(pattern)
+        assert set(got) == expected, pattern
+        assert len(got) == len(set(got))
+
+
+def test_steps_round_trip_through_fold() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        lo, step = rng.randrange(0, 50), rng.randrange(1, 9)
+        hi = lo + rng.randrange(0, 100)
+        names = expand(f"n[{lo}-{hi}/{step}]")
+        assert names == [f"n{i}" for i in range(lo, hi + 1, step)]
+        assert expand(fold(names)) == names
+
+
+def test_select_refuses_unknown_names_in_exclude_too() -> None:
+    available = expand("gpu[01-08]")
+    with pytest.raises(InputError, match="-x 'gpu09': not in the inventory: gpu09"):
+        select(available, None, "gpu09")
