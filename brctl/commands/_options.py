@@ -19,6 +19,15 @@ from brctl.core.errors import UsageError
 EXAMPLE = "e.g. gpu[001-004], @rack:r01, @job!gpu3, ^FILE or - (stdin)"
 
 
+STDIN_TAKEN = "brctl.stdin_taken"  # ctx.meta key: an option already read standard input
+
+
+def _node_set_option(ctx: typer.Context, param: Any, value: Optional[str]) -> Optional[str]:
+    if value == "-":
+        ctx.meta[STDIN_TAKEN] = param.opts[0]
+    return node_set_text(value)
+
+
 def node_set_text(value: Optional[str]) -> Optional[str]:
     """A ``-w``/``-x`` value as a node set: ``^FILE`` and ``-`` are read, the rest kept.
 
@@ -51,12 +60,12 @@ def _complete_nodes(ctx: typer.Context, incomplete: str) -> list[str]:
 
 def nodes(default_is: str) -> Any:
     """``-w/--nodes NODESET``: the machines to act on; ``default_is`` names the default."""
-    return typer.Option(None, "-w", "--nodes", metavar="NODESET", callback=node_set_text,
+    return typer.Option(None, "-w", "--nodes", metavar="NODESET", callback=_node_set_option,
                         autocompletion=_complete_nodes,
                         help=f"Machines to act on, {EXAMPLE} (default: {default_is}).")
 
 
-EXCLUDE: Any = typer.Option(None, "-x", "--exclude", metavar="NODESET", callback=node_set_text,
+EXCLUDE: Any = typer.Option(None, "-x", "--exclude", metavar="NODESET", callback=_node_set_option,
                             autocompletion=_complete_nodes,
                             help="Machines to leave out (same forms as -w).")
 

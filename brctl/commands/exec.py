@@ -23,8 +23,7 @@ def exec_command(
     command: list[str] = typer.Argument(..., metavar="CMD [ARG...]",
                                         help="One argument: a shell command line (sh -c). "
                                              "Two or more: an argv list (put it after --)."),
-    select: Optional[str] = opt.nodes("every machine in the inventory; -: read the node set "
-                                      "from stdin"),
+    select: Optional[str] = opt.nodes("every machine in the inventory"),
     exclude: Optional[str] = opt.EXCLUDE,
     timeout: Optional[float] = opt.timeout(
         None, "Per-node command timeout (default: ssh.command_timeout)."),
@@ -70,11 +69,9 @@ def exec_command(
     env: Env = ctx.obj
     argv = command_argv(command, shell=not argv_only)
     opt.check_seconds("--timeout", timeout)
-    if select == "-":
-        if stdin:
-            raise UsageError("exec: -s/--stdin and -w - both want standard input",
-                             hint="give the node set with -w NODESET when sending stdin")
-        select = ",".join(sys.stdin.read().split())
+    if stdin and opt.STDIN_TAKEN in ctx.meta:
+        raise UsageError(f"exec: -s/--stdin and {ctx.meta[opt.STDIN_TAKEN]} - both want standard input",
+                         hint="give the node set with -w NODESET when sending stdin")
     data = sys.stdin.buffer.read() if stdin else None
     inv = env.inventory()
     nodes = inv.select(select, exclude)

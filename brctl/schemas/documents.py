@@ -96,6 +96,8 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
         "job": opt(obj({"name": STR, "members": NAMES, "world": INT, "tp": INT, "cp": INT,
                         "ep": INT, "dp": INT, "pp": INT, "order": STR})),
         "groups": {"type": "object", "additionalProperties": arr(GROUP)}}, False),
+    ("brctl.nodes.set/1", {"mode": {"enum": ["fold", "expand", "count"]}, "nodeset": STR,
+                           "members": NAMES, "count": INT}, False),
     ("brctl.exec/1", {"argv": NAMES, "nodes": by_node(RUN_RESULT)}, True),
     ("brctl.health/1", {
         "nodes": by_node(obj({"status": STR, "checks": arr(CHECK), "error": opt(STR),
