@@ -94,6 +94,10 @@ def build_app(env: Env | None = None) -> typer.Typer:
             continue
         module = importlib.import_module(f"brctl.commands.{info.name}")
         module.register(app)
+    if os.environ.get("_BRCTL_COMPLETE"):  # a completion script asks for candidates
+        from typer._completion_classes import completion_init
+
+        completion_init()
     return app
 
 
