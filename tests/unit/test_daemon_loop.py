@@ -462,3 +462,21 @@ def test_fail_slow_runs_stack_rounds_and_notifies_when_nobody_is_blamed(tmp_path
     assert daemon.report.handled[-1].plan.decision == "notify"  # type: ignore[union-attr]
     assert any(c[0] == "stacks" for c in script.calls) and hooks_log(tmp_path) == []
     assert '"fail_slow", "needs-attention"' in (tmp_path / "notify.jsonl").read_text()
+
+
+def test_state_db_and_event_log_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        (tmp_path / "events.jsonl").write_text("")  # left 0644 by an older brctl
+        script, clock = Script(), Clock()
+        daemon, store = make(tmp_path, script, clock)
+        daemon.start()
+        tick(daemon, clock, script)
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "state" / "brctl.db", tmp_path / "state" / "brctl.db-wal",
+                 tmp_path / "events.jsonl"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
