@@ -472,7 +472,7 @@ def test_state_db_and_event_log_are_private_whatever_the_umask(tmp_path: Path) -
     try:
         (tmp_path / "events.jsonl").write_text("")  # left 0644 by an older brctl
         script, clock = Script(), Clock()
-        daemon, store = make(tmp_path, script, clock)
+        daemon, _ = make(tmp_path, script, clock)
         daemon.start()
         tick(daemon, clock, script)
     finally:
