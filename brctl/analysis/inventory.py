@@ -75,6 +75,7 @@ class SshSection:
     fanout: int = sfield(64, check=at_least_one)  # concurrent connections
     connect_rate: float = sfield(100.0, check=positive)  # new connections per second, at most
     proxy_jump: Optional[str] = None
+    agent: bool = True  # offer the ssh-agent's keys ($SSH_AUTH_SOCK) after the key files
     python: str = "python3"
     output_keep: int = sfield(2 << 20, check=at_least_one)  # bytes kept at each end of each stream
 
@@ -97,6 +98,7 @@ class NodeEntry:
     connect_timeout: Optional[float] = sfield(None, check=positive)
     command_timeout: Optional[float] = sfield(None, check=positive)
     proxy_jump: Optional[str] = None
+    agent: Optional[bool] = None
     python: Optional[str] = None
     output_keep: Optional[int] = None
 

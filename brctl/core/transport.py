@@ -52,6 +52,7 @@ class Node:
     connect_timeout: float = 10.0
     command_timeout: float = 600.0
     proxy_jump: str | None = None
+    agent: bool = True  # offer the ssh-agent's keys too
     python: str = "python3"
     output_keep: int = DEFAULT_KEEP  # bytes of each stream kept at each end (brctl.core.capture)
     connection: ConnectionKind = "ssh"

@@ -44,12 +44,13 @@ written; that file is trusted only under ``accept-new``) — a changed or
 ``@cert-authority`` (paramiko cannot verify host certificates), never trusted on
 first use.
 
-Credentials, no prompts ever. Keys come only from the inventory's
-``identity_file``, else ssh config ``IdentityFile``, else OpenSSH's default files
-(``~/.ssh/id_ed25519``, ``id_ecdsa``, ``id_rsa``) that exist. No agent (an
-agent may ask for confirmation, and cron has none), no agent forwarding, no
-passwords or keyboard-interactive; a passphrase-protected key is ``auth`` with a
-message, never a prompt. Key material and passphrases never appear in messages.
+Credentials, no prompts ever. Keys come from the inventory's ``identity_file``,
+else ssh config ``IdentityFile``, else OpenSSH's default files (``~/.ssh/id_ed25519``,
+``id_ecdsa``, ``id_rsa``) that exist, each with its ``<key>-cert.pub`` user
+certificate when there is one; then the ssh-agent's keys (``$SSH_AUTH_SOCK``;
+``ssh.agent: false`` turns that off). No agent forwarding, no passwords or
+keyboard-interactive; a passphrase-protected key no agent holds is ``auth`` with
+a message saying so, never a prompt. Key material never appears in messages.
 
 ``~/.ssh/config`` (path injectable: ``ssh_config``; ``None`` means
 ``~/.ssh/config`` when it exists, ``os.devnull`` disables it) is looked up by the
@@ -75,6 +76,7 @@ serialises send and close.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import logging
@@ -146,6 +148,7 @@ class Endpoint:
     connect_timeout: float
     jump: Endpoint | None = field(default=None)
     proxy_command: str | None = None  # ssh config ProxyCommand (when no ProxyJump)
+    agent: bool = True  # offer the ssh-agent's keys too (inventory ssh.agent)
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -401,6 +404,8 @@ class SshTransport:
         self._conns: dict[tuple[object, ...], paramiko.Transport] = {}
         self._key_locks: dict[tuple[object, ...], threading.Lock] = {}
         self._pkeys: dict[str, paramiko.PKey] = {}
+        self._agent: list[paramiko.PKey] | None = None
+        self._agent_lock = threading.Lock()
         self._endpoints: dict[tuple[object, ...], Endpoint] = {}
         self._running: set[paramiko.Channel] = set()
         self._cancelled = False
@@ -474,6 +479,7 @@ class SshTransport:
                     policy=node.host_key_policy,
                     connect_timeout=node.connect_timeout,
                     jump=jump,
+                    agent=node.agent,
                     known_hosts=files,
                     accepted=accepted,
                     key_names=names,
@@ -489,6 +495,7 @@ class SshTransport:
             policy=node.host_key_policy,
             connect_timeout=node.connect_timeout,
             jump=jump,
+            agent=node.agent,
             known_hosts=files,
             accepted=accepted,
             key_names=names,
@@ -530,6 +537,9 @@ class SshTransport:
             return hit
         try:
             key = paramiko.PKey.from_path(path)
+            cert = path + "-cert.pub"  # OpenSSH's default CertificateFile for this key
+            if os.path.isfile(cert):
+                key.load_certificate(cert)
         except (paramiko.PasswordRequiredException, TypeError):
             # cryptography reports an encrypted OpenSSH-format key as a TypeError.
             raise _ConnectError(
@@ -747,14 +757,43 @@ class SshTransport:
                    "add it or set host_key_policy: accept-new")
         raise _ConnectError(NodeState.HOSTKEY, msg)
 
+    def _agent_keys(self) -> list[paramiko.PKey]:
+        """The ssh-agent's keys (``$SSH_AUTH_SOCK``), asked once per transport; none without one."""
+        with self._lock:
+            if self._agent is None:
+                self._agent = []
+                if os.environ.get("SSH_AUTH_SOCK"):
+                    with contextlib.suppress(OSError, paramiko.SSHException):  # no usable agent
+                        self._agent = list(paramiko.Agent().get_keys())
+            return list(self._agent)
+
+    def _credentials(self, ep: Endpoint) -> tuple[list[paramiko.PKey], list[str]]:
+        """The keys to offer, in order (files, then the agent's), and why files were skipped."""
+        keys: list[paramiko.PKey] = []
+        skipped: list[str] = []
+        for path in ep.identities:
+            try:
+                keys.append(self._pkey(path))
+            except _ConnectError as exc:
+                skipped.append(exc.message)
+        if ep.agent:
+            keys.extend(self._agent_keys())
+        return keys, skipped
+
     def _authenticate(self, t: paramiko.Transport, ep: Endpoint, deadline: float) -> None:
         where = f"{ep.user}@{ep.host}:{ep.port}"
-        if not ep.identities:
-            raise _ConnectError(NodeState.AUTH, f"{where}: no identity file configured or found")
-        for path in ep.identities:
-            pkey = self._pkey(path)
+        keys, skipped = self._credentials(ep)
+        if not keys:
+            why = "; ".join(skipped) or "no identity file configured or found"
+            hint = " and no ssh-agent holds a key" if ep.agent else " (ssh.agent: false)"
+            raise _ConnectError(NodeState.AUTH, f"{where}: {why}{hint}")
+        for pkey in keys:
             try:
-                t.auth_publickey(ep.user, pkey)
+                if isinstance(pkey, paramiko.AgentKey):
+                    with self._agent_lock:  # one agent socket: never two requests at once
+                        t.auth_publickey(ep.user, pkey)
+                else:
+                    t.auth_publickey(ep.user, pkey)
             except paramiko.AuthenticationException:
                 if time.monotonic() >= deadline - 0.05:
                     raise _ConnectError(
@@ -769,7 +808,8 @@ class SshTransport:
                 ) from None
             if t.is_authenticated():
                 return
-        raise _ConnectError(NodeState.AUTH, f"{where}: public key refused")
+        extra = f" ({'; '.join(skipped)})" if skipped else ""
+        raise _ConnectError(NodeState.AUTH, f"{where}: public key refused{extra}")
 
     # -- running ------------------------------------------------------------------
 

@@ -147,3 +147,48 @@ def test_include_match_and_proxy_command_as_ssh_sees_them(ssh_cluster: SshCluste
     assert r.state is NodeState.OK, r
     assert r.stdout.split()[2] == ssh_cluster.address("node04")
     assert ssh_cluster.count_connections("node01") == before + 1  # really through the proxy
+
+
+def test_agent_keys_are_used_and_a_locked_key_says_why(
+    ssh_cluster: SshCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+    import time
+
+    locked = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f", str(locked)], check=True)
+    with open(ssh_cluster.root / "authorized_keys", "a") as fh:
+        fh.write(locked.with_suffix(".pub").read_text())
+    node = nodes_of(ssh_cluster, ["node01"], identity_file=str(locked))[0]
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    t = SshTransport(ssh_config=str(tmp_path / "none"))
+    try:
+        r = t.run(node, ["true"], timeout=scaled(10))
+    finally:
+        t.close()
+    assert r.state is NodeState.AUTH and "passphrase-protected" in r.stderr and "ssh-agent" in r.stderr, r
+    assert "s3cret" not in r.stderr
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + scaled(10)
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        plain = tmp_path / "id_plain"
+        plain.write_bytes(locked.read_bytes())
+        os.chmod(plain, 0o600)
+        subprocess.run(["ssh-keygen", "-q", "-p", "-P", "s3cret", "-N", "", "-f", str(plain)], check=True)
+        subprocess.run(["ssh-add", "-q", str(plain)], check=True, env={**os.environ, "SSH_AUTH_SOCK": str(sock)},
+                       capture_output=True)
+        plain.unlink()
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        for agent_on, state in ((True, NodeState.OK), (False, NodeState.AUTH)):
+            t = SshTransport(ssh_config=str(tmp_path / "none"))
+            try:
+                r = t.run(replace(node, agent=agent_on), ["true"], timeout=scaled(10))
+            finally:
+                t.close()
+            assert r.state is state, (agent_on, r)
+    finally:
+        agent.terminate()
+        agent.wait()
