@@ -120,6 +120,7 @@ class JobSection:
     stop_command: Optional[Template] = sfield(None, check=_template)
     status_command: Optional[Template] = sfield(None, check=_template)
     evict_command: Optional[Template] = sfield(None, check=_template)
+    unevict_command: Optional[Template] = sfield(None, check=_template)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class Job:
     stop_command: Optional[Template]
     status_command: Optional[Template]
     evict_command: Optional[Template]
+    unevict_command: Optional[Template] = None
 
 
 NO_JOB = "-"  # the state database's key for machines outside any job
@@ -341,6 +343,7 @@ def build(raw: RawInventory, source: str) -> Inventory:
             stop_command=j.stop_command,
             status_command=j.status_command,
             evict_command=j.evict_command,
+            unevict_command=j.unevict_command,
         )
     return Inventory(
         source=source,

@@ -125,20 +125,31 @@ def _what_remains(inv: Inventory, state: DaemonState, node: str, members: list[s
             "poll), or restart the job without it yourself")
 
 
-def unevict(inv: Inventory, state: DaemonState, node: str, *, dry_run: bool,
-            now: Optional[float] = None) -> EvictReport:
-    """Close ``node``'s quarantine (it may become a standby again after a self-check)."""
+def unevict(inv: Inventory, state: DaemonState, node: str, *, dry_run: bool, timeout: float,
+            operator: str, now: Optional[float] = None) -> EvictReport:
+    """Close ``node``'s quarantine (it may become a standby again after a self-check).
+
+    ``job.unevict_command`` returns it to the scheduler (e.g. ``scontrol update
+    NodeName={node} State=RESUME``); the event records ``operator``. A dry run
+    only says what would change.
+    """
     at = time.time() if now is None else now
     if node not in inv.nodes:
         raise InputError(f"unevict: {node!r} is not a machine of {inv.source}")
     record = state.quarantined().get(node)
     if record is None:
         return EvictReport(node, "unevict", False, "", dry_run)
-    if not dry_run:
-        state.release(node, at)
-        state.mark_checked(node, False, "released from quarantine; not checked since", at)
-        state.event("unevict", [node], {"was": record.reason}, at)
-    return EvictReport(node, "unevict", True, record.reason, dry_run)
+    if dry_run:
+        return EvictReport(node, "unevict", True, record.reason, True)
+    state.release(node, at)
+    state.mark_checked(node, False, "released from quarantine; not checked since", at)
+    hook = None
+    if inv.job is not None:
+        members = state.members(inv.job.nodes)
+        hook = JobAdapter(inv, timeout).unevict(members, node)
+    state.event("unevict", [node], {"was": record.reason, "by": "hand", "operator": operator,
+                                    "hook": hook.to_json() if hook else None}, at)
+    return EvictReport(node, "unevict", True, record.reason, False, hook)
 
 
 @dataclass(frozen=True)

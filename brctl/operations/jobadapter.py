@@ -134,6 +134,10 @@ class JobAdapter:
         return self._run(self.job.evict_command,
                          {**self.values(members), "node": node, "reason": reason})
 
+    def unevict(self, members: Sequence[str], node: str) -> Optional[HookRun]:
+        """Run ``unevict_command`` for ``node`` (None when there is none)."""
+        return self._run(self.job.unevict_command, {**self.values(members), "node": node})
+
     def running(self, members: Sequence[str]) -> Optional[bool]:
         """``status_command``: exit 0 running, anything else not; None without one."""
         run = self._run(self.job.status_command, self.values(members))
