@@ -17,6 +17,7 @@ import yaml
 from brctl.analysis.inventory import Inventory, from_document
 from brctl.core.errors import InputError
 from brctl.core.schema import SchemaError
+from brctl.diagnostics.safefs import unsafe_owner_chain
 
 
 def find_inventory(explicit: str | None, environ: dict[str, str] | None = None) -> Path:
@@ -50,6 +51,14 @@ def load_inventory(path: Path) -> Inventory:
     column for YAML syntax), as a compiler does.
     """
     source = str(path)
+    # StrictModes: whoever can write the inventory chooses the hooks brctl runs and where.
+    unsafe = unsafe_owner_chain(os.path.abspath(path), tuple({0, os.getuid()}), sticky_ok=True)
+    if unsafe:
+        raise InputError(
+            f"inventory {source}: refused: {unsafe} (only root or you may be able to write "
+            "the inventory and its directories)",
+            hint="chown it and its directories to root or yourself and chmod go-w", file=source,
+        )
     try:
         raw = path.read_bytes()
     except OSError as exc:

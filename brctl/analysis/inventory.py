@@ -8,8 +8,9 @@ then expands node sets, applies per-entry ssh overrides and checks cross-referen
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Optional, Union
 
 from brctl.config.ckpt import CkptSection
@@ -103,6 +104,15 @@ class NodeEntry:
     output_keep: Optional[int] = None
 
 
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_.-]*\$?", re.IGNORECASE)
+
+
+def _user_name(value: Optional[str]) -> Optional[str]:
+    if value is not None and not _USER_NAME.fullmatch(value):
+        raise ValueError(f"got {value!r}, expected a user name (letters, digits, _ . -)")
+    return value
+
+
 @dataclass(frozen=True)
 class JobSection:
     """``job:`` the training job: its machines, parallel shape and hooks."""
@@ -116,6 +126,7 @@ class JobSection:
     order: str = sfield("tp-cp-ep-dp-pp", check=_order)
     process_match: str = sfield("pretrain", check=regex)
     log_paths: list[str] = sfield(factory=list)
+    user: Optional[str] = sfield(None, check=_user_name)  # the job's (untrusted) user
     restart_command: Optional[Template] = sfield(None, check=_template)
     stop_command: Optional[Template] = sfield(None, check=_template)
     status_command: Optional[Template] = sfield(None, check=_template)
@@ -151,6 +162,7 @@ class Job:
     order: str
     process_match: str
     log_paths: tuple[str, ...]
+    user: Optional[str]
     restart_command: Optional[Template]
     stop_command: Optional[Template]
     status_command: Optional[Template]
@@ -339,12 +351,15 @@ def build(raw: RawInventory, source: str) -> Inventory:
             order=j.order,
             process_match=j.process_match,
             log_paths=tuple(j.log_paths),
+            user=j.user,
             restart_command=j.restart_command,
             stop_command=j.stop_command,
             status_command=j.status_command,
             evict_command=j.evict_command,
             unevict_command=j.unevict_command,
         )
+        if j.user:  # job-writable code on any machine (standbys too) runs as the job's user
+            nodes = {n: replace(node, job_user=j.user) for n, node in nodes.items()}
     return Inventory(
         source=source,
         nodes=nodes,

@@ -59,6 +59,7 @@ class Node:
     gpus: int = 8
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    job_user: str | None = None  # job.user: job-writable code runs as this user, never as root
 
 
 @dataclass(frozen=True)

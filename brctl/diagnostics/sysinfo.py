@@ -26,6 +26,8 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "ssh_connection": os.environ.get("SSH_CONNECTION"),
         "pid": os.getpid(),
+        "uid": os.getuid(),  # who the probe ran as (job.user, or the ssh user)
+        "cwd": os.getcwd(),
         "brctl_version": brctl.__version__,
         "brctl_path": os.path.dirname(brctl.__file__),
         "echo": request.get("echo"),

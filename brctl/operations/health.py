@@ -48,7 +48,7 @@ from brctl.analysis.health import (
 from brctl.analysis.health_doc import malformed
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode
-from brctl.core.transport import Node, RunResult, Transport
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.probes import ProbeResult, ProbeRunner
 from brctl.state import Component, Store
 
@@ -67,7 +67,7 @@ class NodeHealth:
 
     Attributes:
         status: ok | warn | unknown | fail (the worst check), or the transport state
-            (unreachable, timeout, auth, hostkey) or ``error`` (the probe ran but
+            (unreachable, timeout, auth, hostkey, refused) or ``error`` (the probe ran but
             returned nothing usable).
         checks: the checks in report order (empty when the probe gave no document).
         error: why there is no verdict, when ``status`` is not ok/warn/fail.
@@ -117,8 +117,10 @@ class HealthReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 if any machine gave no verdict or a check could not look, else 1 if any
-        check failed, else 0."""
+        """4 if a machine was refused (a safety rule), else 3 if any machine gave no verdict
+        or a check could not look, else 1 if any check failed, else 0."""
+        if any(h.status == NodeState.REFUSED.value for h in self.nodes.values()):
+            return ExitCode.REFUSED
         if self.incomplete() or self.unknown():
             return ExitCode.INCOMPLETE
         if any(h.status == FAIL for h in self.nodes.values()):

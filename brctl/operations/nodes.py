@@ -12,6 +12,7 @@ from brctl.analysis.topology import KINDS, Topology
 from brctl.core import nodeset
 from brctl.core.errors import ExitCode, UsageError
 from brctl.core.nodeset import fold
+from brctl.core.transport import NodeState
 from brctl.remote.probes import ProbeResult, ProbeRunner
 
 _SYSINFO_TEXT = ("hostname", "python", "ssh_connection", "brctl_version")
@@ -79,7 +80,9 @@ class NodesReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when a probed machine did not answer, else 0."""
+        """4 when a probed machine was refused (a safety rule), 3 when one did not answer, else 0."""
+        if self.probes and any(p.run.state is NodeState.REFUSED for p in self.probes.values()):
+            return ExitCode.REFUSED
         if self.probes and any(not p.ok for p in self.probes.values()):
             return ExitCode.INCOMPLETE
         return ExitCode.OK

@@ -6,7 +6,8 @@ machine's first-time shipping), then ``decide`` names each round and every group
 of a round runs at once, each on its own machines: the built-in workload
 (``brctl.diagnostics.replay_workload``) or the user's ``--command`` template on
 every machine of the group. Each round runs ``repeat`` times; each run of a group
-gets a fresh rendezvous port. ``replay`` is also what the daemon calls.
+gets a fresh rendezvous port. ``replay`` is also what the daemon calls. With
+``job.user`` set, the workload and ``--command`` run as that user (``setpriv``).
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class RoundLauncher:
                     "device": wl.device, "timeout": self.timeout}
 
         out = self.runner.run(nodes, PROBE, request, timeout=self.timeout + 30,
-                              concurrency=concurrency)
+                              concurrency=concurrency, as_job=True)
         return dict(out)
 
     def _run_command(self, nodes: list[Node], groups: Sequence[tuple[str, ...]],
@@ -199,7 +200,8 @@ class RoundLauncher:
 
         def argv(node: Node) -> list[str]:
             gi, rank = slots[node.name]
-            return templates.render_argv(template, self._values(groups[gi], rank, ports[gi]))
+            rendered = templates.render_argv(template, self._values(groups[gi], rank, ports[gi]))
+            return self.runner.as_job_user(node, rendered)  # job-like code: never as root by choice
 
         return dict(run_all(self.transport, nodes, argv, timeout=self.timeout,
                             concurrency=concurrency))

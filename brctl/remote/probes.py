@@ -1,13 +1,20 @@
 """Run brctl's node-side probes on nodes that have only ``python3``.
 
 The probe code (``brctl/__init__.py`` and ``brctl/diagnostics/``) is packed into a
-deterministic zip named by its sha256. On the node, a bootstrap (``python -c``)
-uses ``~/.cache/brctl/<sha256>/brctl.zip`` when its hash matches, else an installed
-brctl of exactly the controller's version, else answers "missing"; the controller
-then ships the zip once over the same connection (written to a temp name, checked,
-renamed: atomic) and runs the probe again. ``bytes_shipped`` counts what was sent.
-Other files (e.g. a py-spy binary) are shipped and cached the same way with
-``ensure_file``.
+deterministic zip named by its sha256. On the node, a bootstrap run by the system
+``python3 -I`` (isolated: neither the cwd nor ``PYTHONPATH`` nor the user site is on
+``sys.path``) uses ``~/.cache/brctl/<sha256>/brctl.zip`` when its hash matches, else
+an installed brctl of exactly the controller's version, else answers "missing"; the
+controller then ships the zip once over the same connection (written to a temp
+name, checked, renamed: atomic) and runs the probe again. ``bytes_shipped`` counts
+what was sent. Other files (e.g. a py-spy binary) are shipped and cached the same
+way with ``ensure_file``.
+
+The bootstrap then hands over to ``brctl.diagnostics.isolate.launch``: from ``/``,
+it checks the node's ``python`` and the ``PYTHONPATH`` entries its ``env`` declares
+(StrictModes), and runs the probe under that interpreter with exactly those extra
+import paths, as ``job.user`` where job-writable code needs it, or answers
+``refused`` (the node's state then).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import io
 import json
 import threading
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -25,6 +32,7 @@ from typing import Any, Union
 import brctl
 from brctl.core.capture import truncated_total
 from brctl.core.transport import Node, NodeState, Results, RunResult, Transport
+from brctl.diagnostics.isolate import REFUSED_EXIT, REFUSED_MARK, TRUSTED_PYTHON
 from brctl.remote.fanout import run_all
 
 PROBE_DOC_MAX = 4 << 20  # a probe's answer larger than this is refused (a broken or hostile node)
@@ -32,8 +40,9 @@ MISSING_EXIT = 97  # the bootstrap's "ship me the bundle" answer
 MISSING_MARK = "brctl-bundle-missing"
 
 _BOOTSTRAP = r"""
-import hashlib, os, runpy, sys
-digest, version, module = sys.argv[1:4]
+import hashlib, json, os, sys
+digest, version, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+os.chdir("/")
 zpath = os.path.join(os.path.expanduser("~"), ".cache", "brctl", digest, "brctl.zip")
 def _matches(path):
     try:
@@ -42,7 +51,7 @@ def _matches(path):
     except OSError:
         return False
 if _matches(zpath):
-    sys.path.insert(0, zpath)
+    code = zpath
 else:
     try:
         import brctl
@@ -52,8 +61,10 @@ else:
     if not usable:
         sys.stdout.write("%s\n" % "MARK")
         sys.exit(CODE)
-sys.argv = [module] + sys.argv[4:]
-runpy.run_module(module, run_name="__main__", alter_sys=True)
+    code = os.path.dirname(os.path.dirname(os.path.abspath(brctl.__file__)))
+sys.path.insert(0, code)
+from brctl.diagnostics.isolate import launch
+launch(spec, code)
 """.replace("MARK", MISSING_MARK).replace("CODE", str(MISSING_EXIT))
 
 _INSTALLER = r"""
@@ -167,16 +178,32 @@ class ProbeRunner:
         self.bytes_shipped = 0
         self._lock = threading.Lock()
 
-    def _argv(self, node: Node, module: str) -> list[str]:
-        return [node.python, "-c", _BOOTSTRAP, self.bundle.digest, brctl.__version__, module]
+    def _bootstrap(self, spec: Mapping[str, Any]) -> list[str]:
+        return [TRUSTED_PYTHON, "-I", "-c", _BOOTSTRAP, self.bundle.digest, brctl.__version__,
+                json.dumps(spec, separators=(",", ":"))]
 
-    def command(self, node: Node, module: str, *args: str) -> list[str]:
+    def _argv(self, node: Node, module: str, args: Iterable[str] = (), *,
+              as_job: bool = False) -> list[str]:
+        return self._bootstrap({
+            "python": node.python, "paths": declared_paths(node), "user": node.job_user,
+            "as_job": as_job, "module": module, "args": list(args)})
+
+    def command(self, node: Node, module: str, *args: str, as_job: bool = False) -> list[str]:
         """The argv that runs probe ``module`` on ``node`` with ``args`` as its ``sys.argv[1:]``.
 
         For probes that stream bulk data on stdin (so the request travels in argv);
         the bundle must already be cached there (run any probe with ``run`` first).
         """
-        return [*self._argv(node, module), *args]
+        return self._argv(node, module, args, as_job=as_job)
+
+    def as_job_user(self, node: Node, argv: Sequence[str]) -> list[str]:
+        """``argv`` to run as the node's ``job.user`` (``setpriv``), or unchanged without one.
+
+        The bundle must already be cached on the node (run any probe first).
+        """
+        if not node.job_user:
+            return list(argv)
+        return self._bootstrap({"user": node.job_user, "exec": list(argv)})
 
     def run(
         self,
@@ -187,8 +214,12 @@ class ProbeRunner:
         timeout: float | None = None,
         concurrency: int = 64,
         on_done: Callable[[RunResult], None] | None = None,
+        as_job: bool = False,
     ) -> dict[str, ProbeResult]:
         """Run probe ``module`` (e.g. ``brctl.diagnostics.sysinfo``) on every node.
+
+        ``as_job``: run it as the node's ``job.user`` when one is set (a workload
+        that runs job-like code), not only where job-writable code requires it.
 
         Returns:
             ``{node: ProbeResult}``; a node's garbage or failure is in ``error``, never raised.
@@ -200,7 +231,7 @@ class ProbeRunner:
             return json.dumps(dict(req)).encode()
 
         def argv_for(node: Node) -> list[str]:
-            return self._argv(node, module)
+            return self._argv(node, module, as_job=as_job)
 
         def finished(res: RunResult) -> None:
             # Progress as each node finishes; a node that asks for the bundle is not done yet.
@@ -221,7 +252,7 @@ class ProbeRunner:
                                    stdin=stdin_for, concurrency=concurrency, on_done=finished))
         out: dict[str, ProbeResult] = {}
         for node in todo:
-            res = results[node.name]
+            res = refused(results[node.name])
             doc, err = parse_document(res)
             out[node.name] = ProbeResult(node.name, res, doc, err)
         return out
@@ -235,8 +266,8 @@ class ProbeRunner:
         concurrency: int = 64,
     ) -> Results:
         """Install ``bundle`` into each node's cache (atomic, checked); counts bytes sent."""
-        argv = lambda node: [node.python, "-c", _INSTALLER, bundle.digest, bundle.name,  # noqa: E731
-                             oct(bundle.mode)[2:]]
+        argv = lambda node: [TRUSTED_PYTHON, "-I", "-S", "-c", _INSTALLER,  # noqa: E731
+                             bundle.digest, bundle.name, oct(bundle.mode)[2:]]
         results = run_all(self.transport, nodes, argv, timeout=timeout, stdin=bundle.data,
                           concurrency=concurrency)
         with self._lock:
@@ -247,7 +278,8 @@ class ProbeRunner:
         self, nodes: list[Node], bundle: Bundle, *, timeout: float | None = None
     ) -> dict[str, str | RunResult]:
         """Make ``bundle`` present on each node; returns its path there, or the failed result."""
-        argv = lambda node: [node.python, "-c", _CHECK_FILE, bundle.digest, bundle.name]  # noqa: E731
+        argv = lambda node: [TRUSTED_PYTHON, "-I", "-S", "-c", _CHECK_FILE,  # noqa: E731
+                             bundle.digest, bundle.name]
         checked = run_all(self.transport, nodes, argv, timeout=timeout)
         out: dict[str, str | RunResult] = {}
         need = []
@@ -264,6 +296,26 @@ class ProbeRunner:
             for name, res in self.ship(need, bundle, timeout=timeout).items():
                 out[name] = res.stdout.strip() if res.state is NodeState.OK else res
         return out
+
+
+def declared_paths(node: Node) -> list[str]:
+    """The ``PYTHONPATH`` entries the node's inventory ``env`` declares, in order."""
+    return [p for p in node.env.get("PYTHONPATH", "").split(":") if p]
+
+
+def refused(res: RunResult) -> RunResult:
+    """A probe's ``refused`` answer (``isolate.refuse``) as the node state ``refused``, with why."""
+    if res.exit_code != REFUSED_EXIT:
+        return res
+    for line in res.stdout.splitlines():
+        if line.startswith(REFUSED_MARK + " "):
+            try:
+                why = json.loads(line[len(REFUSED_MARK) + 1:])
+            except ValueError:
+                continue
+            return RunResult(res.node, NodeState.REFUSED, res.exit_code, res.stdout, str(why),
+                             res.seconds)
+    return res
 
 
 def _is_missing(res: RunResult) -> bool:

@@ -1,0 +1,185 @@
+"""Run a probe isolated, and job-writable code never as root by accident.
+
+Node-side, standard library only. The probe bootstrap (``brctl.remote.probes``) is
+run by the node's system ``python3 -I`` (no cwd, no ``PYTHONPATH``, no user site on
+``sys.path``) from ``/`` and calls ``launch`` with the inventory's view of the node:
+
+- ``python``: the interpreter the probe must run under (``ssh.python``);
+- ``paths``: the ``PYTHONPATH`` entries the node's ``env`` declares: the only
+  import paths added (explicitly, after the interpreter's own), and their
+  ``sitecustomize`` imported as Python would;
+- ``user``: ``job.user`` or ``None``; ``as_job``: run as that user whatever the
+  check says (replay's workload);
+- ``module`` and ``args``: the probe; or ``exec``: an argv to run as ``user``.
+
+Before any of that code runs, the interpreter (the path as configured, every
+symlink on the way and the resolved binary, each with every directory above it;
+its ``pyvenv.cfg``; its prefixes' ``lib/python3*`` and ``*-packages``) and every
+declared entry must pass OpenSSH's StrictModes rule (``safefs.unsafe_owner_chain``)
+for root and the invoking user. What fails runs as ``job.user`` when that is set
+and the path passes for root, the invoking user and the job user; otherwise the
+node is refused: ``REFUSED_MARK`` and the reason on stdout, exit ``REFUSED_EXIT``.
+A declared entry that does not exist is left out (Python ignores it too); one that
+is not absolute is refused (it would depend on the cwd).
+
+The user switch is ``setpriv --reuid --regid --init-groups``; the probe code then
+reaches the job user through an inherited file descriptor (``/proc/self/fd/N``),
+because the cache under root's home is not readable by it.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import importlib.machinery
+import json
+import os
+import pwd
+import runpy
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from brctl.diagnostics.safefs import unsafe_owner_chain
+
+REFUSED_EXIT = 96
+REFUSED_MARK = "brctl-refused"
+TRUSTED_PYTHON = "python3"  # the system interpreter that runs the checks (login PATH)
+
+# Stage 2: the configured interpreter, started by launch() once it passed the checks.
+STAGE2 = (
+    "import json, sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "from brctl.diagnostics.isolate import enter\n"
+    "enter(json.loads(sys.argv[2]), sys.argv[3], sys.argv[4:])\n"
+)
+
+
+def interpreter_paths(python: str) -> list[str]:
+    """What an interpreter runs: the path, its ``pyvenv.cfg`` and its prefixes' library dirs.
+
+    Raises:
+        FileNotFoundError: ``python`` is not on PATH.
+    """
+    found = python if "/" in python else shutil.which(python)
+    if not found or not os.path.exists(found):
+        raise FileNotFoundError(f"python {python!r}: not found" + ("" if found else " on PATH"))
+    path = os.path.abspath(found)
+    real = os.path.realpath(path)
+    out = [path]
+    prefixes = dict.fromkeys(os.path.dirname(os.path.dirname(p)) for p in (path, real))
+    for base in dict.fromkeys([os.path.dirname(path), *prefixes]):
+        cfg = os.path.join(base, "pyvenv.cfg")
+        if os.path.lexists(cfg):
+            out.append(cfg)
+    for prefix in prefixes:
+        for lib in sorted(glob.glob(os.path.join(prefix, "lib", "python3*"))):
+            out.append(lib)
+            out.extend(sorted(glob.glob(os.path.join(lib, "*-packages"))))
+    return out
+
+
+def check(python: str, paths: Sequence[str], allowed: tuple[int, ...]) -> str | None:
+    """The first reason the interpreter or an import path may be written by others, or ``None``.
+
+    Raises:
+        FileNotFoundError: there is no such interpreter.
+    """
+    candidates = [("python", p) for p in interpreter_paths(python)]
+    candidates += [("PYTHONPATH entry", p) for p in paths]
+    for what, path in candidates:
+        reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
+        if reason:
+            return f"{what} {path}: {reason}"
+    return None
+
+
+def usable_paths(declared: Sequence[str]) -> list[str]:
+    """The declared entries that exist, in order (Python skips missing ones too).
+
+    Decided once, before the check: an entry created after it is never added.
+    """
+    relative = [p for p in declared if p and not p.startswith("/")]
+    if relative:
+        refuse(f"PYTHONPATH entry {relative[0]!r} is not an absolute path")
+    return [p for p in declared if p and os.path.lexists(p)]
+
+
+def enter(paths: Sequence[str], module: str, args: Sequence[str]) -> None:
+    """Add the checked import paths, import their ``sitecustomize`` as Python would, run ``module``."""
+    sys.path[1:1] = list(paths)  # after the probe code, before the interpreter's own
+    if paths and importlib.machinery.PathFinder.find_spec("sitecustomize", list(paths)):
+        sys.modules.pop("sitecustomize", None)
+        try:
+            importlib.import_module("sitecustomize")
+        except Exception as exc:  # as site.py: report, carry on
+            sys.stderr.write(f"Error in sitecustomize; {type(exc).__name__}: {exc}\n")
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def refuse(reason: str) -> NoReturn:
+    """Answer ``refused`` with ``reason`` (the controller makes it the node's state)."""
+    sys.stdout.write(f"{REFUSED_MARK} {json.dumps(reason)}\n")
+    sys.stdout.flush()
+    sys.exit(REFUSED_EXIT)
+
+
+def _as_user(account: pwd.struct_passwd, argv: list[str]) -> NoReturn:
+    os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp("setpriv", ["setpriv", f"--reuid={account.pw_uid}",
+                              f"--regid={account.pw_gid}", "--init-groups", "--", *argv])
+    except OSError as exc:
+        refuse(f"cannot run as job.user {account.pw_name!r}: setpriv: {exc.strerror}")
+
+
+def launch(spec: dict[str, Any], code: str) -> None:
+    """Check, then run the probe here, under the configured interpreter, or as ``job.user``.
+
+    ``code`` is where this probe code was found (the cached zip or an installed brctl).
+    """
+    os.chdir("/")
+    user = spec.get("user")
+    account = None
+    if user:
+        try:
+            account = pwd.getpwnam(user)
+        except KeyError:
+            refuse(f"job.user {user!r}: no such user on this machine")
+    if "exec" in spec:  # an argv the operator gave, to run as the job user
+        if account is None:
+            refuse("exec as the job user needs job.user")
+        _as_user(account, list(spec["exec"]))
+    python, paths = spec["python"], usable_paths(spec.get("paths", []))
+    mine = tuple(sorted({0, os.getuid()}))
+    try:
+        reason = check(python, paths, mine)
+    except FileNotFoundError as exc:  # no interpreter: a failure, as exec would fail
+        sys.stderr.write(f"brctl: {exc}\n")
+        sys.exit(127)
+    drop = bool(spec.get("as_job")) and account is not None
+    if reason:
+        if account is None:
+            refuse(f"{reason}; not run as root (set job.user to run it as the job's user)")
+        again = check(python, paths, (*mine, account.pw_uid))
+        if again:
+            refuse(f"{again}; not even the job user {user!r} may run it")
+        drop = True
+    if python == TRUSTED_PYTHON and not drop:
+        enter(paths, spec["module"], spec.get("args", []))
+        return
+    if drop and os.path.isfile(code):  # root's cache is not readable by the job user
+        fd = os.open(code, os.O_RDONLY)
+        os.set_inheritable(fd, True)
+        code = f"/proc/self/fd/{fd}"
+    argv = [python, "-I", "-c", STAGE2, code, json.dumps(paths), spec["module"],
+            *spec.get("args", [])]
+    if drop:
+        assert account is not None
+        _as_user(account, argv)
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)

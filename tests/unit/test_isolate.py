@@ -1,0 +1,100 @@
+"""The probe bootstrap's checks on a local node (real processes): what runs, and what is refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from brctl.core.transport import Node, NodeState
+from brctl.remote.local import LocalTransport
+from brctl.remote.probes import ProbeRunner, declared_paths
+
+NOBODY = 65534
+
+
+def _run(tmp_path: Path, **kw: Any) -> Any:
+    node = Node(name="n", address="n", connection="local", **kw)
+    return ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.sysinfo", {})["n"]
+
+
+def test_declared_paths_keep_order_and_drop_empty_entries() -> None:
+    node = Node(name="n", address="n", env={"PYTHONPATH": "/a::/b:"})
+    assert declared_paths(node) == ["/a", "/b"]
+    assert declared_paths(Node(name="n", address="n")) == []
+
+
+def test_a_group_writable_entry_is_refused_before_its_code_runs(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    site.chmod(0o775)
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)})
+    assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists()
+    assert res.error == (f"refused: PYTHONPATH entry {site}: {site} is group/other writable "
+                         "(mode 0775); not run as root (set job.user to run it as the job's user)")
+    site.chmod(0o755)
+    assert _run(tmp_path, env={"PYTHONPATH": str(site)}).ok and (tmp_path / "ran").exists()
+
+
+def test_a_relative_entry_is_refused_and_a_missing_one_ignored(tmp_path: Path) -> None:
+    res = _run(tmp_path, env={"PYTHONPATH": "lib"})
+    assert res.run.state is NodeState.REFUSED and "'lib' is not an absolute path" in (res.error or "")
+    assert _run(tmp_path, env={"PYTHONPATH": str(tmp_path / "missing")}).ok
+
+
+def test_a_missing_interpreter_is_a_failure_not_a_refusal(tmp_path: Path) -> None:
+    res = _run(tmp_path, python=str(tmp_path / "no-python"))
+    assert res.run.state is NodeState.FAILED and "not found" in (res.error or "")
+
+
+def test_job_user_does_not_allow_code_another_user_can_write(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    os.chown(site, 1234, 1234)  # neither root, nor us, nor the job user
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)}, job_user="nobody")
+    assert res.run.state is NodeState.REFUSED
+    assert "uid 1234" in (res.error or "") and "not even the job user 'nobody'" in (res.error or "")
+    res = _run(tmp_path, job_user="no-such-user-here")
+    assert res.run.state is NodeState.REFUSED and "no such user" in (res.error or "")
+
+
+def _inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"nodes": [{"name": "n", "connection": "local"}]}))
+    return path
+
+
+def test_an_inventory_others_can_write_is_refused(tmp_path: Path, brctl: Any) -> None:
+    path = _inventory(tmp_path)
+    assert brctl("-i", path, "nodes").exit_code == 0  # ours, under a sticky /tmp: fine
+    path.chmod(0o666)
+    res = brctl("-i", path, "nodes")
+    assert res.exit_code == 2
+    assert f"inventory {path}: refused: {path} is group/other writable (mode 0666)" in res.stderr
+    path.chmod(0o644)
+    os.chown(path, NOBODY, NOBODY)
+    res = brctl("-i", path, "nodes")
+    assert res.exit_code == 2 and "is owned by nobody (uid 65534)" in res.stderr
+
+
+def test_job_user_must_be_a_user_name(tmp_path: Path, brctl: Any) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"nodes": [{"name": "n", "connection": "local"}],
+                                    "job": {"nodes": "n", "user": "a b"}}))
+    res = brctl("-i", path, "nodes")
+    assert res.exit_code == 2 and "job.user" in res.stderr
+
+
+def test_job_user_is_set_on_every_machine(tmp_path: Path) -> None:
+    from brctl.inventory import load_inventory
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"nodes": [{"name": "n[1-2]", "connection": "local"}],
+                                    "standby": [{"name": "s1", "connection": "local"}],
+                                    "job": {"nodes": "n[1-2]", "user": "nobody"}}))
+    inv = load_inventory(path)
+    assert {n.job_user for n in inv.nodes.values()} == {"nobody"}
+    assert inv.job is not None and inv.job.user == "nobody"
