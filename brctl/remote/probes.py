@@ -298,6 +298,12 @@ class ProbeRunner:
         return out
 
 
+def probe_call(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """The probe module and its arguments in an argv made by ``ProbeRunner`` (for fake machines)."""
+    spec = json.loads(argv[-1])
+    return spec["module"], list(spec.get("args", []))
+
+
 def declared_paths(node: Node) -> list[str]:
     """The ``PYTHONPATH`` entries the node's inventory ``env`` declares, in order."""
     return [p for p in node.env.get("PYTHONPATH", "").split(":") if p]

@@ -15,6 +15,7 @@ from brctl.analysis.playbook import NodeEvidence, Playbook, classify, exception_
 from brctl.core.errors import InputError
 from brctl.operations.diagnose import _node_evidence
 from brctl.playbooks import load_playbooks, playbook_dirs
+from brctl.remote.probes import probe_call
 
 DATA = Path(__file__).parent / "data"
 BOOKS = load_playbooks(playbook_dirs(None, {}))
@@ -340,7 +341,7 @@ def _machines(answers: dict[str, Any]) -> Any:
     from brctl.remote.fake import FakeTransport, Reply
 
     def handle(node: Any, argv: Any, stdin: bytes | None) -> Reply:
-        module = argv[5]
+        module, _ = probe_call(argv)
         request = json.loads(stdin or b"{}")
         doc = answers[module](node.name, request)
         return Reply(stdout=json.dumps({"schema": "brctl.probe/1", **doc}))
@@ -409,7 +410,7 @@ def test_live_training_processes_refuse_unless_forced() -> None:
     with pytest.raises(RefusedError, match="alive on m2") as err:
         diagnose(_inv(), t, BOOKS)
     assert err.value.code == 4
-    assert not any(c.argv[5] != "brctl.diagnostics.evidence" for c in t.calls)  # no stage ran
+    assert not any(probe_call(c.argv)[0] != "brctl.diagnostics.evidence" for c in t.calls)  # no stage ran
     report = diagnose(_inv(), _machines(answers), BOOKS, Options(force=True))
     assert [s.name for s in report.stages] == ["eud", "alltoall", "allgather"]
 

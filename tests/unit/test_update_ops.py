@@ -12,6 +12,7 @@ from brctl.analysis.inventory import from_document
 from brctl.core.errors import ExitCode, InputError
 from brctl.operations import update as up
 from brctl.remote.fake import Reply
+from brctl.remote.probes import probe_call
 from brctl.state import Store
 
 from .update_fake import Machines, inventory_doc
@@ -235,7 +236,7 @@ def test_corrupted_transfer_fails_that_machine_only(world) -> None:
     orig = world.machines.handle
 
     def handle(node, argv, stdin):
-        if node.name == "m4" and stdin and len(argv) > 6:
+        if node.name == "m4" and stdin and probe_call(argv)[1]:  # the artifact stream
             stdin = stdin[:10] + bytes([stdin[10] ^ 1]) + stdin[11:]
         return orig(node, argv, stdin)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from brctl.core.transport import Node, NodeState
 from brctl.diagnostics import release
 from brctl.remote.fake import FakeTransport, Reply
+from brctl.remote.probes import probe_call
 
 Fault = Callable[[str, dict], "Reply | None"]
 
@@ -31,8 +32,8 @@ class Machines:
     def handle(self, node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
         if node.name in self.down:
             return Reply(stderr="connection refused", state=NodeState.UNREACHABLE)
-        args = list(argv[6:])  # [python, -c, BOOTSTRAP, digest, version, module, *args]
-        assert argv[5] == "brctl.diagnostics.release", argv[5]
+        module, args = probe_call(argv)
+        assert module == "brctl.diagnostics.release", module
         data = stdin or b""
         request = json.loads(args[0] if args else data.decode())
         self.requests.append((node.name, request))
