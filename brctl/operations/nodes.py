@@ -81,7 +81,7 @@ class NodesReport:
     @property
     def exit_code(self) -> ExitCode:
         """4 when a probed machine was refused (a safety rule), 3 when one did not answer, else 0."""
-        if self.probes and any(p.run.state is NodeState.REFUSED for p in self.probes.values()):
+        if self.probes and any(p.state == NodeState.REFUSED.value for p in self.probes.values()):
             return ExitCode.REFUSED
         if self.probes and any(not p.ok for p in self.probes.values()):
             return ExitCode.INCOMPLETE
