@@ -23,8 +23,8 @@ A declared entry that does not exist is left out (Python ignores it too); one th
 is not absolute is refused (it would depend on the cwd).
 
 The user switch is ``setpriv --reuid --regid --init-groups``; the probe code then
-reaches the job user through an inherited file descriptor (``/proc/self/fd/N``),
-because the cache under root's home is not readable by it.
+reaches the job user through an inherited file descriptor (the cache under root's
+home is not readable by it), copied for the run into a private temporary directory.
 """
 
 from __future__ import annotations
@@ -48,12 +48,22 @@ REFUSED_MARK = "brctl-refused"
 TRUSTED_PYTHON = "python3"  # the system interpreter that runs the checks (login PATH)
 
 # Stage 2: the configured interpreter, started by launch() once it passed the checks.
-STAGE2 = (
-    "import json, sys\n"
-    "sys.path.insert(0, sys.argv[1])\n"
-    "from brctl.diagnostics.isolate import enter\n"
-    "enter(json.loads(sys.argv[2]), sys.argv[3], sys.argv[4:])\n"
-)
+# "fd:N" is root's cached zip handed to the job user as an open file: it is copied to
+# a private directory of that user for this run, so that processes the probe starts
+# (spawned ranks, collective workers) import it from a plain path.
+STAGE2 = r"""
+import atexit, json, os, shutil, sys, tempfile
+code = sys.argv[1]
+if code.startswith("fd:"):
+    own = tempfile.mkdtemp(prefix="brctl-")
+    atexit.register(shutil.rmtree, own, True)
+    with os.fdopen(int(code[3:]), "rb") as src, open(os.path.join(own, "brctl.zip"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    code = os.path.join(own, "brctl.zip")
+sys.path.insert(0, code)
+from brctl.diagnostics.isolate import enter
+enter(json.loads(sys.argv[2]), sys.argv[3], sys.argv[4:])
+"""
 
 
 def interpreter_paths(python: str) -> list[str]:
@@ -175,7 +185,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
     if drop and os.path.isfile(code):  # root's cache is not readable by the job user
         fd = os.open(code, os.O_RDONLY)
         os.set_inheritable(fd, True)
-        code = f"/proc/self/fd/{fd}"
+        code = f"fd:{fd}"
     argv = [python, "-I", "-c", STAGE2, code, json.dumps(paths), spec["module"],
             *spec.get("args", [])]
     if drop:

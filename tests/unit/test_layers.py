@@ -49,7 +49,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "render": frozenset({"operations", "analysis", "config", "core"}),
     "operations": frozenset({"analysis", "remote", "state", "config", "core", "node"}),
     "state": frozenset({"core"}),
-    "remote": frozenset({"core"}),
+    "remote": frozenset({"core", "node"}),  # probe shipping speaks the node-side protocol (isolate)
     "analysis": frozenset({"config", "core", "node"}),
     "config": frozenset({"core"}),
     "node": frozenset(),
