@@ -121,7 +121,7 @@ def test_a_job_writable_interpreter_is_refused_or_run_as_job_user(
     res, _ = _probe(cluster, tmp_path, brctl, node_env={}, python=str(python))
     assert res.exit_code == 4, res.stdout
     for name in cluster.names:
-        probe = res.json["probe"][name]
+        probe = res.json["nodes"][name]["probe"]
         assert probe["state"] == "refused" and probe["ok"] is False
         assert f"{job_dir} is owned by nobody (uid 65534)" in probe["error"]
 
@@ -145,7 +145,7 @@ def test_a_job_writable_pythonpath_entry_is_refused_or_run_as_job_user(
     env = {"node01": {"PYTHONPATH": f"/nonexistent/ignored:{site}"}}
     res, _ = _probe(cluster, tmp_path, brctl, node_env=env)
     assert res.exit_code == 4, res.stdout
-    error = res.json["probe"]["node01"]["error"]
+    error = res.json["nodes"]["node01"]["probe"]["error"]
     assert f"PYTHONPATH entry {site}" in error and "nobody (uid 65534)" in error
     assert not (job_dir / "ran-site").exists()  # refused before any of it ran
 
