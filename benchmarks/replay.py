@@ -85,7 +85,7 @@ def part1(sizes: list[int]) -> None:
               f"{math.ceil(math.log2(n))} | {n:,} / {(n + 1) / 2:,.1f} |")
 
 
-def sweep(max_machines: int) -> None:
+def sweep(max_machines: int, only: list[int] | None = None) -> None:
     """Rounds to name one fault over every shape: tp 1-8, pp 1-16, cp 1-2, 8-GPU machines.
 
     Machine counts m·2^a (m odd, 1-15) up to ``max_machines``, banded; for every
@@ -95,7 +95,8 @@ def sweep(max_machines: int) -> None:
     """
     from collections import Counter
 
-    sizes = sorted({m << a for m in range(1, 16, 2) for a in range(15) if m << a <= max_machines})
+    sizes = only or sorted({m << a for m in range(1, 16, 2) for a in range(15)
+                            if m << a <= max_machines})
     print("| machines | shapes | rounds to name one fault: shapes | worst shape | not named |"
           " CPU |")
     print("|---|---|---|---|---|---|")
@@ -190,9 +191,12 @@ def main() -> None:
     ap.add_argument("--sizes", default="8,16,64,256,1024,4096,10000")
     ap.add_argument("--sweep", type=int, metavar="N", default=0,
                     help="only the round-bound sweep over every shape up to N machines")
+    ap.add_argument("--sweep-sizes", default="",
+                    help="with --sweep: only these machine counts (comma-separated)")
     args = ap.parse_args()
     if args.sweep:
-        sweep(args.sweep)
+        sweep(args.sweep, [int(x) for x in args.sweep_sizes.split(",")] if args.sweep_sizes
+              else None)
         return
     part1([int(s) for s in args.sizes.split(",")])
     if not args.plan:

@@ -127,13 +127,44 @@ def bench_collection(n: int, rounds: int) -> None:
         transport.close()
 
 
+def bench_fail_slow(world: int, noise: float, rounds: int = 5) -> None:
+    """``analyse`` over ``rounds`` rounds where ``noise`` of the ranks sit elsewhere each round.
+
+    The synthetic hang (its PP group) is in every round; the noise lands on
+    different random ranks each time, so the vote decides. CPU seconds, one run.
+    """
+    topo, base = synthetic(world)
+    rng = random.Random(3)
+    elsewhere = (Frame("save_checkpoint", "ckpt.py", 1),)
+    rnds = []
+    for _ in range(rounds):
+        noisy = set(rng.sample(range(world), int(world * noise)))
+        rnds.append(Round(tuple(
+            RankSample(s.rank, s.node, s.pid, (s.stack or ())[:-1] + elsewhere)
+            if s.rank in noisy else s for s in base.samples)))
+    t0 = time.process_time()
+    result = analyse(rnds, topo)
+    cpu = time.process_time() - t0
+    groups = "; ".join(f"{g.kind} {len(g.indices)} group(s), {len(g.members)} machines"
+                       for g in result.suspects)
+    print(f"| {world:,} | {rounds} | {noise:.0%} | {cpu:.2f} s | {groups} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="1024,16384,131072")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=16, help="sshd machines (0: skip collection)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fail-slow", type=int, metavar="RANKS", default=0,
+                    help="only the fail-slow vote: 5 rounds at 1%% and 5%% noise")
     args = ap.parse_args()
+    if args.fail_slow:
+        print("| ranks | rounds | noise | analyse (CPU) | suspect |")
+        print("|---|---|---|---|---|")
+        for noise in (0.01, 0.05):
+            bench_fail_slow(args.fail_slow, noise)
+        return
     bench_analysis([int(x) for x in args.ranks.split(",")], args.runs)
     if args.nodes:
         bench_collection(args.nodes, args.rounds)

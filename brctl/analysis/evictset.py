@@ -171,7 +171,8 @@ def _groups(chosen: Sequence[Instance], cover: _Cover, total: int) -> tuple[Susp
         gids = tuple(sorted(g for kk, g in chosen if kk == k))
         kind = cover.kinds[k]
         members = topo.machines_of(r for g in gids for r in topo.group_ranks(kind, g))
-        held = [r for r in cover.targets if topo.group_id(r, kind) in gids]
+        wanted = set(gids)
+        held = [r for r in cover.targets if topo.group_id(r, kind) in wanted]
         noun = "group" if len(gids) == 1 else "groups"
         if len(held) == total and len(gids) == 1:
             why = f"the smallest group holding all {total} outlier ranks"
