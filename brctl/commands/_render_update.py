@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from brctl.analysis.update import Event, Pending
 from brctl.core.nodeset import fold_by
 from brctl.operations.jobadapter import HookRun
+from brctl.operations.update_preview import Preview
 from brctl.operations.update_report import (
     NodeOutcome,
     PushReport,
     StatusReport,
     SwitchReport,
 )
-from brctl.render import Output, escape, table
+from brctl.render import Output, escape, table, visible
 
 _GOOD = {"staged", "present", "switched", "already", "ok"}
 
@@ -127,3 +129,16 @@ def render_history(out: Output, job: str, events: Sequence[Event]) -> None:
              fold(e.machines), e.outcome) for e in events]
     out.console.print(table(("WHEN", "WHO", "ACTION", "VERSION", "SHA256", "FROM", "MACHINES",
                              "OUTCOME"), rows, title=f"job {job}"))
+
+
+def render_preview(out: Output, preview: Preview) -> None:
+    """``--dry-run``: the steps in order, the restart argv quoted as a shell would read it."""
+    if out.json:
+        out.emit_json(f"update.{preview.action}.preview", preview.to_json())
+        return
+    out.stdout.write(f"dry run: update {preview.action} of job {preview.job} would:\n")
+    for step in preview.steps:
+        out.stdout.write(f"  - {visible(step)}\n")
+    if preview.restart:
+        out.stdout.write(f"  - run: {visible(shlex.join(preview.restart))}\n")
+    out.stdout.write("nothing was changed.\n")

@@ -25,6 +25,9 @@ others are switched back. `rollback` returns to the release before the last
 update; `status` shows drift; `history` lists every change.""")
 
 _SELECT = opt.nodes("the job's machines, else every machine")
+_DRY_RUN = typer.Option(False, "--dry-run",
+                        help="Print what would be staged, switched and run; contact no machine, "
+                        "write nothing.")
 _TIMEOUT = opt.timeout(None, "Per-machine timeout of each step (default: ssh.command_timeout).")
 
 
@@ -64,6 +67,7 @@ def push(
     select: Optional[str] = _SELECT,
     exclude: Optional[str] = opt.EXCLUDE,
     timeout: Optional[float] = _TIMEOUT,
+    dry_run: bool = _DRY_RUN,
 ) -> int:
     """Pack SRC once, send it to every machine and stage it as release V.
 
@@ -83,6 +87,13 @@ def push(
     env: Env = ctx.obj
     window_s = opt.parse_duration(window, "--window") if window is not None else None
     uctx = _context(env, select, exclude, timeout)
+    if dry_run:
+        from brctl.commands._render_update import render_preview
+        from brctl.operations.update_preview import preview_push
+
+        preview = preview_push(uctx, src, version, urgent=urgent)
+        render_preview(env.output, preview)
+        return int(preview.exit_code)
     with env.output.progress("push", 2 * len(uctx.targets())) as advance:
         uctx.on_done = advance
         report = do_push(uctx, src, version, rev=rev, urgent=urgent, window_s=window_s)
@@ -98,6 +109,7 @@ def apply(
     restart: bool = typer.Option(False, "--restart",
                                  help="Run job.restart_command after switching."),
     timeout: Optional[float] = _TIMEOUT,
+    dry_run: bool = _DRY_RUN,
 ) -> int:
     """Switch every machine of the job to the pending release, all or none.
 
@@ -112,6 +124,13 @@ def apply(
 
     env: Env = ctx.obj
     uctx = _context(env, None, None, timeout)
+    if dry_run:
+        from brctl.commands._render_update import render_preview
+        from brctl.operations.update_preview import preview_apply
+
+        preview = preview_apply(uctx, if_due=if_due, restart=restart)
+        render_preview(env.output, preview)
+        return int(preview.exit_code)
     report = do_apply(uctx, if_due=if_due, restart=restart)
     render_switch(env.output, report)
     return int(report.exit_code)
@@ -126,6 +145,7 @@ def rollback(
     restart: bool = typer.Option(False, "--restart",
                                  help="Run job.restart_command after switching."),
     timeout: Optional[float] = _TIMEOUT,
+    dry_run: bool = _DRY_RUN,
 ) -> int:
     """Switch every machine back to the previous release (or V), all or none.
 
@@ -136,6 +156,13 @@ def rollback(
 
     env: Env = ctx.obj
     uctx = _context(env, None, None, timeout)
+    if dry_run:
+        from brctl.commands._render_update import render_preview
+        from brctl.operations.update_preview import preview_rollback
+
+        preview = preview_rollback(uctx, to=to, restart=restart)
+        render_preview(env.output, preview)
+        return int(preview.exit_code)
     report = do_rollback(uctx, to=to, restart=restart)
     render_switch(env.output, report)
     return int(report.exit_code)
