@@ -520,44 +520,6 @@ class Verdict:
 NextStep = Union[RoundSpec, Verdict]
 
 
-def staff(
-    shape: ReplayShape, suspects: Sequence[str], good: Sequence[str]
-) -> tuple[list[tuple[str, Group]], list[str]]:
-    """Build one job per suspect from known-good fillers, as many as the fillers allow.
-
-    Args:
-        shape: the replay job's roles.
-        suspects: machines to test, in order of preference.
-        good: machines known to be healthy, in order of preference.
-
-    Returns:
-        ``([(suspect, group)], suspects left for a later round)``.
-    """
-    class_of = shape.class_of()
-    pool: dict[int, list[str]] = {c: [] for c in range(len(shape.classes))}
-    for m in good:
-        pool[class_of[m]].append(m)
-    jobs: list[tuple[str, Group]] = []
-    left: list[str] = []
-    for suspect in suspects:
-        need = Counter(shape.slot_classes)
-        need[class_of[suspect]] -= 1
-        if any(len(pool[c]) < n for c, n in need.items()):
-            left.append(suspect)
-            continue
-        taken = {c: [pool[c].pop(0) for _ in range(n)] for c, n in need.items()}
-        members = []
-        placed = False
-        for cls in shape.slot_classes:
-            if cls == class_of[suspect] and not placed:
-                members.append(suspect)
-                placed = True
-            else:
-                members.append(taken[cls].pop(0))
-        jobs.append((suspect, tuple(members)))
-    return jobs, left
-
-
 def split_jobs(
     shape: ReplayShape, suspects: Sequence[str], good: Sequence[str], control: bool = False
 ) -> tuple[list[tuple[tuple[str, ...], Group]], list[str]]:

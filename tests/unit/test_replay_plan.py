@@ -23,7 +23,7 @@ from brctl.analysis.replay import (
     plan,
     reference_of,
     shape_of,
-    staff,
+    split_jobs,
 )
 from brctl.analysis.topology import Topology, stage_of_machine
 from brctl.core.errors import UsageError
@@ -245,16 +245,19 @@ def test_dp_must_split_the_rows() -> None:
     assert shape_of(t, 4).k == 2
 
 
-def test_staff_uses_each_filler_once_and_keeps_roles() -> None:
+def test_split_jobs_uses_each_filler_once_and_keeps_roles() -> None:
     s = shape_of(topo(16, 8, tp=8, pp=2), 2)
+    suspects = ["m04", "m05", "m12", "m13"]
     good = [f"m{i:02d}" for i in range(4, 16) if i not in (4, 5, 12, 13)]
-    jobs, left = staff(s, ["m04", "m05", "m12", "m13"], good)
-    used = [m for _, g in jobs for m in g if m not in ("m04", "m05", "m12", "m13")]
+    jobs, left = split_jobs(s, suspects, good)
+    used = [m for _, g in jobs for m in g if m not in suspects]
     assert len(used) == len(set(used))
     role = s.class_of()
-    for suspect, g in jobs:
-        assert suspect in g and tuple(role[m] for m in g) == s.slot_classes
-    assert len(jobs) + len(left) == 4
+    for mine, g in jobs:
+        assert mine and set(mine) <= set(g) and tuple(role[m] for m in g) == s.slot_classes
+    assert sorted([m for mine, _ in jobs for m in mine] + left) == suspects
+    # stage 0 has 2 fillers (m06, m07): two jobs of two suspects, one of each stage
+    assert [len(mine) for mine, _ in jobs] == [2, 2] and not left
 
 
 def test_machines_holding_parts_of_two_stages_are_refused_loudly() -> None:
