@@ -39,8 +39,8 @@ def find_inventory(explicit: str | None, environ: dict[str, str] | None = None) 
         return path
     raise InputError(
         "no inventory: give -i FILE, set $BRCTL_INVENTORY, or create ./inventory.yaml",
-        hint="try the local example: brctl -i examples/local.yaml nodes "
-        "(see inventory.example.yaml for every key)",
+        hint="to try brctl on this host alone: brctl init --local (writes ./inventory.yaml "
+        "with four local machines); brctl init --example writes the commented reference",
     )
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import brctl
 
-_SHARE = {"playbooks": ("brctl", "playbooks"), "man": ("man",)}  # under <prefix>/share
+_SHARE = {"playbooks": ("brctl", "playbooks"), "man": ("man",),
+          "examples": ("brctl", "examples")}  # under <prefix>/share
 
 
 def _prefixes() -> list[Path]:
@@ -32,3 +33,12 @@ def data_dir(name: str) -> Path | None:
             return candidate
     checkout = Path(brctl.__file__).resolve().parent.parent / name
     return checkout if checkout.is_dir() else None
+
+
+def example(name: str) -> Path | None:
+    """A shipped example inventory (``local.yaml``, ``inventory.example.yaml``), or None."""
+    found = data_dir("examples")
+    if found is not None and (found / name).is_file():
+        return found / name
+    top = Path(brctl.__file__).resolve().parent.parent / name  # a checkout's inventory.example.yaml
+    return top if top.is_file() else None

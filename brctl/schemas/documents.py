@@ -102,6 +102,7 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
         "action": STR, "job": STR, "version": opt(STR), "from_version": opt(STR),
         "members": NAMES, "steps": NAMES, "restart": opt(NAMES), "dry_run": BOOL}, False)
       for action in ("push", "apply", "rollback")],
+    ("brctl.init/1", {"path": STR, "example": STR}, False),
     ("brctl.exec/1", {"argv": NAMES, "nodes": by_node(RUN_RESULT)}, True),
     ("brctl.health/1", {
         "nodes": by_node(obj({"status": STR, "checks": arr(CHECK), "error": opt(STR),

@@ -33,6 +33,8 @@ def test_wheel_contains_data_files(wheel: Path) -> None:
     assert any(n.endswith("share/man/man5/brctl-inventory.5") for n in data)
     shipped = {Path(n).name for n in data if "/share/brctl/playbooks/" in n}
     assert shipped == {p.name for p in (ROOT / "playbooks").glob("*.yaml")}
+    examples = {Path(n).name for n in data if "/share/brctl/examples/" in n}
+    assert examples == {"local.yaml", "inventory.example.yaml"}  # brctl init writes them
 
 
 def test_installed_wheel_finds_its_data_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -42,11 +44,13 @@ def test_installed_wheel_finds_its_data_outside_the_checkout(wheel: Path, tmp_pa
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
                     "--no-deps", str(wheel)], check=True, timeout=300, env=CLEAN_ENV)
     code = ("from brctl.resources import data_dir; import brctl;"
-            "print(brctl.__file__); print(data_dir('man')); print(data_dir('playbooks'))")
+            "print(brctl.__file__); print(data_dir('man')); print(data_dir('playbooks'));"
+            "from brctl.resources import example; print(example('local.yaml'))")
     proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
-    module, man, playbooks = proc.stdout.split()
+    module, man, playbooks, local = proc.stdout.split()
+    assert local == str(venv / "share" / "brctl" / "examples" / "local.yaml")
     assert module.startswith(str(venv)), module
     assert man == str(venv / "share" / "man") and (Path(man) / "man1" / "brctl.1").is_file()
     assert playbooks == str(venv / "share" / "brctl" / "playbooks")
