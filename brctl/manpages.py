@@ -8,6 +8,7 @@ pages and fail on drift. ``brctl-inventory.5`` is written by hand.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,41 @@ def _synopsis(path: str, cmd: Any) -> str:
     return f"\\fB{_roff(path)}\\fR [OPTIONS]{sub} {args}".rstrip()
 
 
+README = Path(__file__).resolve().parent.parent / "README.md"
+_COMMAND = re.compile(r"`(brctl [^`]+)`")
+
+
+def readme_examples(readme: Path = README) -> list[tuple[str, str, str]]:
+    """``(situation, command line, what you get)`` from the README's "What to run when" table.
+
+    One source for both: the README is what people read first, the man pages repeat it
+    under EXAMPLES of the page of each command it names. Empty outside a checkout.
+    """
+    if not readme.is_file():
+        return []
+    text = readme.read_text(encoding="utf-8")
+    section = text.split("## What to run when", 1)[-1].split("\n## ", 1)[0]
+    rows: list[tuple[str, str, str]] = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0].startswith(("the job", "---")):
+            continue
+        for command in _COMMAND.findall(cells[1]):
+            rows.append((f"the job {cells[0]}", command, cells[2].replace("`", "")))
+    return rows
+
+
+def _examples(name: str | None) -> list[str]:
+    """EXAMPLES for ``brctl NAME`` (None: the root page, every row)."""
+    rows = [r for r in readme_examples() if name is None or r[1].split()[1] == name]
+    if not rows:
+        return []
+    lines = [".SH EXAMPLES"]
+    for situation, command, gets in rows:
+        lines += [".TP", f"\\fB{_roff(command)}\\fR", _roff(f"When {situation}: {gets}.")]
+    return lines
+
+
 def _exit_status() -> list[str]:
     lines = [".SH EXIT STATUS"]
     for code, meaning in EXIT_STATUS:
@@ -97,6 +133,7 @@ def _command_page(name: str, cmd: Any) -> str:
         sub_opts = _options(sub.params)
         if sub_opts:
             lines += [".PP", "Options:", *sub_opts]
+    lines += _examples(name)
     lines += _exit_status()
     lines += [".SH SEE ALSO", "\\fBbrctl\\fR(1), \\fBbrctl\\-inventory\\fR(5)"]
     return "\n".join(lines) + "\n"
@@ -119,6 +156,7 @@ def _root_page(root: Any) -> str:
         ".TP", "\\fBBRCTL_TIMEOUT_SCALE\\fR", "Multiplies test-relevant timeouts (default 1).",
         ".TP", "\\fBNO_COLOR\\fR", "Disables colour.",
     ]
+    lines += _examples(None)
     lines += _exit_status()
     lines += [".SH SEE ALSO", "\\fBbrctl\\-inventory\\fR(5), \\fBclush\\fR(1), \\fBdcgmi\\fR(1)"]
     return "\n".join(lines) + "\n"

@@ -34,3 +34,16 @@ def test_check_reports_drift(tmp_path: Path) -> None:
 def test_inventory_page_is_present() -> None:
     text = (ROOT / "man" / "brctl-inventory.5").read_text()
     assert text.startswith(".TH BRCTL-INVENTORY 5")
+
+
+def test_examples_come_from_the_readmes_what_to_run_when() -> None:
+    from brctl.manpages import readme_examples, render_pages
+
+    rows = readme_examples()
+    commands = {r[1] for r in rows}
+    assert {"brctl diagnose", "brctl replay", "brctl update rollback",
+            "brctl ckpt restore --to SPARE --for LOST"} <= commands
+    pages = render_pages()
+    for _situation, command, _gets in rows:
+        page = pages[f"brctl-{command.split()[1]}.1"]
+        assert ".SH EXAMPLES" in page and command.replace("-", "\\-") in page
