@@ -162,6 +162,19 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
     ("brctl.ettr/1", {"job": STR, "cumulative": opt(NUM), "window_seconds": NUM,
                       "window": opt(NUM), "productive_seconds": NUM, "observed_seconds": NUM,
                       "series": arr(obj({"at": NUM, "ettr": opt(NUM)}))}, False),
+    ("brctl.simulate/1", {
+        "mix": STR, "machines": INT, "days": NUM, "ckpt_interval": NUM, "standby": INT,
+        "seed": INT, "sweep": opt(STR), "seconds": NUM,
+        "kinds": arr(obj({"name": STR, "rate": NUM,
+                          "signal": {"enum": ["gpu_fault", "crash", "hang"]},
+                          "resolution": {"enum": ["evict", "reattempt", "rollback", "replay"]}})),
+        "durations": {"type": "object", "additionalProperties": NUM},
+        "rows": arr(obj({"value": opt(NUM), "runs": INT, "ettr": NUM, "ettr_p10": NUM,
+                         "ettr_p50": NUM, "ettr_p90": NUM, "worst_day_ettr": NUM,
+                         "lost_seconds": {"type": "object", "additionalProperties": NUM},
+                         "resolved_by": {"type": "object", "additionalProperties": NUM},
+                         "incidents": NUM, "standby_exhausted": NUM, "cap_refusals": NUM,
+                         "pages": NUM}))}, False),
 ]
 
 DOCUMENTS: dict[str, Schema] = {name: document(name, props, judges=judges)

@@ -1,0 +1,144 @@
+"""Operation of ``brctl simulate``: read the mix, run the scenario (and its sweep).
+
+The simulation itself is pure (``analysis.simulate``); this reads a mix file and
+turns a ``--sweep`` into one scenario per value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from brctl.analysis.simulate import (
+    RESOLUTIONS,
+    SIGNALS,
+    IncidentKind,
+    Scenario,
+    Summary,
+    byterobust_mix,
+    with_setting,
+)
+from brctl.analysis.simulate import simulate as run_scenario
+from brctl.config.daemon import DaemonSection
+from brctl.core.errors import InputError, UsageError
+
+
+def load_mix(name: str) -> tuple[IncidentKind, ...]:
+    """``byterobust`` (built in) or a YAML file: ``kinds: [{name, rate, signal, resolution}]``.
+
+    ``rate`` is incidents per machine-day; ``signal`` what the daemon sees (gpu_fault,
+    crash, hang); ``resolution`` the action that truly fixes it (evict, reattempt,
+    rollback, replay).
+
+    Raises:
+        InputError: unreadable or malformed file (file and key named).
+    """
+    if name == "byterobust":
+        return byterobust_mix()
+    from brctl.inventory import parse_yaml, utf8_text
+
+    try:
+        raw = Path(name).read_bytes()
+    except OSError as exc:
+        raise InputError(f"mix {name}: cannot read: {exc.strerror}", file=name,
+                         hint="--mix byterobust, or a YAML file with kinds:") from None
+    data = parse_yaml(utf8_text(raw, name), name)
+    kinds = data.get("kinds") if isinstance(data, dict) else None
+    if not isinstance(kinds, list) or not kinds:
+        raise InputError(f"mix {name}: expected kinds: a non-empty list", file=name, key="kinds")
+    return tuple(_kind(entry, name, i) for i, entry in enumerate(kinds))
+
+
+def _kind(entry: Any, path: str, i: int) -> IncidentKind:
+    key = f"kinds[{i}]"
+    if not isinstance(entry, dict):
+        raise InputError(f"mix {path}: {key}: expected a mapping {{name, rate, signal, resolution}}",
+                         file=path, key=key)
+    unknown = sorted(set(entry) - {"name", "rate", "signal", "resolution"})
+    if unknown:
+        raise InputError(f"mix {path}: {key}: unknown key(s) {', '.join(map(str, unknown))}",
+                         file=path, key=key)
+    rate = entry.get("rate")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate < 0:
+        raise InputError(f"mix {path}: {key}.rate: expected incidents per machine-day >= 0, "
+                         f"got {rate!r}", file=path, key=f"{key}.rate")
+    signal, resolution = entry.get("signal"), entry.get("resolution")
+    if signal not in SIGNALS:
+        raise InputError(f"mix {path}: {key}.signal: got {signal!r}, expected one of "
+                         f"{', '.join(SIGNALS)}", file=path, key=f"{key}.signal")
+    if resolution not in RESOLUTIONS:
+        raise InputError(f"mix {path}: {key}.resolution: got {resolution!r}, expected one of "
+                         f"{', '.join(RESOLUTIONS)}", file=path, key=f"{key}.resolution")
+    return IncidentKind(str(entry.get("name", f"kind{i}")), float(rate), signal, resolution)
+
+
+def parse_setting(text: str, flag: str) -> tuple[str, list[float]]:
+    """``key=a,b,c`` → (key, [a, b, c]).
+
+    Raises:
+        UsageError: not that form, or a value that is not a number.
+    """
+    key, sep, values = text.partition("=")
+    try:
+        numbers = [float(v) for v in values.split(",")] if sep and values else []
+    except ValueError:
+        numbers = []
+    if not key or not numbers:
+        raise UsageError(f"{flag} {text!r}: expected KEY=NUMBER[,NUMBER...], e.g. standby.size=2,4,8")
+    return key.strip(), numbers
+
+
+@dataclass(frozen=True)
+class SimulateReport:
+    """One row per sweep value (one row without a sweep)."""
+
+    scenario: Scenario
+    mix_name: str
+    seed: int
+    sweep_key: Optional[str]
+    rows: tuple[tuple[Optional[float], Summary], ...]
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``brctl.simulate/1`` body."""
+        sc = self.scenario
+        return {
+            "mix": self.mix_name, "machines": sc.machines, "days": sc.days,
+            "ckpt_interval": sc.ckpt_interval, "standby": sc.standby, "seed": self.seed,
+            "kinds": [{"name": k.name, "rate": k.rate, "signal": k.signal,
+                       "resolution": k.resolution} for k in sc.mix],
+            "durations": dict(vars(sc.durations)), "sweep": self.sweep_key,
+            "rows": [{"value": value, **summary.to_json()} for value, summary in self.rows],
+            "seconds": self.seconds}
+
+
+def simulate(*, mix_name: str, machines: int, standby: int, days: float, ckpt_interval: float,
+             daemon: Optional[DaemonSection], runs: int, seed: int,
+             settings: Sequence[tuple[str, float]] = (),
+             sweep: Optional[tuple[str, list[float]]] = None) -> SimulateReport:
+    """Run the scenario with ``settings`` applied, once per sweep value.
+
+    Args:
+        mix_name: ``byterobust`` or a mix file (``load_mix``).
+        daemon: the inventory's ``daemon:`` settings (None: the defaults).
+
+    Raises:
+        UsageError: an unknown setting or a value it refuses.
+        InputError: a bad mix file.
+    """
+    started = time.monotonic()
+    scenario = Scenario(machines, days, ckpt_interval, standby, load_mix(mix_name),
+                        daemon=daemon or DaemonSection())
+    try:
+        for key, value in settings:
+            scenario = with_setting(scenario, key, value)
+        cases = ([(None, scenario)] if sweep is None else
+                 [(v, with_setting(scenario, sweep[0], v)) for v in sweep[1]])
+    except ValueError as exc:
+        raise UsageError(f"simulate: {exc}") from None
+    rows = tuple((value, run_scenario(sc, runs, seed)) for value, sc in cases)
+    return SimulateReport(scenario, mix_name, seed, sweep[0] if sweep else None, rows,
+                          time.monotonic() - started)
