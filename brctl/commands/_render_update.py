@@ -134,7 +134,7 @@ def render_history(out: Output, job: str, events: Sequence[Event]) -> None:
 def render_preview(out: Output, preview: Preview) -> None:
     """``--dry-run``: the steps in order, the restart argv quoted as a shell would read it."""
     if out.json:
-        out.emit_json(f"update.{preview.action}.preview", preview.to_json())
+        out.emit_json("update.preview", preview.to_json())
         return
     out.stdout.write(f"dry run: update {preview.action} of job {preview.job} would:\n")
     for step in preview.steps:

@@ -98,10 +98,10 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
         "groups": {"type": "object", "additionalProperties": arr(GROUP)}}, False),
     ("brctl.nodes.set/1", {"mode": {"enum": ["fold", "expand", "count"]}, "nodeset": STR,
                            "members": NAMES, "count": INT}, False),
-    *[(f"brctl.update.{action}.preview/1", {
-        "action": STR, "job": STR, "version": opt(STR), "from_version": opt(STR),
-        "members": NAMES, "steps": NAMES, "restart": opt(NAMES), "dry_run": BOOL}, False)
-      for action in ("push", "apply", "rollback")],
+    ("brctl.update.preview/1", {
+        "action": {"enum": ["push", "apply", "rollback"]}, "job": STR, "version": opt(STR),
+        "from_version": opt(STR), "members": NAMES, "steps": NAMES, "restart": opt(NAMES),
+        "dry_run": BOOL}, False),
     ("brctl.init/1", {"path": STR, "example": STR}, False),
     ("brctl.exec/1", {"argv": NAMES, "nodes": by_node(RUN_RESULT)}, True),
     ("brctl.health/1", {

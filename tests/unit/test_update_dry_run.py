@@ -42,7 +42,7 @@ def test_dry_runs_preview_and_change_nothing(brctl: Any, state_dir: Path, tmp_pa
 
     res = brctl("-i", inv, "--json", "update", "push", src, "-V", "v3", "--urgent", "--dry-run")
     assert res.exit_code == 0, res.stderr
-    assert res.json["schema"] == "brctl.update.push.preview/1"
+    assert res.json["schema"] == "brctl.update.preview/1" and res.json["action"] == "push"
     assert res.json["version"] == "v3" and res.json["from_version"] == "v2"
     assert res.json["members"] == ["local1", "local2", "local3", "local4"]
     assert res.json["restart"][-1] == "v3"
