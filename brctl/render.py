@@ -171,20 +171,28 @@ class Output:
             self.err.print(escape(message), style="dim")
 
     @contextmanager
-    def progress(self, label: str, total: int) -> Iterator[Callable[[Any], None]]:
-        """A progress bar on stderr when it is a terminal; yields a per-item ``advance``."""
-        if total < 2 or not self.err.is_terminal:
+    def progress(self, label: str, total: int,
+                 names: Iterable[str] = ()) -> Iterator[Callable[[Any], None]]:
+        """A progress bar on stderr when it is a terminal; yields a per-item ``advance``.
+
+        Done/total and the elapsed time; with ``names`` (the machines, in start order)
+        also the machines still running, the longest-running first: ``advance(result)``
+        drops ``result.node``. Never on stderr that is not a terminal, never with --json.
+        """
+        if total < 2 or self.json or not self.err.is_terminal:
             yield _ignore
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+        left = dict.fromkeys(names)
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.err,
                       transient=True) as bar:
             task = bar.add_task(label, total=total)
 
-            def advance(_item: Any = None) -> None:
-                bar.advance(task)
+            def advance(item: Any = None) -> None:
+                left.pop(getattr(item, "node", None), None)  # type: ignore[arg-type]
+                bar.update(task, advance=1, description=escape(_waiting(label, list(left))))
 
             yield advance
 
@@ -194,6 +202,13 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # a closed or file-less stream
         return False
+
+
+def _waiting(label: str, left: list[str]) -> str:
+    """``exec: waiting on gpu007 +2``: the machine running longest, and how many more."""
+    if not left:
+        return label
+    return f"{label}: waiting on {left[0]}" + (f" +{len(left) - 1}" if len(left) > 1 else "")
 
 
 def _ignore(_item: Any = None) -> None:

@@ -77,7 +77,7 @@ def exec_command(
     nodes = inv.select(select, exclude)
     if not nodes:
         raise UsageError("exec: the selection is empty", hint="check -w / -x against brctl nodes")
-    with env.output.progress("exec", len(nodes)) as advance:
+    with env.output.progress("exec", len(nodes), [n.name for n in nodes]) as advance:
         report = execute(env.transport(), nodes, argv, timeout=timeout, stdin=data,
                          concurrency=fanout or inv.ssh.fanout, on_done=advance)
     render(env.output, report, lines=lines)

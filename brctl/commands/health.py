@@ -57,7 +57,7 @@ def health_command(
     per_node = (timeout or inv.health.timeout) * env.timeout_scale()
 
     def one_sweep() -> HealthReport:
-        with env.output.progress("health", len(nodes)) as advance:
+        with env.output.progress("health", len(nodes), [n.name for n in nodes]) as advance:
             return sweep(inv, env.transport(), nodes, env.store(), runner=env.probes(),
                          timeout=per_node, on_done=advance)
 
