@@ -82,4 +82,4 @@ def simulate(
                  ckpt_interval=interval, daemon=daemon, runs=runs, seed=seed, settings=overrides,
                  sweep=parse_setting(sweep, "--sweep") if sweep else None)
     render_simulate(env.output, report)
-    return 0
+    return int(report.exit_code)

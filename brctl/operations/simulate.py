@@ -23,7 +23,7 @@ from brctl.analysis.simulate import (
 )
 from brctl.analysis.simulate import simulate as run_scenario
 from brctl.config.daemon import DaemonSection
-from brctl.core.errors import InputError, UsageError
+from brctl.core.errors import ExitCode, InputError, UsageError
 
 
 def load_mix(name: str) -> tuple[IncidentKind, ...]:
@@ -101,6 +101,11 @@ class SimulateReport:
     sweep_key: Optional[str]
     rows: tuple[tuple[Optional[float], Summary], ...]
     seconds: float
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """Always OK: a simulation has no findings, whatever ETTR it shows."""
+        return ExitCode.OK
 
     def to_json(self) -> dict[str, Any]:
         """The ``brctl.simulate/1`` body."""
