@@ -30,7 +30,7 @@ from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.pyspy import PySpyFormatError, parse_dump
 from brctl.analysis.stacks import Frame, RankSample, Round, StackAnalysis
 from brctl.analysis.stacks import analyse as analyse_rounds
-from brctl.analysis.topology import Topology
+from brctl.analysis.topology import Topology, TopologyError
 from brctl.core.errors import ExitCode, IncompleteError, InputError, RemoteDataError
 from brctl.core.transport import Node, RunResult, Transport
 from brctl.remote.probes import Bundle, ProbeRunner
@@ -398,16 +398,37 @@ def save(root: Path, collections: Sequence[Collection], shape: JobShape) -> None
         raise InputError(f"--save {root}: {exc.strerror or exc}") from None
 
 
-def _need(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+def _need(data: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected an object")
     value = data.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise InputError(f"{where}: key {key!r} must be a {kind.__name__}")
     return value
 
 
+def _items(data: dict[str, Any], key: str, kind: type, where: str) -> list[Any]:
+    """``data[key]``: a list whose every item is a ``kind`` (a hand-edited file says where not)."""
+    values: list[Any] = _need(data, key, list, where)
+    for i, value in enumerate(values):
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise InputError(f"{where}: {key}[{i}] must be a {kind.__name__}, not {value!r:.40}")
+    return values
+
+
+def _number(data: dict[str, Any], key: str, where: str) -> float:
+    """An optional number (0 when absent)."""
+    value = data.get(key) or 0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InputError(f"{where}: key {key!r} must be a number")
+    return float(value)
+
+
 def _load_node(base: Path, name: str, info: dict[str, Any], where: str) -> NodeCollection:
+    if not isinstance(info, dict):
+        raise InputError(f"{where}: expected an object")
     ranks = []
-    for j, r in enumerate(info.get("ranks") or []):
+    for j, r in enumerate(_items(info, "ranks", dict, where) if "ranks" in info else []):
         rank = _need(r, "rank", int, f"{where}.ranks[{j}]")
         pid = _need(r, "pid", int, f"{where}.ranks[{j}]")
         stem = base / name / f"{rank}-{pid}"
@@ -422,8 +443,9 @@ def _load_node(base: Path, name: str, info: dict[str, Any], where: str) -> NodeC
         ranks.append(RankDump(rank, pid, output, error, _int_or_none(r.get("local_rank")),
                               _int_or_none(r.get("world_size"))))
     state = info.get("state") if isinstance(info.get("state"), str) else "ok"
-    return NodeCollection(name, str(state), info.get("error"), tuple(ranks),
-                          int(info.get("workers") or 0))
+    error = info.get("error")
+    return NodeCollection(name, str(state), error if isinstance(error, str) else None,
+                          tuple(ranks), int(_number(info, "workers", where)))
 
 
 def load(root: Path) -> tuple[list[Collection], JobShape]:
@@ -442,22 +464,23 @@ def load(root: Path) -> tuple[list[Collection], JobShape]:
         raise InputError(f"{path}: not JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != SAVE_SCHEMA:
         raise InputError(f"{path}: expected \"schema\": \"{SAVE_SCHEMA}\"")
-    machines = _need(data, "machines", list, str(path))
-    gpus = _need(data, "gpus", list, str(path))
-    shape = JobShape(tuple(str(m) for m in machines), tuple(int(g) for g in gpus),
+    shape = JobShape(tuple(_items(data, "machines", str, str(path))),
+                     tuple(_items(data, "gpus", int, str(path))),
                      _need(data, "tp", int, str(path)), _need(data, "pp", int, str(path)),
                      _need(data, "cp", int, str(path)), _need(data, "ep", int, str(path)),
                      _need(data, "order", str, str(path)))
+    try:
+        shape.topology()  # a shape the job could not have had is the file's error, said here
+    except TopologyError as exc:
+        raise InputError(f"{path}: {exc}", hint=exc.hint) from None
     collections = []
-    for i, rnd in enumerate(_need(data, "rounds", list, str(path))):
+    for i, rnd in enumerate(_items(data, "rounds", dict, str(path))):
         where = f"{path}: rounds[{i}]"
-        if not isinstance(rnd, dict):
-            raise InputError(f"{where}: expected an object")
-        base = root / str(rnd.get("dir", "."))
+        base = root / (_need(rnd, "dir", str, where) if "dir" in rnd else ".")
         nodes = {name: _load_node(base, name, info, f"{where}.nodes.{name}")
                  for name, info in _need(rnd, "nodes", dict, where).items()}
-        collections.append(Collection(nodes, float(rnd.get("started") or 0.0),
-                                      float(rnd.get("seconds") or 0.0)))
+        collections.append(Collection(nodes, _number(rnd, "started", where),
+                                      _number(rnd, "seconds", where)))
     if not collections:
         raise InputError(f"{path}: no rounds recorded")
     return collections, shape

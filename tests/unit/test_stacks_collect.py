@@ -241,3 +241,42 @@ def test_cli_rejects_save_with_from(tmp_path: Path, brctl: Any) -> None:
     inv.write_text(yaml.safe_dump({"nodes": [{"name": "a", "connection": "local"}]}))
     res = brctl("-i", inv, "stacks", "--from", tmp_path, "--save", tmp_path)
     assert res.exit_code == 2 and "--from" in res.stderr
+
+
+def _saved_job(save: Path) -> dict[str, Any]:
+    """A two-machine ``--save`` directory (rank 3 undumpable); returns its job.json."""
+    text = (DATA / "pyspy_dump.json").read_text()
+    for rank in range(4):
+        (save / f"m{rank // 2}").mkdir(parents=True, exist_ok=True)
+        (save / f"m{rank // 2}" / f"{rank}-{100 + rank}.json").write_text(text)
+    return {"schema": op.SAVE_SCHEMA, "machines": ["m0", "m1"], "gpus": [2, 2], "tp": 1, "pp": 1,
+            "cp": 1, "ep": 1, "order": "tp-cp-ep-dp-pp",
+            "rounds": [{"dir": ".", "started": 0.0, "seconds": 1.0, "nodes": {
+                f"m{n}": {"state": "ok", "error": None, "workers": 0,
+                          "ranks": [{"rank": r, "pid": 100 + r, "local_rank": r % 2}
+                                    for r in (2 * n, 2 * n + 1)]}
+                for n in (0, 1)}}]}
+
+
+# A hand-edited or truncated job.json: every wrongly typed value is exit 2 naming the file.
+NODE0 = {"state": "ok", "ranks": [{"rank": 0, "pid": 100}, {"rank": 1, "pid": 101}]}
+MISTYPED: list[tuple[str, Any]] = [
+    ("gpus", ["two", 2]), ("gpus", [None, 2]), ("machines", [["m0"], "m1"]),
+    ("machines", [None, None]), ("tp", 3), ("order", "tp-zz-pp"), ("rounds", ["x"]),
+    ("rounds", [{"nodes": []}]), ("rounds", [{"nodes": {"m0": "x"}}]),
+    ("rounds", [{"nodes": {"m0": {"ranks": "x"}}}]), ("rounds", [{"nodes": {"m0": {"ranks": ["x"]}}}]),
+    ("rounds", [{"nodes": {"m0": {**NODE0, "workers": "many"}}}]),
+    ("rounds", [{"started": "noon", "nodes": {"m0": NODE0}}]),
+    ("rounds", [{"dir": 7, "nodes": {"m0": NODE0}}]),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), MISTYPED)
+def test_from_a_mistyped_job_json_is_an_input_error(
+        tmp_path: Path, brctl: Any, key: str, value: Any) -> None:
+    save = tmp_path / "save"
+    job = _saved_job(save)
+    (save / "job.json").write_text(json.dumps({**job, key: value}))
+    res = brctl("stacks", "--from", save)
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert "job.json" in res.stderr and "Traceback" not in res.stderr
