@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -136,6 +136,53 @@ def byterobust_mix(total_rate: float = 24 / 2.78 / 2000) -> tuple[IncidentKind, 
             IncidentKind("transient-hang", share["reattempt"] * 0.2, "hang", "reattempt"),
             IncidentKind("code-bug", share["rollback"], "crash", "rollback"),
             IncidentKind("silent-corruption", share["replay"], "crash", "replay"))
+
+
+@dataclass(frozen=True)
+class PastIncident:
+    """One incident the daemon handled for the job, as its action log recorded it.
+
+    ``kind``: the daemon's incident kind (gpu_fault, hand_evict, crash, hang, fail_slow);
+    ``decision``: the decision of the plan it carried out (evict, reattempt, rollback,
+    replay, notify).
+    """
+
+    kind: str
+    decision: str
+
+
+# what the simulator's daemon sees for each recorded incident kind: a hand eviction is
+# swapped at once like a confident GPU fault; a fail-slow is found by stack analysis
+_SIGNAL_OF: Mapping[str, Signal] = {"gpu_fault": "gpu_fault", "hand_evict": "gpu_fault",
+                                    "crash": "crash", "hang": "hang", "fail_slow": "hang"}
+
+
+def history_mix(incidents: Sequence[PastIncident], machines: int,
+                covered_seconds: float) -> tuple[IncidentKind, ...]:
+    """The recorded incidents as a mix: one kind per (incident kind, decision taken).
+
+    Rate = count / (``machines`` × days covered); the resolution is the decision the
+    daemon actually carried out. Incidents that did not stop the job (a ``notify``
+    plan) are left out: they cost the simulated job nothing.
+
+    Raises:
+        ValueError: nothing that stopped the job is recorded, or no time is covered.
+    """
+    counts: dict[tuple[Signal, Resolution, str], int] = {}
+    for past in incidents:
+        signal = _SIGNAL_OF.get(past.kind)
+        resolution = next((r for r in RESOLUTIONS if r == past.decision), None)
+        if signal is not None and resolution is not None:
+            key = (signal, resolution, past.kind)
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        raise ValueError("no eviction, crash or hang carried out by the daemon is recorded")
+    if machines < 1 or covered_seconds <= 0:
+        raise ValueError("the records cover no time (brctl daemon records it as it polls)")
+    machine_days = machines * covered_seconds / DAY
+    return tuple(IncidentKind(f"{kind.replace('_', '-')}-{resolution}", n / machine_days, signal,
+                              resolution)
+                 for (signal, resolution, kind), n in sorted(counts.items()))
 
 
 class _Job:

@@ -17,7 +17,10 @@ def register(app: typer.Typer) -> None:
 def simulate(
     ctx: typer.Context,
     mix: str = typer.Option("byterobust", "--mix", metavar="NAME|FILE",
-                            help="Incident mix: byterobust (built in) or a YAML file with "
+                            help="Incident mix: byterobust (built in); history (the incidents "
+                                 "brctl daemon handled for the inventory's job, from the state "
+                                 "database: rate = count / (job machines x days recorded), "
+                                 "resolved as the daemon did); or a YAML file with "
                                  "kinds: [{name, rate, signal, resolution}] (rate per machine-day)."),
     machines: Optional[int] = typer.Option(None, "--machines", metavar="N",
                                            help="Job machines (default: the inventory job's count)."),
@@ -49,7 +52,9 @@ def simulate(
     same functions brctl daemon calls, on a synthetic clock. Prints cumulative and
     worst-day ETTR, lost time by cause, standby exhaustion, cap refusals and human
     pages. The inventory supplies the machine count, the standby pool and the
-    daemon: settings unless --machines and --standby are both given. Exit 0.
+    daemon: settings unless --machines and --standby are both given (--mix history
+    always reads it: the job's records and settings). Exit 0; exit 2 when --mix history finds nothing
+    recorded for the job.
     """
     from brctl.commands._options import parse_duration
     from brctl.commands._render_simulate import render_simulate
@@ -68,8 +73,13 @@ def simulate(
     if standby is not None and standby < 0:
         raise UsageError(f"--standby {standby}: expected a whole number >= 0")
     daemon = None
-    if machines is None or standby is None:
+    history_of = None
+    if machines is None or standby is None or mix == "history":
         inv = env.inventory()
+        if mix == "history":
+            if inv.job is None:
+                raise UsageError(f"simulate --mix history: {inv.source} has no job: section")
+            history_of = (env.store(), inv.job.name, len(inv.job.nodes))
         if machines is None:
             if inv.job is None:
                 raise UsageError(f"simulate: {inv.source} has no job: section; give --machines")
@@ -80,6 +90,6 @@ def simulate(
                  (parse_setting(text, "--set") for text in settings or [])]
     report = run(mix_name=mix, machines=machines, standby=standby, days=days,
                  ckpt_interval=interval, daemon=daemon, runs=runs, seed=seed, settings=overrides,
-                 sweep=parse_setting(sweep, "--sweep") if sweep else None)
+                 sweep=parse_setting(sweep, "--sweep") if sweep else None, history_of=history_of)
     render_simulate(env.output, report)
     return int(report.exit_code)

@@ -1,7 +1,7 @@
 """Operation of ``brctl simulate``: read the mix, run the scenario (and its sweep).
 
-The simulation itself is pure (``analysis.simulate``); this reads a mix file and
-turns a ``--sweep`` into one scenario per value.
+The simulation itself is pure (``analysis.simulate``); this reads a mix file or the
+job's recorded incidents (``--mix history``) and turns a ``--sweep`` into one scenario per value.
 """
 
 from __future__ import annotations
@@ -16,14 +16,43 @@ from brctl.analysis.simulate import (
     RESOLUTIONS,
     SIGNALS,
     IncidentKind,
+    PastIncident,
     Scenario,
     Summary,
     byterobust_mix,
+    history_mix,
     with_setting,
 )
 from brctl.analysis.simulate import simulate as run_scenario
 from brctl.config.daemon import DaemonSection
 from brctl.core.errors import ExitCode, InputError, UsageError
+from brctl.operations.daemon_state import DONE, DaemonState
+from brctl.state import Store
+
+
+def history(store: Store, job: str, machines: int) -> tuple[IncidentKind, ...]:
+    """``--mix history``: the incidents the daemon handled for ``job`` (its action log).
+
+    Each plan carried out to the end (``done``; not a follow-up after a replay) is one
+    incident, resolved by its decision; the days covered are those of the recorded
+    ETTR intervals and plans. ``machines``: the job's machine count.
+
+    Raises:
+        InputError: nothing usable is recorded for ``job`` (the database is named).
+    """
+    state = DaemonState(store, job)
+    plans = [a for a in state.actions([DONE], limit=-1)  # -1: SQLite for no limit
+             if a.kind == "plan" and not a.payload.get("follows")]
+    past = [PastIncident(str((a.payload.get("incident") or {}).get("kind", "")),
+                         str((a.payload.get("plan") or {}).get("decision", ""))) for a in plans]
+    times = [t for iv in state.intervals() for t in (iv.start, iv.end)] + [a.created for a in plans]
+    try:
+        return history_mix(past, machines, max(times) - min(times) if times else 0.0)
+    except ValueError as exc:
+        raise InputError(f"simulate --mix history: job {job!r} in {store.path}: {exc}; "
+                         "cannot simulate from nothing",
+                         hint="run brctl daemon for the job first, or use --mix byterobust "
+                              "or a mix file") from None
 
 
 def load_mix(name: str) -> tuple[IncidentKind, ...]:
@@ -123,19 +152,22 @@ class SimulateReport:
 def simulate(*, mix_name: str, machines: int, standby: int, days: float, ckpt_interval: float,
              daemon: Optional[DaemonSection], runs: int, seed: int,
              settings: Sequence[tuple[str, float]] = (),
-             sweep: Optional[tuple[str, list[float]]] = None) -> SimulateReport:
+             sweep: Optional[tuple[str, list[float]]] = None,
+             history_of: Optional[tuple[Store, str, int]] = None) -> SimulateReport:
     """Run the scenario with ``settings`` applied, once per sweep value.
 
     Args:
-        mix_name: ``byterobust`` or a mix file (``load_mix``).
+        mix_name: ``byterobust``, ``history`` or a mix file (``load_mix``).
+        history_of: for ``history``: the state database, the job and its machine count.
         daemon: the inventory's ``daemon:`` settings (None: the defaults).
 
     Raises:
         UsageError: an unknown setting or a value it refuses.
-        InputError: a bad mix file.
+        InputError: a bad mix file, or no history recorded.
     """
     started = time.monotonic()
-    scenario = Scenario(machines, days, ckpt_interval, standby, load_mix(mix_name),
+    mix = history(*history_of) if mix_name == "history" and history_of else load_mix(mix_name)
+    scenario = Scenario(machines, days, ckpt_interval, standby, mix,
                         daemon=daemon or DaemonSection())
     try:
         for key, value in settings:

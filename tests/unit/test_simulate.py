@@ -14,10 +14,13 @@ from brctl import schemas
 from brctl.analysis import daemon as policy
 from brctl.analysis.simulate import (
     BYTEROBUST_SHARES,
+    DAY,
     Durations,
     IncidentKind,
+    PastIncident,
     Scenario,
     byterobust_mix,
+    history_mix,
     run,
     simulate,
     with_setting,
@@ -143,3 +146,64 @@ def test_help_names_every_setting(brctl: Any) -> None:
     text = " ".join(brctl("simulate", "--help").stdout.split())
     for key in SWEEP_KEYS:
         assert key.split(".")[-1] in text, key
+
+
+def test_history_mix_rates_per_machine_day_and_the_decision_taken() -> None:
+    past = [PastIncident("gpu_fault", "evict")] * 3 + [PastIncident("crash", "reattempt")] * 2 + [
+        PastIncident("crash", "rollback"), PastIncident("hand_evict", "evict"),
+        PastIncident("fail_slow", "notify")]  # a notify did not stop the job: left out
+    mix = {k.name: k for k in history_mix(past, machines=10, covered_seconds=2 * DAY)}
+    assert set(mix) == {"gpu-fault-evict", "crash-reattempt", "crash-rollback", "hand-evict-evict"}
+    assert mix["gpu-fault-evict"].rate == pytest.approx(3 / 20)  # 3 / (10 machines x 2 days)
+    assert mix["crash-reattempt"].rate == pytest.approx(2 / 20)
+    assert (mix["crash-rollback"].signal, mix["crash-rollback"].resolution) == ("crash", "rollback")
+    assert (mix["hand-evict-evict"].signal, mix["hand-evict-evict"].resolution) == ("gpu_fault",
+                                                                                    "evict")
+    with pytest.raises(ValueError, match="no eviction, crash or hang"):
+        history_mix([PastIncident("fail_slow", "notify")], 10, DAY)
+    with pytest.raises(ValueError, match="cover no time"):
+        history_mix(past, 10, 0.0)
+
+
+def test_cli_history_from_what_the_daemon_recorded(brctl: Any, state_dir: Path,
+                                                   tmp_path: Path) -> None:
+    """The real daemon loop records a GPU fault (evict) and a hang (reattempt) in a real
+    SQLite database; ``--mix history`` reads them back as the mix."""
+    from brctl.operations.daemon_state import DaemonState
+    from tests.unit.test_daemon_loop import Clock, Script, make, tick
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("nodes: [{name: 'n[1-4]', connection: local, gpus: 2}]\n"
+                   "standby: [{name: 's[1-2]', connection: local, gpus: 2}]\n"
+                   "job: {name: llm, nodes: 'n[1-4]', tp: 2, pp: 2, restart_command: ['true']}\n")
+    empty = brctl("-i", str(inv), "simulate", "--mix", "history")
+    assert empty.exit_code == 2 and "'llm'" in empty.stderr and "no eviction" in empty.stderr
+    assert "Traceback" not in empty.stderr
+
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock)  # its database is $BRCTL_STATE's
+    assert store.path.parent == state_dir
+    daemon.start()
+    tick(daemon, clock, script, dt=60)
+    script.evict = {"n3": "xid 79: fell off the bus"}
+    tick(daemon, clock, script, dt=60)  # evict n3, swap s1 in, restart
+    script.evict = {}
+    for _ in range(3):
+        tick(daemon, clock, script, dt=60)
+    tick(daemon, clock, script, steps=0, dt=60)  # no step for > stall_after: a hang, nobody blamed
+    for _ in range(3):
+        tick(daemon, clock, script, dt=60)
+    intervals = DaemonState(store, "llm").intervals()
+    covered = intervals[-1].end - intervals[0].start
+    store.close()
+
+    r = brctl("-i", str(inv), "--json", "simulate", "--mix", "history", "--days", "2",
+              "--machines", "4", "--standby", "2")
+    assert r.exit_code == 0, r.stderr
+    jsonschema.validate(r.json, schemas.get("brctl.simulate/1"))
+    kinds = {k["name"]: k for k in r.json["kinds"]}
+    assert set(kinds) == {"gpu-fault-evict", "hang-reattempt"}, kinds
+    assert kinds["hang-reattempt"]["signal"] == "hang"
+    for kind in kinds.values():  # one each / (4 machines x the days recorded)
+        assert kind["rate"] == pytest.approx(1 / (4 * covered / DAY))
+    assert r.json["mix"] == "history"
