@@ -34,15 +34,14 @@ sys.path.insert(0, str(ROOT))
 
 from brctl.analysis.inventory import from_document  # noqa: E402
 from brctl.analysis.replay import (  # noqa: E402
-    GroupRun,
     ReplayPlan,
     Verdict,
     decide,
-    judge_round,
     plan,
     reference_of,
     shape_of,
 )
+from brctl.analysis.replay_judge import GroupRun, judge_round  # noqa: E402
 from brctl.analysis.topology import Topology  # noqa: E402
 from brctl.core.errors import BrctlError  # noqa: E402
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from brctl.analysis.replay import JudgedGroup, JudgedRound, ReplayPlan
+from brctl.analysis.replay import ReplayPlan
+from brctl.analysis.replay_judge import JudgedGroup, JudgedRound
 from brctl.core.nodeset import fold
 from brctl.operations.replay import ReplayReport
 from brctl.render import Output, escape, table

@@ -1,13 +1,14 @@
 """``brctl replay``: run the dual-phase replay rounds and return the verdict.
 
-The I/O half of replay (the pure half is ``brctl/analysis/replay.py``): a
-preflight ships the probe code to every machine (so no group waits on another
-machine's first-time shipping), then ``decide`` names each round and every group
-of a round runs at once, each on its own machines: the built-in workload
-(``brctl.diagnostics.replay_workload``) or the user's ``--command`` template on
-every machine of the group. Each round runs ``repeat`` times; each run of a group
-gets a fresh rendezvous port. ``replay`` is also what the daemon calls. With
-``job.user`` set, the workload and ``--command`` run as that user (``setpriv``).
+The I/O half of replay (the pure half is ``brctl/analysis/replay.py`` and
+``replay_judge.py``): a preflight ships the probe code to every machine (so no
+group waits on another machine's first-time shipping), then ``decide`` names
+each round and every group of a round runs at once, each on its own machines:
+the built-in workload (``brctl.diagnostics.replay_workload``) or the user's
+``--command`` template on every machine of the group. Each round runs ``repeat``
+times; each run of a group gets a fresh rendezvous port. ``replay`` is also what
+the daemon calls. With ``job.user`` set, the workload and ``--command`` run as
+that user (``setpriv``).
 """
 
 from __future__ import annotations
@@ -20,17 +21,15 @@ from typing import Any, Optional, Union
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.replay import (
-    GroupRun,
-    JudgedRound,
     ReplayPlan,
     RoundSpec,
     Verdict,
     decide,
-    judge_round,
     plan,
     reference_of,
     shape_of,
 )
+from brctl.analysis.replay_judge import GroupRun, JudgedRound, judge_round
 from brctl.core import templates
 from brctl.core.errors import ExitCode, UsageError
 from brctl.core.transport import Node, NodeState, RunResult, Transport

@@ -15,16 +15,15 @@ from collections.abc import Callable, Collection
 import pytest
 
 from brctl.analysis.replay import (
-    GroupRun,
     ReplayPlan,
     Verdict,
     decide,
-    judge_round,
     plan,
     reference_of,
     shape_of,
     split_jobs,
 )
+from brctl.analysis.replay_judge import GroupRun, judge_round
 from brctl.analysis.topology import Topology, stage_of_machine
 from brctl.core.errors import UsageError
 
