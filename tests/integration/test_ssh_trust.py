@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from brctl.core.transport import NodeState
-from brctl.remote.ssh import ACCEPTED_SUFFIX, SshTransport
+from brctl.remote.ssh import SshTransport
+from brctl.remote.ssh_config import ACCEPTED_SUFFIX
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import nodes_of
 

@@ -227,7 +227,7 @@ def test_passphrase_protected_key_is_auth_without_prompt(tmp_path: Path) -> None
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from brctl.core.transport import NodeState
-    from brctl.remote.ssh import SshTransport, _ConnectError
+    from brctl.remote.ssh_connect import ConnectError, Connector
 
     path = tmp_path / "locked"
     path.write_bytes(
@@ -237,16 +237,17 @@ def test_passphrase_protected_key_is_auth_without_prompt(tmp_path: Path) -> None
             serialization.BestAvailableEncryption(b"s3cret-passphrase"),
         )
     )
-    with pytest.raises(_ConnectError) as exc:
-        SshTransport(ssh_config=os.devnull)._pkey(str(path))
+    connector = Connector(connect_rate=100.0, connect_retries=0, keepalive=0)
+    with pytest.raises(ConnectError) as exc:
+        connector.pkey(str(path))
     assert exc.value.state is NodeState.AUTH
     assert "passphrase-protected" in exc.value.message and "s3cret" not in exc.value.message
-    with pytest.raises(_ConnectError, match="not found"):
-        SshTransport(ssh_config=os.devnull)._pkey(str(tmp_path / "missing"))
+    with pytest.raises(ConnectError, match="not found"):
+        connector.pkey(str(tmp_path / "missing"))
 
 
 def test_rate_limiter_caps_new_connections_per_second() -> None:
-    from brctl.remote.ssh import RateLimiter
+    from brctl.remote.ssh_connect import RateLimiter
 
     limiter = RateLimiter(20.0, burst=1)
     t0 = time.monotonic()
