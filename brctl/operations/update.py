@@ -517,7 +517,14 @@ def rollback(ctx: UpdateContext, *, to: Optional[str] = None, restart: bool = Fa
         return _rollback(ctx, to, restart)
 
 
-def _rollback(ctx: UpdateContext, to: Optional[str], restart: bool) -> SwitchReport:
+def rollback_choice(ctx: UpdateContext, to: Optional[str]) -> tuple[str, str, JobState]:
+    """The release a rollback returns to: (version, its sha256, the job's state now).
+
+    ``rollback`` and its ``--dry-run`` preview both choose through here.
+
+    Raises:
+        InputError: no earlier release, or ``to`` was never pushed.
+    """
     state = job_state(ctx.store, ctx.job)
     target = to if to is not None else rollback_target(history(ctx.store, ctx.job), state.version)
     if target is None:
@@ -526,6 +533,11 @@ def _rollback(ctx: UpdateContext, to: Optional[str], restart: bool) -> SwitchRep
                          hint="name one with --to VERSION (see brctl update history)")
     check_version(target)
     sha256, _source = pushed_release(ctx.store, target)
+    return target, sha256, state
+
+
+def _rollback(ctx: UpdateContext, to: Optional[str], restart: bool) -> SwitchReport:
+    target, sha256, state = rollback_choice(ctx, to)
     rep = switch_all(ctx, "rollback", target, sha256, state.version)
     # a pending release that is the one being rolled away from must not come back lazily
     clear = state.pending is not None and state.pending.version == state.version

@@ -11,13 +11,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from brctl.analysis.update import check_version, is_due, rollback_target
+from brctl.analysis.update import check_version, is_due
 from brctl.core.errors import ExitCode, InputError
 from brctl.core.nodeset import fold
 from brctl.core.templates import render_argv
 from brctl.operations.jobadapter import JobAdapter
-from brctl.operations.update import UpdateContext
-from brctl.operations.update_state import history, job_state, pushed_release
+from brctl.operations.update import UpdateContext, rollback_choice
+from brctl.operations.update_state import job_state
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,5 @@ def preview_rollback(ctx: UpdateContext, *, to: Optional[str], restart: bool) ->
     Raises:
         InputError: no earlier release, or ``to`` was never pushed (as the real rollback).
     """
-    state = job_state(ctx.store, ctx.job)
-    target = to if to is not None else rollback_target(history(ctx.store, ctx.job), state.version)
-    if target is None:
-        raise InputError(f"job {ctx.job}: no earlier release to roll back to "
-                         f"(current: {state.version or 'none recorded'})",
-                         hint="name one with --to VERSION (see brctl update history)")
-    check_version(target)
-    pushed_release(ctx.store, target)
+    target, _sha256, state = rollback_choice(ctx, to)
     return _switch(ctx, "rollback", target, state.version, restart, [])
