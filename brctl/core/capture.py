@@ -3,12 +3,15 @@
 A node may print gigabytes (``brctl exec -- journalctl``, a broken probe): every
 transport keeps, per node and stream, the first ``keep`` and the last ``keep``
 bytes, reads on to the end, and marks the cut with the total byte count. Memory
-per stream is at most ~3 × ``keep``, so a fan-out costs O(fan-out × keep).
+per stream is at most ~2 × ``keep`` plus one chunk, so a fan-out costs O(fan-out × keep).
+The tail is a queue of the chunks as they came, dropped whole from the front:
+no buffer is ever reallocated or copied while the stream runs.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 
 DEFAULT_KEEP = 2 << 20  # bytes kept at each end of each stream (inventory ssh.output_keep)
 MARKER = "[brctl: output truncated: {total} bytes in all; the first and last {keep} kept]"
@@ -29,7 +32,8 @@ class Capture:
         self.keep = max(1, keep)
         self.total = 0
         self._head = bytearray()
-        self._tail = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_len = 0
 
     def add(self, data: bytes) -> None:
         """Take one chunk."""
@@ -39,18 +43,19 @@ class Capture:
             self._head += data[:room]
             data = data[room:]
         if data:
-            self._tail += data
-            if len(self._tail) > 2 * self.keep:  # trim in batches, not per chunk
-                del self._tail[: len(self._tail) - self.keep]
+            self._tail.append(bytes(data))
+            self._tail_len += len(data)
+            while self._tail_len - len(self._tail[0]) >= self.keep:  # the rest still covers keep
+                self._tail_len -= len(self._tail.popleft())
 
     @property
     def truncated(self) -> bool:
         """More came than is kept."""
-        return self.total > len(self._head) + min(len(self._tail), self.keep)
+        return self.total > len(self._head) + min(self._tail_len, self.keep)
 
     def text(self) -> str:
         """What was kept, decoded (invalid UTF-8 replaced), with the marker where it was cut."""
-        tail = bytes(self._tail[-self.keep:]) if self._tail else b""
+        tail = b"".join(self._tail)[-self.keep:]
         if not self.truncated:
             return (bytes(self._head) + tail).decode(errors="replace")
         marker = MARKER.format(total=self.total, keep=self.keep)

@@ -145,16 +145,17 @@ def test_ctrl_c_on_brctl_exec_leaves_no_remote_process(
 
 
 _PEAK_RSS = """
-import os, resource, sys
+import os, resource, sys, tracemalloc
 from brctl.core.transport import Node
 from brctl.remote.ssh import SshTransport
 node = Node(name="n", address=sys.argv[1], port=int(sys.argv[2]), identity_file=sys.argv[3],
             known_hosts=sys.argv[4], connect_timeout=float(sys.argv[5]))
 t = SshTransport(ssh_config=os.devnull)
+tracemalloc.start()
 r = t.run(node, ["sh", "-c", "head -c 200000000 /dev/zero | tr '\\\\0' x; echo; echo end"],
           timeout=float(sys.argv[6]))
 print(r.state.value, len(r.stdout), r.stdout[-4:] == "end\\n", "200000005 bytes in all" in r.stdout,
-      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+      tracemalloc.get_traced_memory()[1] >> 20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
 """
 
 
@@ -166,8 +167,11 @@ def test_200_mb_of_output_is_kept_head_and_tail_in_bounded_memory(ssh_cluster: S
          str(node.known_hosts), str(scaled(10)), str(scaled(120))],
         cwd=REPO, capture_output=True, text=True, timeout=scaled(150), check=True,
     ).stdout.split()
-    state, kept, tail_ok, counted, peak_mib = out[0], int(out[1]), out[2], out[3], int(out[4])
+    state, kept, tail_ok, counted, peak_mib, rss_mib = out[0], int(out[1]), out[2], out[3], int(out[4]), out[5]
     assert state == "ok"
     assert 4 << 20 <= kept <= (4 << 20) + 200  # the first and last 2 MiB and the marker
     assert tail_ok == "True" and counted == "True"
-    assert peak_mib <= 150, peak_mib  # it was 647 MiB when every chunk was kept
+    # The most Python held at once (paramiko's buffers included): 2 x 2 MiB kept, the channel
+    # window, chunks in flight. Keeping every chunk was 647 MiB of RSS. Not the RSS itself: once
+    # a full CI run saw 352 MiB of it (the allocator's, never reproduced), so it is only shown.
+    assert peak_mib <= 32, (peak_mib, rss_mib)
