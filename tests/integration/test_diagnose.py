@@ -19,6 +19,7 @@ decision, and stops at the stage that found it:
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -125,7 +126,7 @@ def test_hung_allgather_names_the_machine_after_repairing(brctl: Any, ssh_cluste
     gather = doc["stages"][2]
     assert gather["faulty"] == ["node04"]
     first = gather["rounds"][0]
-    assert first == [{"nodes": ssh_cluster.names, "ok": False}]  # the wide group failed
+    assert first == [{"members": ssh_cluster.names, "ok": False}]  # the wide group failed
     assert all(g["ok"] for rnd in gather["rounds"][1:] for g in rnd if "node04" not in g["members"])
     assert (doc["decision"], doc["faulty"]) == ("evict", ["node04"])
 
@@ -160,7 +161,9 @@ def test_live_training_processes_refuse_and_force_proceeds(brctl: Any, ssh_clust
         refused = brctl("-i", inv, "--json", "diagnose", "--playbooks", books,
                         "--symptom", "eud-only")
         assert refused.exit_code == 4, refused.stderr
-        assert refused.stdout == ""  # refused before any verdict
+        error = json.loads(refused.stdout)  # refused before any verdict: the error document only
+        assert error["schema"] == "brctl.error/1" and error["status"] == "refused", error
+        assert "alive on node02" in error["message"] and "--force" in error["hint"]
         assert "alive on node02" in refused.stderr and "--force" in refused.stderr
         res, doc = _run(brctl, inv, "--force", "--playbooks", str(books), "--symptom", "eud-only")
     # No dcgmi anywhere: the only stage skipped every machine. Untested is not clean.
