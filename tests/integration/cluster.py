@@ -165,6 +165,9 @@ class SshCluster:
         prefix: node names are ``<prefix>01``... (3 digits from 100 nodes up).
     """
 
+    # Each machine's namespaces (a subclass adds --uts to give machines their own hostname).
+    UNSHARE: tuple[str, ...] = ("unshare", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc")
+
     def __init__(
         self,
         root: Path,
@@ -259,9 +262,16 @@ class SshCluster:
         for path in (*PRIVATE_HOME_DIRS, *self.private_dirs):
             src = shlex.quote(str(self.node_path(name, path)))
             cmds.append(f"mount --bind {src} {shlex.quote(path)}")
-        ndir = self.node_dir(name)
-        cmds.append(f"exec {SSHD} -D -E {ndir / 'sshd.log'} -f {ndir / 'sshd_config'}")
+        cmds.append(self._node_main(name))
         return "; ".join(cmds)
+
+    def _sshd_argv(self, name: str) -> str:
+        ndir = self.node_dir(name)
+        return f"{SSHD} -D -E {ndir / 'sshd.log'} -f {ndir / 'sshd_config'}"
+
+    def _node_main(self, name: str) -> str:
+        """The boot script's last command: what runs as the machine (here sshd alone)."""
+        return f"exec {self._sshd_argv(name)}"
 
     # -- paths and addresses ----------------------------------------------------
 
@@ -353,17 +363,7 @@ class SshCluster:
             self._lock_file = None
 
     def _spawn(self, name: str) -> None:
-        argv = [
-            "unshare",
-            "--pid",
-            "--mount",
-            "--fork",
-            "--kill-child",
-            "--mount-proc",
-            "sh",
-            "-c",
-            self._boot_script(name),
-        ]
+        argv = [*self.UNSHARE, "sh", "-c", self._boot_script(name)]
         err = open(self.node_dir(name) / "boot.err", "ab")  # noqa: SIM115
         try:
             self._procs[name] = subprocess.Popen(

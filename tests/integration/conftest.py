@@ -3,8 +3,10 @@
 ``make_cluster(n, private_dirs=(), prefix="node")`` starts a fresh cluster that is
 stopped when the test ends (use it to stop nodes or change things);
 ``ssh_cluster`` is a session-wide 4-node cluster with private ``/opt/train`` and
-``/local/ckpt`` for read-only use. Without root/sshd/unshare the tests are skipped,
-unless ``BRCTL_REQUIRE_INTEGRATION=1`` (CI), where that is an error.
+``/local/ckpt`` for read-only use. ``slurm_cluster`` (session-wide, 4 machines) and
+``make_slurm_cluster(n)`` are a real Slurm whose machines run sshd and slurmd in shared
+namespaces (see slurm_cluster.py). Without root/sshd/unshare (or the Slurm packages) the
+tests are skipped, unless ``BRCTL_REQUIRE_INTEGRATION=1`` (CI), where that is an error.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import SshCluster, missing_requirements
+from tests.integration.slurm_cluster import SlurmCluster, missing_slurm_requirements
 
 DEFAULT_PRIVATE_DIRS = ("/opt/train", "/local/ckpt")
 
 
-def _require() -> None:
-    why = missing_requirements()
+def _require(why: str | None = None) -> None:
+    why = why if why is not None else missing_requirements()
     if why is None:
         return
     if os.environ.get("BRCTL_REQUIRE_INTEGRATION") == "1":
@@ -59,3 +62,35 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A session-wide real Slurm: node01..node04 (sshd + slurmd each, 2 fake GPUs), partition
+    ``batch``. Tests that submit jobs or drain machines call ``slurm_cluster.reset()`` after."""
+    _require(missing_slurm_requirements())
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-cluster"), 4)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def make_slurm_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., SlurmCluster]]:
+    """Factory: ``make_slurm_cluster(n, gpus=2)`` -> a started SlurmCluster, stopped after."""
+    _require(missing_slurm_requirements())
+    clusters: list[SlurmCluster] = []
+
+    def make(n: int, gpus: int = 2) -> SlurmCluster:
+        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), n, gpus=gpus)
+        clusters.append(cluster)
+        return cluster.start()
+
+    try:
+        yield make
+    finally:
+        for cluster in clusters:
+            cluster.stop()
