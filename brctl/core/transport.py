@@ -157,7 +157,7 @@ def command_line(argv: Sequence[str]) -> str:
 
 
 class Transport(Protocol):
-    """Run commands on and copy files to/from one node at a time; thread-safe."""
+    """Run commands on one node at a time (bulk data goes by ``stream``); thread-safe."""
 
     def run(
         self,
@@ -184,18 +184,6 @@ class Transport(Protocol):
         Nothing is held in memory; with ``stdout`` given the result's ``stdout`` is
         empty. ``timeout`` bounds the command, and also any pause of the stream.
         """
-        ...
-
-    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
-        """Copy a local file to ``remote_path`` on ``node`` (written under a temp name, renamed).
-
-        Follows links on the node like any SFTP client: only for paths no untrusted
-        user can write (checkpoint shards travel by ``stream`` to a node-side receiver).
-        """
-        ...
-
-    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
-        """Copy ``remote_path`` on ``node`` to a local file (temp name, renamed)."""
         ...
 
     def cancel(self) -> None:

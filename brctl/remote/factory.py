@@ -61,14 +61,6 @@ class RoutingTransport:
         """Stream on the node's backend."""
         return self._backend(node).stream(node, argv, timeout=timeout, stdin=stdin, stdout=stdout)
 
-    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
-        """Copy to the node."""
-        return self._backend(node).put(node, local_path, remote_path, timeout=timeout)
-
-    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
-        """Copy from the node."""
-        return self._backend(node).get(node, remote_path, local_path, timeout=timeout)
-
     def cancel(self) -> None:
         """Kill what runs on every backend (Ctrl-C)."""
         self._local.cancel()

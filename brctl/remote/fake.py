@@ -37,13 +37,12 @@ Handler = Callable[[Node, Sequence[str], "bytes | None"], Reply]
 
 
 class FakeTransport:
-    """Answers from ``handler``; ``calls`` lists what was asked, ``files`` what was put."""
+    """Answers from ``handler``; ``calls`` lists what was asked."""
 
     def __init__(self, handler: Handler) -> None:
         """Args: handler: computes each node's reply."""
         self.handler = handler
         self.calls: list[Call] = []
-        self.files: dict[tuple[str, str], bytes] = {}
         self._lock = threading.Lock()
 
     def run(
@@ -70,21 +69,6 @@ class FakeTransport:
             return res
         stdout.write(res.stdout.encode())
         return RunResult(res.node, res.state, res.exit_code, "", res.stderr, res.seconds)
-
-    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
-        """Remember the file's bytes under (node, remote_path)."""
-        with open(local_path, "rb") as fh:
-            self.files[(node.name, remote_path)] = fh.read()
-        return RunResult(node.name, NodeState.OK, 0, "", "", 0.0)
-
-    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
-        """Write back a file put earlier, or fail."""
-        data = self.files.get((node.name, remote_path))
-        if data is None:
-            return RunResult(node.name, NodeState.FAILED, 1, "", f"{remote_path}: no such file", 0.0)
-        with open(local_path, "wb") as fh:
-            fh.write(data)
-        return RunResult(node.name, NodeState.OK, 0, "", "", 0.0)
 
     def cancel(self) -> None:
         """Nothing runs for real."""

@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -119,14 +117,6 @@ class LocalTransport:
         return RunResult(node.name, state_for_exit(proc.returncode), proc.returncode,
                          _decode(out), _decode(err), time.monotonic() - start)
 
-    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
-        """Copy to ``remote_path`` on this host, atomically."""
-        return _copy(node, local_path, remote_path)
-
-    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
-        """Copy from ``remote_path`` on this host, atomically."""
-        return _copy(node, remote_path, local_path)
-
     def close(self) -> None:
         """Nothing to close."""
 
@@ -165,17 +155,3 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(proc.pid, signal.SIGKILL)
 
-
-def _copy(node: Node, src: str, dst: str) -> RunResult:
-    start = time.monotonic()
-    try:
-        dst_dir = os.path.dirname(os.path.abspath(dst))
-        os.makedirs(dst_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dst_dir, prefix=".brctl-")
-        os.close(fd)
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except OSError as exc:
-        return RunResult(node.name, NodeState.FAILED, 1, "", f"copy {src} -> {dst}: {exc}",
-                         time.monotonic() - start)
-    return RunResult(node.name, NodeState.OK, 0, "", "", time.monotonic() - start)

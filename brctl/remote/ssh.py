@@ -6,10 +6,10 @@ node to an ``Endpoint`` through the inventory and ``~/.ssh/config`` (Include,
 Match, ProxyJump, ProxyCommand, IdentityFile, known_hosts files);
 ``brctl.remote.ssh_connect`` opens, authenticates (host keys, credentials) and
 caches the connections, with their connect-time states and timeouts. This module
-runs commands and copies files over them.
+runs commands and streams bulk data over them.
 
 Connections. One authenticated connection per (user, host, port, route) is
-opened on first use and reused by every later ``run``/``put``/``get`` until
+opened on first use and reused by every later ``run``/``stream`` until
 ``close()`` (the daemon keeps one SshTransport across polls). A cached connection
 found dead is reopened once; a command is never re-run.
 
@@ -35,12 +35,10 @@ States. Connection failures keep the state ``ssh_connect`` gives them
 from __future__ import annotations
 
 import functools
-import os
 import select
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
@@ -390,60 +388,6 @@ class SshTransport:
             return _result(node.name, NodeState.UNREACHABLE, t0, "connection lost while streaming")
         return RunResult(node.name, exit_state(code, time.monotonic() - t0, timeout), code,
                          out.text(), err.decode(errors="replace"), time.monotonic() - t0)
-
-    def put(self, node: Node, local_path: str, remote_path: str, *, timeout: float) -> RunResult:
-        """Copy a local file to the node over SFTP: written as a temp name, then renamed.
-
-        SFTP follows symlinks in ``remote_path``: only for paths no untrusted user can
-        write (checkpoint shards use ``stream`` and a node-side receiver instead).
-        """
-        return self._sftp(node, local_path, remote_path, timeout, upload=True)
-
-    def get(self, node: Node, remote_path: str, local_path: str, *, timeout: float) -> RunResult:
-        """Copy a file from the node over SFTP to a local temp name, then rename it."""
-        return self._sftp(node, remote_path, local_path, timeout, upload=False)
-
-    def _sftp(self, node: Node, src: str, dst: str, timeout: float, *, upload: bool) -> RunResult:
-        t0 = time.monotonic()
-        chan, failed = self._session(node, t0)
-        if chan is None:
-            assert failed is not None
-            return failed
-        tmp = f"{dst}.brctl-tmp-{uuid.uuid4().hex[:12]}"
-        try:
-            chan.settimeout(timeout)
-            chan.invoke_subsystem("sftp")
-            sftp = paramiko.SFTPClient(chan)
-            try:
-                if upload:
-                    sftp.put(src, tmp)
-                    sftp.posix_rename(tmp, dst)
-                else:
-                    sftp.get(src, tmp)
-                    os.replace(tmp, dst)
-            except BaseException:
-                self._cleanup(sftp, tmp, upload)
-                raise
-            finally:
-                sftp.close()
-        except (socket.timeout, TimeoutError):
-            return _result(node.name, NodeState.TIMEOUT, t0, f"copy timed out after {timeout:g}s")
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            where = f"{node.name}:{src}" if not upload else src
-            return _result(node.name, NodeState.FAILED, t0, f"copy of {where} failed: {exc}", 1)
-        finally:
-            chan.close()
-        return RunResult(node.name, NodeState.OK, 0, "", "", time.monotonic() - t0)
-
-    @staticmethod
-    def _cleanup(sftp: paramiko.SFTPClient, tmp: str, upload: bool) -> None:
-        try:
-            if upload:
-                sftp.remove(tmp)
-            else:
-                os.unlink(tmp)
-        except (OSError, paramiko.SSHException, EOFError):
-            pass
 
     def close(self) -> None:
         """Close every connection (targets first, then jump hosts)."""

@@ -295,25 +295,6 @@ def test_ssh_config_is_honoured(ssh_cluster: SshCluster, tmp_path: Path) -> None
     assert r.stdout.split()[2] == ssh_cluster.address(target)
 
 
-def test_put_and_get_are_atomic_copies(
-    ssh_cluster: SshCluster, transport: SshTransport, tmp_path: Path
-) -> None:
-    node = nodes_of(ssh_cluster)[3]
-    src = tmp_path / "payload.bin"
-    src.write_bytes(os.urandom(300_000))
-    r = transport.put(node, str(src), "/opt/train/payload.bin", timeout=scaled(10))
-    assert r.state is NodeState.OK, r
-    on_node = ssh_cluster.node_path(node.name, "/opt/train/payload.bin")
-    assert on_node.read_bytes() == src.read_bytes()
-    assert [p.name for p in on_node.parent.iterdir() if "brctl-tmp" in p.name] == []
-    back = tmp_path / "back.bin"
-    assert transport.get(node, "/opt/train/payload.bin", str(back), timeout=10).state is NodeState.OK
-    assert back.read_bytes() == src.read_bytes()
-    missing = transport.get(node, "/opt/train/nope", str(tmp_path / "x"), timeout=scaled(10))
-    assert missing.state is NodeState.FAILED and "nope" in missing.stderr
-    assert [p.name for p in tmp_path.iterdir() if "brctl-tmp" in p.name] == []
-
-
 def test_fanout_over_worker_processes(ssh_cluster: SshCluster) -> None:
     from brctl.remote.shard import run_sharded
 
