@@ -1,5 +1,8 @@
 """Run one command on many nodes, bounded, never raising midway.
 
+Before anything runs, a transport with a ``check`` judges the nodes' settings
+(``SshTransport.check``: an ssh config setting brctl cannot honour is exit 2).
+
 A fixed pool of ``concurrency`` workers (``brctl.remote.threads``), or for large
 fan-outs of fresh connections several worker processes (``brctl.remote.shard``);
 each node costs at most its own timeout; an overall ``deadline`` (seconds from the
@@ -46,8 +49,14 @@ def run_all(
 
     Returns:
         One ``RunResult`` per node, in the order of ``nodes``.
+
+    Raises:
+        InputError: the transport's ``check`` refused a node's settings (nothing ran).
     """
     todo = list(nodes)
+    check = getattr(transport, "check", None)
+    if check is not None:  # e.g. an ssh config setting brctl cannot honour: exit 2 before anything runs
+        check(todo)
     make = getattr(transport, "process_factory", None)
     if processes > 1 and make is not None:
         processes = worth_processes(processes, len(todo))

@@ -128,7 +128,7 @@ class KnownHosts:
             found.extend(self.exact.get(low, ()))
             found.extend(self._hashed_lookup(low))
             for patterns, entry in self.wildcard:
-                if _match_patterns(low, patterns):
+                if match_patterns(low, patterns):
                     found.append(entry)
         return found
 
@@ -195,7 +195,7 @@ def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile(re.escape(pattern.lower()).replace(r"\*", ".*").replace(r"\?", "."), re.S)
 
 
-def _match_patterns(name: str, patterns: Iterable[str]) -> bool:
+def match_patterns(name: str, patterns: Iterable[str]) -> bool:
     """OpenSSH pattern-list semantics: any positive match and no negated match."""
     positive = False
     for pattern in patterns:

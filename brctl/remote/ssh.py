@@ -49,6 +49,7 @@ from brctl.core.transport import Node, NodeState, RunResult, command_line, with_
 from brctl.remote.known_hosts import KnownHostsError
 from brctl.remote.ssh_config import Endpoint, EndpointResolver
 from brctl.remote.ssh_connect import KEEPALIVE_S, ConnectError, Connector
+from brctl.remote.ssh_openssh import SshConfigError
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
 
 LINGER_S = 1.0  # after the exit status, how long output may still arrive (a background child)
@@ -187,9 +188,27 @@ class SshTransport:
         """Where and how to connect for ``node`` (inventory + ssh config; cached).
 
         Raises:
-            ValueError: a ProxyJump that cannot be parsed.
+            SshConfigError: a setting brctl cannot honour or read for this node (exit 2).
         """
         return self._resolver.endpoint(node)
+
+    def check(self, nodes: Sequence[Node]) -> None:
+        """Resolve the ssh config of the nodes about to be contacted, before any fan-out.
+
+        Raises:
+            SshConfigError: a setting brctl cannot honour for one of them (exit 2,
+                naming every such host); the config of hosts not contacted is never judged.
+        """
+        problems = []
+        for node in nodes:
+            if node.connection == "ssh":
+                try:
+                    self.endpoint(node)
+                except SshConfigError as exc:
+                    problems.append(exc)
+        if problems:
+            more = f" (and {len(problems) - 3} more hosts)" if len(problems) > 3 else ""
+            raise SshConfigError("; ".join(p.message for p in problems[:3]) + more, hint=problems[0].hint)
 
     def preload(self, nodes: Sequence[Node]) -> None:
         """Parse every node's known_hosts now, so a malformed file fails before fan-out.
@@ -201,8 +220,8 @@ class SshTransport:
             if node.connection == "ssh":
                 try:
                     ep = self.endpoint(node)
-                except ValueError:
-                    continue  # that node's own result says why (one bad host spoils no other)
+                except SshConfigError:
+                    continue  # judged when that node is contacted (one bad host spoils no other)
                 self._connector.known.load_all(ep.known_hosts)
 
     # -- running ------------------------------------------------------------------
@@ -211,8 +230,8 @@ class SshTransport:
         """An open session channel on the node, or the result that says why not."""
         try:
             ep = self.endpoint(node)
-        except ValueError as exc:
-            return None, _result(node.name, NodeState.UNREACHABLE, t0, str(exc))
+        except SshConfigError as exc:  # run_all refuses these before any fan-out (check)
+            return None, _result(node.name, NodeState.UNREACHABLE, t0, exc.message)
         for attempt in (0, 1):
             try:
                 conn, new = self._connector.connection(ep)

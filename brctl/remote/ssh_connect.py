@@ -28,8 +28,9 @@ written; that file is trusted only under ``accept-new``) — a changed or
 ``@cert-authority`` (paramiko cannot verify host certificates), never trusted on
 first use.
 
-Credentials, no prompts ever. The endpoint's identity files, each with its
-``<key>-cert.pub`` user certificate when there is one; then the ssh-agent's keys
+Credentials, no prompts ever. The endpoint's identity files, each first with
+every ssh config ``CertificateFile`` issued for it, then with its
+``<key>-cert.pub`` user certificate when there is one (else bare); then the ssh-agent's keys
 (``$SSH_AUTH_SOCK``; ``ssh.agent: false`` turns that off). No agent forwarding,
 no passwords or keyboard-interactive; a passphrase-protected key no agent holds
 is ``auth`` with a message saying so, never a prompt. Key material never appears
@@ -158,21 +159,24 @@ class Connector:
         self._lock = threading.Lock()
         self._conns: dict[tuple[object, ...], paramiko.Transport] = {}
         self._key_locks: dict[tuple[object, ...], threading.Lock] = {}
-        self._pkeys: dict[str, paramiko.PKey] = {}
+        self._pkeys: dict[tuple[str, str | None], paramiko.PKey] = {}
         self._agent: list[paramiko.PKey] | None = None
         self._agent_lock = threading.Lock()
         self.connections_opened = 0  # for tests and benchmarks
 
-    def pkey(self, path: str) -> paramiko.PKey:
+    def pkey(self, path: str, certificate: str | None = None) -> paramiko.PKey:
+        """The key at ``path`` (cached), bearing ``certificate``, or else its ``-cert.pub`` if any.
+
+        Raises:
+            ConnectError: ``auth``, saying why the key cannot be used; a ValueError
+                when ``certificate`` is not a certificate of this key.
+        """
         with self._lock:
-            hit = self._pkeys.get(path)
+            hit = self._pkeys.get((path, certificate))
         if hit is not None:
             return hit
         try:
             key = paramiko.PKey.from_path(path)
-            cert = path + "-cert.pub"  # OpenSSH's default CertificateFile for this key
-            if os.path.isfile(cert):
-                key.load_certificate(cert)
         except (paramiko.PasswordRequiredException, TypeError):
             # cryptography reports an encrypted OpenSSH-format key as a TypeError.
             raise ConnectError(
@@ -182,9 +186,27 @@ class Connector:
             raise ConnectError(NodeState.AUTH, f"identity file {path} not found") from None
         except (OSError, paramiko.SSHException, ValueError) as exc:
             raise ConnectError(NodeState.AUTH, f"identity file {path}: {exc}") from None
+        default_cert = path + "-cert.pub"  # OpenSSH's default certificate for this key
+        try:
+            if certificate is not None:
+                key.load_certificate(certificate)  # ValueError: not this key's certificate
+            elif os.path.isfile(default_cert):
+                key.load_certificate(default_cert)
+        except (OSError, paramiko.SSHException) as exc:
+            raise ConnectError(NodeState.AUTH, f"certificate for {path}: {exc}") from None
         with self._lock:
-            self._pkeys[path] = key
+            self._pkeys[(path, certificate)] = key
         return key
+
+    def _certified(self, path: str, certificates: tuple[str, ...]) -> list[paramiko.PKey]:
+        """The key at ``path`` once per ssh config ``CertificateFile`` issued for it (as ssh pairs them)."""
+        out = []
+        for cert in certificates:
+            if cert == path + "-cert.pub" or not os.path.isfile(cert):
+                continue  # already borne by the plain key / skipped, as ssh does
+            with contextlib.suppress(ValueError, ConnectError):
+                out.append(self.pkey(path, cert))
+        return out
 
     def _lock_for(self, key: tuple[object, ...]) -> threading.Lock:
         with self._lock:
@@ -406,9 +428,12 @@ class Connector:
         skipped: list[str] = []
         for path in ep.identities:
             try:
-                keys.append(self.pkey(path))
+                plain = self.pkey(path)
             except ConnectError as exc:
                 skipped.append(exc.message)
+                continue
+            keys.extend(self._certified(path, ep.certificates))  # certificates first, as ssh offers them
+            keys.append(plain)
         if ep.agent:
             keys.extend(self._agent_keys())
         return keys, skipped

@@ -1,0 +1,167 @@
+"""ssh config settings paramiko cannot evaluate: found in the text, resolved through ``ssh -G``.
+
+paramiko's ``SSHConfig`` runs ``Match exec`` itself (through ``invoke``) and
+treats a ``Match`` criterion it does not know (``localnetwork``, ``tagged``) as
+matching. So before paramiko sees the text, every ``Match`` line with a
+criterion other than ``all``/``host``/``originalhost``/``user``/``localuser``
+(``exec``, ``canonical``, ``final``, ``localnetwork``, ...) is replaced by one
+that never matches (its block stays a block), and the hosts such a block may
+apply to — its ``host``/``originalhost`` criteria before the first deferred one
+do not rule them out — are resolved by ``ssh -G HOST`` instead: one process per
+such host, none for a plain config. What ``ssh -G`` rejects (an OpenSSH too old
+for ``Match localnetwork``, a ``Match exec`` that hangs) is ``SshConfigError``.
+
+``unsupported`` names the effective settings brctl cannot honour (they would
+make it connect differently from ``ssh``): refused with exit 2, host by host.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from brctl.core.errors import InputError
+from brctl.remote.known_hosts import match_patterns
+
+PARAMIKO_CRITERIA = frozenset({"all", "host", "originalhost", "user", "localuser"})
+NO_ARGUMENT = frozenset({"all", "canonical", "final"})
+NEVER_MATCHES = "Match originalhost !*"
+MULTI_VALUED = frozenset({"identityfile", "certificatefile"})
+
+
+class SshConfigError(InputError):
+    """An ssh config setting brctl cannot honour or evaluate for a host (exit 2)."""
+
+
+@dataclass(frozen=True)
+class DeferredMatch:
+    """A ``Match`` line left to ``ssh -G``, with the criteria that decide whom it may concern."""
+
+    line: str
+    hosts: tuple[tuple[str, bool, tuple[str, ...]], ...]  # (host|originalhost, negated, patterns)
+
+    def may_apply(self, name: str, hostname: str) -> bool:
+        """False only when a host criterion before the deferred one surely fails for this host."""
+        for kind, negated, patterns in self.hosts:
+            candidates = (name,) if kind == "originalhost" else (name, hostname)
+            if not any(match_patterns(c.lower(), patterns) != negated for c in candidates):
+                return False
+        return True
+
+
+def _criteria(words: list[str]) -> list[tuple[str, bool, str | None]]:
+    """``Match`` words → (criterion, negated, argument)."""
+    out: list[tuple[str, bool, str | None]] = []
+    i = 0
+    while i < len(words):
+        word = words[i].lower()
+        negated, kind = word.startswith("!"), word.lstrip("!")
+        if kind in NO_ARGUMENT:
+            out.append((kind, negated, None))
+            i += 1
+        else:
+            out.append((kind, negated, words[i + 1] if i + 1 < len(words) else None))
+            i += 2
+    return out
+
+
+def defer_matches(text: str, source: str) -> tuple[str, tuple[DeferredMatch, ...]]:
+    """The config text paramiko may evaluate, and the ``Match`` lines it must not.
+
+    Raises:
+        SshConfigError: a ``Match`` line that cannot be split into words.
+    """
+    out: list[str] = []
+    deferred: list[DeferredMatch] = []
+    for line in text.splitlines():
+        keyword, _, rest = line.strip().replace("=", " ", 1).partition(" ")
+        if keyword.lower() != "match":
+            out.append(line)
+            continue
+        try:
+            criteria = _criteria(shlex.split(rest))
+        except ValueError as exc:
+            raise SshConfigError(f"ssh config {source}: cannot read {line.strip()!r}: {exc}") from None
+        if all(kind in PARAMIKO_CRITERIA for kind, _, _ in criteria):
+            out.append(line)
+            continue
+        hosts = []
+        for kind, negated, arg in criteria:
+            if kind not in PARAMIKO_CRITERIA:
+                break
+            if kind in ("host", "originalhost") and arg is not None:
+                hosts.append((kind, negated, tuple(p.lower() for p in arg.split(","))))
+        deferred.append(DeferredMatch(line.strip(), tuple(hosts)))
+        out.append(NEVER_MATCHES)
+    return "\n".join(out), tuple(deferred)
+
+
+def ssh_g(config_path: str, name: str, *, user: str | None, port: int | None,
+          timeout: float) -> dict[str, Any]:
+    """``ssh -G`` for one host: its effective settings, as paramiko's lookup would give them.
+
+    ``user``/``port``: the inventory's explicit values (passed as ``-l``/``-p``,
+    so ``Match user`` sees them, as on ssh's command line). Defaults that ``ssh
+    -G`` always prints are dropped where brctl's own defaults differ: a ``user``
+    equal to the local user name (brctl's default is ``root``), identity files
+    that do not exist (ssh skips them too).
+
+    Raises:
+        SshConfigError: no ``ssh`` client, or it rejected the config or timed out.
+    """
+    exe = shutil.which("ssh")
+    why = f"host {name}: its ssh config needs OpenSSH's own evaluation (ssh -G)"
+    if exe is None:
+        raise SshConfigError(f"{why}, and no ssh client is installed")
+    argv = [exe, "-G", "-F", config_path]
+    if user:
+        argv += ["-l", user]
+    if port:
+        argv += ["-p", str(port)]
+    try:
+        done = subprocess.run([*argv, "--", name], capture_output=True, text=True, errors="replace",
+                              stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise SshConfigError(f"{why}, which did not finish within {timeout:g}s") from None
+    except OSError as exc:
+        raise SshConfigError(f"{why}, which could not run: {exc.strerror}") from None
+    if done.returncode != 0:
+        said = " / ".join(ln.strip() for ln in done.stderr.splitlines() if ln.strip())[:300]
+        raise SshConfigError(f"{why}, which refused it: {said or f'exit {done.returncode}'}")
+    cfg: dict[str, Any] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key in MULTI_VALUED:
+            cfg.setdefault(key, []).append(value)
+        elif key and key not in cfg:
+            cfg[key] = value
+    if cfg.get("user") == getpass.getuser() and not user:
+        del cfg["user"]
+    found = [p for p in cfg.get("identityfile", []) if os.path.exists(os.path.expanduser(p))]
+    cfg.pop("identityfile", None)
+    if found:
+        cfg["identityfile"] = found
+    return cfg
+
+
+def unsupported(cfg: Mapping[str, Any]) -> str | None:
+    """The first effective setting brctl cannot honour, as ``Keyword value``; None when all can be."""
+    checks = (
+        ("identityagent", "IdentityAgent", lambda v: v.lower() not in ("none", "ssh_auth_sock")),
+        ("knownhostscommand", "KnownHostsCommand", lambda v: v.lower() != "none"),
+        ("pkcs11provider", "PKCS11Provider", lambda v: v.lower() != "none"),
+        ("bindaddress", "BindAddress", lambda v: True),
+        ("bindinterface", "BindInterface", lambda v: True),
+        ("proxyusefdpass", "ProxyUseFdpass", lambda v: v.lower() in ("yes", "true")),
+    )
+    for key, keyword, bad in checks:
+        value = cfg.get(key)
+        if value is not None and bad(str(value)):
+            return f"{keyword} {value}"
+    return None

@@ -1,0 +1,74 @@
+"""ssh config resolution without a network: what paramiko may evaluate, what goes to ``ssh -G``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brctl.core.errors import InputError
+from brctl.core.transport import Node
+from brctl.remote import ssh_openssh
+from brctl.remote.ssh_config import EndpointResolver
+from brctl.remote.ssh_openssh import NEVER_MATCHES, SshConfigError, defer_matches, unsupported
+
+
+def _node(name: str, **kw: Any) -> Node:
+    return Node(name=name, address=name, known_hosts="~/.ssh/known_hosts", **kw)
+
+
+def test_match_lines_paramiko_cannot_evaluate_are_deferred() -> None:
+    text = ("Host a\n  User x\n"
+            "Match host gpu*,!gpu9 exec \"test -e /f\"\n  User y\n"
+            "Match originalhost db* user root\n  Port 2\n"
+            "Match canonical final\n  Port 3\n"
+            "Match !host login* localnetwork 10.0.0.0/8\n  Port 4\n")
+    kept, deferred = defer_matches(text, "cfg")
+    assert kept.splitlines() == ["Host a", "  User x", NEVER_MATCHES, "  User y",
+                                 "Match originalhost db* user root", "  Port 2",
+                                 NEVER_MATCHES, "  Port 3", NEVER_MATCHES, "  Port 4"]
+    gpu, canonical, local = deferred
+    assert gpu.may_apply("gpu1", "gpu1") and not gpu.may_apply("gpu9", "gpu9")
+    assert not gpu.may_apply("db1", "db1.example")
+    assert gpu.may_apply("alias", "gpu3")  # `host` is the HostName: either may match
+    assert canonical.may_apply("anything", "anything")  # no host criterion: every host
+    assert local.may_apply("gpu1", "gpu1") and not local.may_apply("login1", "login1")
+
+
+def test_a_match_line_that_cannot_be_split_names_it() -> None:
+    with pytest.raises(SshConfigError, match="cfg: cannot read 'Match exec \"unclosed'"):
+        defer_matches('Match exec "unclosed\n', "cfg")
+
+
+@pytest.mark.parametrize(("cfg", "bad"), [
+    ({"identityagent": "/run/a.sock"}, "IdentityAgent /run/a.sock"),
+    ({"identityagent": "none"}, None),
+    ({"identityagent": "SSH_AUTH_SOCK"}, None),
+    ({"bindaddress": "10.0.0.1"}, "BindAddress 10.0.0.1"),
+    ({"knownhostscommand": "/bin/fetch %H"}, "KnownHostsCommand /bin/fetch %H"),
+    ({"proxyusefdpass": "no", "securitykeyprovider": "internal"}, None),
+])
+def test_unsupported_names_the_setting(cfg: dict[str, str], bad: str | None) -> None:
+    assert unsupported(cfg) == bad
+
+
+def test_plain_config_spawns_nothing_and_bad_hosts_fail_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_process(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("a plain config must not start ssh -G")
+
+    monkeypatch.setattr(ssh_openssh.subprocess, "run", no_process)
+    cfg = tmp_path / "config"
+    cfg.write_text("Host quiet\n  IdentityAgent none\nHost odd\n  BindAddress 10.1.1.1\n"
+                   "Host hop\n  ProxyJump root@b1:22,b2:x\nMatch host never* exec \"false\"\n  Port 9\n")
+    resolver = EndpointResolver(str(cfg))
+    assert resolver.endpoint(_node("quiet")).agent is False
+    assert resolver.endpoint(_node("other")).agent is True
+    assert [resolver.endpoint(_node(f"n{i}")).port for i in range(100)] == [22] * 100
+    with pytest.raises(SshConfigError, match=r"host odd: ssh config setting 'BindAddress 10\.1\.1\.1'") as exc:
+        resolver.endpoint(_node("odd"))
+    assert isinstance(exc.value, InputError)  # exit 2
+    with pytest.raises(SshConfigError, match=r"host hop: ssh config ProxyJump 'root@b1:22,b2:x'.*'b2:x'"):
+        resolver.endpoint(_node("hop"))
