@@ -93,9 +93,14 @@ class Env:
             self._transport = self.transport_given
         if self._transport is None:
             from brctl.remote.factory import RoutingTransport
+            from brctl.remote.slurm import JobRef
 
             inv = self.inventory(as_listed=True)  # every machine either way; no warning here
-            transport = RoutingTransport(connect_rate=inv.ssh.connect_rate)
+            ref = inv.job.slurm if inv.job else None
+            transport = RoutingTransport(
+                connect_rate=inv.ssh.connect_rate, slurm_partition=inv.slurm.partition,
+                slurm_job=JobRef(ref.job, ref.name, ref.user, ref.cluster) if ref else None,
+                environ=self.environ)
             transport.preload(inv.nodes.values())
             self._transport = transport
         return self._transport

@@ -17,6 +17,7 @@ from brctl.config.ckpt import CkptSection
 from brctl.config.daemon import DaemonSection
 from brctl.config.diagnose import DiagnoseSection
 from brctl.config.health import HealthSection
+from brctl.config.slurm import SlurmJobSection, SlurmSection
 from brctl.config.update import UpdateSection
 from brctl.core import nodeset
 from brctl.core.errors import InputError
@@ -88,7 +89,7 @@ class NodeEntry:
     name: str
     address: Optional[str] = None
     gpus: int = sfield(8, check=non_negative)  # 0: a CPU-only machine (GPU checks skip)
-    connection: Literal["ssh", "local"] = "ssh"
+    connection: Literal["ssh", "local", "slurm"] = "ssh"
     env: dict[str, str] = sfield(factory=dict)
     labels: dict[str, str] = sfield(factory=dict)  # e.g. {rack: r12}: failure domains
     user: Optional[str] = None
@@ -132,6 +133,7 @@ class JobSection:
     status_command: Optional[Template] = sfield(None, check=_template)
     evict_command: Optional[Template] = sfield(None, check=_template)
     unevict_command: Optional[Template] = sfield(None, check=_template)
+    slurm: Optional[SlurmJobSection] = None  # the job in Slurm (connection: slurm runs in it)
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ class RawInventory:
     update: UpdateSection = sfield(factory=UpdateSection)
     ckpt: CkptSection = sfield(factory=CkptSection)
     daemon: DaemonSection = sfield(factory=DaemonSection)
+    slurm: SlurmSection = sfield(factory=SlurmSection)
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,7 @@ class Job:
     status_command: Optional[Template]
     evict_command: Optional[Template]
     unevict_command: Optional[Template] = None
+    slurm: Optional[SlurmJobSection] = None
 
 
 NO_JOB = "-"  # the state database's key for machines outside any job
@@ -187,6 +191,7 @@ class Inventory:
     update: UpdateSection = field(default_factory=UpdateSection)
     ckpt: CkptSection = field(default_factory=CkptSection)
     daemon: DaemonSection = field(default_factory=DaemonSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
 
     def node(self, name: str) -> Node:
         """The machine called ``name``."""
@@ -357,6 +362,7 @@ def build(raw: RawInventory, source: str) -> Inventory:
             status_command=j.status_command,
             evict_command=j.evict_command,
             unevict_command=j.unevict_command,
+            slurm=_slurm_job(j.slurm, source),
         )
         if j.user:  # job-writable code on any machine (standbys too) runs as the job's user
             nodes = {n: replace(node, job_user=j.user) for n, node in nodes.items()}
@@ -371,7 +377,15 @@ def build(raw: RawInventory, source: str) -> Inventory:
         update=raw.update,
         ckpt=raw.ckpt,
         daemon=raw.daemon,
+        slurm=raw.slurm,
     )
+
+
+def _slurm_job(ref: Optional[SlurmJobSection], source: str) -> Optional[SlurmJobSection]:
+    if ref is not None and (ref.job is None) == (ref.name is None):
+        raise SchemaError(source, "job.slurm", "give the job's id (job:) or its name (name:), one of them",
+                          hint="e.g. slurm: {job: 123456} or slurm: {name: pretrain, user: alice}")
+    return ref
 
 
 def from_document(data: Any, source: str) -> Inventory:

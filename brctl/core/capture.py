@@ -18,6 +18,15 @@ MARKER = "[brctl: output truncated: {total} bytes in all; the first and last {ke
 _MARKER_RX = re.compile(r"^\[brctl: output truncated: (\d+) bytes in all;", re.M)
 
 
+def kept_text(head: bytes, tail: bytes, total: int, keep: int) -> str:
+    """A stream of ``total`` bytes of which ``head`` and ``tail`` were kept, decoded (invalid
+    UTF-8 replaced), with the marker where it was cut (also for captures made on a node)."""
+    if total <= len(head) + len(tail):
+        return (head + tail).decode(errors="replace")
+    marker = MARKER.format(total=total, keep=keep)
+    return f"{head.decode(errors='replace')}\n{marker}\n{tail.decode(errors='replace')}"
+
+
 def truncated_total(text: str) -> int | None:
     """The byte count in ``text``'s truncation marker, or None when it was kept whole."""
     found = _MARKER_RX.search(text)
@@ -55,8 +64,4 @@ class Capture:
 
     def text(self) -> str:
         """What was kept, decoded (invalid UTF-8 replaced), with the marker where it was cut."""
-        tail = b"".join(self._tail)[-self.keep:]
-        if not self.truncated:
-            return (bytes(self._head) + tail).decode(errors="replace")
-        marker = MARKER.format(total=self.total, keep=self.keep)
-        return f"{self._head.decode(errors='replace')}\n{marker}\n{tail.decode(errors='replace')}"
+        return kept_text(bytes(self._head), b"".join(self._tail)[-self.keep:], self.total, self.keep)

@@ -1,8 +1,9 @@
 """The transport interface: run an argv on one node, copy files, close.
 
 Every remote I/O in brctl goes through a ``Transport``. Backends: ``SshTransport``
-(paramiko, production), ``LocalTransport`` (``connection: local``), ``FakeTransport``
-(unit tests). A transport never raises for a node-level failure: it returns a
+(paramiko, production), ``SlurmTransport`` (``connection: slurm``: srun, many nodes
+per call through ``run_batch``), ``LocalTransport`` (``connection: local``),
+``FakeTransport`` (unit tests). A transport never raises for a node-level failure: it returns a
 ``RunResult`` whose ``state`` says what happened.
 """
 
@@ -18,7 +19,7 @@ from brctl.core.capture import DEFAULT_KEEP
 from brctl.core.errors import ExitCode
 
 HostKeyPolicy = Literal["strict", "accept-new"]
-ConnectionKind = Literal["ssh", "local"]
+ConnectionKind = Literal["ssh", "local", "slurm"]
 
 
 class NodeState(str, Enum):

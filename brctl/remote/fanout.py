@@ -5,6 +5,7 @@ Before anything runs, a transport with a ``check`` judges the nodes' settings
 
 A fixed pool of ``concurrency`` workers (``brctl.remote.threads``), or for large
 fan-outs of fresh connections several worker processes (``brctl.remote.shard``);
+a transport with ``run_batch`` (``connection: slurm``) takes its nodes in few calls;
 each node costs at most its own timeout; an overall ``deadline`` (seconds from the
 start) turns nodes that never started into ``timeout`` results. Results come back
 in the order of ``nodes``.
@@ -57,6 +58,12 @@ def run_all(
     check = getattr(transport, "check", None)
     if check is not None:  # e.g. an ssh config setting brctl cannot honour: exit 2 before anything runs
         check(todo)
+    batch = getattr(transport, "run_batch", None)  # a transport that reaches many nodes per call
+    if batch is not None:
+        done = batch(todo, argv, timeout=timeout, stdin=stdin, concurrency=concurrency,
+                     deadline=deadline, on_done=on_done)
+        if done is not None:
+            return Results(done.values())
     make = getattr(transport, "process_factory", None)
     if processes > 1 and make is not None:
         processes = worth_processes(processes, len(todo))
