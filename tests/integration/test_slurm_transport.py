@@ -1,0 +1,115 @@
+"""``connection: slurm`` against a real Slurm and a running ``sbatch`` job: ``exec``,
+``health`` and ``stacks`` work unchanged over srun, a failing node and a hung one keep
+the states they have over ssh, and a machine outside the job is reached by an
+allocation of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import yaml
+
+from tests.integration.cluster import scaled
+from tests.integration.slurm_cluster import SlurmCluster
+
+pytestmark = pytest.mark.integration
+
+TRAIN_TAG = "brctl-slurm-train"
+# one rank per machine, RANK as a launcher sets it; the main thread waits in train_step
+TRAIN = ("srun sh -c 'RANK=$SLURM_PROCID LOCAL_RANK=0 WORLD_SIZE=$SLURM_NTASKS exec python3 -c \""
+         "import time\ndef train_step():\n    time.sleep(600)\ntrain_step()\" " + TRAIN_TAG + "'")
+
+
+@pytest.fixture
+def job(slurm_cluster: SlurmCluster) -> Iterator[str]:
+    """A running job on node01-03 (node04 stays idle: a standby)."""
+    job_id = slurm_cluster.sbatch(TRAIN, "-N", "3", "-w", "node[01-03]")
+    try:
+        slurm_cluster.wait_job(job_id, {"RUNNING"})
+        yield job_id
+    finally:
+        slurm_cluster.reset()
+
+
+def write_inventory(cluster: SlurmCluster, tmp_path: Path, job_id: str,
+                    node_env: Optional[Mapping[str, Mapping[str, str]]] = None) -> Path:
+    inv: dict[str, Any] = cluster.inventory(
+        job={"nodes": "node[01-03]", "process_match": TRAIN_TAG, "slurm": {"job": job_id}},
+        node_env=node_env)
+    for entry in inv["nodes"]:
+        entry["connection"] = "slurm"
+        entry["gpus"] = 1
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def test_exec_runs_in_the_job_and_on_a_standby_with_per_node_states(
+        slurm_cluster: SlurmCluster, job: str, tmp_path: Path, brctl: Callable[..., Any]) -> None:
+    inv = write_inventory(slurm_cluster, tmp_path, job, node_env={"node02": {"RC": "5"}})
+    env = slurm_cluster.slurm_env()
+    res = brctl("-i", inv, "--json", "exec", "--", "sh", "-c",
+                'echo "$(hostname) ${SLURM_JOB_ID}"; echo "err $(hostname)" >&2; exit "${RC:-0}"',
+                env={"SLURM_CONF": env["SLURM_CONF"]})
+    assert res.exit_code == 1, res.stderr  # node02's exit 5 is a finding
+    nodes = res.json["nodes"]
+    for name in slurm_cluster.names:
+        host, where = nodes[name]["stdout"].split()
+        assert host == name  # it ran on that very machine (its own UTS namespace)
+        assert nodes[name]["stderr"] == f"err {name}\n"
+        assert (where == job) == (name != "node04")  # a step of the job; node04: its own allocation
+    assert nodes["node02"]["state"] == "failed" and nodes["node02"]["exit_code"] == 5
+    assert all(nodes[n]["state"] == "ok" for n in ("node01", "node03", "node04"))
+    assert slurm_cluster.job_state(job) == "RUNNING"  # the job never noticed
+
+
+def test_a_hung_node_times_out_and_the_reaper_ends_its_command(
+        slurm_cluster: SlurmCluster, job: str, tmp_path: Path, brctl: Callable[..., Any]) -> None:
+    inv = write_inventory(slurm_cluster, tmp_path, job)
+    conf = slurm_cluster.slurm_env()["SLURM_CONF"]
+    start = time.monotonic()
+    res = brctl("-i", inv, "--json", "exec", "-t", "2", "-w", "node[01-02]", "--", "sh", "-c",
+                'if [ "$(hostname)" = node02 ]; then setsid sleep 127 & sleep 113; fi; echo done',
+                env={"SLURM_CONF": conf})
+    took = time.monotonic() - start
+    assert res.exit_code == 3, res.stderr
+    nodes = res.json["nodes"]
+    assert nodes["node01"]["state"] == "ok" and nodes["node01"]["stdout"] == "done\n"
+    assert nodes["node02"]["state"] == "timeout" and nodes["node02"]["exit_code"] is None
+    assert "killed after 2s" in nodes["node02"]["stderr"]
+    assert took < scaled(20)
+    # the reaper ended the command's whole tree, setsid escapee included
+    assert not slurm_cluster.node_pids("node02", "sleep 113")
+    assert not slurm_cluster.node_pids("node02", "sleep 127")
+
+
+def test_health_and_stacks_run_their_probes_over_srun(
+        slurm_cluster: SlurmCluster, job: str, tmp_path: Path, brctl: Callable[..., Any]) -> None:
+    inv = write_inventory(slurm_cluster, tmp_path, job)
+    env = {"SLURM_CONF": slurm_cluster.slurm_env()["SLURM_CONF"], "BRCTL_STATE": str(tmp_path / "state")}
+    deadline = time.monotonic() + scaled(20)
+    while not all(slurm_cluster.node_pids(n, TRAIN_TAG) for n in ("node01", "node02", "node03")):
+        assert time.monotonic() < deadline, "the job's ranks did not start"
+        time.sleep(0.1)
+    res = brctl("-i", inv, "--json", "health", env=env)
+    doc = res.json
+    assert set(doc["nodes"]) == set(slurm_cluster.names)
+    # every machine answered its probe (fake GPUs have no NVML: those checks are unknown)
+    assert doc["incomplete"] == [], doc
+    for name, node in doc["nodes"].items():
+        assert node.get("error") is None and node["checks"], (name, node)
+    assert {c["name"]: c["status"] for c in doc["nodes"]["node02"]["checks"]}["process"] == "ok"
+    # the bundle was shipped once to each machine's own cache
+    for name in slurm_cluster.names:
+        assert list(slurm_cluster.node_path(name, "/root/.cache/brctl").glob("*/brctl.zip")), name
+    save = tmp_path / "save"
+    res = brctl("-i", inv, "--json", "stacks", "--rounds", "1", "--save", save, env=env)
+    assert res.exit_code in (0, 1), res.stderr
+    for rank, name in enumerate(("node01", "node02", "node03")):
+        [dump] = (save / name).glob(f"{rank}-*.json")
+        assert "train_step" in dump.read_text()
