@@ -42,11 +42,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
-import paramiko
-
 from brctl.core.capture import Capture
 from brctl.core.transport import Node, NodeState, RunResult, command_line, with_env
 from brctl.remote.known_hosts import KnownHostsError
+from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_config import Endpoint, EndpointResolver
 from brctl.remote.ssh_connect import KEEPALIVE_S, ConnectError, Connector
 from brctl.remote.ssh_openssh import SshConfigError

@@ -40,10 +40,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import paramiko
-
 from brctl.core.transport import Node
 from brctl.remote.known_hosts import host_names
+from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_openssh import DeferredMatch, SshConfigError, defer_matches, ssh_g, unsupported
 
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")

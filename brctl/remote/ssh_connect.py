@@ -55,10 +55,9 @@ import socket
 import threading
 import time
 
-import paramiko
-
 from brctl.core.transport import NodeState
 from brctl.remote.known_hosts import HostKeyStatus, KnownHostsCache, fingerprint
+from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_config import Endpoint
 
 # paramiko logs transport errors at ERROR; with no handler configured Python's

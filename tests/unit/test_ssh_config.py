@@ -72,3 +72,16 @@ def test_plain_config_spawns_nothing_and_bad_hosts_fail_alone(
     assert isinstance(exc.value, InputError)  # exit 2
     with pytest.raises(SshConfigError, match=r"host hop: ssh config ProxyJump 'root@b1:22,b2:x'.*'b2:x'"):
         resolver.endpoint(_node("hop"))
+
+
+def test_the_ssh_transport_loads_without_invoke() -> None:
+    """paramiko imports ``invoke`` (~0.2 s) only for Match exec, which brctl leaves to ssh -G."""
+    import subprocess
+    import sys
+
+    code = ("import sys, brctl.remote.ssh, paramiko.config as c\n"
+            "assert 'invoke' not in sys.modules and c.invoke is None\n"
+            "import invoke\n"  # anything else that wants it still gets it
+            "print(invoke.__name__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "invoke", done.stderr
