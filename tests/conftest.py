@@ -122,6 +122,13 @@ def trusted_tmp() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own $BRCTL_STATE: a hand command records to the audit trail,
+    and none may write to the state directory of whoever runs the suite."""
+    monkeypatch.setenv("BRCTL_STATE", str(tmp_path / "state"))
+
+
 @pytest.fixture
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private $BRCTL_STATE for the test."""

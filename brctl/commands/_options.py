@@ -1,4 +1,4 @@
-"""The options several commands share: ``-w/--nodes``, ``-x/--exclude``, ``-t/--timeout``.
+"""The options several commands share: ``-w/--nodes``, ``-x/--exclude``, ``-t/--timeout``, ``--by``.
 
 Declared once so the flags, metavars and wording cannot drift apart; each command
 says only what its selection or timeout means. As with pdsh and clush, ``-w ^FILE``
@@ -68,6 +68,11 @@ def nodes(default_is: str) -> Any:
 EXCLUDE: Any = typer.Option(None, "-x", "--exclude", metavar="NODESET", callback=_node_set_option,
                             autocompletion=_complete_nodes,
                             help="Machines to leave out (same forms as -w).")
+
+
+BY: Any = typer.Option(
+    None, "--by", metavar="NAME",
+    help="Who is acting, for the audit trail (default: $SUDO_USER, else $USER, at this host).")
 
 
 def timeout(default: Optional[float], meaning: str, **extra: Any) -> Any:

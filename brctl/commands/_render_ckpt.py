@@ -59,9 +59,18 @@ def render_copies(out: Output, schema: str, report: CopyReport) -> None:
                       status=report.exit_code)
         return
     rows = [(c.owner, f"{c.source} → {c.dest}", c.state, c.step or "-",
-             f"{c.copied}/{c.files}", _size(c.bytes), f"{c.seconds:.1f}s")
-            for c in report.copies]
+             f"{len(c.send) if c.state == 'planned' else c.copied}/{c.files}", _size(c.bytes),
+             f"{c.seconds:.1f}s") for c in report.copies]
     out.console.print(table(("shards of", "copy", "state", "step", "sent", "bytes", "time"), rows))
+    for c in report.copies:
+        if c.state == "planned":  # a dry run: exactly what the real run would do
+            out.console.print(f"{escape(c.owner)}: would copy {escape(c.step or '-')} from "
+                              f"{escape(c.from_path or '-')} to {escape(c.to_path or '-')}: "
+                              f"{len(c.send)} of {c.files} files, {_size(c.bytes)}")
+            for rel in c.send:
+                out.console.print(f"  {escape(rel)}")
+    if any(c.state == "planned" for c in report.copies):
+        out.console.print("dry run: nothing was created, sent or renamed")
     for c in report.copies:
         if c.error:
             out.warn(f"{c.owner}: {c.error}")

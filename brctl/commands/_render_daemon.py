@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from brctl.core.nodeset import fold
 from brctl.operations.daemon import DaemonReport, StatusReport
-from brctl.operations.fleet import EttrReport, EvictReport, PoolReport, SizeReport
+from brctl.operations.evict import EvictReport
+from brctl.operations.fleet import EttrReport, PoolReport, SizeReport
 from brctl.render import Output, escape
 
 _QUIET = {"standby_check", "daemon_start", "daemon_stop"}
@@ -136,22 +138,33 @@ def action_text(a: dict[str, Any]) -> tuple[str, str]:
 
 
 def render_evict(out: Output, report: EvictReport) -> None:
-    """What evict/unevict did."""
+    """What evict/unevict did (or, with --dry-run, would do) to each machine."""
     if out.json:
-        out.emit_json(report.action, report.to_json())
+        out.emit_json(report.action, report.to_json(), version=2)
         return
     verb = {"evict": "quarantined", "unevict": "released"}[report.action]
-    if not report.changed:
-        out.console.print(f"{escape(report.node)}: already {'not ' if report.action == 'unevict' else ''}"
-                          "quarantined; nothing changed")
-        return
     prefix = "would be " if report.dry_run else ""
-    out.console.print(f"{escape(report.node)}: {prefix}{verb} ({escape(report.reason)})")
-    if report.hook is not None:
-        state = "ok" if report.hook.ok else f"exit {report.hook.exit_code}"
-        out.console.print(f"evict_command: {state} {escape(report.hook.output.strip()[-300:])}")
-    if report.remains:
-        out.console.print(escape(report.remains))
+    hook = f"{report.action}_command"
+    for m in report.machines:
+        if not m.changed:
+            out.console.print(f"{escape(m.node)}: already {'not ' if report.action == 'unevict' else ''}"
+                              "quarantined; nothing changed")
+            continue
+        out.console.print(f"{escape(m.node)}: {prefix}{verb} ({escape(m.reason)})")
+        if report.dry_run and m.command is not None:
+            out.console.print(f"  would run {hook}: {escape(shlex.join(m.command))}")
+        if m.hook is not None:
+            state = "ok" if m.hook.ok else f"exit {m.hook.exit_code}"
+            out.console.print(f"  {hook}: {state} {escape(m.hook.output.strip()[-300:])}")
+        if m.remains:
+            out.console.print(f"  {escape(m.remains)}")
+    if report.forced:
+        out.console.print(f"{'would go' if report.dry_run else 'went'} past a cap (--force, by "
+                          f"{escape(report.operator)}): {escape(report.forced)}")
+    if report.dry_run and report.changed:
+        out.console.print("dry run: nothing recorded, no command run, no one notified")
+    for error in report.notify_errors:
+        out.warn(f"not notified: {error}")
 
 
 def render_size(out: Output, report: SizeReport, have: int | None) -> None:

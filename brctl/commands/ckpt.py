@@ -82,6 +82,9 @@ def backup_command(
     plan_file: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help=PLAN_HELP),
     parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",
                                            help="File copies in flight (default: ckpt.parallel)."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Show each step and file that would be copied, from where "
+                                      "to where; write nothing."),
 ) -> int:
     """Copy each machine's newest complete step to its backup peer, checksummed.
 
@@ -90,9 +93,12 @@ def backup_command(
     a partial copy is never taken for complete. Rerunning resumes: files already there
     with the right sha256 are not sent again. Copies go to ckpt.backup_dir (default:
     ckpt.dir + ".brctl-backup", root-owned 0700); symlinks in ckpt.dir are never
-    followed. Exit 0 when every copy is complete, 1 when one failed or a machine had no
-    step, 3 when a node could not be reached, 4 when one was refused (an unsafe backup
-    root, a bad name in a node's answer).
+    followed. --dry-run reads each machine's newest complete step and what its peer
+    already holds, and lists the files it would send, from where to where (state
+    planned); it creates, sends and writes nothing. Exit 0 when every copy is complete
+    (or planned), 1 when one failed or a machine had no step, 3 when a node could not
+    be reached, 4 when one was refused (an unsafe backup root, a bad name in a node's
+    answer).
     """
     from brctl.commands._render_ckpt import render_copies
     from brctl.core.errors import UsageError
@@ -107,7 +113,8 @@ def backup_command(
     nodes = pick(list(backups), select, None) if select else None
     if nodes is not None and not nodes:
         raise UsageError(f"-w {select}: selects no job machine")
-    report = ops.backup(env.transport(), inv, backups, nodes=nodes, parallel=parallel)
+    report = ops.backup(env.transport(), inv, backups, nodes=nodes, parallel=parallel,
+                        dry_run=dry_run)
     render_copies(env.output, "ckpt.backup", report)
     return int(report.exit_code)
 
@@ -123,22 +130,37 @@ def restore_command(
                                            help="File copies in flight (default: ckpt.parallel)."),
     force: bool = typer.Option(False, "--force",
                                help="Restore onto a live member of the job (replaces its own shards)."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Find and check the copy, show what would land where; "
+                                      "write nothing."),
+    by: Optional[str] = opt.BY,
 ) -> int:
     """Put an evicted machine's newest verified backup onto a replacement machine.
 
     The peer's copy is re-hashed first (a corrupted or truncated step is skipped for the
     previous one), received into a fresh staging dir in ckpt.dir on the target, checked
     there, given the owner and group of ckpt.dir and renamed into place. A --to that is a
-    member of the job is refused unless --force. Exit 0 when restored and verified, 1
+    member of the job is refused unless --force. The outcome goes to the audit trail
+    (the daemon's events and event log) and the daemon's notifier with the operator.
+    --dry-run finds and re-hashes the copy it would restore, says whether the target
+    already has that step (it would be moved aside) and lists the files, from where to
+    where (state planned); it stages, sends and records nothing. Exit 0 when restored
+    and verified (or planned), 1
     when no good copy exists, 3 when unreachable, 4 when refused (a live member, a
     safety rule on a node, a bad name in a node's answer).
     """
     from brctl.commands._render_ckpt import render_copies
     from brctl.operations import ckpt as ops
+    from brctl.operations.audit import Audit
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.update import who
 
     env: Env = ctx.obj
     inv = env.inventory()
+    audit = None if dry_run else Audit.of(inv, DaemonState(env.store(), inv.job_key),
+                                          env.state_dir(), by or who(env.environ))
     report = ops.restore(env.transport(), inv, _backups(env, plan_file), target=to,
-                         evicted=evicted, source=source, parallel=parallel, force=force)
+                         evicted=evicted, source=source, parallel=parallel, force=force,
+                         dry_run=dry_run, audit=audit)
     render_copies(env.output, "ckpt.restore", report)
     return int(report.exit_code)

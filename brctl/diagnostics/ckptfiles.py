@@ -24,7 +24,8 @@ Ops (``op``):
   Symlinked steps/files, FIFOs, devices and foreign hard links are listed under
   ``skipped`` with a reason, never hashed or sent.
 - ``scan_backup``: the backed-up steps of ``source``: committed (a manifest, written
-  last) or partial, and the sha256 of files present (``deep``: committed ones too).
+  last) or partial, and the sha256 of files present (``deep``: committed ones too);
+  ``root`` is where the area is (or, not made yet, would be).
 - ``prepare``: create ``<root>/<source>/<step>/`` and drop its stale manifest.
 - ``send`` (request in ``argv[1]``): write the ``files`` of an area to stdout, back to
   back, exactly ``size`` bytes each; stops (exit 1) at a file it may not read.
@@ -279,8 +280,8 @@ def scan_backup(req: dict[str, Any]) -> dict[str, Any]:
     deep, only = bool(req.get("deep", True)), req.get("step")
     source = safefs.check_component(req["source"])
     opened = open_area(req)
-    if opened is None:
-        return {"root": None, "steps": []}
+    if opened is None:  # not made yet: where the first backup would make it
+        return {"root": backup_root(req) if req.get("area") == "backup" else None, "steps": []}
     root_fd, root = opened
     try:
         try:

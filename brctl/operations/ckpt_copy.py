@@ -55,7 +55,7 @@ class Copy:
     source: str  # where the bytes came from
     dest: str  # where they went
     owner: str  # whose shards they are
-    state: str  # ok | failed | incomplete | nothing | refused
+    state: str  # ok | failed | incomplete | nothing | refused | planned (a dry run)
     step: str | None = None
     files: int = 0
     copied: int = 0
@@ -67,6 +67,9 @@ class Copy:
     # what an operator must hear even when the copy is ok: files the job planted
     # that were not followed, a restore from the old default backup root
     warnings: tuple[str, ...] = ()
+    from_path: str | None = None  # node:directory of the step read
+    to_path: str | None = None  # node:directory of the step written
+    send: tuple[str, ...] = ()  # a dry run: the files that would be sent (bytes: their size)
 
     def to_json(self) -> dict[str, object]:
         """One entry of ``copies``."""
@@ -74,7 +77,8 @@ class Copy:
                 "state": self.state, "step": self.step, "files": self.files,
                 "copied": self.copied, "skipped": self.skipped, "bytes": self.bytes,
                 "seconds": round(self.seconds, 3), "error": self.error,
-                "notes": list(self.notes), "warnings": list(self.warnings)}
+                "notes": list(self.notes), "warnings": list(self.warnings),
+                "from_path": self.from_path, "to_path": self.to_path, "send": list(self.send)}
 
 
 @dataclass(frozen=True)
@@ -86,13 +90,13 @@ class CopyReport:
     @property
     def exit_code(self) -> ExitCode:
         """4 if one was refused, else 3 if a node could not be reached, else 1 if a copy
-        failed or had nothing, else 0."""
+        failed or had nothing, else 0 (a dry run's ``planned`` copies are 0)."""
         states = {c.state for c in self.copies}
         if "refused" in states:
             return ExitCode.REFUSED
         if "incomplete" in states:
             return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if states - {"ok"} else ExitCode.OK
+        return ExitCode.FINDINGS if states - {"ok", "planned"} else ExitCode.OK
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,8 @@ class _Pending:
     skipped_at_source: list[str] = field(default_factory=list)
     todo: list[ShardFile] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    src_dir: str = ""  # ckpt.dir as the owner's node resolved it
+    root: str | None = None  # the backup root as the peer resolved it (None: not made yet)
 
 
 class _Backup:
@@ -290,10 +296,15 @@ class _Backup:
     def finish(self, p: _Pending, state: str, error: str | None = None,
                notes: tuple[str, ...] = (), copied: int | None = None) -> None:
         sent = len(p.todo) if copied is None else copied
-        self.done[p.owner] = Copy(p.owner, p.peer, p.owner, state, p.step, len(p.files), sent,
-                                  len(p.files) - len(p.todo), sum(f.size for f in p.todo[:sent]),
-                                  time.monotonic() - self.start, error=error, notes=notes,
-                                  warnings=tuple(p.skipped_at_source))
+        planned = state == "planned"
+        root = p.root or self.cfg.backup_dir or self.cfg.dir.rstrip("/") + ".brctl-backup"
+        self.done[p.owner] = Copy(
+            p.owner, p.peer, p.owner, state, p.step, len(p.files), 0 if planned else sent,
+            len(p.files) - len(p.todo), sum(f.size for f in (p.todo if planned else p.todo[:sent])),
+            time.monotonic() - self.start, error=error, notes=notes,
+            warnings=tuple(p.skipped_at_source), from_path=f"{p.owner}:{p.src_dir}/{p.step}",
+            to_path=f"{p.peer}:{root}/{p.owner}/{p.step}",
+            send=tuple(f.rel for f in p.todo) if planned else ())
 
     def scan(self, owners: list[str]) -> list[_Pending]:
         """The newest complete step of every owner, hashed on its node."""
@@ -329,7 +340,8 @@ class _Backup:
             return "; ".join([why, *notes])
         name = checked_step(owner, step.get("name"), cfg.glob)
         notes += [f"{path!r} skipped: {why}" for path, why in step.get("skipped") or []]
-        return _Pending(owner, self.backups[owner], name, checked_files(owner, name, step["files"]), notes)
+        return _Pending(owner, self.backups[owner], name, checked_files(owner, name, step["files"]),
+                        notes, src_dir=str(doc.get("dir") or self.cfg.dir))
 
     def batch(self, items: Mapping[str, dict[str, Any]], pending: list[_Pending]
               ) -> tuple[list[_Pending], dict[str, Mapping[str, Any]]]:
@@ -362,6 +374,8 @@ class _Backup:
                                   for p in pending}, pending)
         out = []
         for p in going:
+            root = docs[p.owner].get("root")
+            p.root = str(root) if root else None
             entry = next((s for s in docs[p.owner].get("steps") or [] if s.get("name") == p.step), None)
             present = entry.get("present") or {} if entry else {}
             p.todo = [f for f in p.files if present.get(f.rel) != f.sha256]
@@ -372,6 +386,11 @@ class _Backup:
                 continue
             out.append(p)
         return out
+
+    def preview(self, pending: list[_Pending]) -> None:
+        """A dry run stops here: each copy is ``planned``, with the files it would send."""
+        for p in pending:
+            self.finish(p, "planned")
 
     def prepare(self, pending: list[_Pending]) -> list[_Pending]:
         """Create the step's directory on the peer (and its backup root) and drop a stale manifest."""
@@ -426,8 +445,13 @@ def backup(
     nodes: Sequence[str] | None = None,
     parallel: int | None = None,
     runner: ProbeRunner | None = None,
+    dry_run: bool = False,
 ) -> CopyReport:
     """Copy each machine's newest complete step to its backup peer (resumable, verified).
+
+    A dry run only reads: each machine's newest complete step and what its peer
+    already holds; each copy is ``planned`` with the files it would send, from where
+    to where. It creates no directory, sends no byte and writes no manifest.
 
     Args:
         transport: the backend.
@@ -436,6 +460,7 @@ def backup(
         nodes: back up only these machines (default: every machine in ``backups``).
         parallel: relays in flight (default ``ckpt.parallel``).
         runner: the probe runner (one per process keeps the shipped-code cache warm).
+        dry_run: read and plan only.
 
     Returns:
         One ``Copy`` per machine, in the order of ``nodes``.
@@ -449,5 +474,9 @@ def backup(
     owners = list(nodes or backups)
     run = _Backup(transport, inv, backups, parallel or inv.ckpt.parallel,
                   runner or ProbeRunner(transport))
-    run.commit(run.copy(run.prepare(run.compare(run.scan(owners)))))
+    compared = run.compare(run.scan(owners))
+    if dry_run:
+        run.preview(compared)
+    else:
+        run.commit(run.copy(run.prepare(compared)))
     return CopyReport(tuple(run.done[o] for o in owners))

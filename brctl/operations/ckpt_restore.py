@@ -19,6 +19,7 @@ from brctl.core.errors import RefusedError, UsageError
 from brctl.core.transport import Node, Transport
 from brctl.diagnostics.ckptfiles import STAGING_PREFIX
 from brctl.diagnostics.safefs import UnsafeName, check_component
+from brctl.operations.audit import Audit
 from brctl.operations.ckpt_copy import (
     MOVER,
     PROBE,
@@ -49,6 +50,7 @@ class _Found:
     notes: tuple[str, ...] = ()
     failed: ProbeResult | None = None
     warnings: tuple[str, ...] = ()
+    root: str | None = None  # the area's root as the peer resolved it
 
 
 def _newest_good_copy(runner: ProbeRunner, peer: Node, req: dict[str, Any], evicted: str,
@@ -59,18 +61,21 @@ def _newest_good_copy(runner: ProbeRunner, peer: Node, req: dict[str, Any], evic
     if listing.document is None:
         return _Found(req["area"], failed=listing)
     notes: list[str] = []
-    for entry in answer_of(listing).get("steps") or []:
+    doc = answer_of(listing)
+    root = str(doc["root"]) if doc.get("root") else None
+    for entry in doc.get("steps") or []:
         if not entry.get("committed"):
             continue
         step = checked_step(peer.name, entry.get("name"), glob)
         res = runner.run([peer], PROBE, {**req, "op": "verify", "step": step})[peer.name]
         if res.document is None:
             return _Found(req["area"], notes=tuple(notes), failed=res)
-        doc = answer_of(res)
-        if doc.get("ok"):
-            return _Found(req["area"], step, tuple(checked_files(peer.name, step, doc.get("files"))),
-                          tuple(notes))
-        bad = list(doc.get("mismatched") or []) + list(doc.get("missing") or [])
+        verified = answer_of(res)
+        if verified.get("ok"):
+            return _Found(req["area"], step,
+                          tuple(checked_files(peer.name, step, verified.get("files"))),
+                          tuple(notes), root=root)
+        bad = list(verified.get("mismatched") or []) + list(verified.get("missing") or [])
         notes.append(f"{peer.name}: backup {step} of {evicted} is corrupted or truncated "
                      f"({', '.join(map(str, bad))[:200]}); trying an older step")
     return _Found(req["area"], notes=tuple(notes))
@@ -107,6 +112,8 @@ def restore(
     parallel: int | None = None,
     runner: ProbeRunner | None = None,
     force: bool = False,
+    dry_run: bool = False,
+    audit: Audit | None = None,
 ) -> CopyReport:
     """Put ``evicted``'s newest verified backup step into ``ckpt.dir`` on ``target``.
 
@@ -116,6 +123,11 @@ def restore(
     with a note. The copy is received into a fresh staging dir that brctl makes in
     ``ckpt.dir`` on the target, each file checked against its sha256 as it lands,
     handed to ``ckpt.dir``'s owner and only then renamed into place.
+
+    A dry run finds and re-hashes the copy it would restore (reading only), looks
+    whether the target already has that step (it would be moved aside) and stops:
+    the copy is ``planned``, with its files, from where to where. Nothing is staged,
+    sent or renamed.
 
     Args:
         transport: the backend.
@@ -127,21 +139,40 @@ def restore(
         parallel: relays in flight.
         runner: the probe runner.
         force: allow a ``target`` that is a member of the inventory's job.
+        dry_run: find and check the copy, write nothing.
+        audit: a hand restore's audit trail: the outcome is recorded and announced
+            there with the operator (not for a dry run, nor a refused request).
 
     Raises:
         UsageError: unknown machines, or no planned peer for ``evicted``.
         RefusedError: ``target`` is a live job member and not ``force``.
     """
-    cfg, runner = inv.ckpt, runner or ProbeRunner(transport)
     peer = _check_restore_args(inv, backups, target, evicted, source, force)
+    report = _restore(transport, inv, peer, target=target, evicted=evicted, parallel=parallel,
+                      runner=runner or ProbeRunner(transport), dry_run=dry_run)
+    if audit is not None and not dry_run:
+        copy = report.copies[0]
+        audit.record("restore", [target], {"for": evicted, "from": peer, "step": copy.step,
+                                           "state": copy.state, "error": copy.error,
+                                           "forced": force},
+                     outcome=copy.state, reason=f"shards of {evicted} from {peer}"
+                     + (f" ({copy.error})" if copy.error else ""))
+    return report
+
+
+def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, evicted: str,
+             parallel: int | None, runner: ProbeRunner, dry_run: bool) -> CopyReport:
+    cfg = inv.ckpt
     start = time.monotonic()
     peer_node, target_node = inv.nodes[peer], inv.nodes[target]
     area = {"dir": cfg.dir, "backup_dir": cfg.backup_dir}
 
     def result(state: str, step: str | None = None, files: int = 0, copied: int = 0,
-               size: int = 0, error: str | None = None, notes: Sequence[str] = ()) -> CopyReport:
+               size: int = 0, error: str | None = None, notes: Sequence[str] = (),
+               **where: Any) -> CopyReport:
         return CopyReport((Copy(peer, target, evicted, state, step, files, copied, 0, size,
-                                time.monotonic() - start, error, tuple(notes), found.warnings),))
+                                time.monotonic() - start, error, tuple(notes), found.warnings,
+                                **where),))
 
     found = _Found()
     try:
@@ -160,8 +191,35 @@ def restore(
     if found.step is None:
         why = "every backup step failed its checksums" if found.notes else "no complete backup"
         return result("failed", error=f"{peer}: {why} of {evicted}", notes=found.notes)
+    if dry_run:
+        return _preview(runner, inv, peer_node, target_node, found, evicted, result)
     return _land(transport, runner, _Landing(peer_node, target_node, area, found, evicted),
                  parallel or cfg.parallel, result)
+
+
+def _preview(runner: ProbeRunner, inv: Inventory, peer: Node, target: Node, found: _Found,
+             evicted: str, result: Callable[..., CopyReport]) -> CopyReport:
+    """A dry run's answer: the copy found, where it would land, and what it would move aside."""
+    cfg = inv.ckpt
+    assert found.step is not None
+    listing = runner.run([target], PROBE, {"op": "scan", "dir": cfg.dir, "glob": cfg.glob,
+                                           "hash_steps": 0})[target.name]
+    notes = list(found.notes)
+    if listing.document is None:
+        return result(probe_state(listing), found.step, error=listing.error, notes=notes)
+    try:
+        doc = answer_of(listing)
+    except NodeRefused as exc:
+        return result("refused", found.step, error=str(exc), notes=notes)
+    if any(s.get("name") == found.step for s in doc.get("steps") or []):
+        notes.append(f"{target.name}: its own {found.step} would be moved aside")
+    root = found.root or (f"{cfg.dir}/.brctl-backup" if found.area == "legacy" else
+                          cfg.backup_dir or cfg.dir.rstrip("/") + ".brctl-backup")
+    files = found.files
+    return result("planned", found.step, len(files), 0, sum(f.size for f in files), notes=notes,
+                  from_path=f"{peer.name}:{root}/{evicted}/{found.step}",
+                  to_path=f"{target.name}:{doc.get('dir') or cfg.dir}/{found.step}",
+                  send=tuple(f.rel for f in files))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ tested with scripted ones; ``LiveHooks`` wires the real operations, and
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +61,7 @@ from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode
 from brctl.core.transport import Node
+from brctl.operations.audit import append_private
 from brctl.operations.daemon_hooks import Hooks
 from brctl.operations.daemon_lease import Heartbeat, proven_dead, this_holder
 from brctl.operations.daemon_state import ABANDONED, DONE, INTENT, DaemonState, LeaseLost
@@ -125,18 +125,6 @@ class DaemonReport:
                 "incidents": [p.to_json() for p in self.handled], "refusals": self.refusals,
                 "resumed": self.resumed, "members": self.members, "ettr": self.ettr,
                 "stopped_by": self.stopped_by, "lease_lost": self.lease_lost}
-
-
-def append_private(path: Path, line: str) -> None:
-    """Append ``line`` to ``path``, created 0600 (events name machines and reasons)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
 
 
 class Daemon:

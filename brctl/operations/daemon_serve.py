@@ -16,6 +16,7 @@ from typing import Any, Optional
 from brctl.analysis.daemon import pick_standbys
 from brctl.analysis.inventory import Inventory
 from brctl.core.transport import Transport
+from brctl.operations.audit import event_log_path
 from brctl.operations.daemon import Daemon, DaemonReport, PollResult
 from brctl.operations.daemon_hooks import LiveHooks
 from brctl.operations.daemon_state import DaemonState
@@ -61,7 +62,7 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
     try:
         state = DaemonState(store, inv.job.name)
         cfg = inv.daemon
-        log = Path(cfg.event_log).expanduser() if cfg.event_log else state_dir / "daemon-events.jsonl"
+        log = event_log_path(cfg, state_dir)
         notifier = Notifier(inv.job.name, cfg.notify_webhook, cfg.notify_command)
         daemon = Daemon(inv, state, LiveHooks(inv, transport, store, state_dir, timeout_scale, environ),
                         JobAdapter(inv, cfg.command_timeout * timeout_scale), notifier=notifier,

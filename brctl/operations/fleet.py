@@ -1,10 +1,8 @@
-"""Operations of ``brctl evict``/``unevict``, ``brctl standby`` and ``brctl ettr``.
+"""Operations of ``brctl standby`` and ``brctl ettr`` (``evict``/``unevict``: ``operations.evict``).
 
 They share the daemon's tables (``operations.daemon_state``) and never print:
 each returns a dataclass the command renders.
 
-- ``evict`` / ``unevict``: a hand-made quarantine, under the daemon's caps; the
-  scheduler is told through ``job.evict_command``; refusals are recorded (exit 4).
 - ``standby_size``: the pool size from the binomial quantile.
 - ``standby_check`` / ``standby_list``: self-check the pool, show it.
 - ``ettr``: cumulative and sliding-window ETTR from recorded intervals.
@@ -18,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from brctl.analysis.daemon import Plan, refusal
 from brctl.analysis.ettr import Interval, ratio, sparkline, totals, window_series
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.standby import (
@@ -26,130 +23,11 @@ from brctl.analysis.standby import (
     daily_rate_from_history,
     window_probability,
 )
-from brctl.core.errors import ExitCode, InputError, RefusedError, UsageError
+from brctl.core.errors import ExitCode, UsageError
 from brctl.core.transport import Transport
-from brctl.operations.daemon_state import DONE, FAILED, DaemonState
-from brctl.operations.jobadapter import HookRun, JobAdapter
+from brctl.operations.daemon_state import DaemonState
 from brctl.remote.probes import ProbeRunner
 from brctl.state import Store
-
-
-@dataclass(frozen=True)
-class EvictReport:
-    """What ``brctl evict``/``unevict`` did, and for a job machine what remains to do."""
-
-    node: str
-    action: str  # evict | unevict
-    changed: bool  # False: already in that state
-    reason: str
-    dry_run: bool
-    hook: Optional[HookRun] = None
-    remains: Optional[str] = None  # a job machine: who finishes the eviction, or what is left
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """1 when the scheduler hook failed, else 0."""
-        return ExitCode.FINDINGS if self.hook is not None and not self.hook.ok else ExitCode.OK
-
-    def to_json(self) -> dict[str, Any]:
-        """``{node, action, changed, reason, dry_run, hook, remains}``."""
-        return {"node": self.node, "action": self.action, "changed": self.changed,
-                "reason": self.reason, "dry_run": self.dry_run,
-                "hook": self.hook.to_json() if self.hook else None, "remains": self.remains}
-
-
-def evict(inv: Inventory, state: DaemonState, node: str, reason: str, *, dry_run: bool,
-          timeout: float, operator: str, now: Optional[float] = None) -> EvictReport:
-    """Quarantine ``node`` by hand and tell the scheduler (``job.evict_command``).
-
-    The caps are checked and the quarantine recorded in one transaction (two
-    evictions racing at the cap cannot both pass). A machine of the job stays in
-    its machine list until the daemon, at its next poll, swaps a checked standby in
-    and restarts the job (a plan recorded as ``source: hand`` with ``operator``);
-    with no daemon holding the job's lease, the report says what remains to do.
-
-    Raises:
-        InputError: ``node`` is not in the inventory.
-        RefusedError: an eviction cap forbids it (recorded as a refused action).
-    """
-    at = time.time() if now is None else now
-    if node not in inv.nodes:
-        raise InputError(f"evict: {node!r} is not a machine of {inv.source}",
-                         hint="see brctl nodes for the machine names")
-    if not reason.strip():
-        raise UsageError("evict: --reason must say why (it goes to the scheduler and the log)")
-    if node in state.quarantined():
-        return EvictReport(node, "evict", False, reason, dry_run)
-    job_size = len(inv.job.nodes) if inv.job is not None else len(inv.nodes)
-    members = state.members(inv.job.nodes) if inv.job is not None else []
-
-    def caps(eviction_times: list[float]) -> Optional[str]:
-        return refusal(Plan("evict", (node,), reason, restart=False), now=at,
-                       eviction_times=eviction_times, job_size=job_size,
-                       restarts_without_progress=0, cfg=inv.daemon)
-
-    key = f"{state.job}/hand-evict/{node}/{at:.6f}"
-    if dry_run:
-        why = caps([e.at for e in state.eviction_history()])
-    else:
-        why = state.admit(key, {"by": "hand", "operator": operator}, reason, at, evict=[node],
-                          source="hand", operator=operator, caps=caps, kind="evict")
-    if why is not None:
-        if not dry_run:
-            state.event("refused", [node], {"reason": why, "by": "hand", "operator": operator}, at)
-        raise RefusedError(f"evict {node}: {why}", hint="raise daemon.max_evictions_per_hour or "
-                           "daemon.max_evict_fraction if this is intended")
-    remains = _what_remains(inv, state, node, members, at)
-    if dry_run:
-        return EvictReport(node, "evict", True, reason, True, remains=remains)
-    hook = None
-    if inv.job is not None:
-        hook = JobAdapter(inv, timeout).evict(members, node, reason)
-    state.finish(key, DONE if hook is None or hook.ok else FAILED, time.time())
-    state.event("evict", [node], {"reason": reason, "by": "hand", "operator": operator,
-                                  "hook": hook.to_json() if hook else None}, at)
-    return EvictReport(node, "evict", True, reason, False, hook, remains)
-
-
-def _what_remains(inv: Inventory, state: DaemonState, node: str, members: list[str],
-                  now: float) -> Optional[str]:
-    """For a machine of the job: who swaps a standby in, or what is left to do by hand."""
-    if inv.job is None or node not in members:
-        return None
-    lease = state.lease()
-    if lease is not None and float(lease["expires"]) > now:
-        return (f"{node} is in job {inv.job.name}: the daemon ({lease['owner']}) swaps a checked "
-                "standby in and restarts the job at its next poll")
-    return (f"{node} is still in job {inv.job.name} and no daemon holds the job's lease: start "
-            "brctl daemon run (it swaps a checked standby in and restarts the job at its first "
-            "poll), or restart the job without it yourself")
-
-
-def unevict(inv: Inventory, state: DaemonState, node: str, *, dry_run: bool, timeout: float,
-            operator: str, now: Optional[float] = None) -> EvictReport:
-    """Close ``node``'s quarantine (it may become a standby again after a self-check).
-
-    ``job.unevict_command`` returns it to the scheduler (e.g. ``scontrol update
-    NodeName={node} State=RESUME``); the event records ``operator``. A dry run
-    only says what would change.
-    """
-    at = time.time() if now is None else now
-    if node not in inv.nodes:
-        raise InputError(f"unevict: {node!r} is not a machine of {inv.source}")
-    record = state.quarantined().get(node)
-    if record is None:
-        return EvictReport(node, "unevict", False, "", dry_run)
-    if dry_run:
-        return EvictReport(node, "unevict", True, record.reason, True)
-    state.release(node, at)
-    state.mark_checked(node, False, "released from quarantine; not checked since", at)
-    hook = None
-    if inv.job is not None:
-        members = state.members(inv.job.nodes)
-        hook = JobAdapter(inv, timeout).unevict(members, node)
-    state.event("unevict", [node], {"was": record.reason, "by": "hand", "operator": operator,
-                                    "hook": hook.to_json() if hook else None}, at)
-    return EvictReport(node, "unevict", True, record.reason, False, hook)
 
 
 @dataclass(frozen=True)

@@ -129,14 +129,28 @@ class JobAdapter:
         """Run ``stop_command`` (None when there is none)."""
         return self._run(self.job.stop_command, self.values(members))
 
+    def evict_argv(self, members: Sequence[str], node: str, reason: str) -> Optional[list[str]]:
+        """The ``evict_command`` argv for ``node`` (None when there is none): what a dry
+        run shows and ``evict`` runs."""
+        template = self.job.evict_command
+        return None if template is None else render_argv(
+            template, {**self.values(members), "node": node, "reason": reason})
+
+    def unevict_argv(self, members: Sequence[str], node: str) -> Optional[list[str]]:
+        """The ``unevict_command`` argv for ``node`` (None when there is none)."""
+        template = self.job.unevict_command
+        return None if template is None else render_argv(
+            template, {**self.values(members), "node": node})
+
     def evict(self, members: Sequence[str], node: str, reason: str) -> Optional[HookRun]:
         """Run ``evict_command`` for ``node`` (None when there is none)."""
-        return self._run(self.job.evict_command,
-                         {**self.values(members), "node": node, "reason": reason})
+        argv = self.evict_argv(members, node, reason)
+        return None if argv is None else run_hook(argv, self.timeout)
 
     def unevict(self, members: Sequence[str], node: str) -> Optional[HookRun]:
         """Run ``unevict_command`` for ``node`` (None when there is none)."""
-        return self._run(self.job.unevict_command, {**self.values(members), "node": node})
+        argv = self.unevict_argv(members, node)
+        return None if argv is None else run_hook(argv, self.timeout)
 
     def running(self, members: Sequence[str]) -> Optional[bool]:
         """``status_command``: exit 0 running, anything else not; None without one."""

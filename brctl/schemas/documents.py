@@ -77,10 +77,14 @@ SWITCH = {"action": {"enum": ["apply", "rollback"]}, "job": STR, "version": opt(
           "nodes": by_node(UPDATE_OUTCOME), "restart": opt(HOOK)}
 COPY = obj({"owner": STR, "source": STR, "dest": STR, "state": STR, "step": opt(STR),
             "files": INT, "copied": INT, "skipped": INT, "bytes": INT, "seconds": NUM,
-            "error": opt(STR), "notes": NAMES, "warnings": NAMES})
+            "error": opt(STR), "notes": NAMES, "warnings": NAMES, "from_path": opt(STR),
+            "to_path": opt(STR), "send": NAMES})
 POOL_MACHINE = obj({"status": STR, "detail": STR, "checked_at": opt(NUM)})
-EVICT = {"node": STR, "action": {"enum": ["evict", "unevict"]}, "changed": BOOL,
-         "reason": STR, "dry_run": BOOL, "hook": opt(HOOK)}
+EVICT = {"action": {"enum": ["evict", "unevict"]}, "dry_run": BOOL, "operator": STR,
+         "forced": opt(STR), "members": NAMES,
+         "nodes": by_node(obj({"changed": BOOL, "reason": STR, "command": opt(NAMES),
+                               "hook": opt(HOOK), "remains": opt(STR)})),
+         "notify_errors": NAMES}
 
 _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
     ("brctl.error/1", {"exit": INT, "message": STR, "hint": opt(STR), "file": opt(STR),
@@ -151,8 +155,8 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
         "events": arr(obj({"id": INT, "at": NUM, "kind": STR, "members": NAMES, "detail": OBJ},
                           "at", "kind", "members", "detail")),
         "actions": arr(OBJ), "quarantined": arr(OBJ)}, False),
-    ("brctl.evict/1", EVICT, False),
-    ("brctl.unevict/1", EVICT, False),
+    ("brctl.evict/2", EVICT, False),
+    ("brctl.unevict/2", EVICT, False),
     ("brctl.standby.size/1", {"size": INT, "machines": INT, "quantile": NUM,
                               "window_hours": NUM, "daily_failure_rate": NUM,
                               "window_probability": NUM, "source": STR,

@@ -242,3 +242,63 @@ def test_a_symlinked_step_is_skipped_with_a_warning(brctl: Any, cluster: Any, tm
     assert "warning: n1: 'step_9' skipped: symlink; not followed" in res.stderr
     copy = tmp_path / "n4" / "ckpt.brctl-backup" / "n1" / "step_1"
     assert {k: v for k, v in tree(copy).items() if not k.endswith("manifest.json")} == want
+
+
+def test_dry_runs_show_every_file_from_where_to_where_and_write_nothing(
+        brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    inv_path, _inv = cluster
+    state = tmp_path / "state"
+    for n in NODES:
+        make_step(tmp_path, n, "step_100")
+    before = {n: tree(tmp_path / n) for n in [*NODES, "spare"]}
+    res = brctl("-i", inv_path, "--json", "ckpt", "backup", "--dry-run")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    copies = {c["owner"]: c for c in res.json["copies"]}
+    n1 = copies["n1"]
+    assert (n1["state"], n1["step"], n1["dest"], n1["copied"]) == ("planned", "step_100", "n4", 0)
+    assert n1["send"] == ["step_100/model_rank0.pt", "step_100/optim/rank0.bin"]
+    assert n1["from_path"] == f"n1:{tmp_path}/n1/ckpt/step_100"
+    assert n1["to_path"] == f"n4:{tmp_path}/n4/ckpt.brctl-backup/n1/step_100"
+    assert n1["bytes"] == sum((tmp_path / "n1" / "ckpt" / f).stat().st_size for f in n1["send"])
+    human = brctl("-i", inv_path, "ckpt", "backup", "--dry-run", "-w", "n1")
+    assert "would copy step_100 from n1:" in human.stdout and "optim/rank0.bin" in human.stdout
+    # nothing was created on any machine (not even the backup root), nothing recorded
+    assert {n: tree(tmp_path / n) for n in [*NODES, "spare"]} == before
+    assert not (tmp_path / "n4" / "ckpt.brctl-backup").exists() and not state.exists()
+
+    assert brctl("-i", inv_path, "ckpt", "backup").exit_code == 0
+    make_step(tmp_path, "spare", "step_100")  # the target already holds a step of that name
+    before = {n: tree(tmp_path / n) for n in [*NODES, "spare"]}
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n1",
+                "--dry-run")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    (copy,) = res.json["copies"]
+    assert (copy["state"], copy["source"], copy["dest"], copy["step"]) == ("planned", "n4", "spare",
+                                                                           "step_100")
+    assert copy["from_path"] == f"n4:{tmp_path}/n4/ckpt.brctl-backup/n1/step_100"
+    assert copy["to_path"] == f"spare:{tmp_path}/spare/ckpt/step_100"
+    assert copy["send"] == n1["send"] and any("moved aside" in n for n in copy["notes"])
+    assert {n: tree(tmp_path / n) for n in [*NODES, "spare"]} == before
+    assert not [p for p in (tmp_path / "spare" / "ckpt").iterdir() if p.name.startswith(".brctl")]
+    assert not state.exists()  # a dry run is not in the audit trail
+
+
+def test_a_hand_restore_is_in_the_audit_trail(brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.state import Store
+
+    inv_path, inv = cluster
+    make_step(tmp_path, "n2", "step_100")
+    assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n2").exit_code == 0
+    res = brctl("-i", inv_path, "ckpt", "restore", "--to", "spare", "--for", "n2", "--by", "dave")
+    assert res.exit_code == 0, res.stderr
+    store = Store(tmp_path / "state")
+    try:
+        (event,) = [e for e in DaemonState(store, inv.job_key).events() if e["kind"] == "restore"]
+    finally:
+        store.close()
+    assert event["nodes"] == ["spare"] and event["detail"]["operator"] == "dave"
+    assert (event["detail"]["for"], event["detail"]["from"], event["detail"]["state"]) == (
+        "n2", "n3", "ok")
+    log = (tmp_path / "state" / "daemon-events.jsonl").read_text()
+    assert '"restore"' in log and "dave" in log

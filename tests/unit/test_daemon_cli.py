@@ -35,11 +35,13 @@ def test_evict_records_tells_scheduler_and_caps_refuse(brctl: Any, tmp_path: Pat
     inv = write_inv(tmp_path)
     res = brctl("-i", inv, "--json", "evict", "n2", "--reason", "xid 79 on GPU3")
     assert res.exit_code == 0, res.stderr
-    assert res.json["schema"] == "brctl.evict/1" and res.json["changed"] is True
+    assert res.json["schema"] == "brctl.evict/2" and res.json["members"] == ["n2"]
+    assert res.json["nodes"]["n2"]["changed"] is True
     calls = [json.loads(x) for x in (tmp_path / "evict.jsonl").read_text().splitlines()]
     assert calls == [["n2", "xid 79 on GPU3"]]
     again = brctl("-i", inv, "--json", "evict", "n2", "--reason", "again")
-    assert again.exit_code == 0 and again.json["changed"] is False
+    assert again.exit_code == 0 and again.json["nodes"]["n2"]["changed"] is False
+    assert again.json["members"] == []
     refused = brctl("-i", inv, "evict", "n3", "--reason", "flaky")
     assert refused.exit_code == 4 and "max_evictions_per_hour" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -49,7 +51,7 @@ def test_evict_records_tells_scheduler_and_caps_refuse(brctl: Any, tmp_path: Pat
     assert [a.state for a in state.actions()] == ["done", "refused"]
     store.close()
     # quarantined machines never show as ready standbys; unevict returns them unchecked
-    assert brctl("-i", inv, "--json", "unevict", "n2").json["changed"] is True
+    assert brctl("-i", inv, "--json", "unevict", "n2").json["members"] == ["n2"]
     pool = brctl("-i", inv, "--json", "standby", "list").json
     assert pool["ready"] == [] and {n: m["status"] for n, m in pool["nodes"].items()} == {
         "s1": "unchecked"}
@@ -58,7 +60,7 @@ def test_evict_records_tells_scheduler_and_caps_refuse(brctl: Any, tmp_path: Pat
 def test_evict_errors_exit_2(brctl: Any, tmp_path: Path, state_dir: Path) -> None:
     inv = write_inv(tmp_path)
     res = brctl("-i", inv, "evict", "nope", "--reason", "x")
-    assert res.exit_code == 2 and "'nope' is not a machine" in res.stderr
+    assert res.exit_code == 2 and "not in the inventory" in res.stderr and "nope" in res.stderr
     assert brctl("-i", inv, "evict", "n1").exit_code == 2  # --reason is required
     dry = brctl("-i", inv, "--json", "evict", "n1", "--reason", "x", "--dry-run")
     assert dry.exit_code == 0 and dry.json["dry_run"] is True
