@@ -208,7 +208,7 @@ def test_hand_eviction_then_kill_9_between_polls_is_finished_by_the_next_daemon(
              tmp_path)
         res = brctl(tmp_path, "--json", "evict", "n2", "--reason", "ECC storm")
         assert res.returncode == 0, res.stderr
-        assert "swaps a checked standby in" in json.loads(res.stdout)["remains"]
+        assert "swaps a checked standby in" in json.loads(res.stdout)["nodes"]["n2"]["remains"]
         first.send_signal(signal.SIGKILL)
         first.wait()
         assert [line.split()[0] for line in hooks(tmp_path)] == ["evict"]
