@@ -47,7 +47,13 @@ def run(
     cannot be checked (a restart or stop command): that plan is abandoned and a
     human paged, never run twice. A refusal or an abandoned plan stops further
     actions; the daemon stays up and keeps reporting. --dry-run takes no lease
-    and records nothing. SIGTERM stops after the current step. Exit 0: nothing
+    and records nothing. With daemon.metrics_port, /metrics (Prometheus text; every
+    family labelled job) serves brctl_node_health{node,status},
+    brctl_daemon_events_total{kind}, brctl_daemon_actions_total{kind,state},
+    brctl_standby_ready, brctl_ettr{window}, brctl_daemon_halted (1 while a cap holds
+    the daemon back), brctl_daemon_last_poll_timestamp_seconds, brctl_job_step (the
+    stall alert: changes(brctl_job_step[30m]) == 0) and brctl_build_info{version,python}.
+    SIGTERM stops after the current step. Exit 0: nothing
     happened; 1: incidents were handled; 4: an action was refused or a plan
     abandoned (caps, restarts without progress, no standby), another daemon
     holds the job's lease, or this one lost it.

@@ -157,7 +157,8 @@ class Daemon:
         self.generation: Optional[int] = None
         self.heartbeat: Optional[Heartbeat] = None
         self.progress = Progress.start(clock())
-        self.last_poll: Optional[float] = None
+        self.last_poll: Optional[float] = None  # the ETTR baseline: the start, then each poll
+        self.polled: Optional[float] = None  # when the loop last polled (for /metrics)
         self.last_signature: Optional[tuple[str, tuple[str, ...]]] = None
         self.crash_history: list[tuple[str, str, float]] = []  # carried out since the last step
         self.restarts_without_progress = 0
@@ -298,7 +299,7 @@ class Daemon:
         self.progress, moved = observe(self.progress, step, now, self.cfg.fail_slow_window)
         if self.last_poll is not None and not self.dry_run:
             self.state.add_interval(self.last_poll, now, moved)
-        self.last_poll = now
+        self.last_poll = self.polled = now
         if moved:
             self.restarts_without_progress = 0
             self.crash_history = []

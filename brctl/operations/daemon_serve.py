@@ -68,16 +68,17 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
                         JobAdapter(inv, cfg.command_timeout * timeout_scale), notifier=notifier,
                         owner=owner_id(), dry_run=opts.dry_run, event_log=log, on_event=on_event)
         if opts.metrics and cfg.metrics_port:
-            from brctl.operations.daemon_metrics import MetricsServer
+            from brctl.operations.daemon_metrics import DaemonView, MetricsServer
 
-            def pool() -> int:
+            def view() -> DaemonView:
                 checked = {n for n, (ok, _, _) in state.checks().items() if ok}
-                return len(pick_standbys(inv.standby, checked=checked, count=len(inv.standby),
-                                         quarantined=state.quarantined(), in_use=daemon.members()))
+                ready = pick_standbys(inv.standby, checked=checked, count=len(inv.standby),
+                                      quarantined=state.quarantined(), in_use=daemon.members())
+                return DaemonView(dict(daemon.health_status), len(ready), daemon.halted,
+                                  daemon.polled, daemon.progress.step)
 
             try:
-                metrics = MetricsServer(state, cfg.metrics_address, cfg.metrics_port,
-                                        lambda: daemon.health_status, pool)
+                metrics = MetricsServer(state, cfg.metrics_address, cfg.metrics_port, view)
             except OSError as exc:
                 warn(f"/metrics not served on {cfg.metrics_address}:{cfg.metrics_port}: "
                      f"{exc.strerror or exc}; the loop runs without it")

@@ -430,7 +430,7 @@ def test_run_stops_on_signal_and_releases_lease(tmp_path: Path) -> None:
 
 
 def test_metrics_collector_reads_the_state(tmp_path: Path) -> None:
-    from brctl.operations.daemon_metrics import _Collector
+    from brctl.operations.daemon_metrics import DaemonView, _Collector
 
     script, clock = Script(), Clock()
     daemon, store = make(tmp_path, script, clock)
@@ -438,8 +438,9 @@ def test_metrics_collector_reads_the_state(tmp_path: Path) -> None:
     tick(daemon, clock, script)
     script.evict = {"n3": "ecc"}
     tick(daemon, clock, script)
-    families = {f.name: f for f in _Collector(DaemonState(store, "llm"),
-                                              lambda: daemon.health_status, lambda: 1).collect()}
+    families = {f.name: f for f in _Collector(DaemonState(store, "llm"), lambda: DaemonView(
+        daemon.health_status, 1, daemon.halted, daemon.polled, daemon.progress.step)).collect()}
+    assert all(s.labels["job"] == "llm" for f in families.values() for s in f.samples)
     health = {s.labels["node"]: s.value for s in families["brctl_node_health"].samples}
     assert health["n3"] == 0.0 and health["n1"] == 1.0
     events = {s.labels["kind"]: s.value for s in families["brctl_daemon_events"].samples}
@@ -449,6 +450,11 @@ def test_metrics_collector_reads_the_state(tmp_path: Path) -> None:
     assert actions[("evict", "done")] == 1
     assert families["brctl_standby_ready"].samples[0].value == 1
     assert {s.labels["window"] for s in families["brctl_ettr"].samples} >= {"all"}
+    assert [s.value for s in families["brctl_job_step"].samples] == [script.step]
+    assert families["brctl_daemon_last_poll_timestamp_seconds"].samples[0].value == clock.now
+    assert [s.value for s in families["brctl_daemon_halted"].samples] == [0.0]
+    (build,) = families["brctl_build_info"].samples
+    assert build.value == 1 and build.labels["version"]
 
 
 def test_fail_slow_runs_stack_rounds_and_notifies_when_nobody_is_blamed(tmp_path: Path) -> None:
