@@ -16,6 +16,8 @@ others' tasks. States are those of ssh: ``ok``/``failed`` from the record's exit
 code, ``timeout`` when the reaper killed the command or no answer came in time,
 ``unreachable`` when Slurm could not start the task there or no whole record came
 back (a retry without the nodes Slurm named first: their failure aborts the step).
+``stream`` (checkpoint shards) is one single-task srun whose stdin and stdout are the
+bytes themselves.
 """
 
 from __future__ import annotations
@@ -332,10 +334,38 @@ class SlurmTransport:
 
     def stream(self, node: Node, argv: Sequence[str], *, timeout: float,
                stdin: Optional[BinaryIO] = None, stdout: Optional[BinaryIO] = None) -> RunResult:
-        """Not over Slurm: bulk streams (checkpoint copies) need a byte pipe per node."""
-        return _result(node.name, NodeState.REFUSED, time.monotonic(),
-                       "connection: slurm carries commands, not bulk streams; "
-                       "give this machine connection: ssh for checkpoint copies")
+        """Bulk bytes (checkpoint shards) through one single-task srun, under the reaper:
+        srun hands ``stdin`` to the task and its stdout to ``stdout`` as they come, and
+        exits with the task's exit code. One node's own bytes: no record to frame."""
+        t0 = time.monotonic()
+        job, allocated = self.allocation()
+        [batch] = batches([node], argv, None, timeout, job, allocated)
+        cmd = self._command(batch, node.name, "-")
+        cmd = [a for a in cmd if a not in ("--label", "--verbose")]
+        cmd[cmd.index(NODE_PYTHON):] = list(batch.argv)  # the reaper alone: no record
+        try:
+            proc = subprocess.Popen(cmd, stdin=stdin or subprocess.DEVNULL,
+                                    stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=self._env, start_new_session=True)
+        except OSError as exc:
+            return _result(node.name, NodeState.UNREACHABLE, t0, f"srun: {exc.strerror}")
+        with self._lock:
+            self._running.add(proc)
+        try:
+            out, err = proc.communicate(timeout=batch.launch + timeout + GRACE_S + SLACK_S)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        said = err.decode(errors="replace")
+        if proc.returncode != 0 and re.search(r"^srun: error: (Task launch|Unable to|.*[Ii]nvalid job)",
+                                               said, re.M):
+            return _result(node.name, NodeState.UNREACHABLE, t0, said.strip().splitlines()[-1][:300])
+        state = exit_state(proc.returncode, time.monotonic() - t0, timeout)
+        return RunResult(node.name, state, None if state is NodeState.TIMEOUT else proc.returncode,
+                         (out or b"").decode(errors="replace"), said, time.monotonic() - t0)
 
     def cancel(self) -> None:
         """Ctrl-C: srun cancels its step on SIGTERM (the reapers end their trees); start no more."""

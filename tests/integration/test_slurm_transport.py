@@ -113,3 +113,24 @@ def test_health_and_stacks_run_their_probes_over_srun(
     for rank, name in enumerate(("node01", "node02", "node03")):
         [dump] = (save / name).glob(f"{rank}-*.json")
         assert "train_step" in dump.read_text()
+
+
+def test_a_stream_carries_bulk_bytes_through_a_single_task_srun(
+        slurm_cluster: SlurmCluster, job: str, tmp_path: Path) -> None:
+    import os
+
+    from brctl.core.transport import Node
+    from brctl.remote.slurm import JobRef, SlurmTransport
+
+    transport = SlurmTransport(job=JobRef(id=job), environ=slurm_cluster.slurm_env())
+    node = Node("node02", "node02", connection="slurm", connect_timeout=scaled(10))
+    data = os.urandom(3 << 20)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.write_bytes(data)
+    with src.open("rb") as sin, dst.open("wb") as sout:
+        res = transport.stream(node, ["sh", "-c", "cat; hostname >&2"], timeout=scaled(30),
+                               stdin=sin, stdout=sout)
+    assert (res.state.value, res.stderr) == ("ok", "node02\n")
+    assert dst.read_bytes() == data
+    failed = transport.stream(node, ["sh", "-c", "exit 3"], timeout=scaled(30))
+    assert (failed.state.value, failed.exit_code) == ("failed", 3)
