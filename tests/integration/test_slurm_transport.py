@@ -88,6 +88,7 @@ def test_a_hung_node_times_out_and_the_reaper_ends_its_command(
     assert not slurm_cluster.node_pids("node02", "sleep 127")
 
 
+@pytest.mark.slow
 def test_health_and_stacks_run_their_probes_over_srun(
         slurm_cluster: SlurmCluster, job: str, tmp_path: Path, brctl: Callable[..., Any]) -> None:
     inv = write_inventory(slurm_cluster, tmp_path, job)
@@ -134,3 +135,30 @@ def test_a_stream_carries_bulk_bytes_through_a_single_task_srun(
     assert dst.read_bytes() == data
     failed = transport.stream(node, ["sh", "-c", "exit 3"], timeout=scaled(30))
     assert (failed.state.value, failed.exit_code) == ("failed", 3)
+
+
+@pytest.mark.slow
+def test_a_dead_machine_is_unreachable_and_the_others_still_answer(
+        make_slurm_cluster: Callable[..., SlurmCluster], tmp_path: Path,
+        brctl: Callable[..., Any]) -> None:
+    cluster = make_slurm_cluster(3, gpus=0)
+    job_id = cluster.sbatch("sleep 600", "-N", "3")
+    cluster.wait_job(job_id, {"RUNNING"})
+    inv: dict[str, Any] = cluster.inventory(job={"slurm": {"job": job_id}})
+    for entry in inv["nodes"]:
+        entry["connection"] = "slurm"
+        entry["gpus"] = 1
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    cluster.stop_node("node03")  # a power cut: Slurm has not noticed yet (SlurmdTimeout)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    res = brctl("-i", path, "--json", "exec", "--", "sh", "-c", f'echo ran >> {marks}/"$(hostname)"; hostname',
+                env={"SLURM_CONF": str(cluster.conf)})
+    assert res.exit_code == 3, res.stderr
+    nodes = res.json["nodes"]
+    assert nodes["node03"]["state"] == "unreachable"
+    assert "slurm could not start the task" in nodes["node03"]["stderr"]
+    # Slurm aborts the whole step for one dead machine; the others ran once, in a new step
+    assert [nodes[n]["stdout"] for n in ("node01", "node02")] == ["node01\n", "node02\n"]
+    assert {p.name: p.read_text() for p in marks.iterdir()} == {"node01": "ran\n", "node02": "ran\n"}
