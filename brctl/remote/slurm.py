@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Optional
@@ -44,7 +44,7 @@ from typing import BinaryIO, Optional
 from brctl.core.errors import InputError
 from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.slurm_frame import Frames, payload
-from brctl.remote.threads import ArgvFor, StdinFor
+from brctl.remote.threads import CANCEL_WAIT_S, ArgvFor, StdinFor, interrupted
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
 
 NODE_PYTHON = "python3"
@@ -240,14 +240,13 @@ class SlurmTransport:
                     if on_done is not None:
                         on_done(item)
         except KeyboardInterrupt:
+            # as run_threads: srun cancels its step (the reapers end the commands); wait a
+            # little for that, a second Ctrl-C stops waiting at once
             pool.shutdown(wait=False, cancel_futures=True)
             self.cancel()
-            from brctl.core.errors import InterruptedRun
-            from brctl.core.nodeset import fold
-
-            unfinished = fold(n.name for n in todo if n.name not in results)
-            raise InterruptedRun("interrupted; commands still running were killed; not finished: "
-                                 f"{unfinished or 'none'}") from None
+            with contextlib.suppress(KeyboardInterrupt):
+                wait(futures, timeout=CANCEL_WAIT_S)
+            raise interrupted(todo, results) from None
         pool.shutdown(wait=True)
         for fut in futures:
             fut.result()  # a bug in a batch is a bug (exit 70), not a node state

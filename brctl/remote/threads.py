@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Union
 
@@ -23,6 +23,13 @@ StdinFor = Union[bytes, None, Callable[[Node], Union[bytes, None]]]
 
 def _resolve(value: ArgvFor | StdinFor, node: Node) -> object:
     return value(node) if callable(value) else value
+
+
+def interrupted(todo: Sequence[Node], results: Mapping[str, RunResult]) -> InterruptedRun:
+    """What a fan-out raises on Ctrl-C: the nodes it did not finish are named."""
+    unfinished = fold(n.name for n in todo if n.name not in results)
+    return InterruptedRun(
+        f"interrupted; commands still running were killed; not finished: {unfinished or 'none'}")
 
 
 def run_threads(
@@ -69,9 +76,6 @@ def run_threads(
         transport.cancel()
         with contextlib.suppress(KeyboardInterrupt):
             wait(pending, timeout=CANCEL_WAIT_S)
-        unfinished = fold(n.name for n in todo if n.name not in results)
-        raise InterruptedRun(
-            f"interrupted; commands still running were killed; not finished: {unfinished or 'none'}"
-        ) from None
+        raise interrupted(todo, results) from None
     pool.shutdown(wait=True)
     return {n.name: results[n.name] for n in todo}

@@ -162,3 +162,33 @@ def test_a_dead_machine_is_unreachable_and_the_others_still_answer(
     # Slurm aborts the whole step for one dead machine; the others ran once, in a new step
     assert [nodes[n]["stdout"] for n in ("node01", "node02")] == ["node01\n", "node02\n"]
     assert {p.name: p.read_text() for p in marks.iterdir()} == {"node01": "ran\n", "node02": "ran\n"}
+
+
+def test_cancel_ends_the_step_and_every_command_it_started(
+        slurm_cluster: SlurmCluster, job: str) -> None:
+    import threading
+
+    from brctl.core.transport import Node, NodeState
+    from brctl.remote.slurm import JobRef, SlurmTransport
+
+    transport = SlurmTransport(job=JobRef(id=job), environ=slurm_cluster.slurm_env())
+    names = ("node01", "node02")
+    nodes = [Node(n, n, connection="slurm", connect_timeout=scaled(10)) for n in names]
+
+    def ctrl_c_once_running() -> None:
+        deadline = time.monotonic() + scaled(20)
+        while not all(slurm_cluster.node_pids(n, "sleep 97") for n in names):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        transport.cancel()
+
+    threading.Thread(target=ctrl_c_once_running, daemon=True).start()
+    start = time.monotonic()
+    res = transport.run_batch(nodes, ["sh", "-c", "setsid sleep 97 & sleep 97"], timeout=scaled(60))
+    assert time.monotonic() - start < scaled(30)
+    assert all(r.state is NodeState.TIMEOUT and "interrupted" in r.stderr for r in res.values()), res
+    deadline = time.monotonic() + scaled(10)
+    while any(slurm_cluster.node_pids(n, "sleep 97") for n in names):
+        assert time.monotonic() < deadline, "a command outlived the cancel"
+        time.sleep(0.1)
