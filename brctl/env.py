@@ -65,20 +65,36 @@ class Env:
     _probes: ProbeRunner | None = None
     _store: Store | None = None
 
-    def inventory(self, *, as_listed: bool = False) -> Inventory:
+    def inventory(self, *, as_listed: bool = False, job_may_wait: bool = False) -> Inventory:
         """The validated inventory (exit 2 with a hint when there is none).
 
-        The job is on the machines it runs on now: when the daemon recorded a swap
-        in the state database, its list replaces ``job.nodes`` and one warning on
-        stderr names the swaps (``brctl.operations.membership``). ``as_listed``:
-        the file as written (the daemon's own commands, which read the record).
+        The job is on the machines it runs on now: with ``job.slurm`` the scheduler says
+        which (asked once per command, ``operations.slurm_job``); otherwise, when the daemon
+        recorded a swap in the state database, its list replaces ``job.nodes`` and one
+        warning on stderr names the swaps (``brctl.operations.membership``). ``as_listed``:
+        the file as written, resolved with Slurm (the daemon's own commands, which read the
+        record). A Slurm job that is not running is exit 3 unless ``job_may_wait`` (or
+        ``as_listed``): its machines are unknown, and a stale list would be wrong.
         """
         if self._inventory is None:
             from brctl.inventory import find_inventory, load_inventory
 
-            self._inventory = load_inventory(find_inventory(self.inventory_path, dict(self.environ)))
+            inv = load_inventory(find_inventory(self.inventory_path, dict(self.environ)))
+            if inv.job is not None and inv.job.slurm is not None:
+                from brctl.operations.slurm_job import Slurm, resolve
+
+                inv, _ = resolve(inv, Slurm(inv.slurm, inv.job.slurm.cluster, self.environ))
+            self._inventory = inv
         if as_listed:
             return self._inventory
+        job = self._inventory.job
+        if job is not None and job.slurm is not None and job.state != "RUNNING" \
+                and not job_may_wait:
+            from brctl.core.errors import IncompleteError
+
+            raise IncompleteError(f"job {job.name}: {job.source}: not running, so its machines "
+                                  "are unknown", hint="brctl nodes shows the job's state; "
+                                  "-w NODESET names machines without the job")
         if self._current is None:
             from brctl.operations.membership import current_inventory
 

@@ -116,9 +116,10 @@ def _user_name(value: Optional[str]) -> Optional[str]:
 
 @dataclass(frozen=True)
 class JobSection:
-    """``job:`` the training job: its machines, parallel shape and hooks."""
+    """``job:`` the training job: its machines (``nodes``, or ``slurm``), parallel shape, hooks."""
 
-    nodes: str
+    nodes: Optional[str] = None
+    slurm: Optional[SlurmJobSection] = None  # the scheduler says where the job runs
     name: str = "job"
     tp: int = sfield(1, check=at_least_one)
     pp: int = sfield(1, check=at_least_one)
@@ -171,7 +172,12 @@ class Job:
     status_command: Optional[Template]
     evict_command: Optional[Template]
     unevict_command: Optional[Template] = None
+    # From the scheduler: ``nodes`` is empty until a command resolves the job
+    # (``operations.slurm_job``), which also sets ``source`` and ``state``.
     slurm: Optional[SlurmJobSection] = None
+    source: str = "inventory"  # where ``nodes`` came from, in words (brctl nodes shows it)
+    state: Optional[str] = None  # the scheduler's state (RUNNING, PENDING, …); None: not asked
+    scheduler_id: Optional[str] = None  # the scheduler's id of the job, once resolved
 
 
 NO_JOB = "-"  # the state database's key for machines outside any job
@@ -267,7 +273,7 @@ def _check_node_name(name: str, source: str, path: str) -> None:
                           hint=hint)
 
 
-def _resolve_entries(
+def resolve_entries(
     entries: list[NodeEntry], ssh: SshSection, source: str, section: str
 ) -> list[Node]:
     out: list[Node] = []
@@ -315,8 +321,8 @@ def build(raw: RawInventory, source: str) -> Inventory:
     Raises:
         SchemaError: a name repeated, a job node missing, an address count mismatch.
     """
-    main = _resolve_entries(raw.nodes, raw.ssh, source, "nodes")
-    spare = _resolve_entries(raw.standby, raw.ssh, source, "standby")
+    main = resolve_entries(raw.nodes, raw.ssh, source, "nodes")
+    spare = resolve_entries(raw.standby, raw.ssh, source, "standby")
     nodes: dict[str, Node] = {}
     for section, group in (("nodes", main), ("standby", spare)):
         for node in group:
@@ -325,10 +331,7 @@ def build(raw: RawInventory, source: str) -> Inventory:
             nodes[node.name] = node
     job = None
     if raw.job is not None:
-        try:
-            job_names = nodeset.expand(raw.job.nodes)
-        except Exception as exc:
-            raise SchemaError(source, "job.nodes", str(exc)) from None
+        job_names = _job_names(raw.job, source)  # checked; with job.slurm, Slurm's list wins
         missing = [n for n in job_names if n not in nodes]
         if missing:
             raise SchemaError(
@@ -348,7 +351,7 @@ def build(raw: RawInventory, source: str) -> Inventory:
         j = raw.job
         job = Job(
             name=j.name,
-            nodes=tuple(job_names),
+            nodes=() if j.slurm is not None else tuple(job_names),  # Slurm's, once asked
             tp=j.tp,
             pp=j.pp,
             cp=j.cp,
@@ -362,7 +365,8 @@ def build(raw: RawInventory, source: str) -> Inventory:
             status_command=j.status_command,
             evict_command=j.evict_command,
             unevict_command=j.unevict_command,
-            slurm=_slurm_job(j.slurm, source),
+            slurm=j.slurm,
+            source="inventory" if j.slurm is None else f"Slurm {j.slurm.describe()} (not asked yet)",
         )
         if j.user:  # job-writable code on any machine (standbys too) runs as the job's user
             nodes = {n: replace(node, job_user=j.user) for n, node in nodes.items()}
@@ -381,11 +385,20 @@ def build(raw: RawInventory, source: str) -> Inventory:
     )
 
 
-def _slurm_job(ref: Optional[SlurmJobSection], source: str) -> Optional[SlurmJobSection]:
-    if ref is not None and (ref.job is None) == (ref.name is None):
-        raise SchemaError(source, "job.slurm", "give the job's id (job:) or its name (name:), one of them",
-                          hint="e.g. slurm: {job: 123456} or slurm: {name: pretrain, user: alice}")
-    return ref
+def _job_names(job: JobSection, source: str) -> list[str]:
+    """``job.nodes`` expanded; none when the scheduler says (``job.slurm``), resolved later."""
+    if job.nodes is None and job.slurm is None:
+        raise SchemaError(source, "job.nodes", "required key is missing (or give job.slurm: "
+                          "the scheduler says where the job runs)")
+    if job.slurm is not None and (job.slurm.job is None) == (job.slurm.name is None):
+        raise SchemaError(source, "job.slurm", "give the job's id (job:) or its name (name:), "
+                          "one of them", hint="e.g. slurm: {job: 123456} or slurm: {name: "
+                          "pretrain, user: alice}")
+    try:
+        listed = nodeset.expand(job.nodes) if job.nodes is not None else []
+    except Exception as exc:
+        raise SchemaError(source, "job.nodes", str(exc)) from None
+    return listed
 
 
 def from_document(data: Any, source: str) -> Inventory:

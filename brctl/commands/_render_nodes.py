@@ -22,10 +22,12 @@ def render(out: Output, report: NodesReport) -> None:
                             if report.probes is not None and n.name in report.probes else {})}
                 for n in (inv.nodes[s] for s in report.selected)
             },
-            "job": None if topo is None or inv.job is None else {
-                "name": inv.job.name, "members": list(topo.machines), "world": topo.world,
-                "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
-                "order": topo.order},
+            "job": None if inv.job is None else {
+                "name": inv.job.name, "source": inv.job.source, "state": inv.job.state,
+                **({"members": []} if topo is None else {
+                    "members": list(topo.machines), "world": topo.world,
+                    "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
+                    "order": topo.order})},
             "groups": {k: [g.to_json() for g in rows] for k, rows in report.groups.items()},
         }, status=report.exit_code if report.probes is not None else None)
         return
@@ -44,6 +46,8 @@ def render(out: Output, report: NodesReport) -> None:
     if report.probes is not None:
         _render_probes(out, report.probes)
     topo = report.topology
+    if inv.job is not None and inv.job.source != "inventory":
+        out.console.print(f"\njob {inv.job.name}: machines from {inv.job.source}")
     if topo is None or inv.job is None:
         return
     out.console.print(

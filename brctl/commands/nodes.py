@@ -59,7 +59,8 @@ def nodes(
         sets_report = node_sets(patterns, cast(SetMode, modes[0]), env.inventory)
         render_sets(env.output, sets_report)
         return int(sets_report.exit_code)
-    report = describe(env.inventory(), select, exclude, kinds, probe=env.probes() if probe else None,
-                      timeout=timeout * env.timeout_scale())
+    # a Slurm job that is not running still shows (its state, no machines)
+    report = describe(env.inventory(job_may_wait=True), select, exclude, kinds,
+                      probe=env.probes() if probe else None, timeout=timeout * env.timeout_scale())
     render(env.output, report)
     return int(report.exit_code)

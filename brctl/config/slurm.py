@@ -1,4 +1,14 @@
-"""``slurm:`` and ``job.slurm:`` — where the job lives in Slurm (``connection: slurm``)."""
+"""``job.slurm:`` (the job comes from the scheduler) and the top-level ``slurm:`` section.
+
+``job.slurm: {job: ID}`` or ``{name: NAME}`` (optionally ``user``, ``cluster``) makes Slurm the
+source of the job's machines, state and restart count, resolved at every command
+(``operations.slurm_job``), and the job whose allocation ``connection: slurm`` runs in. The
+top-level ``slurm:`` says where machines not listed under ``nodes:`` come from (the nodes of
+``partition``, addressed by their NodeAddr; allocations for standbys over ``connection:
+slurm`` are made there too), where standbys come from (idle machines of that partition or of
+``reservation``) and how long each Slurm client command may run. Documented in
+``inventory.example.yaml`` and ``brctl-inventory(5)``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from brctl.core.schema import field as sfield
+from brctl.core.schema import positive
 
 _JOB_ID = re.compile(r"\d+(_\d+|\+\d+)?")  # 1234, an array task 1234_7, a het component 1234+1
 _WORD = re.compile(r"[A-Za-z0-9_.@:+-]+")
@@ -19,7 +30,7 @@ def _job_id(value: Optional[str]) -> Optional[str]:
 
 
 def _word(value: Optional[str]) -> Optional[str]:
-    if value is not None and not _WORD.fullmatch(value):
+    if value is not None and (not _WORD.fullmatch(value) or value.startswith("-")):
         raise ValueError(f"got {value!r}, expected one word (letters, digits, _ . @ : + -)")
     return value
 
@@ -33,11 +44,24 @@ class SlurmJobSection:
     user: Optional[str] = sfield(None, check=_word)
     cluster: Optional[str] = sfield(None, check=_word)
 
+    def describe(self) -> str:
+        """``job 12345`` or ``job named 'NAME' (user U)``, for messages."""
+        what = f"job {self.job}" if self.job is not None else f"job named {self.name!r}"
+        extra = [f"user {self.user}"] if self.user else []
+        extra += [f"cluster {self.cluster}"] if self.cluster else []
+        return what + (f" ({', '.join(extra)})" if extra else "")
+
 
 @dataclass(frozen=True)
 class SlurmSection:
     """``slurm:`` settings for the whole inventory."""
 
-    # Machines outside the job's allocation (standbys) that connection: slurm reaches
-    # get a short allocation of their own in this partition (None: the default one).
+    # The partition whose machines brctl may address without a nodes: entry (NodeAddr from
+    # the scheduler) and whose idle machines are the standby pool; machines outside the
+    # job's allocation that connection: slurm reaches get a short allocation of their own
+    # here (None: the default partition, and no machines from the scheduler).
     partition: Optional[str] = sfield(None, check=_word)
+    # Standbys: the idle machines of this reservation instead of the partition's.
+    reservation: Optional[str] = sfield(None, check=_word)
+    # Seconds each Slurm client command (squeue, sinfo, scontrol) may run.
+    timeout: float = sfield(30.0, check=positive)

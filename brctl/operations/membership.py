@@ -34,6 +34,13 @@ def current_inventory(inv: Inventory, state_dir: Path) -> tuple[Inventory, Optio
     """
     if inv.job is None:
         return inv, None
+    if inv.job.slurm is not None:  # the scheduler's allocation wins over recorded swaps
+        recorded = recorded_members(state_dir, inv.job.name)
+        if recorded is None or recorded == list(inv.job.nodes):
+            return inv, None
+        return inv, (f"job {inv.job.name}: the state DB lists {', '.join(recorded)}; "
+                     f"{inv.job.source} runs on {', '.join(inv.job.nodes) or 'no machine'}, "
+                     "and the scheduler's allocation wins")
     nodes, note = recorded_membership(inv.job.name, inv.job.nodes,
                                       recorded_members(state_dir, inv.job.name), inv.nodes)
     if list(nodes) == list(inv.job.nodes):

@@ -115,7 +115,7 @@ def describe(
         UsageError: an unknown group kind (with a job).
     """
     selected = tuple(n.name for n in inv.select(include, exclude))
-    topo = job_topology(inv) if inv.job else None
+    topo = job_topology(inv) if inv.job and inv.job.nodes else None  # a waiting Slurm job: none
     groups: dict[str, list[GroupRow]] = {}
     if topo is not None:
         for kind in KINDS:

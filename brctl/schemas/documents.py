@@ -97,8 +97,10 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
                               "role": STR, "probe": obj({"state": STR, "ok": BOOL,
                                                          "error": opt(STR)})},
                              "address", "port", "user", "connection", "gpus", "labels", "role")),
-        "job": opt(obj({"name": STR, "members": NAMES, "world": INT, "tp": INT, "cp": INT,
-                        "ep": INT, "dp": INT, "pp": INT, "order": STR})),
+        # a Slurm job that is not running: source and state, no members, no sizes
+        "job": opt(obj({"name": STR, "source": STR, "state": opt(STR), "members": NAMES,
+                        "world": INT, "tp": INT, "cp": INT, "ep": INT, "dp": INT, "pp": INT,
+                        "order": STR}, "name", "source", "state", "members")),
         "groups": {"type": "object", "additionalProperties": arr(GROUP)}}, False),
     ("brctl.nodes.set/1", {"mode": {"enum": ["fold", "expand", "count"]}, "nodeset": STR,
                            "members": NAMES, "count": INT}, False),

@@ -38,8 +38,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -314,10 +314,10 @@ class SlurmCluster(SshCluster):
         return out.strip().split(";")[0]
 
     def job_state(self, job: str) -> str:
-        """The job's JobState from ``scontrol show job`` ("" when Slurm no longer knows it)."""
-        out = self.slurm("scontrol", "-o", "show", "job", job, check=False)
-        found = re.search(r"\bJobState=(\S+)", out)
-        return found.group(1) if found else ""
+        """The job's state ("" when Slurm no longer knows it). From ``squeue --json``, not
+        scontrol's text, where a job named ``x JobState=RUNNING`` would fool a regex."""
+        doc = json.loads(self.slurm("squeue", "--json"))
+        return next((j["job_state"] for j in doc["jobs"] if str(j["job_id"]) == job), "")
 
     def wait_job(self, job: str, states: Collection[str], timeout: float = 30) -> str:
         """Poll until the job is in one of ``states``; return that state."""

@@ -1,0 +1,122 @@
+"""``job.slurm`` and ``slurm:`` in the inventory (strict schema, errors at their line), and
+the parsing of what Slurm's client commands print (hostile or malformed answers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brctl.config.slurm import SlurmJobSection, SlurmSection
+from brctl.core.errors import IncompleteError, InputError
+from brctl.inventory import load_inventory
+from brctl.operations.slurm_hooks import drain_reason
+from brctl.operations.slurm_job import Slurm
+
+BASE = "nodes:\n  - name: node[01-04]\n"
+
+
+def _load(tmp_path: Path, text: str) -> Any:
+    path = tmp_path / "inv.yaml"
+    path.write_text(BASE + text)
+    return load_inventory(path)
+
+
+def test_a_slurm_job_has_no_machines_until_asked(tmp_path: Path) -> None:
+    inv = _load(tmp_path, "slurm:\n  partition: gpu\njob:\n  slurm:\n    job: 12345\n")
+    assert inv.job.slurm == SlurmJobSection(job="12345") and inv.job.nodes == ()
+    assert inv.job.source == "Slurm job 12345 (not asked yet)"
+    assert inv.slurm == SlurmSection(partition="gpu")
+    inv = _load(tmp_path, "job:\n  slurm: {name: pretrain, user: alice}\n")
+    assert inv.job.slurm.describe() == "job named 'pretrain' (user alice)"
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("job:\n  tp: 1\n", r"inv.yaml:3: job.nodes: required key is missing \(or give job.slurm"),
+    ("job:\n  slurm: {job: 1, name: x}\n", r"inv.yaml:4: job.slurm: give the job's id"),
+    ("job:\n  slurm: {}\n", r"inv.yaml:4: job.slurm: give the job's id"),
+    ("job:\n  slurm:\n    job: '1; scancel -u alice'\n", r"inv.yaml:5: job.slurm.job: got"),
+    ("job:\n  slurm:\n    name: --uid=0\n", r"inv.yaml:5: job.slurm.name: got"),
+    ("job:\n  slurm:\n    jobid: 7\n", r"inv.yaml:5: job.slurm.jobid: unknown key"),
+    ("slurm:\n  partition: gpu\n  timeout: 0\n", r"inv.yaml:5: slurm.timeout: got 0"),
+    ("slurm:\n  partiton: gpu\n", r"inv.yaml:4: slurm.partiton: unknown key"),
+])
+def test_bad_slurm_sections_are_exit_2_at_their_line(tmp_path: Path, text: str, where: str) -> None:
+    with pytest.raises(InputError, match=where) as info:
+        _load(tmp_path, text)
+    assert info.value.code == 2
+
+
+class Canned(Slurm):
+    """Slurm whose client commands answer from a dict (argv[0:2] → stdout)."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        super().__init__(SlurmSection())
+        self.answers = answers
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, *argv: str) -> str:
+        self.calls.append(argv)
+        return self.answers[" ".join(argv[:2])]
+
+
+def _squeue(*jobs: dict[str, Any]) -> str:
+    return json.dumps({"jobs": list(jobs)})
+
+
+def _entry(job_id: Any, state: str = "RUNNING", **kw: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "job_state": state, "name": "train", "user_name": "alice",
+            "nodes": "node[01-02]", "restart_cnt": 0, **kw}
+
+
+def test_the_job_is_picked_from_json_and_hostile_entries_are_skipped() -> None:
+    slurm = Canned({"squeue --json": _squeue(
+        {"job_id": "7 NodeList=evil", "job_state": "RUNNING"},  # malformed: skipped
+        {"job_id": True, "job_state": "RUNNING"},
+        _entry(5, "COMPLETED"), _entry(9, "PENDING", nodes=""), _entry(8, "RUNNING"),
+        _entry(6, "COMPLETED", name="other")),
+        "scontrol show": "node01\nnode02\n"})
+    job = slurm.find(SlurmJobSection(job="8"))
+    assert (job.job_id, job.state, job.nodes) == ("8", "RUNNING", ("node01", "node02"))
+    assert ("scontrol", "show", "hostnames", "node[01-02]") in slurm.calls
+    with pytest.raises(InputError, match="2 live Slurm jobs .* 9, 8"):
+        slurm.find(SlurmJobSection(name="train"))
+    waiting = slurm.find(SlurmJobSection(job="9"))
+    assert waiting.nodes == () and not waiting.running  # never a list while it waits
+    with pytest.raises(InputError, match="Slurm has no job 77"):
+        slurm.find(SlurmJobSection(job="77"))
+
+
+def test_a_finished_name_resolves_to_its_newest_job() -> None:
+    slurm = Canned({"squeue --json": _squeue(_entry(5, "COMPLETED"), _entry(11, "FAILED"),
+                                             _entry(10, "NODE_FAIL"))})
+    job = slurm.find(SlurmJobSection(name="train"))
+    assert (job.job_id, job.state, job.nodes) == ("11", "FAILED", ())
+    assert "Slurm has no job named 'train' (user bob)" in _no_job(slurm, SlurmJobSection(
+        name="train", user="bob"))
+
+
+def _no_job(slurm: Slurm, want: SlurmJobSection) -> str:
+    with pytest.raises(InputError) as info:
+        slurm.find(want)
+    return info.value.message
+
+
+@pytest.mark.parametrize("answer", ["{truncated", "[]", json.dumps({"jobs": "x"})])
+def test_malformed_squeue_output_is_exit_3(answer: str) -> None:
+    with pytest.raises(IncompleteError):
+        Canned({"squeue --json": answer}).find(SlurmJobSection(job="1"))
+
+
+@pytest.mark.parametrize("name", ["-rf", "../etc", "node01;reboot", "a b"])
+def test_a_hostile_machine_name_from_slurm_is_refused(name: str) -> None:
+    slurm = Canned({"squeue --json": _squeue(_entry(3)), "scontrol show": f"node01\n{name}\n"})
+    with pytest.raises(IncompleteError, match="will not use"):
+        slurm.find(SlurmJobSection(job="3"))
+
+
+def test_drain_reasons_are_one_prefixed_line() -> None:
+    assert drain_reason("xid 79\n\x1b[31mred") == "brctl: xid 79 [31mred"
+    assert len(drain_reason("x" * 1000)) == 200
