@@ -174,7 +174,7 @@ class Executor:
         DONE (its effect shows) or UNKNOWN."""
         policy = RESUME[step.kind]
         if policy == "unknown":
-            return UNKNOWN
+            return self._scheduler_says(step, doc)
         if policy == "rerun":
             return INTENT
         if step.kind == "swap":
@@ -185,6 +185,18 @@ class Executor:
         if step.kind == "rollback":
             version = step.args.get("version", "")
             return DONE if version and self.hooks.release().version == version else INTENT
+        return UNKNOWN
+
+    def _scheduler_says(self, step: Step, doc: Mapping[str, Any]) -> str:
+        """An opaque step's effect as the scheduler shows it, where the built-in hooks can
+        read it back (Slurm): a drain shows → DONE, none → INTENT (draining is idempotent);
+        the job pinned to the plan's machines → DONE, else UNKNOWN (never restart twice)."""
+        if step.kind == "evict" and step.node is not None:
+            drained = self.adapter.evicted(step.node)
+            return UNKNOWN if drained is None else (DONE if drained else INTENT)
+        if step.kind == "restart":
+            pinned = self.adapter.restarted_on(str(step.args.get("nodes", "")).split(","))
+            return DONE if pinned else UNKNOWN
         return UNKNOWN
 
     # the steps ------------------------------------------------------------------------

@@ -20,45 +20,22 @@ import os
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from brctl.analysis.inventory import Inventory, Template
 from brctl.analysis.redact import redact_text
 from brctl.core.nodeset import fold
 from brctl.core.templates import render_argv
 from brctl.core.transport import Node, NodeState
+from brctl.operations.hookrun import HookRun as HookRun  # its old home: re-exported
 from brctl.remote.local import LocalTransport
 
+if TYPE_CHECKING:
+    from brctl.operations.slurm_hooks import SlurmHooks
 MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
 _OUTPUT_KEEP = 2000  # characters of a hook's output kept in the action log
-
-
-@dataclass(frozen=True)
-class HookRun:
-    """What one controller-side hook (a job adapter command, update's restart hook) did."""
-
-    argv: tuple[str, ...]
-    exit_code: Optional[int]  # None: it timed out (and was killed)
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        """Exited 0."""
-        return self.exit_code == 0
-
-    @property
-    def output(self) -> str:
-        """stdout then stderr, for one-line reasons."""
-        return "\n".join(part for part in (self.stdout, self.stderr) if part.strip())
-
-    def to_json(self) -> dict[str, Any]:
-        """``{argv, exit_code, stdout, stderr, seconds}``."""
-        return {"argv": list(self.argv), "exit_code": self.exit_code, "stdout": self.stdout,
-                "stderr": self.stderr, "seconds": round(self.seconds, 3)}
 
 
 def rendezvous_address(node: Node) -> str:
@@ -101,7 +78,8 @@ def run_hook(argv: Sequence[str], timeout: float, stdin: Optional[bytes] = None)
 
 
 class JobAdapter:
-    """Runs the job's hooks for the current machine list."""
+    """Runs the job's hooks for the current machine list: the ``job.*_command`` templates,
+    else, for a ``job.slurm`` job, the built-in Slurm hooks (``operations.slurm_hooks``)."""
 
     def __init__(self, inv: Inventory, timeout: float) -> None:
         """Args: inv: the inventory (job hooks, machine addresses); timeout: seconds per hook."""
@@ -109,6 +87,13 @@ class JobAdapter:
         self.inv = inv
         self.job = inv.job
         self.timeout = timeout
+        self.slurm: Optional[SlurmHooks] = None
+        if inv.job.slurm is not None:
+            from brctl.operations.slurm_hooks import SlurmHooks
+            from brctl.operations.slurm_job import Slurm
+
+            wanted = inv.job.scheduler_id or str(inv.job.slurm.job or "")
+            self.slurm = SlurmHooks(Slurm(inv.slurm, inv.job.slurm.cluster), wanted)
 
     def values(self, members: Sequence[str]) -> dict[str, object]:
         """Placeholder values for the job running on ``members``."""
@@ -122,11 +107,15 @@ class JobAdapter:
     def restart(self, members: Sequence[str], version: str = "", reason: str = "") -> Optional[HookRun]:
         """Run ``restart_command`` (None when there is none): the one restart path, for the
         daemon and ``brctl update --restart`` alike (``{version}`` the job's release)."""
+        if self.job.restart_command is None and self.slurm is not None:
+            return self.slurm.restart(members)
         return self._run(self.job.restart_command,
                          {**self.values(members), "version": version, "reason": reason})
 
     def stop(self, members: Sequence[str]) -> Optional[HookRun]:
         """Run ``stop_command`` (None when there is none)."""
+        if self.job.stop_command is None and self.slurm is not None:
+            return self.slurm.stop()
         return self._run(self.job.stop_command, self.values(members))
 
     def evict_argv(self, members: Sequence[str], node: str, reason: str) -> Optional[list[str]]:
@@ -143,19 +132,52 @@ class JobAdapter:
             template, {**self.values(members), "node": node})
 
     def evict(self, members: Sequence[str], node: str, reason: str) -> Optional[HookRun]:
-        """Run ``evict_command`` for ``node`` (None when there is none)."""
+        """Run ``evict_command`` for ``node`` (None when there is none; the built-in Slurm
+        drain for a ``job.slurm`` job without one)."""
         argv = self.evict_argv(members, node, reason)
+        if argv is None and self.slurm is not None:
+            return self.slurm.evict(node, reason)
         return None if argv is None else run_hook(argv, self.timeout)
 
     def unevict(self, members: Sequence[str], node: str) -> Optional[HookRun]:
-        """Run ``unevict_command`` for ``node`` (None when there is none)."""
+        """Run ``unevict_command`` for ``node`` (None when there is none; the built-in Slurm
+        resume for a ``job.slurm`` job without one)."""
         argv = self.unevict_argv(members, node)
+        if argv is None and self.slurm is not None:
+            return self.slurm.unevict(node)
         return None if argv is None else run_hook(argv, self.timeout)
 
     def running(self, members: Sequence[str]) -> Optional[bool]:
         """``status_command``: exit 0 running, anything else not; None without one."""
+        if self.job.status_command is None and self.slurm is not None:
+            return _unless_unanswered(self.slurm.running)
         run = self._run(self.job.status_command, self.values(members))
         return None if run is None else run.ok
+
+    def evicted(self, node: str) -> Optional[bool]:
+        """Whether the scheduler shows ``node`` drained by brctl; None when it cannot say
+        (an evict_command is opaque)."""
+        if self.job.evict_command is None and self.slurm is not None:
+            return _unless_unanswered(lambda: self.slurm.evicted(node) if self.slurm else None)
+        return None
+
+    def restarted_on(self, members: Sequence[str]) -> Optional[bool]:
+        """Whether the scheduler shows the job restarted on exactly ``members``; None when
+        it cannot say (a restart_command is opaque)."""
+        if self.job.restart_command is None and self.slurm is not None:
+            return _unless_unanswered(
+                lambda: self.slurm.restarted_on(members) if self.slurm else None)
+        return None
+
+
+def _unless_unanswered(ask: Callable[[], Optional[bool]]) -> Optional[bool]:
+    """The scheduler's answer, or None when it gave none (not answering is not "no")."""
+    from brctl.core.errors import BrctlError
+
+    try:
+        return ask()
+    except BrctlError:
+        return None
 
 
 def redact_url(url: str) -> str:
