@@ -119,7 +119,8 @@ class JobSection:
     """``job:`` the training job: its machines (``nodes``, or ``slurm``), parallel shape, hooks."""
 
     nodes: Optional[str] = None
-    slurm: Optional[SlurmJobSection] = None  # the scheduler says where the job runs
+    # the job in Slurm: the scheduler says where it runs (connection: slurm runs in it)
+    slurm: Optional[SlurmJobSection] = None
     name: str = "job"
     tp: int = sfield(1, check=at_least_one)
     pp: int = sfield(1, check=at_least_one)
@@ -134,7 +135,6 @@ class JobSection:
     status_command: Optional[Template] = sfield(None, check=_template)
     evict_command: Optional[Template] = sfield(None, check=_template)
     unevict_command: Optional[Template] = sfield(None, check=_template)
-    slurm: Optional[SlurmJobSection] = None  # the job in Slurm (connection: slurm runs in it)
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def test_the_job_is_picked_from_json_and_hostile_entries_are_skipped() -> None:
     job = slurm.find(SlurmJobSection(job="8"))
     assert (job.job_id, job.state, job.nodes) == ("8", "RUNNING", ("node01", "node02"))
     assert ("scontrol", "show", "hostnames", "node[01-02]") in slurm.calls
-    with pytest.raises(InputError, match="2 live Slurm jobs .* 9, 8"):
+    with pytest.raises(InputError, match=r"2 live Slurm jobs .* 9, 8"):
         slurm.find(SlurmJobSection(name="train"))
     waiting = slurm.find(SlurmJobSection(job="9"))
     assert waiting.nodes == () and not waiting.running  # never a list while it waits
