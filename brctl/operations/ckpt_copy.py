@@ -150,6 +150,39 @@ def checked_files(node: str, step: str, raw: Any) -> list[ShardFile]:
     return out
 
 
+def listed(node: str, raw: Any, what: str) -> list[Any]:
+    """A list from ``node``'s answer (absent: empty); any other type refuses."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise NodeRefused(f"{node} reported {what} that is not a list: {type(raw).__name__}")
+    return raw
+
+
+def entries(node: str, raw: Any, what: str) -> list[Mapping[str, Any]]:
+    """A list of JSON objects from ``node``'s answer; any other shape refuses."""
+    out = listed(node, raw, what)
+    if not all(isinstance(e, dict) for e in out):
+        raise NodeRefused(f"{node} reported {what} that are not all objects")
+    return out
+
+
+def names(node: str, raw: Any, what: str) -> list[str]:
+    """A list of strings (paths, steps) from ``node``'s answer; any other shape refuses."""
+    out = listed(node, raw, what)
+    if not all(isinstance(n, str) for n in out):
+        raise NodeRefused(f"{node} reported {what} that are not all strings")
+    return out
+
+
+def skip_notes(node: str, raw: Any) -> list[str]:
+    """``[[name, why], ...]`` (what a node did not follow) as notes; any other shape refuses."""
+    out = listed(node, raw, "skipped entries")
+    if not all(isinstance(e, list) and len(e) == 2 for e in out):
+        raise NodeRefused(f"{node} reported skipped entries that are not [name, why] pairs")
+    return [f"{name!r} skipped: {why}" for name, why in out]
+
+
 def answer_of(res: ProbeResult, doc: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
     """The document (or batch item) of ``res``; a node-side refusal raises ``NodeRefused``."""
     doc = res.document if doc is None else doc
@@ -255,11 +288,16 @@ def _lane_outcome(lane: Lane, sent: RunResult | None, got: RunResult) -> str | N
         return f"{src}: sending failed ({sent.state.value}): {why[0][:300]}"
     if doc is None:
         return f"{dst}: receiving failed: {err}"
-    if doc.get("mismatched"):
-        return (f"{dst}: sha256 of {', '.join(doc['mismatched'])[:300]} did not match what "
+    try:
+        mismatched = names(dst, doc.get("mismatched"), "mismatched files")
+        missing = names(dst, doc.get("missing"), "missing files")
+    except NodeRefused as exc:
+        return exc
+    if mismatched:
+        return (f"{dst}: sha256 of {', '.join(mismatched)[:300]} did not match what "
                 f"{src} hashed (changed or corrupted at the source, or in transit)")
-    if doc.get("missing"):
-        return f"{dst}: the stream from {src} ended before {', '.join(doc['missing'])[:300]}"
+    if missing:
+        return f"{dst}: the stream from {src} ended before {', '.join(missing)[:300]}"
     return None
 
 
@@ -331,15 +369,15 @@ class _Backup:
 
     def _pending(self, owner: str, doc: Mapping[str, Any]) -> _Pending | str:
         cfg = self.cfg
-        steps = doc.get("steps") or []
-        notes = [f"{name!r} skipped: {why}" for name, why in doc.get("skipped") or []]
+        steps = entries(owner, doc.get("steps"), "steps")
+        notes = skip_notes(owner, doc.get("skipped"))
         step = next((s for s in steps if s.get("eligible") and "files" in s), None)
         if step is None:
             why = (f"no {cfg.glob} under {doc.get('dir')}" if not steps else
                    f"no step has {cfg.complete_marker} yet")
             return "; ".join([why, *notes])
         name = checked_step(owner, step.get("name"), cfg.glob)
-        notes += [f"{path!r} skipped: {why}" for path, why in step.get("skipped") or []]
+        notes += skip_notes(owner, step.get("skipped"))
         return _Pending(owner, self.backups[owner], name, checked_files(owner, name, step["files"]),
                         notes, src_dir=str(doc.get("dir") or self.cfg.dir))
 
@@ -354,7 +392,12 @@ class _Backup:
         going, docs = [], {}
         for p in pending:
             res = results[p.peer]
-            doc = (res.document or {}).get("results", {}).get(p.owner)
+            every = (res.document or {}).get("results")
+            doc = every.get(p.owner) if isinstance(every, dict) else None
+            if doc is not None and not isinstance(doc, dict):
+                self.finish(p, "refused", f"{p.peer} answered {type(doc).__name__} for "
+                            f"{p.owner}, not an object", copied=0)
+                continue
             err = _item_error(res, doc)
             if err or doc is None:
                 self.finish(p, probe_state(res) if res.error else "failed", err, copied=0)
@@ -376,12 +419,20 @@ class _Backup:
         for p in going:
             root = docs[p.owner].get("root")
             p.root = str(root) if root else None
-            entry = next((s for s in docs[p.owner].get("steps") or [] if s.get("name") == p.step), None)
-            present = entry.get("present") or {} if entry else {}
+            try:
+                steps = entries(p.peer, docs[p.owner].get("steps"), "backed-up steps")
+                entry = next((s for s in steps if s.get("name") == p.step), None)
+                present = entry.get("present") or {} if entry else {}
+                if not isinstance(present, dict):
+                    raise NodeRefused(f"{p.peer} reported present files that are not an object")
+                manifest = entries(p.peer, entry.get("manifest"), "manifest entries") if entry else []
+            except NodeRefused as exc:
+                self.finish(p, "refused", str(exc), copied=0)
+                continue
             p.todo = [f for f in p.files if present.get(f.rel) != f.sha256]
             want = sorted((f.to_json() for f in p.files), key=lambda x: x["path"])
             if entry and entry.get("committed") and not p.todo and \
-                    sorted(entry.get("manifest") or [], key=lambda x: str(x.get("path"))) == want:
+                    sorted(manifest, key=lambda x: str(x.get("path"))) == want:
                 self.finish(p, "ok", notes=("already backed up",))
                 continue
             out.append(p)
@@ -428,12 +479,17 @@ class _Backup:
             pending)
         for p in going:
             doc = docs[p.owner]
-            if not doc.get("ok"):
-                bad = list(doc.get("mismatched") or []) + list(doc.get("missing") or [])
-                self.finish(p, "failed", "checksum mismatch on the peer after the copy: "
-                            + ", ".join(map(str, bad))[:300])
+            try:
+                bad = (names(p.peer, doc.get("mismatched"), "mismatched files")
+                       + names(p.peer, doc.get("missing"), "missing files"))
+                pruned = names(p.peer, doc.get("pruned"), "pruned steps")
+            except NodeRefused as exc:
+                self.finish(p, "refused", str(exc))
                 continue
-            pruned = [str(n) for n in doc.get("pruned") or []]
+            if not doc.get("ok"):
+                self.finish(p, "failed", "checksum mismatch on the peer after the copy: "
+                            + ", ".join(bad)[:300])
+                continue
             self.finish(p, "ok", notes=(f"pruned {', '.join(pruned)}",) if pruned else ())
 
 

@@ -32,7 +32,9 @@ from brctl.operations.ckpt_copy import (
     answer_of,
     checked_files,
     checked_step,
+    entries,
     lanes,
+    names,
     probe_state,
 )
 from brctl.remote.probes import ProbeResult, ProbeRunner
@@ -63,7 +65,7 @@ def _newest_good_copy(runner: ProbeRunner, peer: Node, req: dict[str, Any], evic
     notes: list[str] = []
     doc = answer_of(listing)
     root = str(doc["root"]) if doc.get("root") else None
-    for entry in doc.get("steps") or []:
+    for entry in entries(peer.name, doc.get("steps"), "backed-up steps"):
         if not entry.get("committed"):
             continue
         step = checked_step(peer.name, entry.get("name"), glob)
@@ -75,9 +77,10 @@ def _newest_good_copy(runner: ProbeRunner, peer: Node, req: dict[str, Any], evic
             return _Found(req["area"], step,
                           tuple(checked_files(peer.name, step, verified.get("files"))),
                           tuple(notes), root=root)
-        bad = list(verified.get("mismatched") or []) + list(verified.get("missing") or [])
+        bad = (names(peer.name, verified.get("mismatched"), "mismatched files")
+               + names(peer.name, verified.get("missing"), "missing files"))
         notes.append(f"{peer.name}: backup {step} of {evicted} is corrupted or truncated "
-                     f"({', '.join(map(str, bad))[:200]}); trying an older step")
+                     f"({', '.join(bad)[:200]}); trying an older step")
     return _Found(req["area"], notes=tuple(notes))
 
 
@@ -209,9 +212,10 @@ def _preview(runner: ProbeRunner, inv: Inventory, peer: Node, target: Node, foun
         return result(probe_state(listing), found.step, error=listing.error, notes=notes)
     try:
         doc = answer_of(listing)
+        steps = entries(target.name, doc.get("steps"), "steps")
     except NodeRefused as exc:
         return result("refused", found.step, error=str(exc), notes=notes)
-    if any(s.get("name") == found.step for s in doc.get("steps") or []):
+    if any(s.get("name") == found.step for s in steps):
         notes.append(f"{target.name}: its own {found.step} would be moved aside")
     root = found.root or (f"{cfg.dir}/.brctl-backup" if found.area == "legacy" else
                           cfg.backup_dir or cfg.dir.rstrip("/") + ".brctl-backup")
@@ -261,9 +265,12 @@ def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: in
         elif "refused" in doc:
             refused = f"{target}: {doc['refused']}"
         elif not doc.get("ok"):
-            bad = list(doc.get("mismatched") or []) + list(doc.get("missing") or [])
-            errors = ["checksum mismatch on the target after the copy: "
-                      + ", ".join(map(str, bad))[:300]]
+            try:
+                bad = (names(target, doc.get("mismatched"), "mismatched files")
+                       + names(target, doc.get("missing"), "missing files"))
+            except NodeRefused as exc:
+                bad, refused = [], str(exc)
+            errors = ["checksum mismatch on the target after the copy: " + ", ".join(bad)[:300]]
         else:
             if doc.get("moved_aside"):
                 notes.append(f"{target}: an existing {step} was moved aside to {doc['moved_aside']}")

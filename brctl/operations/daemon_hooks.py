@@ -90,6 +90,16 @@ class Hooks(Protocol):
         ...
 
 
+def joined_tails(doc: Optional[Mapping[str, Any]]) -> str:
+    """A logtail answer's tails, oldest file first. Entries out of shape are left out: a
+    broken or hostile machine's answer must not stop the loop (it would crash again on
+    every restart)."""
+    files = (doc or {}).get("files")
+    good = [f for f in files if isinstance(f, dict) and isinstance(f.get("tail", ""), str)
+            and isinstance(f.get("mtime", 0), (int, float))] if isinstance(files, list) else []
+    return "\n".join(f.get("tail", "") for f in sorted(good, key=lambda f: float(f.get("mtime", 0))))
+
+
 class LiveHooks:
     """The real operations behind ``Hooks``, over one long-lived transport and probe runner."""
 
@@ -135,12 +145,7 @@ class LiveHooks:
         request = {"paths": list(self.inv.job.log_paths), "bytes": self.inv.daemon.log_tail_bytes}
         results = self.runner.run(nodes, LOGTAIL, request, timeout=30 * self.scale,
                                   concurrency=self.inv.ssh.fanout)
-        out = {}
-        for name, res in results.items():
-            files = (res.document or {}).get("files", [])
-            out[name] = "\n".join(str(f.get("tail", "")) for f in sorted(
-                files, key=lambda f: float(f.get("mtime", 0))))
-        return out
+        return {name: joined_tails(res.document) for name, res in results.items()}
 
     def _current(self, nodes: Sequence[Node]) -> Inventory:
         """The inventory with the job on its current machines (after swaps)."""

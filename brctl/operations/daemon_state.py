@@ -93,6 +93,13 @@ class Lease:
     took_over: Optional[str] = None  # "<owner>: <why it was dead>", or None
 
 
+def _text(value: str) -> str:
+    """``value`` as SQLite can store it: a lone surrogate (how Python decodes a file name
+    that is not UTF-8, e.g. a job's step name relayed by a node) is written as ``\\udcff``
+    instead of failing the transaction, and with it the daemon, at every restart."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def owner_id() -> str:
     """This process as a lease owner: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -213,7 +220,7 @@ class DaemonState:
             db.execute(
                 "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
                 " created) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.job, key, kind, node, json.dumps(payload), INTENT, reason, at))
+                (self.job, key, kind, node, json.dumps(payload), INTENT, _text(reason), at))
             row = db.execute("SELECT * FROM daemon_actions WHERE key = ?", (key,)).fetchone()
         return _action(row)
 
@@ -234,7 +241,7 @@ class DaemonState:
                            (state, at, key))
             else:
                 db.execute("UPDATE daemon_actions SET state = ?, finished = ?, reason = ? "
-                           "WHERE key = ?", (state, at, reason, key))
+                           "WHERE key = ?", (state, at, _text(reason), key))
 
     def admit(self, key: str, payload: dict[str, Any], reason: str, at: float, *,
               evict: Sequence[str], source: str, operator: Optional[str],
@@ -260,12 +267,12 @@ class DaemonState:
                 " created, finished) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (self.job, key, kind, evict[0] if kind != "plan" and evict else None,
                  json.dumps(payload, default=str), REFUSED if why else INTENT,
-                 why or reason, at, at if why else None))
+                 _text(why or reason), at, at if why else None))
             if why is None:
                 db.executemany(
                     "INSERT OR IGNORE INTO evictions(node, job, reason, source, at, operator)"
                     " VALUES(?, ?, ?, ?, ?, ?)",
-                    [(n, self.job, reason, source, at, operator) for n in evict])
+                    [(n, self.job, _text(reason), source, at, operator) for n in evict])
         return why
 
     def plan_of(self, key: str) -> Optional[Action]:
@@ -416,7 +423,7 @@ class DaemonState:
             db.execute("INSERT INTO standby_checks(node, ok, at, detail, outcome) "
                        "VALUES(?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET ok = excluded.ok,"
                        " at = excluded.at, detail = excluded.detail, outcome = excluded.outcome",
-                       (node, int(ok), at, detail, outcome))
+                       (node, int(ok), at, _text(detail), outcome))
 
     def outcomes(self) -> dict[str, str]:
         """node → checked | failed | untested of its last self-check."""
