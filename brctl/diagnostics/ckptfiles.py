@@ -180,21 +180,31 @@ def open_step(req: dict[str, Any], root_fd: int) -> int:
 # -- reading --------------------------------------------------------------------------
 
 
-def _hash_at(base_fd: int, rel: str) -> tuple[int, str, int]:
-    """(size, sha256, permission bits) of ``rel`` below ``base_fd``, opened without links."""
+def _hash_at(base_fd: int, rel: str, owner: int | None = None) -> tuple[int, str, int]:
+    """(size, sha256, permission bits) of ``rel`` below ``base_fd``, opened without links.
+
+    ``owner``: a file of another uid with more than one link (a hard link the job user
+    made to someone else's file) is refused, judged on the file actually opened.
+    """
     fd = safefs.open_path(base_fd, rel)
     try:
         st = os.fstat(fd)
+        if owner is not None and st.st_uid != owner and st.st_nlink > 1:
+            raise Refused(f"hard link to a file of uid {st.st_uid}")
         return st.st_size, _digest(fd), stat.S_IMODE(st.st_mode)
     finally:
         os.close(fd)
 
 
-def _describe(base_fd: int, rels: list[str], skipped: list[list[str]]) -> list[dict[str, Any]]:
+def _describe(base_fd: int, rels: list[str], skipped: list[list[str]],
+              owner: int | None = None) -> list[dict[str, Any]]:
     out = []
     for rel in rels:
         try:
-            size, sha, mode = _hash_at(base_fd, rel)
+            size, sha, mode = _hash_at(base_fd, rel, owner)
+        except Refused as exc:
+            skipped.append([rel, str(exc)])
+            continue
         except (SymlinkRefused, safefs.NotRegular) as exc:  # swapped since it was listed
             skipped.append([rel, str(exc.strerror)])
             continue
@@ -242,10 +252,14 @@ def scan(req: dict[str, Any]) -> dict[str, Any]:
             if eligible and want > 0:
                 try:
                     rels, step["skipped"] = _step_files(base, name, owner)
+                    # a file rotated away before it is hashed: the step is no longer whole
+                    step["files"] = _describe(base, rels, step["skipped"], owner)
                 except (SymlinkRefused, FileNotFoundError) as exc:  # swapped since listed
                     skipped.append([name, str(exc.strerror)])
                     continue
-                step["files"] = _describe(base, rels, step["skipped"])
+                if stat.S_ISREG(st.st_mode) and not step["files"]:  # a one-file step refused
+                    skipped.extend(step["skipped"])
+                    continue
                 want -= 1
             steps.append(step)
         return {"dir": path, "exists": True, "steps": steps, "skipped": skipped}

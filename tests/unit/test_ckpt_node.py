@@ -122,6 +122,48 @@ def test_scan_reports_what_it_skipped(ckpt: Path, tmp_path: Path) -> None:
     assert step["skipped"] == [["step_2/pipe", "FIFO"]]
 
 
+def test_scan_never_hashes_a_hard_link_to_a_root_file_as_a_one_file_step(
+        ckpt: Path, trusted_tmp: Path) -> None:
+    """A step may be one file. A hard link the job made to a root-only file (possible where
+    fs.protected_hardlinks is 0) must be skipped like one inside a step directory: hashed,
+    it would be backed up and restored to the job's owner on another machine."""
+    os.chown(ckpt, NOBODY, NOBODY)
+    secret = trusted_tmp / "secret"
+    secret.write_bytes(b"root only")
+    secret.chmod(0o600)
+    os.link(secret, ckpt / "step_5")
+    (ckpt / "step_4").mkdir()
+    os.link(secret, ckpt / "step_4" / "a.pt")
+    doc = ckptfiles.handle({"op": "scan", "dir": str(ckpt), "glob": "step_*", "hash_steps": 2})
+    hashed = [f["path"] for s in doc["steps"] for f in s.get("files", [])]
+    assert hashed == []
+    skipped = [p for p, _ in doc["skipped"]] + [p for s in doc["steps"] for p, _ in s.get("skipped", [])]
+    assert sorted(skipped) == ["step_4/a.pt", "step_5"]
+
+
+def test_scan_survives_a_file_rotated_away_between_listing_and_hashing(
+        ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job deletes shards while brctl scans: a step losing a file before it is hashed
+    is skipped as incomplete (the next one is hashed instead), not a failed scan."""
+    for step in ("step_1", "step_2"):
+        (ckpt / step).mkdir()
+        (ckpt / step / "a.pt").write_bytes(b"a")
+        (ckpt / step / "b.pt").write_bytes(b"b")
+    listed = ckptfiles.safefs.walk_files
+
+    def walk_then_rotate(*args: object, **kw: object) -> object:
+        out = listed(*args, **kw)  # type: ignore[arg-type]
+        if (ckpt / "step_2" / "b.pt").exists():
+            (ckpt / "step_2" / "b.pt").unlink()  # the job's rotation, right after the listing
+        return out
+
+    monkeypatch.setattr(ckptfiles.safefs, "walk_files", walk_then_rotate)
+    doc = ckptfiles.handle({"op": "scan", "dir": str(ckpt), "glob": "step_*"})
+    assert [p for p, _ in doc["skipped"]] == ["step_2"]
+    hashed = [f["path"] for s in doc["steps"] for f in s.get("files", [])]
+    assert hashed == ["step_1/a.pt", "step_1/b.pt"]
+
+
 def test_an_unsafe_backup_root_is_refused_with_a_suggestion(ckpt: Path) -> None:
     os.chown(ckpt, NOBODY, NOBODY)
     doc = ckptfiles.handle({"op": "prepare", "dir": str(ckpt), "source": "n1", "step": "step_1",
