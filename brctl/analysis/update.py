@@ -54,8 +54,10 @@ class NodeView:
             current=current if isinstance(current, str) else None,
             releases={str(k): str(v) for k, v in releases.items()} if isinstance(releases, dict)
             else {},
-            partial={str(k): int(v) for k, v in partial.items()} if isinstance(partial, dict)
-            else {},
+            # a hostile or broken node's byte count that is no integer is no resume point
+            partial={str(k): v for k, v in partial.items()
+                     if isinstance(v, int) and not isinstance(v, bool)}
+            if isinstance(partial, dict) else {},
         )
 
     def has(self, version: str, sha256: str) -> bool:

@@ -19,7 +19,6 @@ import fcntl
 import json
 import os
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -195,16 +194,12 @@ def transfer(ctx: UpdateContext, nodes: Sequence[Node], art: update_pack.Artifac
     todo = [n for n in nodes if n.name in plan.send]
     if not todo:
         return {}
-    data = art.path.read_bytes()
-    tails: dict[int, bytes] = {0: data}
-    lock = threading.Lock()
+    data = memoryview(art.path.read_bytes())
 
     def stdin_for(node: Node) -> bytes:
-        offset = plan.send[node.name]
-        with lock:  # one copy per distinct offset, shared by every machine that needs it
-            if offset not in tails:
-                tails[offset] = data[offset:]
-            return tails[offset]
+        # a view, not a copy: after a cut push every machine may resume from its own
+        # offset, and a copy per offset of a multi-GB artifact is the controller's memory
+        return data[plan.send[node.name]:]  # type: ignore[return-value]
 
     def argv_for(node: Node) -> list[str]:
         request = {"action": "receive", "root": ctx.root(node), "version": version,

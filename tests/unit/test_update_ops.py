@@ -237,7 +237,7 @@ def test_corrupted_transfer_fails_that_machine_only(world) -> None:
 
     def handle(node, argv, stdin):
         if node.name == "m4" and stdin and probe_call(argv)[1]:  # the artifact stream
-            stdin = stdin[:10] + bytes([stdin[10] ^ 1]) + stdin[11:]
+            stdin = bytes(stdin[:10]) + bytes([stdin[10] ^ 1]) + bytes(stdin[11:])
         return orig(node, argv, stdin)
 
     world.machines.transport.handler = handle
@@ -329,3 +329,42 @@ def test_status_probe_failure_is_a_finding_not_incomplete(world) -> None:
     st = up.status(world.ctx())
     assert st.exit_code is ExitCode.FINDINGS and st.unknown == ["m2"]
     assert "PermissionError" in st.nodes["m2"].error
+
+
+def test_resuming_cut_transfers_keeps_no_copy_of_the_artifact_per_machine(world, monkeypatch) -> None:
+    """After a cut push each machine may hold a partial of its own length. The resume
+    must not keep a copy of the artifact's tail per distinct offset: a multi-GB
+    artifact times a fleet of resume points is more than the controller's memory."""
+    import dataclasses
+    import json
+    import os
+    import tracemalloc
+
+    from brctl.analysis.update import TransferPlan
+    from brctl.core.transport import NodeState, Results, RunResult
+
+    world.write("v1")
+    (world.src / "blob.bin").write_bytes(os.urandom(2 << 20))
+    ctx = world.ctx()
+    art = up.update_pack.pack(str(world.src), None, ctx.artifacts)
+    base = ctx.targets()[0]
+    nodes = [dataclasses.replace(base, name=f"m{i}") for i in range(1, 17)]
+    plan = TransferPlan((), {n.name: i * art.size // 16 for i, n in enumerate(nodes)}, {}, ())
+    held = []
+
+    def every_machine_in_flight(transport, todo, argv, *, stdin, **kw):
+        held.extend(stdin(n) for n in todo)  # as a fan-out of 16 < concurrency holds them
+        ok = json.dumps({"staged": True, "already": False}) + "\n"
+        return Results([RunResult(n.name, NodeState.OK, 0, ok, "", 0.0) for n in todo])
+
+    monkeypatch.setattr(up, "run_all", every_machine_in_flight)
+    tracemalloc.start()
+    try:
+        out = up.transfer(ctx, nodes, art, "v1", plan)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert {o.state for o in out.values()} == {"staged"}
+    assert [len(h) for h in held] == [art.size - plan.send[n.name] for n in nodes]
+    assert bytes(held[5]) == art.path.read_bytes()[plan.send["m6"]:]
+    assert peak < 2 * art.size, f"{peak} bytes held for a {art.size}-byte artifact"

@@ -26,6 +26,15 @@ def view(current=None, releases=None, partial=None):
     return NodeView(current, releases or {}, partial or {})
 
 
+@pytest.mark.parametrize("partial", [{SHA: "abc"}, {SHA: [1]}, {SHA: None}, {SHA: 1e400},
+                                     {SHA: True}])
+def test_a_node_view_drops_partial_counts_that_are_not_integers(partial):
+    """A hostile node's inspect answer must not crash ``update push`` for the whole fleet."""
+    got = NodeView.from_document({"current": "v1", "releases": {"v1": SHA},
+                                  "partial": {**partial, OTHER: 10}})
+    assert dict(got.partial) == {OTHER: 10} and dict(got.releases) == {"v1": SHA}
+
+
 def test_transfer_plan_skips_holders_resumes_partials_and_refuses_conflicts():
     views = {
         "n1": view("v1", {"v1": OTHER, "v2": SHA}),  # already staged: skip
