@@ -217,7 +217,9 @@ def _ignore(_item: Any = None) -> None:
 
 # C0 controls but newline and tab, DEL, C1 controls (0x9b is a one-byte CSI to some
 # terminals) and the bidi overrides that reorder what a reader sees ("Trojan source").
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# controls, bidi overrides, and lone surrogates (a node's file name that is not UTF-8,
+# as Python decodes it: a terminal write of one fails)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def visible(text: str) -> str:

@@ -45,3 +45,12 @@ def test_error_messages_show_controls_escaped(capsys: pytest.CaptureFixture[str]
 
     _print_error("node said \x1b[2J", "hint \x07")
     assert capsys.readouterr().err == "brctl: error: node said \\x1b[2J\nhint: hint \\x07\n"
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_escaped_and_can_be_written() -> None:
+    """Python decodes a non-UTF-8 byte of a node's file name as a lone surrogate; written
+    raw, a UTF-8 terminal raises instead of showing the line."""
+    name = b"step_\xff".decode("utf-8", "surrogateescape")
+    shown = visible(name)
+    assert shown == "step_\\udcff"
+    shown.encode("utf-8")  # strict: what a UTF-8 terminal does
