@@ -52,7 +52,7 @@ Rules this module enforces, so callers need not re-derive them:
   writable. By default, as in OpenSSH, there is no exception for sticky
   directories: ``/tmp`` (1777) fails (``sticky_ok`` admits them for paths brctl
   only reads, never for ones it writes into). Symlinks along the way are followed only if owned by an allowed
-  uid (their directory was already checked), the target's chain is then checked.
+  uid and not hard linked elsewhere (their directory was already checked), the target's chain is then checked.
   It returns the first reason (path, owner, mode) or ``None``.
 """
 
@@ -379,6 +379,8 @@ def _walk(path: str, allowed_uids: tuple[int, ...], check: bool, sticky_ok: bool
             links += 1
             if st.st_uid not in allowed_uids:
                 return nxt, f"{nxt} is a symlink owned by {_owner(st.st_uid)}"
+            if st.st_nlink > 1:  # the job hard linked a root symlink (protected_hardlinks=0)
+                return nxt, f"{nxt} is a symlink with {st.st_nlink} hard links; not followed"
             if links > _MAX_SYMLINKS:
                 return nxt, f"{path}: too many levels of symbolic links"
             target = os.readlink(nxt)

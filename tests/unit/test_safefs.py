@@ -308,6 +308,22 @@ def test_owner_chain_follows_only_root_owned_symlinks_and_checks_the_target(
     assert "No such file" in (safefs.unsafe_owner_chain(str(safe_base / "missing")) or "")
 
 
+def test_resolve_path_refuses_a_root_symlink_the_job_hard_linked_into_its_dir(
+        safe_base: Path, canary: Path) -> None:
+    """Where fs.protected_hardlinks is 0 the job user can hard link any root-owned symlink
+    of the filesystem (``/var/run -> /run``) into its own directory: the link is still
+    root's, but the operator never put it on the way to ``ckpt.dir``."""
+    (safe_base / "operators-link").symlink_to(canary)  # root's, somewhere root keeps it
+    job = safe_base / "job"
+    job.mkdir()
+    os.chown(job, NOBODY, NOBODY)
+    os.link(safe_base / "operators-link", job / "ckpt", follow_symlinks=False)
+    assert os.lstat(job / "ckpt").st_uid == 0
+    with pytest.raises(SymlinkRefused, match="hard link"):
+        safefs.resolve_path(str(job / "ckpt"), (0,))
+    assert "hard link" in (safefs.unsafe_owner_chain(str(job / "ckpt"), (0, NOBODY)) or "")
+
+
 def test_resolve_path_follows_only_trusted_links(safe_base: Path) -> None:
     (safe_base / "nvme" / "ckpt").mkdir(parents=True)
     (safe_base / "local").symlink_to(safe_base / "nvme")  # the operator's, root-owned
