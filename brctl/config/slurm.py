@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 from brctl.core.schema import field as sfield
 from brctl.core.schema import positive
@@ -63,5 +63,8 @@ class SlurmSection:
     partition: Optional[str] = sfield(None, check=_word)
     # Standbys: the idle machines of this reservation instead of the partition's.
     reservation: Optional[str] = sfield(None, check=_word)
+    # How brctl reaches the machines it takes from Slurm (not under nodes:): ssh to their
+    # NodeAddr, or slurm (srun: no ssh, and no list of machines to keep at all).
+    connection: Literal["ssh", "slurm"] = "ssh"
     # Seconds each Slurm client command (squeue, sinfo, scontrol) may run.
     timeout: float = sfield(30.0, check=positive)

@@ -295,6 +295,7 @@ def _machine(inv: Inventory, info: Mapping[str, SlurmNode], name: str, job: Slur
         raise InputError(f"{name}: Slurm gives it no gpu Gres; list it under nodes: with gpus: N",
                          file=inv.source)
     entry = NodeEntry(name=name, address=node.address, gpus=node.gpus,
+                      connection=inv.slurm.connection,
                       labels={"partition": inv.slurm.partition} if inv.slurm.partition else {})
     try:
         (machine,) = resolve_entries([entry], inv.ssh, inv.source, f"slurm node {name}")

@@ -192,3 +192,18 @@ def test_cancel_ends_the_step_and_every_command_it_started(
     while any(slurm_cluster.node_pids(n, "sleep 97") for n in names):
         assert time.monotonic() < deadline, "a command outlived the cancel"
         time.sleep(0.1)
+
+
+def test_machines_taken_from_slurm_are_reached_over_srun_with_slurm_connection(
+        slurm_cluster: SlurmCluster, job: str, tmp_path: Path, brctl: Callable[..., Any]) -> None:
+    # no machine listed at all: Slurm says which they are, and srun reaches them
+    inv: dict[str, Any] = slurm_cluster.inventory(names=[])
+    inv.update(nodes=[], slurm={"partition": "batch", "connection": "slurm"},
+               job={"slurm": {"job": job}})
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    res = brctl("-i", path, "--json", "exec", "-w", "@job", "--", "sh", "-c",
+                'echo "$(hostname) $SLURM_JOB_ID"', env={"SLURM_CONF": str(slurm_cluster.conf)})
+    assert res.exit_code == 0, res.stderr
+    assert {n: r["stdout"] for n, r in res.json["nodes"].items()} == \
+        {n: f"{n} {job}\n" for n in ("node01", "node02", "node03")}  # a step of the job: srun
