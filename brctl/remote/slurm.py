@@ -57,7 +57,7 @@ NODELIST_ARG_MAX = 64 << 10  # a longer --nodelist goes through a file (argv wor
 _LAUNCH_FAILED = re.compile(r"Task launch for \S+ failed on node (\S+?):\s*(.*)")
 _KEEP_SRUN_LINES = 20
 
-_STARTED = re.compile(r"_task_start: Node (\S+), \d+ tasks started")
+_STARTED = re.compile(r"\bNode (\S+), \d+ tasks started")  # srun -v (the prefix before it varies by version)
 
 
 @functools.cache

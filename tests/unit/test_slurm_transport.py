@@ -182,11 +182,12 @@ def test_srun_says_which_nodes_started_and_which_it_could_not_reach() -> None:
     reading = slurm._Reading(set(), {}, [], {})
     frames = Frames(NONCE, ["n01", "n02"], 100)
     for line in (b"srun: launch/slurm: _task_start: Node n01, 1 tasks started",
+                 b"srun: Node n03, 1 tasks started",  # without the launch plugin's prefix
                  b"srun: error: Task launch for StepId=3.1 failed on node n02: Communication connection failure",
                  b"1: slurmstepd-n02: error: execve(): python3: No such file or directory",
                  b"srun: error: Application launch failed: Communication connection failure"):
         slurm._stderr_line(line, reading, frames)
-    assert reading.started == {"n01"}
+    assert reading.started == {"n01", "n03"}
     assert reading.failed == {"n02": "Communication connection failure"}
     assert b"execve()" in reading.task_err["n02"]
     assert reading.said == ["srun: error: Application launch failed: Communication connection failure"]
