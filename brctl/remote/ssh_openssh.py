@@ -8,7 +8,8 @@ criterion other than ``all``/``host``/``originalhost``/``user``/``localuser``
 that never matches (its block stays a block), and the hosts such a block may
 apply to — its ``host``/``originalhost`` criteria before the first deferred one
 do not rule them out — are resolved by ``ssh -G HOST`` instead: one process per
-such host, none for a plain config. What ``ssh -G`` rejects (an OpenSSH too old
+such host, none for a plain config; the %-tokens it prints unexpanded
+(``ProxyCommand nc %h %p``) are expanded as ssh would. What ``ssh -G`` rejects (an OpenSSH too old
 for ``Match localnetwork``, a ``Match exec`` that hangs) is ``SshConfigError``.
 
 ``unsupported`` names the effective settings brctl cannot honour (they would
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shlex
 import shutil
+import socket
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ PARAMIKO_CRITERIA = frozenset({"all", "host", "originalhost", "user", "localuser
 NO_ARGUMENT = frozenset({"all", "canonical", "final"})
 NEVER_MATCHES = "Match originalhost !*"
 MULTI_VALUED = frozenset({"identityfile", "certificatefile"})
+# ``ssh -G`` prints these as written; ssh expands their %-tokens only when it connects.
+TOKENISED = ("proxycommand", "identityfile", "certificatefile", "userknownhostsfile")
 
 
 class SshConfigError(InputError):
@@ -141,6 +146,9 @@ def ssh_g(config_path: str, name: str, *, user: str | None, port: int | None,
             cfg.setdefault(key, []).append(value)
         elif key and key not in cfg:
             cfg[key] = value
+    for key in TOKENISED:
+        if key in cfg:
+            cfg[key] = _expand(cfg[key], cfg, name)
     if cfg.get("user") == getpass.getuser() and not user:
         del cfg["user"]
     found = [p for p in cfg.get("identityfile", []) if os.path.exists(os.path.expanduser(p))]
@@ -148,6 +156,30 @@ def ssh_g(config_path: str, name: str, *, user: str | None, port: int | None,
     if found:
         cfg["identityfile"] = found
     return cfg
+
+
+def _expand(value: Any, cfg: Mapping[str, Any], name: str) -> Any:
+    """``value`` (a string or a list of them) with ssh's %-tokens replaced.
+
+    Raises:
+        SshConfigError: a token brctl does not know (the host and the setting named).
+    """
+    if isinstance(value, list):
+        return [_expand(v, cfg, name) for v in value]
+    home = os.path.expanduser("~")
+    local = socket.gethostname()
+    tokens = {"%": "%", "h": str(cfg.get("hostname", name)), "n": name, "p": str(cfg.get("port", "22")),
+              "r": str(cfg.get("user", getpass.getuser())), "u": getpass.getuser(), "d": home,
+              "l": local, "L": local.split(".")[0]}
+
+    def one(match: re.Match[str]) -> str:
+        token = match.group(1)
+        if token not in tokens:
+            raise SshConfigError(f"host {name}: ssh config value {value!r}: token %{token} is not "
+                                 "supported by brctl")
+        return tokens[token]
+
+    return re.sub(r"%(.)", one, str(value))
 
 
 def unsupported(cfg: Mapping[str, Any]) -> str | None:

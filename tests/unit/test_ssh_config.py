@@ -85,3 +85,19 @@ def test_the_ssh_transport_loads_without_invoke() -> None:
             "print(invoke.__name__)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "invoke", done.stderr
+
+
+def test_ssh_g_values_have_their_tokens_expanded(tmp_path: Path) -> None:
+    """``ssh -G`` (the real one) prints ProxyCommand and IdentityFile tokens as written."""
+    (tmp_path / "tok1_key").write_text("")
+    cfg = tmp_path / "config"
+    cfg.write_text("Match originalhost tok* exec true\n  HostName 10.9.8.7\n  Port 2200\n  User bob\n"
+                   f"  ProxyCommand nc %h %p %r %n %%\n  IdentityFile {tmp_path}/%n_key\n"
+                   "Match originalhost odd* exec true\n  ProxyCommand nc %Z\n")
+    resolver = EndpointResolver(str(cfg))
+    ep = resolver.endpoint(_node("tok1"))
+    assert ep.proxy_command == "nc 10.9.8.7 2200 bob tok1 %"
+    assert ep.identities == (str(tmp_path / "tok1_key"),)
+    assert (ep.host, ep.port, ep.user) == ("10.9.8.7", 2200, "bob")
+    with pytest.raises(SshConfigError, match=r"host odd1: .*token %Z"):
+        resolver.endpoint(_node("odd1"))
