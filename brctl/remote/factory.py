@@ -94,11 +94,11 @@ class RoutingTransport:
         if ssh_nodes:
             self._backend(ssh_nodes[0]).preload(ssh_nodes)  # type: ignore[attr-defined]
 
-    def check(self, nodes: Sequence[Node]) -> None:
-        """Resolve the ssh nodes' settings before a fan-out to them (see ``SshTransport.check``)."""
+    def check_config(self, nodes: Sequence[Node]) -> None:
+        """Resolve the ssh nodes' settings before a fan-out to them (see ``SshTransport.check_config``)."""
         ssh_nodes = [n for n in nodes if n.connection == "ssh"]
         if ssh_nodes:
-            self._backend(ssh_nodes[0]).check(ssh_nodes)  # type: ignore[attr-defined]
+            self._backend(ssh_nodes[0]).check_config(ssh_nodes)  # type: ignore[attr-defined]
 
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None

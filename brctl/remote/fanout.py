@@ -1,7 +1,7 @@
 """Run one command on many nodes, bounded, never raising midway.
 
-Before anything runs, a transport with a ``check`` judges the nodes' settings
-(``SshTransport.check``: an ssh config setting brctl cannot honour is exit 2).
+Before anything runs, a transport with a ``check_config`` judges the nodes' settings
+(``SshTransport.check_config``: an ssh config setting brctl cannot honour is exit 2).
 
 A fixed pool of ``concurrency`` workers (``brctl.remote.threads``), or for large
 fan-outs of fresh connections several worker processes (``brctl.remote.shard``);
@@ -52,12 +52,12 @@ def run_all(
         One ``RunResult`` per node, in the order of ``nodes``.
 
     Raises:
-        InputError: the transport's ``check`` refused a node's settings (nothing ran).
+        InputError: the transport's ``check_config`` refused a node's settings (nothing ran).
     """
     todo = list(nodes)
-    check = getattr(transport, "check", None)
-    if check is not None:  # e.g. an ssh config setting brctl cannot honour: exit 2 before anything runs
-        check(todo)
+    check_config = getattr(transport, "check_config", None)
+    if check_config is not None:  # e.g. an ssh config setting brctl cannot honour: exit 2, nothing run
+        check_config(todo)
     batch = getattr(transport, "run_batch", None)  # a transport that reaches many nodes per call
     if batch is not None:
         done = batch(todo, argv, timeout=timeout, stdin=stdin, concurrency=concurrency,

@@ -191,7 +191,7 @@ class SshTransport:
         """
         return self._resolver.endpoint(node)
 
-    def check(self, nodes: Sequence[Node]) -> None:
+    def check_config(self, nodes: Sequence[Node]) -> None:
         """Resolve the ssh config of the nodes about to be contacted, before any fan-out.
 
         Raises:
@@ -229,7 +229,7 @@ class SshTransport:
         """An open session channel on the node, or the result that says why not."""
         try:
             ep = self.endpoint(node)
-        except SshConfigError as exc:  # run_all refuses these before any fan-out (check)
+        except SshConfigError as exc:  # run_all refuses these before any fan-out (check_config)
             return None, _result(node.name, NodeState.UNREACHABLE, t0, exc.message)
         for attempt in (0, 1):
             try:
