@@ -40,6 +40,7 @@ ALL = ("nvml", "kernel_log", "ib", "net", "disk", "process")
 DEFAULT_KERNEL_LOGS = ("/var/log/kern.log", "/var/log/messages")
 _TAIL_BYTES = 4 << 20  # first read of a text log: its last 4 MiB is enough for "this boot"
 _MAX_EVENTS = 200  # an Xid storm must not blow up the document
+_LINE_MAX = 64 << 10  # a text log line longer than this is read in pieces
 
 
 def under(root: str, path: str) -> str:
@@ -277,30 +278,40 @@ def read_text_log(path: str, cursor: dict[str, Any]) -> dict[str, Any]:
 
     A rotated (new inode) or truncated log is read from its start; the first read
     takes the tail and keeps only what follows the last boot banner, so events
-    of earlier boots are not reported.
+    of earlier boots are not reported. Read a line at a time: a log that grew by
+    gigabytes since the last sweep (an error storm, a week without the daemon) is
+    never held in memory on the training machine, and every Xid in it is seen.
     """
     st = os.stat(path)
     same = cursor.get("path") == path and cursor.get("inode") == st.st_ino
     offset = int(cursor.get("offset", 0)) if same and cursor.get("offset", 0) <= st.st_size else 0
     first = not same
+    events: list[dict[str, Any]] = []
+    dropped = 0
     with open(path, "rb") as fh:
         if first:
             offset = max(0, st.st_size - _TAIL_BYTES)
         fh.seek(offset)
-        data = fh.read()
-    end = offset + len(data)
-    if not data.endswith(b"\n"):  # a line still being written: read it next time
-        cut = data.rfind(b"\n") + 1
-        end = offset + cut
-        data = data[:cut]
-    text = data.decode("utf-8", errors="replace")
-    if first:
-        banner = text.rfind("Linux version ")
-        if banner >= 0:
-            text = text[banner:]
-    events = [e.to_json() for e in map(parse_xid_line, text.splitlines()) if e is not None]
-    return {"source": path, "events": events,
-            "cursor": {"kind": "file", "path": path, "inode": st.st_ino, "offset": end}}
+        end = offset
+        while True:
+            line = fh.readline(_LINE_MAX)
+            if not line.endswith(b"\n") and len(line) < _LINE_MAX:
+                break  # the end, or a line still being written: read it next time
+            end += len(line)
+            text = line.decode("utf-8", errors="replace")
+            if first and "Linux version " in text:  # a boot: what came before is history
+                events, dropped = [], 0
+            event = parse_xid_line(text)
+            if event is not None:
+                events.append(event.to_json())
+                if len(events) > _MAX_EVENTS:
+                    events, dropped = events[-_MAX_EVENTS:], dropped + len(events) - _MAX_EVENTS
+    out: dict[str, Any] = {"source": path, "events": events,
+                           "cursor": {"kind": "file", "path": path, "inode": st.st_ino,
+                                      "offset": end}}
+    if dropped:
+        out["dropped"] = dropped
+    return out
 
 
 def sample_kernel_log(root: str, request: dict[str, Any], boot_id: Optional[str]) -> dict[str, Any]:

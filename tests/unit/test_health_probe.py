@@ -87,6 +87,32 @@ def test_text_log_append_rotate_and_boot_banner(tmp_path: Path) -> None:
     assert [e["code"] for e in third["events"]] == [48]
 
 
+def test_a_text_log_that_grew_by_far_more_than_its_tail_is_read_in_bounded_memory(
+        tmp_path: Path) -> None:
+    """Between two sweeps the log grew by 24 MiB (an error storm, a daemon down for a
+    week): every Xid appended is reported, and the probe (root, on the training
+    machine) never holds the whole growth in memory."""
+    import tracemalloc
+
+    root = make_root(tmp_path, kern_log="Mar 10 11:00:00 gpu1 kernel: booted\n")
+    path = root / "var/log/kern.log"
+    first = hp.sample_kernel_log(str(root), {}, "b")
+    noise = ("Mar 10 11:01:00 gpu1 kernel: eth0: link flapped " + "x" * 60 + "\n") * (96 << 10)
+    with open(path, "a") as fh:
+        fh.write(noise + "Mar 10 11:02:00 gpu1 kernel: " + XID79 + "\n")
+        fh.write(noise + "Mar 10 11:03:00 gpu1 kernel: " + XID13 + "\n")
+    assert path.stat().st_size > 16 << 20
+    tracemalloc.start()
+    try:
+        out = hp.sample_kernel_log(str(root), {"xid_cursor": first["cursor"]}, "b")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [e["code"] for e in out["events"]] == [79, 13]
+    assert out["cursor"]["offset"] == path.stat().st_size
+    assert peak < 2 << 20, f"{peak} bytes held to read {path.stat().st_size} appended bytes"
+
+
 def test_kernel_log_unreadable_is_a_reason(tmp_path: Path) -> None:
     out = hp.sample_kernel_log(str(make_root(tmp_path, kmsg=None)), {}, "b")
     assert out["events"] == [] and "no /dev/kmsg" in out["error"]
