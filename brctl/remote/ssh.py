@@ -40,6 +40,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 from brctl.core.capture import Capture
@@ -53,6 +54,7 @@ from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
 
 LINGER_S = 1.0  # after the exit status, how long output may still arrive (a background child)
 NODE_PYTHON = "python3"  # runs the reaper (brctl.remote.wrap) on every ssh node
+OPENSSH_AT_ONCE = 16  # ssh -G processes resolving Match exec hosts concurrently (check_config)
 STDIN_SLICE = 1 << 20  # bytes per sendall; see _exec
 
 
@@ -198,16 +200,23 @@ class SshTransport:
             SshConfigError: a setting brctl cannot honour for one of them (exit 2,
                 naming every such host); the config of hosts not contacted is never judged.
         """
-        problems = []
-        for node in nodes:
-            if node.connection == "ssh":
-                try:
-                    self.endpoint(node)
-                except SshConfigError as exc:
-                    problems.append(exc)
+        todo = [n for n in nodes if n.connection == "ssh"]
+        if self._resolver.spawns() and len(todo) > 1:  # ssh -G per such host: a few at once
+            with ThreadPoolExecutor(OPENSSH_AT_ONCE, thread_name_prefix="brctl-ssh-G") as pool:
+                outcomes = list(pool.map(self._config_problem, todo))
+        else:
+            outcomes = [self._config_problem(n) for n in todo]
+        problems = [p for p in outcomes if p is not None]
         if problems:
             more = f" (and {len(problems) - 3} more hosts)" if len(problems) > 3 else ""
             raise SshConfigError("; ".join(p.message for p in problems[:3]) + more, hint=problems[0].hint)
+
+    def _config_problem(self, node: Node) -> SshConfigError | None:
+        try:
+            self.endpoint(node)
+        except SshConfigError as exc:
+            return exc
+        return None
 
     def preload(self, nodes: Sequence[Node]) -> None:
         """Parse every node's known_hosts now, so a malformed file fails before fan-out.

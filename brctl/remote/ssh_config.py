@@ -213,6 +213,15 @@ class EndpointResolver:
                     self._config = paramiko.SSHConfig()
             return self._config
 
+    def spawns(self) -> bool:
+        """Whether some host may need ``ssh -G`` (the config has a Match paramiko cannot evaluate).
+
+        Raises:
+            SshConfigError: a file that cannot be read or parsed.
+        """
+        self._ssh_config()
+        return bool(self._deferred)
+
     def _lookup(self, name: str, node: Node | None) -> Mapping[str, Any]:
         """``name``'s effective settings: paramiko's lookup, or ``ssh -G`` where a deferred Match may apply.
 

@@ -8,7 +8,8 @@ criterion other than ``all``/``host``/``originalhost``/``user``/``localuser``
 that never matches (its block stays a block), and the hosts such a block may
 apply to — its ``host``/``originalhost`` criteria before the first deferred one
 do not rule them out — are resolved by ``ssh -G HOST`` instead: one process per
-such host, none for a plain config; the %-tokens it prints unexpanded
+such host, none for a plain config (``SshTransport.check_config`` runs up to 16
+at once before a fan-out); the %-tokens it prints unexpanded
 (``ProxyCommand nc %h %p``) are expanded as ssh would. What ``ssh -G`` rejects (an OpenSSH too old
 for ``Match localnetwork``, a ``Match exec`` that hangs) is ``SshConfigError``.
 

@@ -101,3 +101,26 @@ def test_ssh_g_values_have_their_tokens_expanded(tmp_path: Path) -> None:
     assert (ep.host, ep.port, ep.user) == ("10.9.8.7", 2200, "bob")
     with pytest.raises(SshConfigError, match=r"host odd1: .*token %Z"):
         resolver.endpoint(_node("odd1"))
+
+
+def test_match_exec_hosts_are_resolved_concurrently(tmp_path: Path) -> None:
+    """Each exec waits until another host's exec has started: only concurrent ssh -G runs all match."""
+    import os
+
+    from brctl.remote.ssh import SshTransport
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    wait_s = 10 * float(os.environ.get("BRCTL_TIMEOUT_SCALE", "1") or 1)
+    script = tmp_path / "barrier.sh"
+    script.write_text(f'#!/bin/sh\ntouch {seen}/"$1"\ni=0\n'
+                      f'while [ "$(ls {seen} | wc -l)" -lt 2 ] && [ $i -lt {int(wait_s * 10)} ]; do\n'
+                      '  sleep 0.1; i=$((i+1))\ndone\n'
+                      f'[ "$(ls {seen} | wc -l)" -ge 2 ]\n')
+    script.chmod(0o755)
+    cfg = tmp_path / "config"
+    cfg.write_text(f'Match originalhost ex* exec "{script} %n"\n  HostName 10.0.0.9\n')
+    t = SshTransport(ssh_config=str(cfg))
+    nodes = [_node(f"ex{i}", connect_timeout=2 * wait_s) for i in range(4)]
+    t.check_config(nodes)
+    assert [t.endpoint(n).host for n in nodes] == ["10.0.0.9"] * 4
