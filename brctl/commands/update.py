@@ -22,7 +22,10 @@ runs at the next restart or failure) or until its window expires (`apply
 --if-due`, e.g. from cron); `--urgent` switches now and runs the job's
 restart hook. A switch is all-or-nothing: if one machine cannot switch, the
 others are switched back. `rollback` returns to the release before the last
-update; `status` shows drift; `history` lists every change.""")
+update; `status` shows drift; `history` lists every change. A push, apply or
+rollback by hand is also in the audit trail (the daemon's events and event log)
+with the operator (`--by`, else $SUDO_USER, else $USER) and is announced through
+the daemon's notifier.""")
 
 _SELECT = opt.nodes("the job's machines, else every machine")
 _DRY_RUN = typer.Option(False, "--dry-run",
@@ -37,8 +40,13 @@ def register(root: typer.Typer) -> None:
 
 
 def _context(env: Env, select: Optional[str], exclude: Optional[str],
-             timeout: Optional[float]) -> UpdateContext:
+             timeout: Optional[float], by: Optional[str] = None, *,
+             audit: bool = False) -> UpdateContext:
+    """The operations' context; with ``audit``, a human's change goes to the audit trail
+    (never for a dry run: that writes nothing)."""
     from brctl.core.errors import UsageError
+    from brctl.operations.audit import Audit
+    from brctl.operations.daemon_state import DaemonState
     from brctl.operations.update import UpdateContext, who
 
     opt.check_seconds("--timeout", timeout)
@@ -46,9 +54,12 @@ def _context(env: Env, select: Optional[str], exclude: Optional[str],
     nodes = inv.select(select, exclude) if select or exclude else None
     if nodes is not None and not nodes:
         raise UsageError("update: the selection is empty", hint="check -w / -x against brctl nodes")
+    operator = by or who(env.environ)
+    trail = Audit.of(inv, DaemonState(env.store(), inv.job_key), env.state_dir(),
+                     operator) if audit else None
     return UpdateContext(inv, env.transport(), env.store(), env.state_dir() / "update" / "artifacts",
-                         who(env.environ), timeout=timeout, concurrency=inv.ssh.fanout,
-                         nodes=nodes)
+                         operator, timeout=timeout, concurrency=inv.ssh.fanout,
+                         nodes=nodes, audit=trail)
 
 
 @app.command("push")
@@ -68,6 +79,7 @@ def push(
     exclude: Optional[str] = opt.EXCLUDE,
     timeout: Optional[float] = _TIMEOUT,
     dry_run: bool = _DRY_RUN,
+    by: Optional[str] = opt.BY,
 ) -> int:
     """Pack SRC once, send it to every machine and stage it as release V.
 
@@ -86,7 +98,7 @@ def push(
 
     env: Env = ctx.obj
     window_s = opt.parse_duration(window, "--window") if window is not None else None
-    uctx = _context(env, select, exclude, timeout)
+    uctx = _context(env, select, exclude, timeout, by, audit=not dry_run)
     if dry_run:
         from brctl.commands._render_update import render_preview
         from brctl.operations.update_preview import preview_push
@@ -110,6 +122,7 @@ def apply(
                                  help="Run job.restart_command after switching."),
     timeout: Optional[float] = _TIMEOUT,
     dry_run: bool = _DRY_RUN,
+    by: Optional[str] = opt.BY,
 ) -> int:
     """Switch every machine of the job to the pending release, all or none.
 
@@ -123,7 +136,7 @@ def apply(
     from brctl.operations.update import apply as do_apply
 
     env: Env = ctx.obj
-    uctx = _context(env, None, None, timeout)
+    uctx = _context(env, None, None, timeout, by, audit=not dry_run)
     if dry_run:
         from brctl.commands._render_update import render_preview
         from brctl.operations.update_preview import preview_apply
@@ -146,6 +159,7 @@ def rollback(
                                  help="Run job.restart_command after switching."),
     timeout: Optional[float] = _TIMEOUT,
     dry_run: bool = _DRY_RUN,
+    by: Optional[str] = opt.BY,
 ) -> int:
     """Switch every machine back to the previous release (or V), all or none.
 
@@ -155,7 +169,7 @@ def rollback(
     from brctl.operations.update import rollback as do_rollback
 
     env: Env = ctx.obj
-    uctx = _context(env, None, None, timeout)
+    uctx = _context(env, None, None, timeout, by, audit=not dry_run)
     if dry_run:
         from brctl.commands._render_update import render_preview
         from brctl.operations.update_preview import preview_rollback

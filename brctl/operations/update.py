@@ -43,6 +43,7 @@ from brctl.core import nodeset
 from brctl.core.errors import InputError, RefusedError
 from brctl.core.transport import Node, RunResult, Transport
 from brctl.operations import update_pack
+from brctl.operations.audit import Audit
 from brctl.operations.jobadapter import HookRun, JobAdapter
 from brctl.operations.update_report import (
     NodeOutcome,
@@ -81,6 +82,9 @@ class UpdateContext:
         concurrency: machines in flight at once.
         nodes: override the target machines (default: the job's, else all).
         on_done: called as each machine finishes a step (progress).
+        audit: a human's push/apply/rollback: each history row is also an ``update``
+            event in the audit trail, announced through the daemon's notifier (the
+            daemon records and announces its own actions itself).
     """
 
     inventory: Inventory
@@ -93,6 +97,7 @@ class UpdateContext:
     concurrency: int = 64
     nodes: Optional[Sequence[Node]] = None
     on_done: Optional[Callable[[RunResult], None]] = None
+    audit: Optional[Audit] = None
     runner: ProbeRunner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -144,7 +149,14 @@ def _record(ctx: UpdateContext, action: str, version: str, sha256: str,
             " machines, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (ctx.job, ctx.now(), ctx.who, action, version, sha256, from_version,
              json.dumps(list(machines)), outcome, json.dumps(detail, sort_keys=True)))
-        return int(cur.lastrowid or 0)
+        row = int(cur.lastrowid or 0)
+    if ctx.audit is not None:
+        ctx.audit.record("update", machines, {"action": action, "version": version,
+                                              "from_version": from_version, "sha256": sha256,
+                                              "outcome": outcome, "history": row},
+                         outcome=outcome, reason=f"update {action} {version}"
+                         + (f" (from {from_version})" if from_version else ""))
+    return row
 
 
 def _register_release(ctx: UpdateContext, version: str, art: update_pack.Artifact) -> None:

@@ -166,3 +166,38 @@ def test_git_revision_with_a_link_to_a_directory_is_refused(
     res = brctl("-i", local_inv, "update", "push", repo, "-V", "d1")  # the directory: same rule
     assert res.exit_code == 2 and f"{repo}: entry 'lib': symlink to 'pkg'" in res.stderr
     assert not (tmp_path / "nodes").exists()
+
+
+def test_hand_updates_are_in_the_audit_trail_and_announced(brctl, state_dir, local_inv: Path,
+                                                           tmp_path: Path) -> None:
+    import json
+    import sys
+
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.state import Store
+
+    doc = yaml.safe_load(local_inv.read_text())
+    pages = tmp_path / "pages.jsonl"
+    doc.setdefault("daemon", {})["notify_command"] = [
+        sys.executable, "-c", "import sys; open(sys.argv[1],'a').write(sys.stdin.read()+'\\n')",
+        str(pages)]
+    local_inv.write_text(yaml.safe_dump(doc))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print(1)\n")
+    assert brctl("-i", local_inv, "update", "push", src, "-V", "v1", "--dry-run").exit_code == 0
+    assert not pages.exists()  # a dry run announces nothing
+    assert brctl("-i", local_inv, "update", "push", src, "-V", "v1", "--urgent",
+                 "--by", "erin").exit_code == 0
+    sent = [json.loads(x) for x in pages.read_text().splitlines()]
+    assert [(p["kind"], p["detail"]["action"], p["detail"]["operator"]) for p in sent][:2] == [
+        ("update", "push", "erin"), ("update", "apply", "erin")]
+    store = Store(state_dir)
+    try:
+        found = [e for e in DaemonState(store, "demo").events() if e["kind"] == "update"]
+    finally:
+        store.close()
+    assert found and all(e["detail"]["operator"] == "erin" for e in found)
+    assert found[0]["nodes"] == ["local1", "local2", "local3", "local4"]
+    hist = brctl("-i", local_inv, "--json", "update", "history").json["events"]
+    assert {e["who"] for e in hist} == {"erin"}
