@@ -188,6 +188,9 @@ def render_pool(out: Output, report: PoolReport, schema: str, code: int | None =
     for m in report.machines:
         out.record(f"{m.node}  {m.status}  checked {out.stamp(m.checked_at)}", m.detail)
     out.console.print(f"{len(report.ready)} ready: {escape(','.join(report.ready) or 'none')}")
+    if report.would_check is not None:
+        out.console.print(f"dry run: would check {escape(fold(report.would_check) or 'nothing')} "
+                          f"with {', '.join(report.stages)}; nothing contacted or marked")
 
 
 def render_ettr(out: Output, job: str, report: EttrReport) -> None:

@@ -77,6 +77,9 @@ def list_pool(ctx: typer.Context) -> int:
 def check(
     ctx: typer.Context,
     select: Optional[str] = opt.nodes("every pool machine"),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Say which machines would be checked, with which stages; "
+                                      "contact none, mark nothing."),
 ) -> int:
     """Self-check the pool and mark each machine checked, failed or untested.
 
@@ -86,7 +89,8 @@ def check(
     Untested: every stage was skipped (no dcgmi, no torch): nothing proved the
     machine good. Only checked machines are swapped into the job by the daemon.
     Exit 0 when every machine passed, 1 when some failed, 3 when some gave no
-    answer or could not be tested.
+    answer or could not be tested. --dry-run lists the machines and stages and
+    exits 0.
     """
     from brctl.commands._render_daemon import render_pool
     from brctl.operations.fleet import standby_check
@@ -94,6 +98,6 @@ def check(
     env: Env = ctx.obj
     report = standby_check(env.inventory(as_listed=True), env.transport(), env.store(),
                            select, runner=env.probes(),
-                           timeout_scale=env.timeout_scale())
+                           timeout_scale=env.timeout_scale(), dry_run=dry_run)
     render_pool(env.output, report, "standby.check", report.exit_code)
     return int(report.exit_code)

@@ -118,6 +118,8 @@ class PoolReport:
 
     machines: list[PoolMachine]
     exit_code: ExitCode = ExitCode.OK  # standby check: 1 some failed, 3 some gave no answer
+    would_check: Optional[tuple[str, ...]] = None  # standby check --dry-run: what it would check
+    stages: tuple[str, ...] = ()  # ... and with which stages
 
     @property
     def ready(self) -> list[str]:
@@ -125,9 +127,13 @@ class PoolReport:
         return [m.node for m in self.machines if m.status == "checked"]
 
     def to_json(self) -> dict[str, Any]:
-        """``{standby: [...], ready: [...]}``."""
-        return {"nodes": {m.node: {k: v for k, v in m.to_json().items() if k != "node"}
-                          for m in self.machines}, "ready": self.ready}
+        """``{nodes: {...}, ready: [...]}`` (and a dry run's ``would_check``, ``stages``)."""
+        doc: dict[str, Any] = {"nodes": {m.node: {k: v for k, v in m.to_json().items()
+                                                  if k != "node"} for m in self.machines},
+                               "ready": self.ready}
+        if self.would_check is not None:
+            doc.update(would_check=list(self.would_check), stages=list(self.stages))
+        return doc
 
 
 def standby_list(inv: Inventory, state: DaemonState) -> PoolReport:
@@ -204,11 +210,13 @@ def ettr(intervals: Sequence[Interval], *, window: float, points: int,
 
 def standby_check(inv: Inventory, transport: Transport, store: Store,
                   select: Optional[str], *, runner: ProbeRunner,
-                  timeout_scale: float = 1.0) -> PoolReport:
+                  timeout_scale: float = 1.0, dry_run: bool = False) -> PoolReport:
     """Self-check the pool machines (health, then EUD and intra-machine all-to-all).
 
     Each machine is marked checked (health and every stage that could run passed),
-    failed, or untested (health passed but every stage was skipped).
+    failed, or untested (health passed but every stage was skipped). A dry run
+    says which machines it would check, with which stages; it contacts no machine
+    and marks nothing.
 
     Returns:
         The pool after the check, with its exit code (0 all passed, 1 some failed,
@@ -225,6 +233,9 @@ def standby_check(inv: Inventory, transport: Transport, store: Store,
         raise UsageError(f"standby check: not pool machines: {nodeset.fold(unknown)}",
                          hint="see brctl standby list")
     names = pool_candidates(before, only)
+    if dry_run:
+        return dataclasses.replace(before, would_check=tuple(names),
+                                   stages=("health", *inv.daemon.standby_stages))
     if not names:
         return before
     results = check_pool(inv, transport, [inv.node(n) for n in names], store=store,

@@ -218,3 +218,15 @@ def test_metrics_without_prometheus_client_is_an_input_error(brctl: Any, tmp_pat
     res = brctl("-i", inv, "daemon", "run", "--dry-run", "--max-iterations", "1")
     assert res.exit_code == 2, res.stderr
     assert "prometheus_client is not installed" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_standby_check_dry_run_names_machines_and_stages_and_marks_nothing(
+        brctl: Any, tmp_path: Path, state_dir: Path) -> None:
+    inv = write_inv(tmp_path)
+    res = brctl("-i", inv, "--json", "standby", "check", "--dry-run")
+    assert res.exit_code == 0, res.stderr
+    assert res.json["would_check"] == ["s1"] and res.json["stages"] == ["health", "eud", "alltoall"]
+    human = brctl("-i", inv, "standby", "check", "--dry-run")
+    assert "would check s1 with health, eud, alltoall" in human.stdout
+    pool = brctl("-i", inv, "--json", "standby", "list").json
+    assert pool["nodes"]["s1"]["status"] == "unchecked"  # nothing was marked
