@@ -164,6 +164,11 @@ class Daemon:
         self.restarts_without_progress = 0
         self.halted: Optional[str] = None
         self.health_status: dict[str, str] = {}
+        # The scheduler's view (job.slurm), read once per poll: its allocation wins over
+        # the recorded swaps; a mismatch and a requeue the daemon did not ask for are said once.
+        self.allocation: Any = None
+        self.mismatch_said: Optional[tuple[str, ...]] = None
+        self.restarts_seen: Optional[int] = None
         self.report = DaemonReport(job=self.job.name)
         self.executor = Executor(inv, state, hooks, adapter, self, lambda: self.generation, clock,
                                  self._after_replay)
@@ -195,8 +200,36 @@ class Daemon:
 
     # lifecycle ------------------------------------------------------------------------
     def members(self) -> list[str]:
-        """The job's machines now (after swaps)."""
-        return self.state.members(self.job.nodes)
+        """The job's machines now: the scheduler's running allocation when it has one that
+        brctl can address, else the recorded list (after swaps)."""
+        recorded = self.state.members(self.job.nodes)
+        seen = self.allocation
+        if seen is None or not seen.running or not seen.nodes \
+                or any(n not in self.inv.nodes for n in seen.nodes):
+            return recorded
+        return list(seen.nodes)
+
+    def _read_scheduler(self) -> None:
+        """Refresh the scheduler's view; say a mismatch with the record, and a requeue the
+        daemon did not ask for, once each."""
+        self.allocation = seen = self.adapter.allocation()
+        if seen is None:
+            return
+        recorded = self.state.members(self.job.nodes)
+        if seen.running and list(seen.nodes) != recorded and tuple(seen.nodes) != self.mismatch_said \
+                and all(n in self.inv.nodes for n in seen.nodes):
+            self.mismatch_said = tuple(seen.nodes)
+            self.event("membership_mismatch", list(seen.nodes), {
+                "recorded": recorded, "scheduler": list(seen.nodes), "wins": "scheduler"})
+            if not self.dry_run:  # the record follows, so a plan's swap compares like with like
+                self.state.set_members(list(seen.nodes))
+        if self.restarts_seen is not None and seen.restarts > self.restarts_seen:
+            why = (f"the scheduler requeued the job ({seen.state}, restart {seen.restarts}) "
+                   "without brctl asking")
+            self.event("scheduler_requeue", [], {"reason": why, "state": seen.state,
+                                                 "restarts": seen.restarts})
+            self.notify("scheduler_requeue", seen.state, None, why, {"restarts": seen.restarts})
+        self.restarts_seen = seen.restarts
 
     def start(self) -> None:
         """Take the lease, re-decide unfinished plans, self-check unchecked standbys.
@@ -285,6 +318,7 @@ class Daemon:
             LeaseLost: another daemon took the job's lease over.
         """
         self._keep_lease()
+        self._read_scheduler()
         members = self.members()
         nodes = [self.inv.node(n) for n in members]
         health = self.hooks.health(nodes)
@@ -421,6 +455,7 @@ class Daemon:
     def _after_plan(self, outcome: PlanOutcome) -> None:
         self._refresh_counters()
         if outcome.restarted:
+            self.restarts_seen = None  # its own requeue is not news: count from the next poll
             # Keep the last step: the old log lines are still there after a restart,
             # and only a different step is progress of the new run.
             self.progress = Progress.start(self.clock(), self.progress.step)

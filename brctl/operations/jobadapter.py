@@ -34,6 +34,8 @@ from brctl.remote.local import LocalTransport
 
 if TYPE_CHECKING:
     from brctl.operations.slurm_hooks import SlurmHooks
+    from brctl.operations.slurm_job import SlurmJob
+
 MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
 _OUTPUT_KEEP = 2000  # characters of a hook's output kept in the action log
 
@@ -153,6 +155,18 @@ class JobAdapter:
             return _unless_unanswered(self.slurm.running)
         run = self._run(self.job.status_command, self.values(members))
         return None if run is None else run.ok
+
+    def allocation(self) -> Optional[SlurmJob]:
+        """The job as its scheduler shows it now (state, machines while it runs, restart
+        count); None without a built-in scheduler or when it gave no answer."""
+        if self.slurm is None:
+            return None
+        from brctl.core.errors import BrctlError
+
+        try:
+            return self.slurm.allocation()
+        except BrctlError:
+            return None
 
     def evicted(self, node: str) -> Optional[bool]:
         """Whether the scheduler shows ``node`` drained by brctl; None when it cannot say

@@ -7,7 +7,9 @@ whose inventory leaves them out.
 - restart on exactly the planned machines: ``scontrol requeuehold`` (``hold`` when it already
   waits), the job's ``ReqNodeList``/``ExcNodeList``/``NumNodes`` set to the plan's machines and
   the ones it leaves, then ``scontrol release``;
-- status: the job is RUNNING.
+- status: RUNNING is running, a job that is over (FAILED, NODE_FAIL, …) is not, one that
+  waits (PENDING after a requeue) is unknown; ``allocation`` is the job as Slurm shows it,
+  for the daemon to reconcile its recorded machines with (the scheduler wins).
 
 Each hook's record (``HookRun``) ends with its effect as Slurm shows it afterwards (the
 machine's state and drain reason, the job's state and node lists), and ``evicted`` /
@@ -19,12 +21,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Optional
 
 from brctl.core.errors import BrctlError
 from brctl.core.nodeset import expand, fold
 from brctl.operations.hookrun import HookRun
-from brctl.operations.slurm_job import Slurm, SlurmJob
+from brctl.operations.slurm_job import ACTIVE, Slurm, SlurmJob
 
 REASON_PREFIX = "brctl: "
 _REASON_MAX = 200  # characters of a drain reason (Slurm keeps it in its state files)
@@ -164,7 +167,17 @@ class SlurmHooks:
                            f"job {self.job_id}: {state}: nothing to stop", "", 0.0)
         return self._steps([("scontrol", "requeuehold", job.job_id)], self.job_effect)
 
-    def running(self) -> bool:
-        """The job is RUNNING."""
+    def running(self) -> Optional[bool]:
+        """True while RUNNING; False once it is over (FAILED, NODE_FAIL, TIMEOUT, gone…);
+        None while it waits (PENDING after a requeue, CONFIGURING): not a crash by itself."""
         job = self._job()
-        return job is not None and job.running
+        if job is None or job.state not in ACTIVE:
+            return False
+        return True if job.running else None
+
+    def allocation(self) -> Optional[SlurmJob]:
+        """The job as Slurm shows it now, its machines expanded while it runs (None: gone)."""
+        job = self._job()
+        if job is None or not job.running:
+            return job
+        return replace(job, nodes=self.slurm.hostnames(job.nodelist))

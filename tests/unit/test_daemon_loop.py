@@ -486,3 +486,46 @@ def test_state_db_and_event_log_are_private_whatever_the_umask(tmp_path: Path) -
     for path in (tmp_path / "state" / "brctl.db", tmp_path / "state" / "brctl.db-wal",
                  tmp_path / "events.jsonl"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+class Scheduler(JobAdapter):
+    """A job adapter whose built-in scheduler view is scripted (what Slurm would show)."""
+
+    def __init__(self, inv: Inventory, view: list[Any]) -> None:
+        super().__init__(inv, 30)
+        self.view = view
+
+    def allocation(self) -> Any:
+        return self.view[0]
+
+    def running(self, members: Any) -> Any:
+        return self.view[0].running if self.view[0].running else None
+
+
+def test_the_schedulers_allocation_wins_and_its_own_requeues_are_said_once(tmp_path: Path) -> None:
+    from brctl.operations.slurm_job import SlurmJob
+
+    script, clock = Script(), Clock()
+    inv = inventory(tmp_path)
+    store = Store(tmp_path / "state")
+    view = [SlurmJob("42", "llm", "RUNNING", "None", ("n1", "n2", "n3", "n4"), 0, "root")]
+    daemon = Daemon(inv, DaemonState(store, "llm"), script, Scheduler(inv, view), owner="me",
+                    clock=clock, event_log=tmp_path / "events.jsonl")
+    daemon.start()
+    tick(daemon, clock, script)
+    assert daemon.members() == ["n1", "n2", "n3", "n4"]
+    # Slurm placed the job elsewhere (someone requeued it by hand onto s1): Slurm wins
+    view[0] = SlurmJob("42", "llm", "PENDING", "BeginTime", (), 1, "root")
+    tick(daemon, clock, script)
+    assert daemon.members() == ["n1", "n2", "n3", "n4"]  # while it waits: the record
+    view[0] = SlurmJob("42", "llm", "RUNNING", "None", ("n1", "s1", "n3", "n4"), 1, "root")
+    for _ in range(3):
+        tick(daemon, clock, script)
+    assert daemon.members() == ["n1", "s1", "n3", "n4"]
+    assert DaemonState(store, "llm").members([]) == ["n1", "s1", "n3", "n4"]  # the record follows
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("membership_mismatch") == 1 and kinds.count("scheduler_requeue") == 1
+    mismatch = next(e for e in events if e["kind"] == "membership_mismatch")
+    assert mismatch["detail"]["recorded"] == ["n1", "n2", "n3", "n4"]
+    store.close()

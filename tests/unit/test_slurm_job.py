@@ -120,3 +120,25 @@ def test_a_hostile_machine_name_from_slurm_is_refused(name: str) -> None:
 def test_drain_reasons_are_one_prefixed_line() -> None:
     assert drain_reason("xid 79\n\x1b[31mred") == "brctl: xid 79 [31mred"
     assert len(drain_reason("x" * 1000)) == 200
+
+
+@pytest.mark.parametrize(("state", "running"), [
+    ("RUNNING", True), ("PENDING", None), ("CONFIGURING", None),
+    ("NODE_FAIL", False), ("FAILED", False), ("TIMEOUT", False), ("COMPLETED", False)])
+def test_the_jobs_slurm_state_is_the_daemons_running_signal(state: str, running: Any) -> None:
+    from brctl.operations.slurm_hooks import SlurmHooks
+
+    slurm = Canned({"squeue --json": _squeue(_entry(3, state)), "scontrol show": "node01\n"})
+    assert SlurmHooks(slurm, "3").running() is running  # a job that is over: a stopped job
+    assert SlurmHooks(slurm, "4").running() is False  # gone
+
+
+def test_the_daemon_reads_the_allocation_only_while_it_runs() -> None:
+    from brctl.operations.slurm_hooks import SlurmHooks
+
+    slurm = Canned({"squeue --json": _squeue(_entry(3), _entry(4, "PENDING", restart_cnt=2)),
+                    "scontrol show": "node01\nnode02\n"})
+    seen = SlurmHooks(slurm, "3").allocation()
+    assert seen is not None and seen.nodes == ("node01", "node02")
+    waiting = SlurmHooks(slurm, "4").allocation()
+    assert waiting is not None and (waiting.nodes, waiting.restarts) == ((), 2)
