@@ -53,9 +53,10 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
     if inv.job is None:
         raise UsageError(f"daemon: {inv.source} has no job: section",
                          hint="the daemon watches one job; see inventory.example.yaml")
-    if inv.job.restart_command is None and not opts.dry_run:
+    if inv.job.restart_command is None and inv.job.slurm is None and not opts.dry_run:
         raise UsageError(f"daemon: {inv.source}: job.restart_command is not set",
-                         hint="the daemon restarts the job through it; or use --dry-run")
+                         hint="the daemon restarts the job through it (a job.slurm job has "
+                         "one built in); or use --dry-run")
     stop = stop or threading.Event()
     store = Store(state_dir)
     metrics = None

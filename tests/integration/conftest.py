@@ -80,12 +80,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 def make_slurm_cluster(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[..., SlurmCluster]]:
-    """Factory: ``make_slurm_cluster(n, gpus=2)`` -> a started SlurmCluster, stopped after."""
+    """Factory: ``make_slurm_cluster(n, gpus=2, private_dirs=())`` -> a started SlurmCluster,
+    stopped after."""
     _require(missing_slurm_requirements())
     clusters: list[SlurmCluster] = []
 
-    def make(n: int, gpus: int = 2) -> SlurmCluster:
-        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), n, gpus=gpus)
+    def make(n: int, gpus: int = 2, private_dirs: Sequence[str] = ()) -> SlurmCluster:
+        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), n, gpus=gpus,
+                               private_dirs=private_dirs)
         clusters.append(cluster)
         return cluster.start()
 
