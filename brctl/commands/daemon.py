@@ -39,15 +39,19 @@ def run(
     analysis; then evict (swapping in a checked standby, restoring its checkpoint
     shards and pending updates), reattempt, roll back or replay (brctl replay on
     the stopped job: evict the machines it proves faulty, or reattempt and page a
-    human with its evidence), and restart through job.restart_command. A
-    machine evicted by hand (brctl evict) is swapped out at the next poll.
+    human with its evidence), and restart through job.restart_command (a
+    job.slurm job without one: requeued held, pinned to the planned machines,
+    released; Slurm's allocation wins over the recorded swaps and its state is a
+    signal: a job that is over has stopped). A machine evicted by hand (brctl
+    evict) is swapped out at the next poll.
     Every step is recorded before and after it runs, under the job's lease: a
     daemon restarted after a crash or kill -9 takes over at once from its dead
     predecessor and finishes what it left, except a step that may have run and
-    cannot be checked (a restart or stop command): that plan is abandoned and a
-    human paged, never run twice. A refusal or an abandoned plan stops further
-    actions; the daemon stays up and keeps reporting. --dry-run takes no lease
-    and records nothing. With daemon.metrics_port, /metrics (Prometheus text; every
+    cannot be checked (a restart or stop command; Slurm's built-in hooks can be
+    checked): that plan is abandoned and a human paged, never run twice. A
+    refusal or an abandoned plan stops further actions; the daemon stays up and
+    keeps reporting. --dry-run takes no lease and records nothing. With
+    daemon.metrics_port, /metrics (Prometheus text; every
     family labelled job) serves brctl_node_health{node,status},
     brctl_daemon_events_total{kind}, brctl_daemon_actions_total{kind,state},
     brctl_standby_ready, brctl_ettr{window}, brctl_daemon_halted (1 while a cap holds
