@@ -81,8 +81,13 @@ class SlurmNode:
 
     @property
     def idle(self) -> bool:
-        """Idle, responding and not drained: free to take into a job."""
+        """Idle, responding, not drained and reserved for nobody: free to take into a job."""
         return self.state == "idle" and not self.flags
+
+    @property
+    def idle_reserved(self) -> bool:
+        """Idle and responding, reserved (a reservation's pool) but not drained."""
+        return self.state == "idle" and set(self.flags) <= {"RESERVED", "MAINTENANCE"}
 
 
 class Slurm:
@@ -268,7 +273,8 @@ def resolve(inv: Inventory, slurm: Optional[Slurm] = None) -> tuple[Inventory, S
     for name in job.nodes:
         if name not in nodes:
             nodes[name] = _machine(inv, info, name, job)
-    spare = [n for n in pool if n in info and info[n].idle and n not in set(job.nodes)]
+    spare = [n for n in pool if n in info and n not in set(job.nodes)
+             and (info[n].idle_reserved if section.reservation else info[n].idle)]
     for name in spare:
         if name not in nodes:
             nodes[name] = _machine(inv, info, name, job)

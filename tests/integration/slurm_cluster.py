@@ -40,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -358,8 +359,12 @@ class SlurmCluster(SshCluster):
         raise RuntimeError(f"machines not idle after {scaled(timeout):.0f} s: {states}")
 
     def reset(self) -> None:
-        """Cancel every job, resume every drained or down machine, wait until all are idle."""
+        """Cancel every job, delete every reservation, resume every drained or down machine,
+        wait until all are idle."""
         self.slurm("scancel", "--full", "--user=root", check=False)
+        shown = self.slurm("scontrol", "-o", "show", "reservation", check=False)
+        for name in re.findall(r"^ReservationName=(\S+)", shown, re.M):
+            self.slurm("scontrol", "delete", f"ReservationName={name}", check=False)
         out = self.slurm("sinfo", "-h", "-N", "-t", "drain,drng,down", "-o", "%N", check=False)
         stuck = sorted(set(out.split()))
         if stuck:

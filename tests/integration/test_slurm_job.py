@@ -107,3 +107,15 @@ def test_machines_outside_the_inventory_come_from_the_partition(
     out = brctl("-i", inv, "--json", "exec", "-w", "@job", "hostname", env=env).json
     assert {n: r["stdout"].strip() for n, r in out["nodes"].items()} == \
         {"node03": "node03", "node04": "node04"}
+
+
+def test_standbys_from_a_reservation(slurm: SlurmCluster, tmp_path: Path, brctl: Brctl) -> None:
+    env = {"SLURM_CONF": str(slurm.conf)}
+    job = slurm.sbatch("exec srun sleep 300", "-N", "2", "-w", "node01,node02")
+    slurm.wait_job(job, {"RUNNING"})
+    slurm.slurm("scontrol", "create", "reservation", "ReservationName=spares", "Nodes=node04",
+                "StartTime=now", "Duration=60", "Users=root")
+    inv = _inventory(slurm, tmp_path, {"job": job}, slurm={"reservation": "spares"})
+    doc = brctl("-i", inv, "--json", "nodes", env=env).json
+    roles = {n: v["role"] for n, v in doc["nodes"].items()}
+    assert roles == {"node01": "job", "node02": "job", "node03": "other", "node04": "standby"}
