@@ -244,7 +244,8 @@ def race(tmp_path: Path, inv: Any, pair: tuple[str, str], at: float) -> list[str
     import threading
 
     from brctl.core.errors import RefusedError
-    from brctl.operations.fleet import evict
+    from brctl.operations.audit import Audit
+    from brctl.operations.evict import evict
 
     barrier = threading.Barrier(2)
     outcomes: list[str] = []
@@ -254,7 +255,8 @@ def race(tmp_path: Path, inv: Any, pair: tuple[str, str], at: float) -> list[str
         try:
             state = DaemonState(store, "llm")
             barrier.wait()
-            evict(inv, state, node, "flaky", dry_run=False, timeout=30, operator="op", now=at)
+            audit = Audit.of(inv, state, tmp_path / "state", "op")
+            evict(inv, node, "flaky", dry_run=False, force=False, timeout=30, audit=audit, now=at)
             outcomes.append("evicted")
         except RefusedError:
             outcomes.append("refused")
