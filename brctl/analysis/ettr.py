@@ -3,7 +3,8 @@
 The daemon records each poll interval as productive (the job made a new step
 during it) or not (down, restarting, hung, waiting for a decision). Pure
 functions here turn those intervals into the cumulative ratio, a sliding-window
-series and a terminal sparkline. Time the daemon did not watch is not counted
+series (``brctl ettr`` and ``brctl report`` draw it; ``analysis.lost_time``
+names the cause of the unproductive time). Time the daemon did not watch is not counted
 either way (it cannot know).
 """
 
@@ -12,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
-
-SPARKS = "▁▂▃▄▅▆▇█"
 
 
 @dataclass(frozen=True)
@@ -72,15 +71,3 @@ def window_series(intervals: Sequence[Interval], *, window: float, points: int,
         t = begin + i * step
         out.append((t, ratio(intervals, t - window, t)))
     return out
-
-
-def sparkline(values: Sequence[Optional[float]]) -> str:
-    """One block character per value in [0, 1]; a space where nothing was observed."""
-    chars = []
-    for v in values:
-        if v is None:
-            chars.append(" ")
-            continue
-        idx = round(min(max(v, 0.0), 1.0) * (len(SPARKS) - 1))
-        chars.append(SPARKS[idx])
-    return "".join(chars)

@@ -10,7 +10,7 @@ from typing import Any
 from brctl.core.nodeset import fold
 from brctl.operations.daemon import DaemonReport, StatusReport
 from brctl.operations.evict import EvictReport
-from brctl.operations.fleet import EttrReport, PoolReport, SizeReport
+from brctl.operations.fleet import PoolReport, SizeReport
 from brctl.render import Output, escape
 
 _QUIET = {"standby_check", "daemon_start", "daemon_stop"}
@@ -191,18 +191,3 @@ def render_pool(out: Output, report: PoolReport, schema: str, code: int | None =
     if report.would_check is not None:
         out.console.print(f"dry run: would check {escape(fold(report.would_check) or 'nothing')} "
                           f"with {', '.join(report.stages)}; nothing contacted or marked")
-
-
-def render_ettr(out: Output, job: str, report: EttrReport) -> None:
-    """Cumulative and windowed ETTR with a sparkline."""
-    if out.json:
-        out.emit_json("ettr", {"job": job, **report.to_json()})
-        return
-    if report.cumulative is None:
-        out.console.print(f"job {escape(job)}: nothing recorded yet (run brctl daemon run)")
-        return
-    out.console.print(f"job {escape(job)}: ETTR {_pct(report.cumulative)} cumulative "
-                      f"({report.productive_seconds:.0f}s productive of "
-                      f"{report.observed_seconds:.0f}s observed); last {report.window:g}s: "
-                      f"{_pct(report.window_ettr)}")
-    out.console.print(f"window ETTR  |{report.sparkline}|")

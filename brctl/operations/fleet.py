@@ -1,11 +1,11 @@
-"""Operations of ``brctl standby`` and ``brctl ettr`` (``evict``/``unevict``: ``operations.evict``).
+"""Operations of ``brctl standby`` (``evict``/``unevict``: ``operations.evict``; ``ettr``:
+``operations.report``).
 
 They share the daemon's tables (``operations.daemon_state``) and never print:
 each returns a dataclass the command renders.
 
 - ``standby_size``: the pool size from the binomial quantile.
 - ``standby_check`` / ``standby_list``: self-check the pool, show it.
-- ``ettr``: cumulative and sliding-window ETTR from recorded intervals.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from brctl.analysis.ettr import Interval, ratio, sparkline, totals, window_series
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.standby import (
     binomial_quantile,
@@ -165,47 +164,6 @@ def pool_candidates(report: PoolReport, only: Sequence[str] = ()) -> list[str]:
     chosen = set(only)
     return [m.node for m in report.machines if m.status not in ("quarantined", "in-job")
             and (not chosen or m.node in chosen)]
-
-
-@dataclass(frozen=True)
-class EttrReport:
-    """``brctl ettr``."""
-
-    cumulative: Optional[float]
-    window: float
-    window_ettr: Optional[float]
-    productive_seconds: float
-    observed_seconds: float
-    series: list[tuple[float, Optional[float]]] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """0: nothing recorded yet is a fact to report (the table says so), not a finding."""
-        return ExitCode.OK
-
-    @property
-    def sparkline(self) -> str:
-        """The window series as block characters."""
-        return sparkline([v for _, v in self.series])
-
-    def to_json(self) -> dict[str, Any]:
-        """``{cumulative, window_seconds, window, productive_seconds, observed_seconds, series}``."""
-        return {"cumulative": self.cumulative, "window_seconds": self.window,
-                "window": self.window_ettr, "productive_seconds": self.productive_seconds,
-                "observed_seconds": self.observed_seconds,
-                "series": [{"at": t, "ettr": v} for t, v in self.series]}
-
-
-def ettr(intervals: Sequence[Interval], *, window: float, points: int,
-         now: Optional[float] = None) -> EttrReport:
-    """Cumulative and sliding-window ETTR from the recorded intervals."""
-    if window <= 0:
-        raise UsageError(f"--window {window:g}: expected seconds greater than 0")
-    end = now if now is not None else (max(iv.end for iv in intervals) if intervals else 0.0)
-    productive, observed = totals(intervals)
-    return EttrReport(ratio(intervals), window, ratio(intervals, end - window, end) if intervals
-                      else None, productive, observed,
-                      window_series(intervals, window=window, points=points, now=end))
 
 
 def standby_check(inv: Inventory, transport: Transport, store: Store,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from brctl.analysis.lost_time import CAUSES
+
 Schema = dict[str, Any]
 
 STR: Schema = {"type": "string"}
@@ -167,7 +169,16 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
     ("brctl.standby.check/1", {"nodes": by_node(POOL_MACHINE), "ready": NAMES}, True),
     ("brctl.ettr/1", {"job": STR, "cumulative": opt(NUM), "window_seconds": NUM,
                       "window": opt(NUM), "productive_seconds": NUM, "observed_seconds": NUM,
-                      "series": arr(obj({"at": NUM, "ettr": opt(NUM)}))}, False),
+                      "series": arr(obj({"at": NUM, "ettr": opt(NUM)})),
+                      "lost_seconds": obj({c: NUM for c in CAUSES})}, False),
+    ("brctl.report/1", {
+        "html": STR, "png": opt(STR), "job": STR, "start": opt(NUM), "end": opt(NUM),
+        "cumulative": opt(NUM), "productive_seconds": NUM, "observed_seconds": NUM,
+        "window_seconds": NUM, "incidents": INT, "members": NAMES,
+        "lost_seconds": obj({c: NUM for c in CAUSES}),
+        "nodes": by_node(obj({"roles": NAMES, "first": NUM, "last": NUM, "events": INT,
+                              "evicted_at": opt(NUM), "reason": opt(STR),
+                              "released": opt(NUM)}))}, False),
     ("brctl.simulate/1", {
         "mix": STR, "machines": INT, "days": NUM, "ckpt_interval": NUM, "standby": INT,
         "seed": INT, "sweep": opt(STR), "seconds": NUM,

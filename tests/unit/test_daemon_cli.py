@@ -154,8 +154,11 @@ def test_ettr_and_daemon_status_read_the_database(brctl: Any, tmp_path: Path,
     assert res.exit_code == 0 and res.json["schema"] == "brctl.ettr/1"
     assert abs(res.json["cumulative"] - 3000 / 3600) < 1e-9
     assert abs(res.json["window"] - 0.5) < 1e-9 and len(res.json["series"]) == 4
+    assert res.json["lost_seconds"] == {"detection": 0, "diagnosis": 600, "standby": 0,
+                                        "restart": 0, "replay": 0, "human": 0}
     human = brctl("-i", inv, "ettr")
-    assert "83.3%" in human.stdout and "|" in human.stdout
+    assert "83.3%" in human.stdout and " 100% ┤" in human.stdout and "   0% └┬" in human.stdout
+    assert "  diagnosis   10m 00s 100% ███" in human.stdout  # the fault was seen at once
     status = brctl("-i", inv, "--json", "daemon", "status")
     assert status.exit_code == 1 and status.json["running"] is False
     assert status.json["events"][0]["kind"] == "gpu_fault"

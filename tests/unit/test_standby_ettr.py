@@ -8,7 +8,7 @@ from math import comb
 
 import pytest
 
-from brctl.analysis.ettr import Interval, ratio, sparkline, totals, window_series
+from brctl.analysis.ettr import Interval, ratio, totals, window_series
 from brctl.analysis.standby import (
     binomial_pmf,
     binomial_quantile,
@@ -68,4 +68,3 @@ def test_ettr_cumulative_and_window() -> None:
     assert [t for t, _ in series] == [0, 30, 60, 90, 120]
     assert series[-1][1] == pytest.approx(1.0) and series[3][1] == pytest.approx(0.0)
     assert series[0][1] is None  # nothing observed before t=0
-    assert sparkline([0.0, 0.5, 1.0, None]) == "▁▅█ "
