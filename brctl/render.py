@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -179,22 +179,49 @@ class Output:
         also the machines still running, the longest-running first: ``advance(result)``
         drops ``result.node``. Never on stderr that is not a terminal, never with --json.
         """
-        if total < 2 or self.json or not self.err.is_terminal:
+        if total < 2 or not self._bars:
             yield _ignore
             return
+        with self._bar() as bar:
+            yield _task(bar, label, total, names)
+
+    @contextmanager
+    def stages(self, label: str) -> Iterator[Callable[[str, Sequence[str]], Callable[[Any], None]]]:
+        """Progress of a run in stages (diagnose's ladder, replay's rounds, a copy), on the
+        same terms as ``progress``: yields ``track(stage, machines)``, which starts a bar
+        for that stage (the earlier stages' bars stay, done, with their times) and returns
+        its per-machine ``advance``. Nothing when stderr is not a terminal or with --json.
+        """
+        if not self._bars:
+            yield lambda _stage, _names: _ignore
+            return
+        with self._bar() as bar:
+            yield lambda stage, names: _task(bar, f"{label} {stage}", len(names), names)
+
+    @property
+    def _bars(self) -> bool:
+        """Progress bars are drawn: stderr is a terminal and no JSON is asked for."""
+        return not self.json and self.err.is_terminal
+
+    def _bar(self) -> Any:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-        left = dict.fromkeys(names)
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=self.err,
-                      transient=True) as bar:
-            task = bar.add_task(label, total=total)
+        return Progress("[progress.description]{task.description}", BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=self.err,
+                        transient=True)
 
-            def advance(item: Any = None) -> None:
-                left.pop(getattr(item, "node", None), None)  # type: ignore[arg-type]
-                bar.update(task, advance=1, description=escape(_waiting(label, list(left))))
 
-            yield advance
+def _task(bar: Any, label: str, total: int, names: Iterable[str]) -> Callable[[Any], None]:
+    """A bar of ``total`` items on ``bar``: done/total, elapsed, and the machine running
+    longest of ``names``; returns its ``advance(result)``, which drops ``result.node``."""
+    left = dict.fromkeys(names)
+    task = bar.add_task(escape(_waiting(label, list(left))), total=max(total, 1))
+
+    def advance(item: Any = None) -> None:
+        left.pop(getattr(item, "node", None), None)  # type: ignore[arg-type]
+        bar.update(task, advance=1, description=escape(_waiting(label, list(left))))
+
+    return advance
 
 
 def _isatty(stream: Any) -> bool:

@@ -113,8 +113,9 @@ def backup_command(
     nodes = pick(list(backups), select, None) if select else None
     if nodes is not None and not nodes:
         raise UsageError(f"-w {select}: selects no job machine")
-    report = ops.backup(env.transport(), inv, backups, nodes=nodes, parallel=parallel,
-                        dry_run=dry_run)
+    with env.output.stages("ckpt backup") as track:
+        report = ops.backup(env.transport(), inv, backups, nodes=nodes, parallel=parallel,
+                            dry_run=dry_run, track=track)
     render_copies(env.output, "ckpt.backup", report)
     return int(report.exit_code)
 
@@ -159,8 +160,9 @@ def restore_command(
     inv = env.inventory()
     audit = None if dry_run else Audit.of(inv, DaemonState(env.store(), inv.job_key),
                                           env.state_dir(), by or who(env.environ))
-    report = ops.restore(env.transport(), inv, _backups(env, plan_file), target=to,
-                         evicted=evicted, source=source, parallel=parallel, force=force,
-                         dry_run=dry_run, audit=audit)
+    with env.output.stages("ckpt restore") as track:
+        report = ops.restore(env.transport(), inv, _backups(env, plan_file), target=to,
+                             evicted=evicted, source=source, parallel=parallel, force=force,
+                             dry_run=dry_run, audit=audit, track=track)
     render_copies(env.output, "ckpt.restore", report)
     return int(report.exit_code)

@@ -87,9 +87,11 @@ def diagnose_command(
         nodes = [n for n in inv.select(select, exclude) if n.name in base]
         if not nodes:
             raise UsageError("diagnose: the selection is empty", hint="check -w / -x")
-    options = Options(logs_dir=Path(logs) if logs else None, symptom=symptom, force=force,
-                      timeout_scale=env.timeout_scale(), concurrency=inv.ssh.fanout)
-    report = diagnose(inv, env.transport(), books, options, nodes=nodes, store=env.store(),
-                      progress=env.output.info)
+    with env.output.stages("diagnose") as track:
+        options = Options(logs_dir=Path(logs) if logs else None, symptom=symptom, force=force,
+                          timeout_scale=env.timeout_scale(), concurrency=inv.ssh.fanout,
+                          track=track)
+        report = diagnose(inv, env.transport(), books, options, nodes=nodes, store=env.store(),
+                          progress=env.output.info)
     render(env.output, report)
     return int(report.exit_code)

@@ -99,10 +99,12 @@ def replay_command(
         import random
 
         port = random.SystemRandom().randrange(20000, 40000)
-    report = replay(env.transport(), inv, workload=workload, dp=dp, repeat=repeat,
-                    timeout=timeout * env.timeout_scale(), port_base=port,
-                    max_rounds=max_rounds,
-                    on_round=lambda spec, i: env.output.info(
-                        f"round {i} ({spec.kind}): {len(spec.groups)} group(s)"))
+    with env.output.stages("replay") as track:
+        report = replay(env.transport(), inv, workload=workload, dp=dp, repeat=repeat,
+                        timeout=timeout * env.timeout_scale(), port_base=port,
+                        max_rounds=max_rounds,
+                        on_round=lambda spec, i: env.output.info(
+                            f"round {i} ({spec.kind}): {len(spec.groups)} group(s)"),
+                        track=track)
     render(env.output, report)
     return int(report.exit_code)

@@ -90,14 +90,17 @@ def check(
     machine good. Only checked machines are swapped into the job by the daemon.
     Exit 0 when every machine passed, 1 when some failed, 3 when some gave no
     answer or could not be tested. --dry-run lists the machines and stages and
-    exits 0.
+    exits 0. On a terminal, each stage shows its machines done and left, the one it
+    still waits on, and the time.
     """
     from brctl.commands._render_daemon import render_pool
     from brctl.operations.fleet import standby_check
 
     env: Env = ctx.obj
-    report = standby_check(env.inventory(as_listed=True), env.transport(), env.store(),
-                           select, runner=env.probes(),
-                           timeout_scale=env.timeout_scale(), dry_run=dry_run)
+    with env.output.stages("standby check") as track:
+        report = standby_check(env.inventory(as_listed=True), env.transport(), env.store(),
+                               select, runner=env.probes(),
+                               timeout_scale=env.timeout_scale(), dry_run=dry_run,
+                               track=track)
     render_pool(env.output, report, "standby.check", report.exit_code)
     return int(report.exit_code)

@@ -30,7 +30,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,7 @@ from brctl.core.errors import ExitCode, UsageError
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.diagnostics.ckptmove import REFUSED_EXIT
 from brctl.diagnostics.safefs import UnsafeName, check_component, check_relpath
+from brctl.operations import Finished, Track, untracked
 from brctl.remote.probes import ProbeResult, ProbeRunner, parse_document
 
 PROBE = "brctl.diagnostics.ckptfiles"
@@ -237,12 +238,21 @@ class Relay:
     def __init__(self, transport: Transport, runner: ProbeRunner, parallel: int) -> None:
         self.transport, self.runner, self.parallel = transport, runner, parallel
 
-    def run(self, jobs: list[Lane]) -> list[str | NodeRefused | None]:
-        """One outcome per lane: None (every file landed), an error text, or a refusal."""
+    def run(self, jobs: list[Lane], on_lane: Callable[[Lane], None] | None = None
+            ) -> list[str | NodeRefused | None]:
+        """One outcome per lane: None (every file landed), an error text, or a refusal;
+        ``on_lane`` hears of each lane as it ends (progress)."""
         if not jobs:
             return []
+
+        def one(lane: Lane) -> str | NodeRefused | None:
+            out = self._one(lane)
+            if on_lane is not None:
+                on_lane(lane)
+            return out
+
         with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(jobs)))) as pool:
-            return list(pool.map(self._one, jobs))
+            return list(pool.map(one, jobs))
 
     def _argv(self, node: Node, request: Mapping[str, Any]) -> list[str]:
         return self.runner.command(node, MOVER, json.dumps(dict(request)))
@@ -323,9 +333,9 @@ class _Backup:
     """The phases of one ``backup`` run: scan → compare → prepare → copy → commit."""
 
     def __init__(self, transport: Transport, inv: Inventory, backups: Mapping[str, str],
-                 parallel: int, runner: ProbeRunner) -> None:
+                 parallel: int, runner: ProbeRunner, track: Track = untracked) -> None:
         self.transport, self.inv, self.backups = transport, inv, backups
-        self.parallel, self.runner = parallel, runner
+        self.parallel, self.runner, self.track = parallel, runner, track
         self.cfg = inv.ckpt
         self.area = {"dir": self.cfg.dir, "backup_dir": self.cfg.backup_dir}
         self.start = time.monotonic()
@@ -349,7 +359,7 @@ class _Backup:
         cfg = self.cfg
         scans = self.runner.run([self.inv.nodes[o] for o in owners], PROBE, {
             "op": "scan", "dir": cfg.dir, "glob": cfg.glob, "marker": cfg.complete_marker,
-            "hash_steps": 1})
+            "hash_steps": 1}, on_done=self.track("scan and hash", owners))
         out = []
         for o in owners:
             res, peer = scans[o], self.backups[o]
@@ -459,7 +469,8 @@ class _Backup:
                                   tuple(group)))
                 whose.append(p)
         refused: dict[str, str] = {}
-        for p, out in zip(whose, Relay(self.transport, self.runner, self.parallel).run(jobs)):
+        for p, out in zip(whose, Relay(self.transport, self.runner, self.parallel).run(
+                jobs, self._lanes_left([p.owner for p in pending], [p.owner for p in whose]))):
             if isinstance(out, NodeRefused):
                 refused.setdefault(p.owner, str(out))
             elif out:
@@ -470,6 +481,24 @@ class _Backup:
             elif p.errors:
                 self.finish(p, "failed", p.errors[0], tuple(p.errors[1:4]), copied=0)
         return [p for p in pending if not p.errors and p.owner not in refused]
+
+    def _lanes_left(self, owners: list[str], lane_owners: list[str]) -> Callable[[Lane], None]:
+        """Progress of the copy stage: a machine is done when the last of its lanes is."""
+        advance = self.track("copy", owners)
+        left = {o: lane_owners.count(o) for o in owners}
+        lock = threading.Lock()
+        for owner in owners:
+            if not left[owner]:
+                advance(Finished(owner))
+
+        def lane_done(lane: Lane) -> None:
+            with lock:
+                left[lane.src.name] -= 1
+                done = not left[lane.src.name]
+            if done:
+                advance(Finished(lane.src.name))
+
+        return lane_done
 
     def commit(self, pending: list[_Pending]) -> None:
         """The peer checks the step is all there and only then writes the manifest."""
@@ -502,6 +531,7 @@ def backup(
     parallel: int | None = None,
     runner: ProbeRunner | None = None,
     dry_run: bool = False,
+    track: Track = untracked,
 ) -> CopyReport:
     """Copy each machine's newest complete step to its backup peer (resumable, verified).
 
@@ -517,6 +547,7 @@ def backup(
         parallel: relays in flight (default ``ckpt.parallel``).
         runner: the probe runner (one per process keeps the shipped-code cache warm).
         dry_run: read and plan only.
+        track: progress: the scan, then the copy, machine by machine.
 
     Returns:
         One ``Copy`` per machine, in the order of ``nodes``.
@@ -529,7 +560,7 @@ def backup(
         raise UsageError(f"ckpt backup: no backup peer planned for {', '.join(unknown)}")
     owners = list(nodes or backups)
     run = _Backup(transport, inv, backups, parallel or inv.ckpt.parallel,
-                  runner or ProbeRunner(transport))
+                  runner or ProbeRunner(transport), track)
     compared = run.compare(run.scan(owners))
     if dry_run:
         run.preview(compared)

@@ -19,6 +19,7 @@ from brctl.core.errors import RefusedError, UsageError
 from brctl.core.transport import Node, Transport
 from brctl.diagnostics.ckptfiles import STAGING_PREFIX
 from brctl.diagnostics.safefs import UnsafeName, check_component
+from brctl.operations import Finished, Track, untracked
 from brctl.operations.audit import Audit
 from brctl.operations.ckpt_copy import (
     MOVER,
@@ -117,6 +118,7 @@ def restore(
     force: bool = False,
     dry_run: bool = False,
     audit: Audit | None = None,
+    track: Track = untracked,
 ) -> CopyReport:
     """Put ``evicted``'s newest verified backup step into ``ckpt.dir`` on ``target``.
 
@@ -145,6 +147,7 @@ def restore(
         dry_run: find and check the copy, write nothing.
         audit: a hand restore's audit trail: the outcome is recorded and announced
             there with the operator (not for a dry run, nor a refused request).
+        track: progress: the peer's verification, the copy, the target's final check.
 
     Raises:
         UsageError: unknown machines, or no planned peer for ``evicted``.
@@ -152,7 +155,7 @@ def restore(
     """
     peer = _check_restore_args(inv, backups, target, evicted, source, force)
     report = _restore(transport, inv, peer, target=target, evicted=evicted, parallel=parallel,
-                      runner=runner or ProbeRunner(transport), dry_run=dry_run)
+                      runner=runner or ProbeRunner(transport), dry_run=dry_run, track=track)
     if audit is not None and not dry_run:
         copy = report.copies[0]
         audit.record("restore", [target], {"for": evicted, "from": peer, "step": copy.step,
@@ -164,7 +167,8 @@ def restore(
 
 
 def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, evicted: str,
-             parallel: int | None, runner: ProbeRunner, dry_run: bool) -> CopyReport:
+             parallel: int | None, runner: ProbeRunner, dry_run: bool,
+             track: Track) -> CopyReport:
     cfg = inv.ckpt
     start = time.monotonic()
     peer_node, target_node = inv.nodes[peer], inv.nodes[target]
@@ -178,6 +182,7 @@ def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, ev
                                 **where),))
 
     found = _Found()
+    verified = track(f"verify the backup on {peer}", [peer])
     try:
         found = _newest_good_copy(runner, peer_node, {**area, "area": "backup"}, evicted, cfg.glob)
         if found.step is None and found.failed is None and cfg.backup_dir is None:
@@ -189,6 +194,7 @@ def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, ev
                                          f"new backups go to {cfg.dir}.brctl-backup",))
     except NodeRefused as exc:
         return result("refused", error=str(exc))
+    verified(Finished(peer))
     if found.failed is not None:
         return result(probe_state(found.failed), error=found.failed.error, notes=found.notes)
     if found.step is None:
@@ -197,7 +203,7 @@ def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, ev
     if dry_run:
         return _preview(runner, inv, peer_node, target_node, found, evicted, result)
     return _land(transport, runner, _Landing(peer_node, target_node, area, found, evicted),
-                 parallel or cfg.parallel, result)
+                 parallel or cfg.parallel, result, track)
 
 
 def _preview(runner: ProbeRunner, inv: Inventory, peer: Node, target: Node, found: _Found,
@@ -236,7 +242,7 @@ class _Landing:
 
 
 def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: int,
-          result: Callable[..., CopyReport]) -> CopyReport:
+          result: Callable[..., CopyReport], track: Track) -> CopyReport:
     """Stage on the target, relay the files into the staging dir, finish (or drop) it."""
     step, files, notes = job.found.step, list(job.found.files), list(job.found.notes)
     target, total = job.target.name, sum(f.size for f in job.found.files)
@@ -251,9 +257,11 @@ def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: in
     except (NodeRefused, UnsafeName) as exc:
         return result("refused", step, error=str(exc), notes=notes)
     dst = {**job.area, "area": "staging", "staging": staging}
+    copied = track(f"copy {step} {job.peer.name} -> {target}", [target])
     outcomes = Relay(transport, runner, parallel).run([
         Lane(job.peer, {**job.area, "area": job.found.area, "source": job.evicted, "step": step},
               job.target, dst, tuple(group)) for group in lanes(files, parallel)])
+    copied(Finished(target))
     refused = next((str(o) for o in outcomes if isinstance(o, NodeRefused)), None)
     errors = [str(o) for o in outcomes if o]
     if not errors:

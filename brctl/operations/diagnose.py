@@ -39,6 +39,7 @@ from brctl.core.errors import ExitCode, RefusedError, UsageError
 from brctl.core.nodeset import fold
 from brctl.core.transport import Node, Transport
 from brctl.diagnostics.xid import parse_xid_lines
+from brctl.operations import Track, untracked
 from brctl.operations.jobadapter import rendezvous_address
 from brctl.remote.probes import ProbeResult, ProbeRunner
 from brctl.state import Component, Store
@@ -142,6 +143,11 @@ class Options:
     force: bool = False  # run stop-time stages although training processes are alive
     timeout_scale: float = 1.0
     concurrency: int = 64
+    track: Track = untracked  # progress: each stage (and all-gather round) and its machines
+
+    def stage(self, name: str, nodes: Sequence[Node]) -> Callable[[Any], None]:
+        """Start tracking ``name`` on ``nodes``; the fan-out's ``on_done``."""
+        return self.track(name, [n.name for n in nodes])
 
 
 def diagnose(
@@ -179,7 +185,11 @@ def diagnose(
         InputError: ``--logs`` or ``--symptom`` is bad.
     """
     start = time.monotonic()
-    say = progress or (lambda _msg: None)
+
+    def say(message: str) -> None:  # -v: each step with the seconds since the start
+        if progress is not None:
+            progress(f"diagnose {time.monotonic() - start:6.1f}s  {message}")
+
     targets = list(nodes) if nodes is not None else inv.job_nodes()
     if not targets:
         raise UsageError("diagnose: no machines (the inventory has no job: give -w NODESET)")
@@ -251,7 +261,7 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
     }
     results = runner.run(targets, "brctl.diagnostics.evidence", request,
                          timeout=cfg.collect_timeout * options.timeout_scale,
-                         concurrency=options.concurrency)
+                         concurrency=options.concurrency, on_done=options.stage("evidence", targets))
     incomplete: dict[str, str] = {}
     notes: dict[str, tuple[str, ...]] = {}
     evidence: dict[str, NodeEvidence] = {}
@@ -348,7 +358,8 @@ def _eud(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
     timeout = (stage.timeout or inv.diagnose.dcgm_timeout) * options.timeout_scale
     level = stage.level or inv.diagnose.dcgm_level
     results = runner.run(nodes, "brctl.diagnostics.dcgm", {"level": level, "timeout": timeout},
-                         timeout=timeout + _MARGIN, concurrency=options.concurrency)
+                         timeout=timeout + _MARGIN, concurrency=options.concurrency,
+                         on_done=options.stage(f"eud (dcgmi diag -r {level})", nodes))
     return [st.parse_dcgm(n.name, results[n.name].document or {}) if results[n.name].ok
             else _unrun(n.name, results[n.name]) for n in nodes]
 
@@ -365,7 +376,8 @@ def _alltoall(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Nod
                 "iterations": cfg.iterations, "timeout": timeout, "startup_timeout": startup}
 
     results = runner.run(nodes, "brctl.diagnostics.collective", request,
-                         timeout=startup + timeout + _MARGIN, concurrency=options.concurrency)
+                         timeout=startup + timeout + _MARGIN, concurrency=options.concurrency,
+                         on_done=options.stage("alltoall", nodes))
     docs = {n.name: results[n.name].document or {} for n in nodes if results[n.name].ok}
     backends = {d.get("backend") for d in docs.values()}
     ratio = cfg.bandwidth_ratio if backends == {"nccl"} else cfg.cpu_bandwidth_ratio
@@ -453,8 +465,10 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
                                "bytes": cfg.allgather_bytes,
                                "iterations": cfg.iterations, "gloo_ifname": ifname}
     members = [n for g in groups for n in g]
+    label = "allgather" + (f" ({len(groups)} groups)" if len(groups) > 1 else "")
     results = runner.run(members, "brctl.diagnostics.collective", lambda n: plan[n.name],
-                         timeout=startup + timeout + _MARGIN, concurrency=options.concurrency)
+                         timeout=startup + timeout + _MARGIN, concurrency=options.concurrency,
+                         on_done=options.stage(label, members))
     outcome = []
     for group in groups:
         ok = True

@@ -24,6 +24,7 @@ from brctl.analysis.standby import (
 )
 from brctl.core.errors import ExitCode, UsageError
 from brctl.core.transport import Transport
+from brctl.operations import Track, untracked
 from brctl.operations.daemon_state import DaemonState
 from brctl.remote.probes import ProbeRunner
 from brctl.state import Store
@@ -168,7 +169,8 @@ def pool_candidates(report: PoolReport, only: Sequence[str] = ()) -> list[str]:
 
 def standby_check(inv: Inventory, transport: Transport, store: Store,
                   select: Optional[str], *, runner: ProbeRunner,
-                  timeout_scale: float = 1.0, dry_run: bool = False) -> PoolReport:
+                  timeout_scale: float = 1.0, dry_run: bool = False,
+                  track: Track = untracked) -> PoolReport:
     """Self-check the pool machines (health, then EUD and intra-machine all-to-all).
 
     Each machine is marked checked (health and every stage that could run passed),
@@ -197,7 +199,7 @@ def standby_check(inv: Inventory, transport: Transport, store: Store,
     if not names:
         return before
     results = check_pool(inv, transport, [inv.node(n) for n in names], store=store,
-                         runner=runner, timeout_scale=timeout_scale)
+                         runner=runner, timeout_scale=timeout_scale, track=track)
     now = time.time()
     for name, c in results.items():
         state.mark_checked(name, c.outcome == "checked", c.detail, now, c.outcome)

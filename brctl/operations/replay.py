@@ -33,6 +33,7 @@ from brctl.analysis.replay_judge import GroupRun, JudgedRound, judge_round
 from brctl.core import templates
 from brctl.core.errors import ExitCode, UsageError
 from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.operations import Track, untracked
 from brctl.operations.jobadapter import placeholder_values
 from brctl.remote.fanout import run_all
 from brctl.remote.probes import ProbeRunner
@@ -40,6 +41,7 @@ from brctl.remote.probes import ProbeRunner
 PROBE = "brctl.diagnostics.replay_workload"
 FINGERPRINT = re.compile(r"^brctl-fingerprint\s+(\d+)\s+(\S+)\s*$")
 MAX_PORT = 65535
+Done = Optional[Callable[[RunResult], None]]  # the fan-out's per-machine callback (progress)
 
 
 @dataclass(frozen=True)
@@ -132,20 +134,22 @@ class RoundLauncher:
         self.next_port = self.next_port + 1 if self.next_port < MAX_PORT else 20000
         return port
 
-    def preflight(self, names: Sequence[str]) -> dict[str, str]:
+    def preflight(self, names: Sequence[str], on_done: Done = None) -> dict[str, str]:
         """Ship the probe code everywhere first; returns machines that failed (→ why)."""
         nodes = [self.inv.nodes[n] for n in names]
         results = self.runner.run(nodes, "brctl.diagnostics.sysinfo", {},
-                                  timeout=min(self.timeout, 120.0), concurrency=self.fanout)
+                                  timeout=min(self.timeout, 120.0), concurrency=self.fanout,
+                                  on_done=on_done)
         return {n: r.error or "no answer" for n, r in results.items() if not r.ok}
 
-    def run(self, groups: Sequence[tuple[str, ...]], *, retry: bool = True) -> list[GroupRun]:
+    def run(self, groups: Sequence[tuple[str, ...]], *, retry: bool = True,
+            on_done: Done = None) -> list[GroupRun]:
         """One run of every group; all groups of the round start together.
 
         A group whose rendezvous port was taken on its first machine (a race with
         another program) is run once more on a fresh port: that is not a verdict.
         """
-        out = self._run_once(groups)
+        out = self._run_once(groups, on_done)
         again = [i for i, r in enumerate(out) if r.status == "error" and r.error
                  and "address already in use" in r.error.lower()]
         if retry and again:
@@ -153,7 +157,7 @@ class RoundLauncher:
                 out[i] = run
         return out
 
-    def _run_once(self, groups: Sequence[tuple[str, ...]]) -> list[GroupRun]:
+    def _run_once(self, groups: Sequence[tuple[str, ...]], on_done: Done = None) -> list[GroupRun]:
         slots: dict[str, tuple[int, int]] = {}  # machine → (group index, node rank)
         for gi, group in enumerate(groups):
             for rank, name in enumerate(group):
@@ -164,9 +168,9 @@ class RoundLauncher:
         concurrency = max(self.fanout, len(nodes))
         results: dict[str, Any]
         if isinstance(self.workload, BuiltinWorkload):
-            results = self._run_builtin(nodes, groups, slots, ports, concurrency)
+            results = self._run_builtin(nodes, groups, slots, ports, concurrency, on_done)
         else:
-            results = self._run_command(nodes, groups, slots, ports, concurrency)
+            results = self._run_command(nodes, groups, slots, ports, concurrency, on_done)
         return [self._group_run(group, results) for group in groups]
 
     def _values(self, group: tuple[str, ...], rank: int, port: int) -> dict[str, object]:
@@ -176,7 +180,7 @@ class RoundLauncher:
 
     def _run_builtin(self, nodes: list[Node], groups: Sequence[tuple[str, ...]],
                      slots: dict[str, tuple[int, int]], ports: list[int],
-                     concurrency: int) -> dict[str, Any]:
+                     concurrency: int, on_done: Done) -> dict[str, Any]:
         assert isinstance(self.workload, BuiltinWorkload)
         wl = self.workload
         coords = [list(c) for c in self.plan.shape.rank_coords]
@@ -188,12 +192,12 @@ class RoundLauncher:
                     "device": wl.device, "timeout": self.timeout}
 
         out = self.runner.run(nodes, PROBE, request, timeout=self.timeout + 30,
-                              concurrency=concurrency, as_job=True)
+                              concurrency=concurrency, as_job=True, on_done=on_done)
         return dict(out)
 
     def _run_command(self, nodes: list[Node], groups: Sequence[tuple[str, ...]],
                      slots: dict[str, tuple[int, int]], ports: list[int],
-                     concurrency: int) -> dict[str, Any]:
+                     concurrency: int, on_done: Done) -> dict[str, Any]:
         assert isinstance(self.workload, CommandWorkload)
         template = list(self.workload.template)
 
@@ -203,7 +207,7 @@ class RoundLauncher:
             return self.runner.as_job_user(node, rendered)  # job-like code: never as root by choice
 
         return dict(run_all(self.transport, nodes, argv, timeout=self.timeout,
-                            concurrency=concurrency))
+                            concurrency=concurrency, on_done=on_done))
 
     def _group_run(self, group: tuple[str, ...], results: dict[str, Any]) -> GroupRun:
         runs = [results[m] for m in group]
@@ -261,6 +265,7 @@ def replay(
     port_base: int = 29500,
     max_rounds: Optional[int] = None,
     on_round: Optional[Callable[[RoundSpec, int], None]] = None,
+    track: Track = untracked,
 ) -> ReplayReport:
     """Run replay rounds until a verdict.
 
@@ -276,6 +281,7 @@ def replay(
         max_rounds: give up (``ambiguous``) after this many rounds (None: what the
             shape needs, ``ReplayPlan.default_max_rounds``).
         on_round: called before each round with its spec and its index (1-based).
+        track: progress: the preflight, then each round (and each repeat) on its machines.
 
     Returns:
         The report; never raises for a node or group failure (that is ``incomplete``).
@@ -291,7 +297,8 @@ def replay(
     plan_ = replay_plan(inv, dp)
     fanout = inv.ssh.fanout
     launcher = RoundLauncher(transport, inv, plan_, workload, timeout, port_base, fanout)
-    down = launcher.preflight(plan_.shape.machines) if isinstance(workload, BuiltinWorkload) else {}
+    down = (launcher.preflight(plan_.shape.machines, track("preflight", plan_.shape.machines))
+            if isinstance(workload, BuiltinWorkload) else {})
     rounds: list[JudgedRound] = []
     if down:
         verdict = Verdict("incomplete", (), (), (),
@@ -304,6 +311,10 @@ def replay(
             return ReplayReport(plan_, tuple(rounds), decision, workload.describe(), repeat, {})
         if on_round is not None:
             on_round(decision, len(rounds) + 1)
-        runs = [launcher.run(decision.groups) for _ in range(repeat)]
+        members = [m for g in decision.groups for m in g]
+        runs = [launcher.run(decision.groups, on_done=track(
+                    f"round {len(rounds) + 1} ({decision.kind}, {len(decision.groups)} groups"
+                    + (f", run {r + 1}/{repeat})" if repeat > 1 else ")"), members))
+                for r in range(repeat)]
         rounds.append(judge_round(decision.kind, runs, reference_of(rounds),
                                   decision.suspects or None))

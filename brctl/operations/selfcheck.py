@@ -15,6 +15,7 @@ from brctl.analysis.daemon import StandbyOutcome, standby_outcome
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.playbook import StageName
 from brctl.core.transport import Node, Transport
+from brctl.operations import Track, untracked
 from brctl.remote.probes import ProbeRunner
 from brctl.state import Store
 
@@ -29,13 +30,16 @@ class PoolCheck:
 
 
 def check_pool(inv: Inventory, transport: Transport, nodes: Sequence[Node], *, store: Store,
-               runner: ProbeRunner, timeout_scale: float) -> dict[str, PoolCheck]:
-    """Self-check ``nodes``: node → its outcome, the detail, and whether it answered."""
+               runner: ProbeRunner, timeout_scale: float,
+               track: Track = untracked) -> dict[str, PoolCheck]:
+    """Self-check ``nodes``: node → its outcome, the detail, and whether it answered
+    (``track``: progress, the health sweep then each stage)."""
     from brctl.operations.diagnose import Options, self_check
     from brctl.operations.health import sweep
 
     report = sweep(inv, transport, nodes, store, runner=runner,
-                   timeout=inv.health.timeout * timeout_scale)
+                   timeout=inv.health.timeout * timeout_scale,
+                   on_done=track("health", [n.name for n in nodes]))
     health: dict[str, tuple[bool, str]] = {}
     for name, verdict in report.nodes.items():
         bad = [f"{c.name}: {c.message}" for c in verdict.checks if c.status == "fail"]
@@ -45,7 +49,7 @@ def check_pool(inv: Inventory, transport: Transport, nodes: Sequence[Node], *, s
     stages: dict[str, list[tuple[str, str, Sequence[str]]]] = {n.name: [] for n in nodes}
     wanted = cast(list[StageName], list(inv.daemon.standby_stages))
     if healthy and wanted:
-        opts = Options(timeout_scale=timeout_scale, concurrency=inv.ssh.fanout)
+        opts = Options(timeout_scale=timeout_scale, concurrency=inv.ssh.fanout, track=track)
         for stage in self_check(inv, transport, healthy, opts, stages=wanted, runner=runner):
             for v in stage.verdicts:
                 stages[v.node].append((stage.name, v.status, v.evidence))

@@ -183,9 +183,16 @@ def test_marker_gates_incomplete_steps(tmp_path: Path) -> None:
     make_step(tmp_path, "n2", "step_100")
     (tmp_path / "n2" / "ckpt" / "step_100" / "DONE").write_text("")
     make_step(tmp_path, "n2", "step_200")  # still being written: no DONE yet
-    report = ops.backup(LocalTransport(), inv, ops.plan(inv).backups(), nodes=["n2"])
+    from tests.unit.test_progress import StageRecorder
+
+    track = StageRecorder()
+    report = ops.backup(LocalTransport(), inv, ops.plan(inv).backups(), nodes=["n2"],
+                        track=track)
     (copy,) = report.copies
     assert copy.state == "ok" and copy.step == "step_100" and copy.files == 3
+    # progress: the scan, then the copy, each hearing n2 finish (the copy when its last lane did)
+    assert track.names() == ["scan and hash", "copy"] and track.complete()
+    assert track.stages[1][1:] == (["n2"], ["n2"])
 
 
 def test_nothing_to_back_up_is_a_finding(brctl: Any, cluster: Any) -> None:
@@ -216,6 +223,22 @@ def test_restore_ignores_stale_staging(brctl: Any, cluster: Any, tmp_path: Path)
     res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n2")
     assert res.exit_code == 0, res.stdout + res.stderr
     assert tree(tmp_path / "spare" / "ckpt") == want
+
+
+def test_restore_progress_names_each_stage(cluster: Any, tmp_path: Path) -> None:
+    from tests.unit.test_progress import StageRecorder
+
+    _, inv = cluster
+    want = make_step(tmp_path, "n2", "step_7")
+    backups = ops.plan(inv).backups()
+    assert ops.backup(LocalTransport(), inv, backups, nodes=["n2"]).copies[0].state == "ok"
+    track = StageRecorder()
+    report = ops.restore(LocalTransport(), inv, backups, target="spare", evicted="n2",
+                         track=track)
+    assert report.copies[0].state == "ok" and tree(tmp_path / "spare" / "ckpt") == want
+    peer = backups["n2"]
+    assert track.names() == [f"verify the backup on {peer}", f"copy step_7 {peer} -> spare"]
+    assert track.complete()
 
 
 def test_restore_onto_a_live_job_member_is_refused_unless_forced(

@@ -138,6 +138,23 @@ def test_standby_check_with_every_stage_skipped_is_untested(brctl: Any, tmp_path
     assert "no diagnose stage could run" in machine["detail"]
     listed = brctl("-i", inv, "--json", "standby", "list").json
     assert next(iter(listed["nodes"].values()))["status"] == "untested"
+    # progress: the health sweep, then each self-check stage, each hearing s1 finish
+    from brctl.inventory import load_inventory
+    from brctl.operations.fleet import standby_check
+    from brctl.remote.factory import RoutingTransport
+    from brctl.remote.probes import ProbeRunner
+    from tests.unit.test_progress import StageRecorder
+
+    track = StageRecorder()
+    transport = RoutingTransport()
+    store = Store(state_dir)
+    try:
+        standby_check(load_inventory(inv), transport, store, None,
+                      runner=ProbeRunner(transport), track=track)
+    finally:
+        store.close()
+        transport.close()
+    assert track.names() == ["health", "eud (dcgmi diag -r 2)", "alltoall"] and track.complete()
 
 
 def test_ettr_and_daemon_status_read_the_database(brctl: Any, tmp_path: Path,

@@ -5,13 +5,36 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
+
+
+class StageRecorder:
+    """A ``Track`` that records each stage, its machines and the machines it heard finish."""
+
+    def __init__(self) -> None:
+        self.stages: list[tuple[str, list[str], list[str]]] = []
+
+    def __call__(self, stage: str, machines: Sequence[str]) -> Callable[[Any], None]:
+        done: list[str] = []
+        self.stages.append((stage, list(machines), done))
+        return lambda item=None: done.append(getattr(item, "node", "?"))
+
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.stages]
+
+    def complete(self) -> bool:
+        """Every stage heard every one of its machines finish."""
+        return all(sorted(done) == sorted(machines) for _, machines, done in self.stages)
 
 
 def run_with_tty_stderr(args: list[str], cwd: Path) -> tuple[int, str, str]:
@@ -55,3 +78,47 @@ def test_exec_shows_which_machine_it_still_waits_on(tmp_path: Path) -> None:
     quiet = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "exec", "sleep ${PAUSE:-0}"],
                            capture_output=True, text=True, timeout=120, check=False)
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+PASSING_DCGM = {"DCGM Diagnostic": {"test_categories": [{"category": "Deployment", "tests": [
+    {"name": "software", "results": [{"entity_group": "GPU", "entity_group_id": 1,
+                                      "entity_id": 0, "status": "Pass"}],
+     "test_summary": {"status": "Pass"}}]}]}}
+
+
+def test_diagnose_shows_each_stage_its_machines_the_slowest_and_the_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ladder's stages as bars (evidence, eud, alltoall, allgather), each naming the
+    machine it still waits on; with -v each step's line carries the seconds since the start;
+    never with --json, nothing on a stderr that is not a terminal."""
+    import json
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dcgm.json").write_text(json.dumps(PASSING_DCGM))
+    dcgmi = fake / "dcgmi"
+    dcgmi.write_text(f'#!/bin/sh\nsleep "${{DCGM_PAUSE:-0}}"\ncat {fake / "dcgm.json"}\n')
+    dcgmi.chmod(0o755)
+    log = tmp_path / "train.log"
+    log.write_text("[rank1]: Watchdog caught collective operation timeout\n")
+    path = f"{fake}:/usr/bin:/bin"
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({
+        "nodes": [{"name": "m[1-2]", "connection": "local", "gpus": 1, "env": {"PATH": path}},
+                  {"name": "slow1", "connection": "local", "gpus": 1,
+                   "env": {"PATH": path, "DCGM_PAUSE": "3"}}],
+        "job": {"name": "j", "nodes": "m[1-2],slow1", "log_paths": [str(log)],
+                "process_match": "no-such-training-process"}}))
+    monkeypatch.setenv("BRCTL_STATE", str(tmp_path / "state"))
+    code, out, tty = run_with_tty_stderr(["-i", str(inv), "-v", "diagnose"], tmp_path)
+    assert code in (0, 3), tty  # the collectives need torch on the machines: they may skip
+    for stage in ("diagnose evidence", "diagnose alltoall", "diagnose allgather"):
+        assert stage in tty, (stage, tty)
+    assert "diagnose eud (dcgmi diag -r 2): waiting on slow1" in tty, tty
+    assert "2/3" in tty and "0:00:0" in tty, tty
+    assert re.search(r"diagnose +\d+\.\ds  stage eud on m\[1-2\],slow1", tty), tty
+    code, out, tty = run_with_tty_stderr(["-i", str(inv), "--json", "diagnose"], tmp_path)
+    assert out.startswith("{") and "waiting on" not in tty and "diagnose eud" not in tty, tty
+    piped = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "diagnose"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert "waiting on" not in piped.stderr and "diagnose eud" not in piped.stderr

@@ -47,10 +47,16 @@ def scripted(faulty: set[str], seen: list[list[str]] | None = None) -> FakeTrans
 
 
 def test_single_fault_found_in_two_rounds_and_argv_is_a_list() -> None:
+    from tests.unit.test_progress import StageRecorder
+
     seen: list[list[str]] = []
     inv = inventory(8, 2, 1, 2)
+    track = StageRecorder()
     report = replay(scripted({"g03"}, seen), inv, workload=command_workload(TEMPLATE),
-                    port_base=31000)
+                    port_base=31000, track=track)
+    # progress: each round a stage over its machines, each heard as it finished
+    assert track.names() == ["round 1 (horizontal, 4 groups)", "round 2 (vertical, 4 groups)"]
+    assert track.complete() and sorted(track.stages[0][1]) == [f"g{i:02d}" for i in range(1, 9)]
     assert (report.verdict.verdict, report.verdict.faulty) == ("found", ("g03",))
     assert [r.kind for r in report.rounds] == ["horizontal", "vertical"]
     assert int(report.exit_code) == 1
