@@ -10,6 +10,16 @@ are distinct tuples, as parsed from real dumps, with frames interned as the
 parser does). Timed: ``analysis.stacks.analyse`` over one round (signatures,
 classes, prefix tree, outliers, group mapping), median of ``--runs``.
 
+End to end (``--end-to-end 131072``): the same round as each machine's stacks
+probe answers it (``diagnostics.stacks_probe``: main-thread frames in one frame
+table per machine), timed on the controller from the answers' text to the
+verdict: ``parse_document`` (JSON), ``operations.stacks.read_answers`` (checks and
+interns the frames) and ``operations.stacks.analyse`` (live rank map, rounds,
+analysis). CPU seconds, one run. Bytes shipped per rank are measured for the
+reduced answers and for the raw form (py-spy's pretty-printed JSON with three
+threads, as ``--save`` ships it); the raw path's controller CPU is measured at
+``--raw-ranks`` and shown per rank.
+
 Collection (``--nodes N``, needs root, sshd and ``brctl.remote.ssh``): N real
 sshd machines (tests/integration/cluster.py, own PID namespaces), 2 sleeping
 "ranks" on each, ``operations.stacks.collect`` with real py-spy dumps; the first
@@ -19,6 +29,7 @@ round ships the probe bundle, later rounds reuse the connections and the cache.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -29,6 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from brctl.analysis.stacks import Frame, RankSample, Round, analyse
 from brctl.analysis.topology import Topology
+from brctl.core.transport import NodeState, RunResult
+from brctl.diagnostics.protocol import PROBE_SCHEMA
+from brctl.diagnostics.pyspy_frames import FrameTable
+from brctl.diagnostics.stacks_probe import reduce_dumps
+from brctl.operations.stacks import Collection, JobShape, read_answers
+from brctl.operations.stacks import analyse as analyse_collections
+from brctl.remote.probes import ProbeResult, parse_document
 
 
 def synthetic(world: int, seed: int = 1) -> tuple[Topology, Round]:
@@ -79,6 +97,107 @@ def bench_analysis(sizes: list[int], runs: int) -> None:
         assert result.evict, "the synthetic hang must be found"
         med = statistics.median(times)
         print(f"| {world:,} | {depth:.0f} | {med:.3f} s | {med / world * 1e6:.1f} µs |")
+
+
+_OTHER_THREADS = (  # what else a torch rank runs: a pin-memory thread, autograd's worker
+    ("Thread-2 (_pin_memory_loop)", [("_pin_memory_loop", "torch/utils/data/_utils/pin_memory.py",
+                                      49), ("Thread.run", "threading.py", 982),
+                                     ("Thread._bootstrap_inner", "threading.py", 1045),
+                                     ("Thread._bootstrap", "threading.py", 1002)]),
+    ("pt_autograd_0", [("wait", "threading.py", 331), ("get", "queue.py", 180),
+                       ("Thread._bootstrap", "threading.py", 1002)]))
+
+
+def pyspy_json(stack: tuple[Frame, ...], pid: int) -> str:
+    """``py-spy dump --json`` of a rank whose main thread is ``stack`` (pretty, as py-spy prints)."""
+    def frame(name: str, file: str, line: int) -> dict[str, object]:
+        return {"name": name, "filename": f"/opt/venv/lib/python3.11/site-packages/{file}",
+                "module": None, "short_filename": file, "line": line, "locals": None,
+                "is_entry": False, "is_shim_entry": False}
+
+    threads = [{"pid": pid, "thread_id": 139_900_000_000_000 + i, "thread_name": name,
+                "os_thread_id": pid + 1 + i, "active": False, "owns_gil": False,
+                "frames": [frame(*f) for f in frames], "process_info": None}
+               for i, (name, frames) in enumerate(_OTHER_THREADS)]
+    threads.append({"pid": pid, "thread_id": 139_800_000_000_000, "thread_name": "MainThread",
+                    "os_thread_id": pid, "active": True, "owns_gil": False,
+                    "frames": [frame(*f) for f in reversed(stack)], "process_info": None})
+    return json.dumps(threads, indent=2)
+
+
+def probe_answer(samples: list[RankSample], world: int, raw: bool) -> str:
+    """One machine's stacks-probe stdout for its ranks (reduced, or ``raw`` as for --save)."""
+    procs = [{"pid": s.pid, "ppid": 1, "role": "rank", "state": "S", "rank": s.rank,
+              "local_rank": s.rank % 8, "world_size": world, "environ_readable": True,
+              "rank_pid": s.pid} for s in samples]
+    dumps: list[dict[str, object]] = [{"pid": s.pid, "seconds": 0.21, "error": None}
+                                      if raw else {"pid": s.pid} for s in samples]
+    doc: dict[str, object] = {"processes": procs, "py_spy": "/usr/local/bin/py-spy",
+                              "py_spy_missing": False, "dumps": dumps}
+    if raw:
+        for d, s in zip(dumps, samples):
+            d["output"] = pyspy_json(s.stack or (), s.pid)
+    else:  # the probe's own table (reduce_dumps on the py-spy text gives the same: checked)
+        table = FrameTable()
+        for d, s in zip(dumps, samples):
+            d["prefix"], d["stack"] = table.delta(list(s.stack or ()))
+        doc["frames"] = table.text()
+    doc["schema"] = PROBE_SCHEMA
+    return json.dumps(doc, separators=(",", ":")) + "\n"
+
+
+def controller_cpu(answers: dict[str, str], shape: JobShape) -> tuple[float, float, object]:
+    """CPU seconds from the answers' text to the report: (parse + read, analyse), report."""
+    t0 = time.process_time()
+    results = {}
+    for name, text in answers.items():
+        run = RunResult(name, NodeState.OK, 0, text, "", 0.3)
+        results[name] = ProbeResult(name, run, *parse_document(run))
+    col = Collection(read_answers(results), 0.0, 0.0)
+    t1 = time.process_time()
+    report = analyse_collections([col], shape)
+    return t1 - t0, time.process_time() - t1, report
+
+
+def bench_end_to_end(world: int, raw_world: int) -> None:
+    """One round at ``world`` ranks from the probes' answers to the verdict (controller CPU)."""
+    topo, rnd = synthetic(world)
+    by_node: dict[str, list[RankSample]] = {}
+    for s in rnd.samples:
+        by_node.setdefault(s.node, []).append(s)
+    shape = JobShape(topo.machines, tuple([8] * len(topo.machines)), tp=8, pp=8)
+    first = next(iter(by_node.values()))
+    # the shortcut above is the probe's reduction: same frames, same indices
+    raw_doc = json.loads(probe_answer(first, world, raw=True))
+    frames = reduce_dumps(raw_doc["dumps"])
+    reduced_doc = json.loads(probe_answer(first, world, raw=False))
+    assert frames == reduced_doc["frames"] and raw_doc["dumps"] == reduced_doc["dumps"]
+    answers = {node: probe_answer(samples, world, raw=False) for node, samples in by_node.items()}
+    reduced = sum(len(a) for a in answers.values()) / world
+    sample = list(by_node.items())[:: max(1, len(by_node) // 256)]
+    raw = (sum(len(probe_answer(ss, world, raw=True)) for _, ss in sample)
+           / sum(len(ss) for _, ss in sample))
+    parse, analysis, report = controller_cpu(answers, shape)
+    assert report.analysis.evict, "the synthetic hang must be found"  # type: ignore[attr-defined]
+    print("| ranks | form | bytes shipped per rank | parse + check (CPU) | analysis (CPU) | "
+          "end to end (CPU) | per rank |")
+    print("|---|---|---|---|---|---|---|")
+    total = parse + analysis
+    print(f"| {world:,} | reduced (default) | {reduced:,.0f} | {parse:.2f} s | {analysis:.2f} s | "
+          f"**{total:.2f} s** | {total / world * 1e6:.1f} µs |")
+    if raw_world:
+        rtopo, rrnd = synthetic(raw_world)
+        rnodes: dict[str, list[RankSample]] = {}
+        for s in rrnd.samples:
+            rnodes.setdefault(s.node, []).append(s)
+        ranswers = {n: probe_answer(ss, raw_world, raw=True) for n, ss in rnodes.items()}
+        rshape = JobShape(rtopo.machines, tuple([8] * len(rtopo.machines)), tp=8, pp=8)
+        rparse, ranalysis, _ = controller_cpu(ranswers, rshape)
+        rtotal = rparse + ranalysis
+        print(f"| {raw_world:,} | raw (`--save`) | {raw:,.0f} | {rparse:.2f} s | "
+              f"{ranalysis:.2f} s | {rtotal:.2f} s | {rtotal / raw_world * 1e6:.1f} µs |")
+        print(f"\nraw at {world:,} ranks: {raw * world / 2**30:.2f} GiB shipped, "
+              f"~{rtotal / raw_world * world:.1f} s CPU (extrapolated per rank)")
 
 
 def bench_collection(n: int, rounds: int) -> None:
@@ -158,7 +277,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fail-slow", type=int, metavar="RANKS", default=0,
                     help="only the fail-slow vote: 5 rounds at 1%% and 5%% noise")
+    ap.add_argument("--end-to-end", type=int, metavar="RANKS", default=0,
+                    help="only one round from the probes' answers to the verdict")
+    ap.add_argument("--raw-ranks", type=int, default=8192,
+                    help="ranks for the raw (--save) form's controller CPU (0: skip)")
     args = ap.parse_args()
+    if args.end_to_end:
+        bench_end_to_end(args.end_to_end, args.raw_ranks)
+        return
     if args.fail_slow:
         print("| ranks | rounds | noise | analyse (CPU) | suspect |")
         print("|---|---|---|---|---|")

@@ -1,49 +1,32 @@
-"""Parse ``py-spy dump --json`` output into the main thread's stack.
+"""Stacks from the node: py-spy's raw JSON, or the probe's reduced frame table.
 
-py-spy prints a JSON list of thread objects (``py-spy dump --json``):
-``pid, thread_id, thread_name, os_thread_id, active, owns_gil, frames[...]``,
-frames innermost first, ``is_entry``/``is_shim_entry`` absent before v0.4. The
-training thread is the main thread: on Linux its OS thread id equals the pid;
-``thread_name`` is null when the program never imported ``threading``, so the
-name is only a fallback. Frames are interned: identical stacks from many ranks
-share their frame objects, which keeps 10⁵ ranks cheap to hold and compare.
-Dumps taken with ``--native`` parse too: an unsymbolised native frame (named by its
-address) becomes ``<native>`` in its library, so ranks stuck alike still cluster.
+Two forms reach the controller, and both become the same ``Stack`` (the main
+thread's frames, outermost first, normalised by ``diagnostics.pyspy_frames``):
+
+- ``parse_dump``: py-spy's own ``dump --json`` text, as ``--save`` keeps it;
+- ``frame_table`` + ``reduced_stack``: what the stacks probe ships by default,
+  one frame table per machine (``name<TAB>file<TAB>line`` lines) and per rank
+  the frames it shares with the previous rank's stack (``prefix``) and indices
+  into the table. The probe's answer comes from a node and is hostile: every
+  row and index is checked, and anything else is a ``PySpyFormatError`` naming
+  where.
+
+Frames are interned: identical stacks from many ranks share their frame objects,
+which keeps 10⁵ ranks cheap to hold and compare.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from brctl.analysis.stacks import Frame, Stack
+from brctl.diagnostics.pyspy_frames import NATIVE, PySpyFormatError, main_frames
 
-# A native frame (``py-spy dump --native``) that py-spy could not symbolise is named by its
-# address, which ASLR moves in every process: such frames are all one anonymous frame.
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-NATIVE = "<native>"
-
-
-class PySpyFormatError(ValueError):
-    """The text is not py-spy's JSON (says what was expected)."""
-
-
-def _main_thread(threads: list[Any], pid: int) -> dict[str, Any]:
-    dicts = [t for t in threads if isinstance(t, dict)]
-    if not dicts:
-        raise PySpyFormatError("no thread objects in the dump")
-    for t in dicts:
-        if t.get("os_thread_id") == pid:
-            return t
-    for t in dicts:
-        if t.get("thread_name") == "MainThread":
-            return t
-    return dicts[-1]  # py-spy's JSON keeps the interpreter's order: main thread last
+__all__ = ["NATIVE", "PySpyFormatError", "frame_table", "parse_dump", "reduced_stack"]
 
 
 def parse_dump(text: str, pid: int, intern: dict[Frame, Frame] | None = None) -> Stack:
-    """The main thread's stack, outermost frame first.
+    """The main thread's stack from py-spy's JSON, outermost frame first.
 
     Args:
         text: py-spy's stdout for ``dump --json --pid PID``.
@@ -53,24 +36,61 @@ def parse_dump(text: str, pid: int, intern: dict[Frame, Frame] | None = None) ->
     Raises:
         PySpyFormatError: not a JSON list of threads with frames.
     """
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise PySpyFormatError(f"not JSON: {exc}") from None
-    if not isinstance(data, list):
-        raise PySpyFormatError("expected a JSON list of threads")
-    thread = _main_thread(data, pid)
-    frames = thread.get("frames")
-    if not isinstance(frames, list):
-        raise PySpyFormatError("thread without a frames list")
     table = intern if intern is not None else {}
-    out: list[Frame] = []
-    for raw in reversed(frames):  # py-spy lists innermost first
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise PySpyFormatError("frame without a name")
-        file = raw.get("short_filename") or raw.get("filename") or raw.get("module") or ""
-        line = raw.get("line")
-        name = NATIVE if _ADDRESS.fullmatch(raw["name"]) else raw["name"]
-        frame = Frame(name, str(file), line if isinstance(line, int) else 0)
+    out = []
+    for row in main_frames(text, pid):
+        frame = Frame(*row)
         out.append(table.setdefault(frame, frame))
     return tuple(out)
+
+
+def frame_table(text: Any, known: dict[str, Frame]) -> list[Frame]:
+    """A machine's frame table (``name<TAB>file<TAB>line`` lines) as interned frames.
+
+    ``known`` maps rows already read to their frame: a row seen on an earlier
+    machine is one dictionary lookup, with no Python-level step per row, so
+    16,384 machines running the same code cost little more than one.
+
+    Raises:
+        PySpyFormatError: not a text of such rows (says which row).
+    """
+    if type(text) is not str:
+        raise PySpyFormatError("frames: expected the frame table's text")
+    if not text:
+        return []
+    rows = text.split("\n")
+    out: list[Frame | None] = list(map(known.get, rows))
+    if None in out:
+        for i, row in enumerate(rows):
+            if out[i] is None:
+                out[i] = known[row] = _row(row, i)
+    return out  # type: ignore[return-value]  # every None was replaced above
+
+
+def _row(row: str, i: int) -> Frame:
+    name, tab, rest = row.partition("\t")
+    file, tab2, line = rest.partition("\t")
+    if not (tab and tab2 and line.isascii() and line.isdigit()):
+        raise PySpyFormatError(f"frames row {i}: expected name<TAB>file<TAB>line, not {row!r:.60}")
+    return Frame(name, file, int(line))
+
+
+def reduced_stack(prefix: Any, indices: Any, table: list[Frame], previous: Stack) -> Stack:
+    """One rank's stack: ``prefix`` frames of the previous stack, then ``indices`` into the table.
+
+    Raises:
+        PySpyFormatError: a prefix longer than the previous stack, or indices that
+            are not integers within the table.
+    """
+    if type(prefix) is not int or not 0 <= prefix <= len(previous):
+        raise PySpyFormatError(f"prefix must be an integer from 0 to {len(previous)}")
+    if type(indices) is not list:
+        raise PySpyFormatError("stack: expected a list of frame indices")
+    try:
+        if indices and min(indices) < 0:
+            raise IndexError
+        rest = tuple(map(table.__getitem__, indices))  # a non-integer is a TypeError
+    except (IndexError, TypeError):
+        raise PySpyFormatError(
+            f"stack: indices must be integers from 0 to {len(table) - 1}") from None
+    return previous[:prefix] + rest if prefix else rest

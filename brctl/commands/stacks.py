@@ -67,7 +67,8 @@ def stacks(
         with env.output.progress("stacks", rounds) as advance:
             collections, shape = op.collect_job(
                 env.inventory(), env.transport(), rounds=rounds, interval=interval,
-                dump_timeout=dump_timeout * scale, timeout=timeout * scale, on_round=advance)
+                dump_timeout=dump_timeout * scale, timeout=timeout * scale, on_round=advance,
+                raw=save is not None)
         if save is not None:
             op.save(Path(save), collections, shape)
     report = op.analyse(collections, shape)

@@ -29,6 +29,8 @@ def kept_text(head: bytes, tail: bytes, total: int, keep: int) -> str:
 
 def truncated_total(text: str) -> int | None:
     """The byte count in ``text``'s truncation marker, or None when it was kept whole."""
+    if "[brctl: output truncated: " not in text:
+        return None  # a substring scan is ~20x cheaper than the regex over a large answer
     found = _MARKER_RX.search(text)
     return int(found.group(1)) if found else None
 

@@ -3,7 +3,7 @@
 Node-side; standard library only. Request::
 
     {"process_match": REGEX, "py_spy": PATH|null, "dump_timeout": SECONDS,
-     "concurrency": N, "only_ranks": [RANK, ...] | null}
+     "concurrency": N, "only_ranks": [RANK, ...] | null, "raw": BOOL}
 
 1. Processes whose command line matches ``process_match`` (never this probe or
    its ancestors: the ssh session's command line holds the request) and all their
@@ -16,6 +16,12 @@ Node-side; standard library only. Request::
 3. Every rank is dumped with ``py-spy dump --json --pid PID``, each under its
    own timeout, several at once. A failure says why, and for ptrace failures
    which permission is missing.
+4. Each dump is reduced to what the analysis needs (``pyspy_frames``): the main
+   thread's normalised frames, as indices into one frame table per machine
+   (``frames``: ``name<TAB>file<TAB>line`` lines; per dump ``prefix``, the frames it
+   shares with the previous dump's stack, and ``stack``, the rest). A dump whose
+   output is not py-spy's JSON becomes an error. With ``raw`` (``brctl stacks
+   --save``) py-spy's JSON is shipped as it printed it (``output``) instead.
 
 py-spy comes from the request (the copy the controller shipped), else PATH, else
 next to this Python; when there is none the answer says ``py_spy_missing`` and
@@ -34,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from brctl.diagnostics.protocol import serve
+from brctl.diagnostics.pyspy_frames import FrameTable, PySpyFormatError, main_frames
 
 RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # the only environment values read
 _STATES = {"D": "uninterruptible sleep (D): stuck in the kernel, e.g. on a device or NFS",
@@ -216,8 +223,32 @@ def dump(py_spy: str, pid: int, timeout: float, retry: bool = True) -> dict[str,
     return {"pid": pid, "output": out, "seconds": seconds, "error": None}
 
 
+def reduce_dumps(dumps: list[dict[str, Any]]) -> str:
+    """Replace each dump's py-spy text by its main-thread stack (in place); the frame table.
+
+    Each stack becomes ``prefix`` (frames shared with the previous stack shipped)
+    and ``stack`` (indices of the rest into the returned table).
+
+    The text is dropped either way: it is what made a round of 131,072 ranks ship
+    gigabytes. A dump that is not py-spy's JSON keeps only the reason; ``error``
+    is left out when there is none.
+    """
+    table = FrameTable()
+    for d in dumps:
+        text = d.pop("output", None)
+        del d["seconds"]  # nothing reads it, and 131,072 of them cost the controller
+        if text is not None:
+            try:
+                d["prefix"], d["stack"] = table.delta(main_frames(text, d["pid"]))
+            except PySpyFormatError as exc:
+                d["error"] = f"unusable py-spy output: {exc}"
+        if d["error"] is None:
+            del d["error"]
+    return table.text()
+
+
 def collect(request: dict[str, Any]) -> dict[str, Any]:
-    """Find the job's processes and dump every rank."""
+    """Find the job's processes and dump every rank (reduced to frames unless ``raw``)."""
     pattern = request.get("process_match")
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("request.process_match: a regular expression is required")
@@ -234,6 +265,8 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
     workers = max(1, min(int(request.get("concurrency") or 8), len(ranks)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         doc["dumps"] = list(pool.map(lambda pid: dump(py_spy, pid, timeout), ranks))
+    if not request.get("raw"):
+        doc["frames"] = reduce_dumps(doc["dumps"])
     return doc
 
 

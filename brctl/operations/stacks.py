@@ -2,6 +2,9 @@
 
 - ``collect`` runs the ``stacks_probe`` on every machine (shipping the
   controller's py-spy to machines that have none) and returns one ``Collection``.
+  Each machine answers with its ranks' main-thread frames as indices into its
+  frame table (``analysis.pyspy``: checked, a malformed answer is that machine's error);
+  only ``raw`` collections (for ``save``) carry py-spy's JSON itself.
 - ``collect_rounds`` repeats it ``rounds`` times, ``interval`` seconds apart.
 - ``analyse`` turns collections into the pure analyser's input (live rank →
   machine mapping, parsed stacks, undumpable and missing ranks) and returns a
@@ -20,20 +23,20 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
-from brctl.analysis.pyspy import PySpyFormatError, parse_dump
-from brctl.analysis.stacks import Frame, RankSample, Round, StackAnalysis
+from brctl.analysis.pyspy import PySpyFormatError, frame_table, parse_dump, reduced_stack
+from brctl.analysis.stacks import Frame, RankSample, Round, Stack, StackAnalysis
 from brctl.analysis.stacks import analyse as analyse_rounds
 from brctl.analysis.topology import Topology, TopologyError
 from brctl.core.errors import ExitCode, IncompleteError, InputError, RemoteDataError
 from brctl.core.transport import Node, RunResult, Transport
-from brctl.remote.probes import Bundle, ProbeRunner
+from brctl.remote.probes import Bundle, ProbeResult, ProbeRunner
 
 PROBE = "brctl.diagnostics.stacks_probe"
 SAVE_SCHEMA = "brctl.stacks-save/1"
@@ -45,10 +48,11 @@ class RankDump:
 
     rank: int
     pid: int
-    output: str | None  # py-spy's JSON text, as printed
+    output: str | None  # py-spy's JSON text, as printed (collected raw, for --save)
     error: str | None
     local_rank: int | None = None
     world_size: int | None = None
+    stack: Stack | None = None  # the main thread's frames, as the probe reduced them
 
 
 @dataclass(frozen=True)
@@ -127,34 +131,73 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+class MalformedAnswer(ValueError):
+    """A stacks probe answer that is not the probe's document (says where)."""
+
+
 def _node_collection(name: str, doc: dict[str, Any] | None, error: str | None,
-                     run: RunResult) -> NodeCollection:
+                     run: RunResult, known: dict[str, Frame] | None = None) -> NodeCollection:
+    """A machine's answer as a NodeCollection; a malformed answer is that machine's error."""
     if doc is None:
         state = run.state.value if not run.state.ran else "probe_error"
         return NodeCollection(name, state, error or "no answer", seconds=run.seconds)
-    procs = doc.get("processes")
-    dumps = doc.get("dumps")
-    if not isinstance(procs, list) or not isinstance(dumps, list):
-        return NodeCollection(name, "probe_error", "probe answer lacks processes/dumps",
+    try:
+        return _parse_answer(name, doc, run, known if known is not None else {})
+    except (MalformedAnswer, PySpyFormatError) as exc:
+        return NodeCollection(name, "probe_error", f"malformed stacks probe answer: {exc}",
                               seconds=run.seconds)
-    by_pid = {d.get("pid"): d for d in dumps if isinstance(d, dict)}
+
+
+def _dumps_by_pid(dumps: list[Any], table: list[Frame]
+                  ) -> dict[int, tuple[dict[str, Any], Stack | None]]:
+    """pid → (its dump, its stack when reduced), each dump checked."""
+    out: dict[int, tuple[dict[str, Any], Stack | None]] = {}
+    previous: Stack = ()  # each reduced stack starts with frames of the one before it
+    for i, d in enumerate(dumps):
+        if type(d) is not dict or type(d.get("pid")) is not int:
+            raise MalformedAnswer(f"dumps[{i}]: expected an object with an integer pid")
+        stack = None
+        if "stack" in d:
+            try:
+                stack = previous = reduced_stack(d.get("prefix", 0), d["stack"], table, previous)
+            except PySpyFormatError as exc:
+                raise MalformedAnswer(f"dumps[{i}].{exc}") from None
+        for key in ("error", "output"):
+            if d.get(key) is not None and type(d[key]) is not str:
+                raise MalformedAnswer(f"dumps[{i}].{key}: expected a string")
+        out[d["pid"]] = d, stack
+    return out
+
+
+def _parse_answer(name: str, doc: dict[str, Any], run: RunResult,
+                  known: dict[str, Frame]) -> NodeCollection:
+    """The probe's document, checked field by field (it comes from a node: hostile)."""
+    procs, dumps = doc.get("processes"), doc.get("dumps")
+    if type(procs) is not list or type(dumps) is not list:
+        raise MalformedAnswer("it lacks the processes/dumps lists")
+    by_pid = _dumps_by_pid(dumps, frame_table(doc["frames"], known) if "frames" in doc else [])
+    missing = bool(doc.get("py_spy_missing"))
     ranks, workers = [], 0
-    for p in procs:
-        if not isinstance(p, dict):
-            continue
-        if p.get("role") == "worker":
+    for i, p in enumerate(procs):
+        if type(p) is not dict:
+            raise MalformedAnswer(f"processes[{i}]: expected an object")
+        role = p.get("role")
+        if role == "worker":
             workers += 1
-        if p.get("role") != "rank" or _int_or_none(p.get("rank")) is None:
+        if role != "rank" or _int_or_none(p.get("rank")) is None:
             continue
-        pid = int(p["pid"])
-        d = by_pid.get(pid, {})
+        pid = p.get("pid")
+        if type(pid) is not int:
+            raise MalformedAnswer(f"processes[{i}]: pid must be an integer")
+        d, stack = by_pid.get(pid, ({}, None))
         err = d.get("error")
         if not d:
-            if not doc.get("py_spy_missing"):
+            if not missing:
                 continue  # left to the machine that owns it (machines sharing one kernel)
             err = "py-spy is not available on this machine and none could be shipped"
-        ranks.append(RankDump(int(p["rank"]), pid, d.get("output"), err,
-                              _int_or_none(p.get("local_rank")), _int_or_none(p.get("world_size"))))
+        ranks.append(RankDump(p["rank"], pid, d.get("output"), err,
+                              _int_or_none(p.get("local_rank")), _int_or_none(p.get("world_size")),
+                              stack))
     return NodeCollection(name, "ok", None, tuple(ranks), workers, run.seconds)
 
 
@@ -169,6 +212,8 @@ def collect(
     py_spy_paths: dict[str, str] | None = None,
     on_done: Callable[[RunResult], None] | None = None,
     expected: dict[str, list[int]] | None = None,
+    raw: bool = False,
+    known: dict[str, Frame] | None = None,
 ) -> Collection:
     """One round: find and dump every rank on ``nodes``.
 
@@ -182,6 +227,9 @@ def collect(
         py_spy_paths: node → py-spy path shipped in an earlier round (updated in place).
         on_done: progress callback per machine.
         expected: node → ranks the inventory places there (used for local machines).
+        raw: ship py-spy's JSON as it printed it (for ``save``) instead of the
+            probe's reduced frames.
+        known: frame-table rows already read (shared across rounds: equal frames, one object).
 
     Returns:
         The round's collection; a machine's failure is recorded, never raised.
@@ -191,7 +239,7 @@ def collect(
 
     def request(node: Node) -> dict[str, Any]:
         req: dict[str, Any] = {"process_match": process_match, "py_spy": paths.get(node.name),
-                               "dump_timeout": dump_timeout}
+                               "dump_timeout": dump_timeout, "raw": raw}
         if node.connection == "local" and expected is not None:
             # local machines share this host's processes: each dumps only the ranks
             # the inventory places on it, so no process is attached twice at once
@@ -218,9 +266,21 @@ def collect(
         if again:
             results.update(runner.run(again, PROBE, request, timeout=timeout,
                                       concurrency=concurrency))
-    cols = {n.name: _node_collection(n.name, results[n.name].document, results[n.name].error,
-                                     results[n.name].run) for n in nodes}
+    cols = read_answers({n.name: results[n.name] for n in nodes}, known)
     return Collection(cols, wall, time.monotonic() - start, tuple(shipped))
+
+
+def read_answers(results: Mapping[str, ProbeResult], known: dict[str, Frame] | None = None
+                 ) -> dict[str, NodeCollection]:
+    """Every machine's stacks probe answer as its NodeCollection.
+
+    An answer that is not the probe's document (a frame row that is not
+    ``[name, file, line]``, an index outside the frame table, a pid that is not
+    an integer ...) is that machine's ``probe_error``, said in its error.
+    """
+    rows = known if known is not None else {}
+    return {name: _node_collection(name, res.document, res.error, res.run, rows)
+            for name, res in results.items()}
 
 
 def collect_rounds(
@@ -236,10 +296,12 @@ def collect_rounds(
 ) -> list[Collection]:
     """``rounds`` collections, ``interval`` seconds apart (start to start)."""
     paths: dict[str, str] = {}
+    known: dict[str, Frame] = {}
     out: list[Collection] = []
     for i in range(rounds):
         began = time.monotonic()
-        out.append(collect(runner, nodes, process_match, py_spy_paths=paths, **kwargs))
+        out.append(collect(runner, nodes, process_match, py_spy_paths=paths, known=known,
+                           **kwargs))
         if on_round is not None:
             on_round(i + 1)
         if i + 1 < rounds:
@@ -256,8 +318,9 @@ def collect_job(
     dump_timeout: float = 10.0,
     timeout: float = 120.0,
     on_round: Callable[[int], None] | None = None,
+    raw: bool = False,
 ) -> tuple[list[Collection], JobShape]:
-    """Collect ``rounds`` rounds over the inventory's job machines.
+    """Collect ``rounds`` rounds over the inventory's job machines (``raw``: for ``save``).
 
     Raises:
         InputError: the inventory has no job or its sizes do not divide.
@@ -269,7 +332,7 @@ def collect_job(
     runner = ProbeRunner(transport)
     collections = collect_rounds(runner, inv.job_nodes(), inv.job.process_match, rounds=rounds,
                                  interval=interval, on_round=on_round, dump_timeout=dump_timeout,
-                                 timeout=timeout, concurrency=inv.ssh.fanout,
+                                 timeout=timeout, concurrency=inv.ssh.fanout, raw=raw,
                                  expected={m: topo.ranks_on(m) for m in topo.machines})
     return collections, shape
 
@@ -317,8 +380,8 @@ def _to_round(col: Collection, topo: Topology, intern: dict[Frame, Frame]) -> Ro
             if topo.machine_of(rd.rank) != node or rd.rank in found:
                 continue  # the same process seen from another machine on one kernel
             found.add(rd.rank)
-            stack, error = None, rd.error
-            if rd.output is not None:
+            stack, error = rd.stack, rd.error
+            if stack is None and rd.output is not None:
                 try:
                     stack = parse_dump(rd.output, rd.pid, intern)
                 except PySpyFormatError as exc:
@@ -366,9 +429,14 @@ def _round_dir(root: Path, index: int) -> Path:
 def save(root: Path, collections: Sequence[Collection], shape: JobShape) -> None:
     """Write the collections in the ``--save`` layout (no environment values but ranks).
 
+    The collections must have been taken ``raw``: the layout keeps py-spy's JSON.
+
     Raises:
         InputError: the directory cannot be written.
     """
+    if any(r.output is None and r.stack is not None
+           for col in collections for nc in col.nodes.values() for r in nc.ranks):
+        raise ValueError("stacks.save needs py-spy's raw JSON: collect with raw=True")
     try:
         root.mkdir(parents=True, exist_ok=True)
         rounds = []

@@ -132,7 +132,17 @@ def test_collect_on_local_machines_dumps_each_rank_once(tmp_path: Path, job: dic
     assert [(o.rank, o.reason) for o in report.analysis.outliers] == [(2, "minority")]
     assert report.analysis.evict == ("local2",)
     assert int(report.exit_code) == 1
+    # the probe shipped its reduced frames, not py-spy's JSON
+    assert all(r.output is None and r.stack for nc in col.nodes.values() for r in nc.ranks)
+    with pytest.raises(ValueError, match="raw"):
+        op.save(tmp_path / "nope", [col], shape)
 
+    # --save collects py-spy's JSON itself, and it parses to the very stacks the probe shipped
+    col = op.collect(ProbeRunner(LocalTransport()), nodes, MARK, dump_timeout=20, timeout=60,
+                     expected={m: topo.ranks_on(m) for m in topo.machines}, raw=True)
+    reduced = {r.rank: r.stack for nc in report.collections[0].nodes.values() for r in nc.ranks}
+    assert {r.rank: parse_dump(r.output or "", r.pid)
+            for nc in col.nodes.values() for r in nc.ranks} == reduced
     op.save(tmp_path / "save", [col], shape)
     files = sorted(p.relative_to(tmp_path / "save").as_posix()
                    for p in (tmp_path / "save").rglob("*") if p.is_file())
@@ -158,7 +168,7 @@ def test_py_spy_missing_on_the_node_is_shipped(tmp_path: Path, job: dict[int, in
     assert col.py_spy_shipped == ("local1",)
     cached = list((tmp_path / "home" / ".cache" / "brctl").glob("*/py-spy"))
     assert len(cached) == 1 and os.access(cached[0], os.X_OK)
-    assert all(r.output for r in col.nodes["local1"].ranks)
+    assert all(r.stack for r in col.nodes["local1"].ranks)
     paths: dict[str, str] = {}
     second = op.collect(runner, nodes, MARK, dump_timeout=20, timeout=60, py_spy_paths=paths)
     assert second.py_spy_shipped == ("local1",) and paths["local1"] == str(cached[0])
