@@ -127,9 +127,8 @@ def pyspy_json(stack: tuple[Frame, ...], pid: int) -> str:
 
 def probe_answer(samples: list[RankSample], world: int, raw: bool) -> str:
     """One machine's stacks-probe stdout for its ranks (reduced, or ``raw`` as for --save)."""
-    procs = [{"pid": s.pid, "ppid": 1, "role": "rank", "state": "S", "rank": s.rank,
-              "local_rank": s.rank % 8, "world_size": world, "environ_readable": True,
-              "rank_pid": s.pid} for s in samples]
+    procs = [{"pid": s.pid, "role": "rank", "rank": s.rank, "local_rank": s.rank % 8,
+              "world_size": world} for s in samples]
     dumps: list[dict[str, object]] = [{"pid": s.pid, "seconds": 0.21, "error": None}
                                       if raw else {"pid": s.pid} for s in samples]
     doc: dict[str, object] = {"processes": procs, "py_spy": "/usr/local/bin/py-spy",
@@ -177,6 +176,7 @@ def bench_end_to_end(world: int, raw_world: int) -> None:
     sample = list(by_node.items())[:: max(1, len(by_node) // 256)]
     raw = (sum(len(probe_answer(ss, world, raw=True)) for _, ss in sample)
            / sum(len(ss) for _, ss in sample))
+    del rnd, by_node, sample, first  # the controller holds only the answers
     parse, analysis, report = controller_cpu(answers, shape)
     assert report.analysis.evict, "the synthetic hang must be found"  # type: ignore[attr-defined]
     print("| ranks | form | bytes shipped per rank | parse + check (CPU) | analysis (CPU) | "

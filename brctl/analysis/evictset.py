@@ -57,14 +57,12 @@ class _Cover:
         self.where = topo.machine_index
         self._machines: dict[Instance, int] = {}
         self.holds: dict[Instance, int] = {}  # instance → bitmask of the outliers it holds
-        self.of: list[list[Instance]] = []  # outlier position → its instance of each kind
-        for pos, rank in enumerate(targets):
-            row = []
-            for k, kind in enumerate(kinds):
-                inst = (k, topo.group_id(rank, kind))
+        self.of: list[list[Instance]] = [[] for _ in targets]  # outlier → its instances
+        for k, kind in enumerate(kinds):
+            for pos, gid in enumerate(topo.group_ids(targets, kind)):
+                inst = (k, gid)
                 self.holds[inst] = self.holds.get(inst, 0) | (1 << pos)
-                row.append(inst)
-            self.of.append(row)
+                self.of[pos].append(inst)
 
     def machines(self, inst: Instance) -> int:
         """Bitmask of the machines of one instance."""

@@ -125,7 +125,7 @@ def find_processes(pattern: str) -> list[dict[str, Any]]:
     envs = {pid: _rank_env(pid) for pid in tree}
     procs = []
     for pid in sorted(tree):
-        ppid, state = table[pid]
+        ppid = table[pid][0]
         env = envs[pid] or {}
         parent_env = envs.get(ppid) or {}
         if "RANK" not in env:
@@ -134,13 +134,9 @@ def find_processes(pattern: str) -> list[dict[str, Any]]:
             role = "worker"
         else:
             role = "rank"
-        rank_pid = pid
-        while role == "worker" and "RANK" in (envs.get(table[rank_pid][0]) or {}):
-            rank_pid = table[rank_pid][0]
-        procs.append({"pid": pid, "ppid": ppid, "role": role, "state": state,
-                      "rank": env.get("RANK"), "local_rank": env.get("LOCAL_RANK"),
-                      "world_size": env.get("WORLD_SIZE"), "environ_readable": envs[pid] is not None,
-                      "rank_pid": rank_pid if role != "launcher" else None})
+        # only what the controller reads: 16,384 machines' answers are parsed in one go
+        procs.append({"pid": pid, "role": role, "rank": env.get("RANK"),
+                      "local_rank": env.get("LOCAL_RANK"), "world_size": env.get("WORLD_SIZE")})
     return procs
 
 

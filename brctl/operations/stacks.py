@@ -18,15 +18,17 @@ The daemon calls ``collect_rounds`` and ``analyse`` directly.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
@@ -42,9 +44,11 @@ PROBE = "brctl.diagnostics.stacks_probe"
 SAVE_SCHEMA = "brctl.stacks-save/1"
 
 
-@dataclass(frozen=True)
-class RankDump:
-    """One rank process found on a machine and its py-spy output (or why there is none)."""
+class RankDump(NamedTuple):
+    """One rank process found on a machine and its stack (or why there is none).
+
+    A NamedTuple, not a frozen dataclass: one per rank, 131,072 in a round.
+    """
 
     rank: int
     pid: int
@@ -127,6 +131,23 @@ def controller_py_spy() -> Bundle | None:
         return None
 
 
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a round's ~10⁶ objects are built.
+
+    They are tuples, dicts and strings without cycles, yet each full collection
+    walks all of them: a third of a 131,072-rank round's CPU. Reference counting
+    still frees everything; the collector resumes (as it was) afterwards.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -154,7 +175,7 @@ def _dumps_by_pid(dumps: list[Any], table: list[Frame]
     out: dict[int, tuple[dict[str, Any], Stack | None]] = {}
     previous: Stack = ()  # each reduced stack starts with frames of the one before it
     for i, d in enumerate(dumps):
-        if type(d) is not dict or type(d.get("pid")) is not int:
+        if type(d) is not dict or type(pid := d.get("pid")) is not int:
             raise MalformedAnswer(f"dumps[{i}]: expected an object with an integer pid")
         stack = None
         if "stack" in d:
@@ -162,10 +183,10 @@ def _dumps_by_pid(dumps: list[Any], table: list[Frame]
                 stack = previous = reduced_stack(d.get("prefix", 0), d["stack"], table, previous)
             except PySpyFormatError as exc:
                 raise MalformedAnswer(f"dumps[{i}].{exc}") from None
-        for key in ("error", "output"):
-            if d.get(key) is not None and type(d[key]) is not str:
-                raise MalformedAnswer(f"dumps[{i}].{key}: expected a string")
-        out[d["pid"]] = d, stack
+        err, text = d.get("error"), d.get("output")
+        if not (err is None or type(err) is str) or not (text is None or type(text) is str):
+            raise MalformedAnswer(f"dumps[{i}]: error and output must be strings")
+        out[pid] = d, stack
     return out
 
 
@@ -184,10 +205,9 @@ def _parse_answer(name: str, doc: dict[str, Any], run: RunResult,
         role = p.get("role")
         if role == "worker":
             workers += 1
-        if role != "rank" or _int_or_none(p.get("rank")) is None:
+        if role != "rank" or type(rank := p.get("rank")) is not int:
             continue
-        pid = p.get("pid")
-        if type(pid) is not int:
+        if type(pid := p.get("pid")) is not int:
             raise MalformedAnswer(f"processes[{i}]: pid must be an integer")
         d, stack = by_pid.get(pid, ({}, None))
         err = d.get("error")
@@ -195,9 +215,10 @@ def _parse_answer(name: str, doc: dict[str, Any], run: RunResult,
             if not missing:
                 continue  # left to the machine that owns it (machines sharing one kernel)
             err = "py-spy is not available on this machine and none could be shipped"
-        ranks.append(RankDump(p["rank"], pid, d.get("output"), err,
-                              _int_or_none(p.get("local_rank")), _int_or_none(p.get("world_size")),
-                              stack))
+        local, size = p.get("local_rank"), p.get("world_size")
+        ranks.append(RankDump(rank, pid, d.get("output"), err,
+                              local if type(local) is int else None,
+                              size if type(size) is int else None, stack))
     return NodeCollection(name, "ok", None, tuple(ranks), workers, run.seconds)
 
 
@@ -279,8 +300,9 @@ def read_answers(results: Mapping[str, ProbeResult], known: dict[str, Frame] | N
     an integer ...) is that machine's ``probe_error``, said in its error.
     """
     rows = known if known is not None else {}
-    return {name: _node_collection(name, res.document, res.error, res.run, rows)
-            for name, res in results.items()}
+    with _no_cycle_collection():
+        return {name: _node_collection(name, res.document, res.error, res.run, rows)
+                for name, res in results.items()}
 
 
 def collect_rounds(
@@ -349,48 +371,69 @@ def live_rank_machines(collections: Sequence[Collection], shape: JobShape) -> li
         RemoteDataError: a rank outside the world, or one rank in two processes.
     """
     base = shape.topology()
-    mapping = list(base.rank_machines)
-    seen: dict[int, tuple[int, list[str]]] = {}
+    expected, world = base.rank_machines, base.world
+    held: dict[int, tuple[int, str]] = {}  # rank → (pid, the first machine that saw it)
+    elsewhere: dict[int, str] = {}  # rank → the first unexpected machine that saw it
+    confirmed: set[int] = set()  # ranks seen on the machine the inventory expects
     for col in collections:
         for node, nc in col.nodes.items():
             for rd in nc.ranks:
-                if not 0 <= rd.rank < base.world:
+                rank = rd.rank
+                if not 0 <= rank < world:
                     raise RemoteDataError(
-                        f"{node}: process {rd.pid} has RANK={rd.rank}, outside the job's world "
-                        f"of {base.world} (machines × gpus in the inventory)",
+                        f"{node}: process {rd.pid} has RANK={rank}, outside the job's world "
+                        f"of {world} (machines × gpus in the inventory)",
                         hint="check job.nodes, each node's gpus and job.process_match")
-                pid, where = seen.setdefault(rd.rank, (rd.pid, []))
+                pid, first = held.setdefault(rank, (rd.pid, node))
                 if pid != rd.pid and col is collections[0]:
                     raise RemoteDataError(
-                        f"RANK={rd.rank} is held by two processes: pid {pid} on "
-                        f"{where[0]} and pid {rd.pid} on {node}",
+                        f"RANK={rank} is held by two processes: pid {pid} on "
+                        f"{first} and pid {rd.pid} on {node}",
                         hint="two jobs match job.process_match; make the regex stricter")
-                if node not in where:
-                    where.append(node)
-    for rank, (_, where) in seen.items():
-        mapping[rank] = mapping[rank] if mapping[rank] in where else where[0]
+                if expected[rank] == node:
+                    confirmed.add(rank)
+                else:
+                    elsewhere.setdefault(rank, node)
+    mapping = list(expected)
+    for rank, node in elsewhere.items():
+        if rank not in confirmed:
+            mapping[rank] = node
     return mapping
 
 
-def _to_round(col: Collection, topo: Topology, intern: dict[Frame, Frame]) -> Round:
+def _to_round(col: Collection, topo: Topology, intern: dict[Frame, Frame],
+              last: dict[int, Stack]) -> Round:
+    """One collection as the analyser's round.
+
+    ``last`` holds each rank's stack from the round before: an equal stack is
+    replaced by that very object, so the analysis recognises it without hashing
+    it again (a cheap comparison: equal stacks share their interned frames).
+    """
     samples: list[RankSample] = []
     found: set[int] = set()
+    machine_of = topo.rank_machines
     for node, nc in col.nodes.items():
         for rd in nc.ranks:
-            if topo.machine_of(rd.rank) != node or rd.rank in found:
+            rank = rd.rank
+            if machine_of[rank] != node or rank in found:
                 continue  # the same process seen from another machine on one kernel
-            found.add(rd.rank)
+            found.add(rank)
             stack, error = rd.stack, rd.error
             if stack is None and rd.output is not None:
                 try:
                     stack = parse_dump(rd.output, rd.pid, intern)
                 except PySpyFormatError as exc:
                     error = f"unusable py-spy output: {exc}"
-            samples.append(RankSample(rd.rank, node, rd.pid, stack, error))
+            if stack is not None:
+                before = last.get(rank)
+                if before == stack:
+                    stack = before
+                last[rank] = stack
+            samples.append(RankSample(rank, node, rd.pid, stack, error))
     answered = {n for n, nc in col.nodes.items() if nc.answered}
-    for rank in range(topo.world):
-        node = topo.machine_of(rank)
-        if rank not in found and node in answered:
+    for rank in sorted(set(range(topo.world)).difference(found)):
+        node = machine_of[rank]
+        if node in answered:
             samples.append(RankSample(rank, node, 0, None,
                                       f"no process with RANK={rank} on {node}", missing=True))
     silent = frozenset(n for n, nc in col.nodes.items() if not nc.answered)
@@ -414,10 +457,12 @@ def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
             "stacks: no training process (one with RANK in its environment) was found on any "
             "machine" + (f" ({detail})" if detail else ""),
             hint="is the job running? job.process_match must match its command line")
-    topo = shape.topology(live_rank_machines(collections, shape))
-    intern: dict[Frame, Frame] = {}
-    rounds = [_to_round(c, topo, intern) for c in collections]
-    return StacksReport(analyse_rounds(rounds, topo), topo, tuple(collections), errors)
+    with _no_cycle_collection():
+        topo = shape.topology(live_rank_machines(collections, shape))
+        intern: dict[Frame, Frame] = {}
+        stacks: dict[int, Stack] = {}
+        rounds = [_to_round(c, topo, intern, stacks) for c in collections]
+        return StacksReport(analyse_rounds(rounds, topo), topo, tuple(collections), errors)
 
 
 # -- save / load ----------------------------------------------------------------------
