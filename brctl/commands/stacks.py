@@ -22,8 +22,8 @@ def stacks(
     interval: float = typer.Option(10.0, "--interval", metavar="SECONDS", min=0.0,
                                    help="Seconds between the starts of two rounds."),
     save: Optional[str] = typer.Option(None, "--save", metavar="DIR",
-                                       help="Keep the dumps: DIR/<node>/<rank>-<pid>.json, "
-                                            "DIR/job.json."),
+                                       help="Keep the dumps: DIR/<node>/<rank>-<pid>.json "
+                                            "(py-spy's JSON, shipped whole), DIR/job.json."),
     from_dir: Optional[str] = typer.Option(None, "--from", metavar="DIR",
                                            help="Analyse a --save directory offline (no inventory "
                                                 "or nodes needed)."),
@@ -37,7 +37,9 @@ def stacks(
     On every job machine, finds the processes matching job.process_match and their
     process tree (launcher, ranks, data-loader and checkpoint workers), reads each
     rank's RANK from its environment and runs `py-spy dump --json` on it (a py-spy
-    is shipped to machines without one). The main threads' stacks are merged into
+    is shipped to machines without one). Each machine sends back only its ranks'
+    main-thread frames, as one frame table and per-rank indices (~0.5 kB a rank;
+    with --save, py-spy's JSON itself). The main threads' stacks are merged into
     a STAT-style prefix tree labelled with rank ranges; ranks are compared only
     with their pipeline stage; minority classes, undumpable and missing ranks are
     outliers. They are covered with whole parallel-group instances (TP, CP, EP,
