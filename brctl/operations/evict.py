@@ -126,8 +126,7 @@ def evict(inv: Inventory, pattern: str, reason: str, *, dry_run: bool, force: bo
         return why
 
     def command(node: str) -> Optional[tuple[str, ...]]:
-        argv = adapter.evict_argv(members, node, reason) if adapter else None
-        return tuple(argv) if argv is not None else None
+        return adapter.evict_preview(members, node, reason) if adapter else None
 
     unchanged = {n: HandChange(n, False, quarantined[n].reason) for n in nodes if n in quarantined}
     if not new:
@@ -203,13 +202,13 @@ def unevict(inv: Inventory, pattern: str, *, dry_run: bool, timeout: float, audi
         if record is None:
             out.append(HandChange(node, False, ""))
             continue
-        argv = adapter.unevict_argv(members, node) if adapter else None
+        argv = adapter.unevict_preview(members, node) if adapter else None
         hook = None
         if not dry_run:
             state.release(node, at)
             state.mark_checked(node, False, "released from quarantine; not checked since", at)
             hook = adapter.unevict(members, node) if adapter else None
-        out.append(HandChange(node, True, record.reason, tuple(argv) if argv else None, hook))
+        out.append(HandChange(node, True, record.reason, argv, hook))
     released = [c for c in out if c.changed]
     errors: list[str] = []
     if released and not dry_run:

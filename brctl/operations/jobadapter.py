@@ -133,6 +133,22 @@ class JobAdapter:
         return None if template is None else render_argv(
             template, {**self.values(members), "node": node})
 
+    def evict_preview(self, members: Sequence[str], node: str, reason: str
+                      ) -> Optional[tuple[str, ...]]:
+        """What ``evict`` would run for ``node``: the evict_command, else for a
+        ``job.slurm`` job the built-in drain; None when neither."""
+        argv = self.evict_argv(members, node, reason)
+        if argv is None and self.slurm is not None:
+            return self.slurm.drain_argv(node, reason)
+        return tuple(argv) if argv is not None else None
+
+    def unevict_preview(self, members: Sequence[str], node: str) -> Optional[tuple[str, ...]]:
+        """What ``unevict`` would run for ``node`` (the unevict_command, else the Slurm resume)."""
+        argv = self.unevict_argv(members, node)
+        if argv is None and self.slurm is not None:
+            return self.slurm.resume_argv(node)
+        return tuple(argv) if argv is not None else None
+
     def evict(self, members: Sequence[str], node: str, reason: str) -> Optional[HookRun]:
         """Run ``evict_command`` for ``node`` (None when there is none; the built-in Slurm
         drain for a ``job.slurm`` job without one)."""

@@ -103,6 +103,17 @@ class SlurmHooks:
             "held" not in job.reason.lower()
 
     # the hooks --------------------------------------------------------------------------
+    @staticmethod
+    def drain_argv(node: str, reason: str) -> tuple[str, ...]:
+        """The drain ``evict`` runs (what a dry run shows)."""
+        return ("scontrol", "update", f"NodeName={node}", "State=DRAIN",
+                f"Reason={drain_reason(reason)}")
+
+    @staticmethod
+    def resume_argv(node: str) -> tuple[str, ...]:
+        """The resume ``unevict`` runs (what a dry run shows)."""
+        return ("scontrol", "update", f"NodeName={node}", "State=RESUME")
+
     def evict(self, node: str, reason: str) -> HookRun:
         """Drain ``node`` with brctl's reason (the job's tasks there end with the job). A
         drain someone else set is left as it is: its reason is theirs, and it must not
@@ -115,9 +126,7 @@ class SlurmHooks:
         if info is not None and info.drained and not info.reason.startswith(REASON_PREFIX):
             return HookRun(argv, 0, f"{self.node_effect(node)}: already drained by someone "
                            "else; left as it is", "", 0.0)
-        return self._steps([("scontrol", "update", f"NodeName={node}", "State=DRAIN",
-                             f"Reason={drain_reason(reason)}")],
-                           lambda: self.node_effect(node))
+        return self._steps([self.drain_argv(node, reason)], lambda: self.node_effect(node))
 
     def unevict(self, node: str) -> HookRun:
         """Resume ``node`` if brctl drained it; refuse a drain someone else set."""
@@ -132,8 +141,7 @@ class SlurmHooks:
         if info is not None and not info.drained:
             return HookRun(("scontrol", "update", f"NodeName={node}", "State=RESUME"), 0,
                            f"{self.node_effect(node)} (not drained: nothing to resume)", "", 0.0)
-        return self._steps([("scontrol", "update", f"NodeName={node}", "State=RESUME")],
-                           lambda: self.node_effect(node))
+        return self._steps([self.resume_argv(node)], lambda: self.node_effect(node))
 
     def restart(self, members: Sequence[str]) -> HookRun:
         """Requeue the job held, pin it to exactly ``members`` (excluding the machines it held

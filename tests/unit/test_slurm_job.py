@@ -142,3 +142,16 @@ def test_the_daemon_reads_the_allocation_only_while_it_runs() -> None:
     assert seen is not None and seen.nodes == ("node01", "node02")
     waiting = SlurmHooks(slurm, "4").allocation()
     assert waiting is not None and (waiting.nodes, waiting.restarts) == ((), 2)
+
+
+def test_a_dry_run_shows_the_builtin_drain_and_resume(tmp_path: Path) -> None:
+    from brctl.operations.jobadapter import JobAdapter
+
+    inv = _load(tmp_path, "job:\n  slurm:\n    job: 12345\n")
+    adapter = JobAdapter(inv, 10)  # asks Slurm nothing until a hook runs
+    assert adapter.evict_preview([], "node02", "xid 79") == (
+        "scontrol", "update", "NodeName=node02", "State=DRAIN", f"Reason={drain_reason('xid 79')}")
+    assert adapter.unevict_preview([], "node02") == (
+        "scontrol", "update", "NodeName=node02", "State=RESUME")
+    inv = _load(tmp_path, "job:\n  slurm:\n    job: 12345\n  evict_command: [drain, '{node}']\n")
+    assert JobAdapter(inv, 10).evict_preview([], "node02", "x") == ("drain", "node02")
