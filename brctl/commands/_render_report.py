@@ -116,10 +116,11 @@ def _chart(r: IncidentReport, stamp: Stamp, utc: bool) -> str:
     for i in range(ticks + 1):
         t = lo + (hi - lo) * i / ticks
         x = _x(t, lo, hi)
+        anchor = "start" if i == 0 else "end" if i == ticks else "middle"  # inside the picture
         parts.append(f"<line class=\"axis\" x1=\"{x:.1f}\" x2=\"{x:.1f}\" y1=\"{Y_BOTTOM}\" "
                      f"y2=\"{Y_BOTTOM + 4}\"/><text class=\"x-tick\" x=\"{x:.1f}\" "
-                     f"y=\"{Y_BOTTOM + 18}\" text-anchor=\"middle\">{h(_tick(t, hi - lo, utc))}"
-                     "</text>")
+                     f"y=\"{Y_BOTTOM + 18}\" text-anchor=\"{anchor}\">"
+                     f"{h(_tick(t, hi - lo, utc))}</text>")
     for seg in r.segments:
         cause = seg.cause or "productive"
         x, w = _x(seg.start, lo, hi), _x(seg.end, lo, hi) - _x(seg.start, lo, hi)
