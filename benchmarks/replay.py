@@ -90,19 +90,23 @@ def sweep(max_machines: int, only: list[int] | None = None) -> None:
     Machine counts m·2^a (m odd, 1-15) up to ``max_machines``, banded; for every
     (tp, pp, cp) whose default replay plan can vote, the worst case over every
     position of a round-1 group (the groups are alike) of the pure decoder
-    against the simulated oracle. "not named" would be one fault left ambiguous.
+    against the simulated oracle. "not named" would be one fault left ambiguous;
+    "NaN only": 3 groups of one machine per position, where a finite corruption
+    looks the same as two machines of its position corrupting alike (ambiguous,
+    said so) and a NaN/inf one is named (its worst round count in brackets).
     """
     from collections import Counter
 
     sizes = only or sorted({m << a for m in range(1, 16, 2) for a in range(15)
                             if m << a <= max_machines})
-    print("| machines | shapes | rounds to name one fault: shapes | worst shape | not named |"
-          " CPU |")
-    print("|---|---|---|---|---|---|")
+    print("| machines | shapes | rounds to name one fault: shapes | worst shape | NaN only |"
+          " not named | CPU |")
+    print("|---|---|---|---|---|---|---|")
     band_top = 16
     hist: Counter[int] = Counter()
     worst: tuple[int, str] = (0, "")
     failed, t0, low = 0, time.process_time(), 1
+    nan_only: list[int] = []
     for i, n in enumerate(sizes):
         for tp in (1, 2, 4, 8):
             for pp in range(1, 17):
@@ -117,7 +121,11 @@ def sweep(max_machines: int, only: list[int] | None = None) -> None:
                         continue
                     r = p.rounds_single_fault()
                     if r is None:
-                        failed += 1
+                        nan = p.rounds_single_fault("nan")
+                        if nan is None:
+                            failed += 1
+                        else:
+                            nan_only.append(nan)
                         continue
                     hist[r] += 1
                     label = (f"{n} machines tp{tp} pp{pp} cp{cp}: {len(p.round1)} groups "
@@ -125,9 +133,12 @@ def sweep(max_machines: int, only: list[int] | None = None) -> None:
                     worst = max(worst, (r, label))
         if i + 1 == len(sizes) or sizes[i + 1] > band_top:
             counts = ", ".join(f"{r} rounds: {c}" for r, c in sorted(hist.items()))
-            print(f"| {low:,}-{n:,} | {sum(hist.values()) + failed} | {counts} | {worst[0]} "
-                  f"({worst[1]}) | {failed} | {time.process_time() - t0:.0f} s |", flush=True)
+            nans = f"{len(nan_only)} ({max(nan_only)})" if nan_only else "0"
+            print(f"| {low:,}-{n:,} | {sum(hist.values()) + failed + len(nan_only)} | {counts} | "
+                  f"{worst[0]} ({worst[1]}) | {nans} | {failed} | "
+                  f"{time.process_time() - t0:.0f} s |", flush=True)
             hist, worst, failed, t0, low = Counter(), (0, ""), 0, time.process_time(), n + 1
+            nan_only = []
             while i + 1 < len(sizes) and sizes[i + 1] > band_top:
                 band_top *= 4
 

@@ -30,7 +30,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal, Optional, Union
 
-from brctl.analysis.replay_judge import Group, GroupRun, JudgedRound, RoundKind, judge_round
+from brctl.analysis.replay_judge import (
+    NON_FINITE,
+    Group,
+    GroupRun,
+    JudgedRound,
+    RoundKind,
+    judge_round,
+)
 from brctl.analysis.topology import Topology, TopologyError
 from brctl.core.errors import UsageError
 
@@ -229,42 +236,48 @@ class ReplayPlan:
         """Round 1 votes with exactly three groups: a 2-1 majority may be two faults alike."""
         return len(self.round1) == MIN_VOTERS
 
-    def rounds_single_fault(self) -> Optional[int]:
-        """The most rounds one faulty machine takes to be named (None: it cannot be)."""
-        return self._single_fault_bound
-
-    @cached_property
-    def _single_fault_bound(self) -> Optional[int]:
+    def rounds_single_fault(self, wrong: str = "bad") -> Optional[int]:
         """The most rounds one faulty machine takes to be named (None: it cannot be).
 
-        Found by running the decoder itself against every position of one round-1
+        ``wrong`` is what the fault makes of a step: a finite value, or ``nan``.
+        With three groups and one machine of each position per job, a finite fault
+        is never named: its position's two other machines corrupting alike would
+        give the very same fingerprints in every job (the verdict says so); NaN is
+        wrong on its own and is named.
+        """
+        return self._fault_bounds[wrong]
+
+    @cached_property
+    def _fault_bounds(self) -> dict[str, Optional[int]]:
+        """Found by running the decoder itself against every position of one round-1
         group (the groups are alike): 2 with a grid, 1 for one-machine jobs, about
         1 + ceil(log_g S) when confirm jobs split S suspects g ways, one more to
-        confirm when only three groups vote.
-        """
-        if not self.can_vote:
-            return None
-        worst = 0
-        for bad in self.round1[0]:
-            verdict, rounds = _simulate(self, bad)
-            if verdict.verdict != "found":
-                return None
-            worst = max(worst, rounds)
-        return worst
+        confirm when only three groups vote."""
+        out: dict[str, Optional[int]] = {}
+        for wrong in ("bad", "nan"):
+            worst: Optional[int] = 0 if self.can_vote else None
+            for bad in self.round1[0] if self.can_vote else ():
+                verdict, rounds = _simulate(self, bad, wrong)
+                if verdict.verdict != "found":
+                    worst = None
+                    break
+                worst = max(worst or 0, rounds)
+            out[wrong] = worst
+        return out
 
     def default_max_rounds(self) -> int:
         """What ``--max-rounds`` defaults to: the single-fault bound, plus two for a second fault."""
-        return (self.rounds_single_fault() or 1) + 2
+        return (self.rounds_single_fault() or self.rounds_single_fault("nan") or 1) + 2
 
 
-def _simulate(plan_: ReplayPlan, bad: str) -> tuple[Verdict, int]:
+def _simulate(plan_: ReplayPlan, bad: str, wrong: str = "bad") -> tuple[Verdict, int]:
     """Decode one fault in ``bad`` with a model workload (groups holding it deviate)."""
     rounds: list[JudgedRound] = []
     while True:
         decision = decide(plan_, rounds, max_rounds=4 * len(plan_.shape.machines))
         if isinstance(decision, Verdict):
             return decision, len(rounds)
-        runs = [GroupRun(g, "ok", ("ok", "bad" if bad in g else "ok")) for g in decision.groups]
+        runs = [GroupRun(g, "ok", ("ok", wrong if bad in g else "ok")) for g in decision.groups]
         rounds.append(judge_round(decision.kind, [runs], reference_of(rounds), decision.suspects))
 
 
@@ -329,7 +342,8 @@ NextStep = Union[RoundSpec, Verdict]
 
 
 def split_jobs(
-    shape: ReplayShape, suspects: Sequence[str], good: Sequence[str], control: bool = False
+    shape: ReplayShape, suspects: Sequence[str], good: Sequence[str],
+    stand_ins: Optional[Sequence[str]] = None,
 ) -> tuple[list[tuple[tuple[str, ...], Group]], list[str]]:
     """Spread suspects over as many confirm jobs as known-good fillers can staff.
 
@@ -342,9 +356,10 @@ def split_jobs(
         shape: the replay job's roles.
         suspects: machines to test, in order of preference.
         good: machines known to be healthy, in order of preference.
-        control: also staff a control job (returned with no suspects): the first job
-            with its suspects swapped for known-good machines; it must match the
-            reference, or the reference is wrong.
+        stand_ins: when given, also staff a control job (returned with no suspects):
+            the first job with each suspect swapped for one of these machines of its
+            role (they must be among ``good``); it must match the reference, or the
+            reference is wrong. No control job when a suspect's role has none.
 
     Returns:
         ``([(its suspects, group)], suspects left for a later round)``.
@@ -355,8 +370,11 @@ def split_jobs(
     for m in good:
         pool[class_of[m]].append(m)
     jobs: list[tuple[tuple[str, ...], Group]] = []
-    if control:  # keep one known-good machine of every role for the control job
-        spare = {c: pool[c].pop() for c in cap if pool[c]}
+    spare: dict[int, list[str]] = {c: [] for c in pool}
+    for m in stand_ins or ():  # kept out of the fillers: the control job needs them
+        if m in pool[class_of[m]]:
+            pool[class_of[m]].remove(m)
+            spare[class_of[m]].append(m)
     by_role = Counter(class_of[m] for m in suspects)
     # J jobs use J·cap slots of each role: suspects of that role plus fillers
     n_jobs = min([len(suspects)] + [(len(pool[c]) + by_role[c]) // n for c, n in cap.items()])
@@ -383,11 +401,12 @@ def split_jobs(
         own = {c: [m for m in mine if class_of[m] == c] for c in cap}
         group = tuple((own[c] or fill[c]).pop(0) for c in shape.slot_classes)
         jobs.append((tuple(sorted(mine, key=suspects.index)), group))
-    if control and jobs and all(class_of[m] in spare for m in jobs[0][0]):
-        # the first job again with its suspects swapped for known-good machines: the
-        # two differ only there, so only a suspect can make one deviate and not the other
+    if stand_ins is not None and jobs and all(
+            len(spare[c]) >= n for c, n in Counter(class_of[m] for m in jobs[0][0]).items()):
+        # the first job again with its suspects swapped for stand-ins: the two differ
+        # only there, so only a suspect can make one deviate and not the other
         first, group = jobs[0]
-        swap = {m: spare[class_of[m]] for m in first}
+        swap = {m: spare[class_of[m]].pop(0) for m in first}
         jobs.append(((), tuple(swap.get(m, m) for m in group)))
     return jobs, sorted(left, key=suspects.index)
 
@@ -454,16 +473,29 @@ def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *,
                        "replayed cleanly elsewhere (intermittent corruption?)")
     definite = {next(iter(c)) for g in deviant if len(c := set(g.nodes) & candidates) == 1}
     open_ = candidates - definite
-    if not open_ and (not plan_.thin or _confirmed(definite, rounds)):
+    misled = plan_.thin and not _self_evident(rounds[0])  # a 2-1 vote may be 2 faults alike
+    if not open_ and (not misled or _confirmed(definite, rounds)):
         return Verdict("found", _ordered(definite, order), (), cleared,
                        f"the deviant groups meet in {len(definite)} machine(s)")
     if len(rounds) == 1 and plan_.round2 is not None:
         return RoundSpec("vertical", plan_.round2)
-    # with three groups a 2-1 vote may be two faults alike: every confirm round also
-    # runs a control job of known-good machines, and a lone intersection is confirmed
+    # With three groups a 2-1 vote may be two machines corrupting alike, one in each
+    # group of the majority: then the "clean" machines include both and only the
+    # round-1 deviant group is surely healthy. Every confirm round runs a control job
+    # whose stand-ins come from that group, and a lone intersection is confirmed by it.
+    stand_ins = ([m for g in rounds[0].groups if g.deviant for m in g.nodes if m in clean]
+                 if misled else None)
     test = open_ or definite
     jobs, _left = split_jobs(plan_.shape, _ordered(test, order), _ordered(clean, order),
-                             control=plan_.thin)
+                             _ordered(set(stand_ins), order) if stand_ins is not None else None)
+    if misled and not open_ and len(jobs) < 2:
+        others = _ordered(_same_role(plan_.shape, definite) - definite, order)
+        return Verdict("ambiguous", (), _ordered(definite, order) + others, cleared,
+                       f"{', '.join(_ordered(definite, order))} deviates alone, but with "
+                       f"{len(plan_.round1)} groups {', '.join(others) or 'other machines'} "
+                       "corrupting alike would give the very same fingerprints in every "
+                       "replay job, and no machine of its role is known healthy either way "
+                       "to tell them apart (more machines per position, or a larger --dp, can)")
     if not any(sus for sus, _ in jobs) or len(rounds) >= max_rounds \
             or reference_of(rounds) is None:
         why = ("not enough known-good machines to replay a suspect" if not jobs
@@ -478,11 +510,29 @@ def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *,
     return RoundSpec("confirm", tuple(g for _, g in jobs), tuple(s for s, _ in jobs))
 
 
+def _self_evident(first: JudgedRound) -> bool:
+    """Every deviant group of round 1 went NaN/inf: wrong on its own, whatever the vote said."""
+    return all((g.fingerprint or "").split("@")[0] in NON_FINITE for g in first.groups if g.deviant)
+
+
+def _same_role(shape: ReplayShape, machines: set[str]) -> set[str]:
+    """The machines that share a role with any of ``machines``."""
+    class_of = shape.class_of()
+    roles = {class_of[m] for m in machines}
+    return {m for m in shape.machines if class_of[m] in roles}
+
+
 def _confirmed(machines: set[str], rounds: Sequence[JudgedRound]) -> bool:
-    """Each machine deviated alone among known-good ones in a round whose control job was clean."""
+    """Each machine deviated alone among known-good ones, and its own job with it swapped
+    for a stand-in (the control job: the same machines but that one) was clean."""
+    def swapped(job: Group, control: Group, m: str) -> bool:
+        return len(job) == len(control) and all(
+            a in (b, m) for a, b in zip(job, control)) and m not in control
+
     def alone(m: str) -> bool:
         return any(rnd.kind == "confirm" and g.suspects == (m,) and g.deviant
-                   and any(not h.suspects and h.status == "clean" for h in rnd.groups)
+                   and any(not h.suspects and h.status == "clean" and swapped(g.nodes, h.nodes, m)
+                           for h in rnd.groups)
                    for rnd in rounds for g in rnd.groups)
     return all(alone(m) for m in machines)
 
