@@ -137,7 +137,7 @@ def parse_xid_line(line: str) -> Optional[XidEvent]:
     if "Xid" not in line:  # cheap pre-filter: logs are large, Xid lines rare
         return None
     m = _XID_RE.search(line)
-    if m is None:
+    if m is None or not _from_the_kernel(line[: m.start()]):
         return None
     rest = m.group("rest").strip()
     pid = process = None
@@ -167,6 +167,22 @@ def parse_xid_lines(text: str) -> list[XidEvent]:
 
 
 _KMSG_RE = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+
+
+# What may stand before "NVRM: Xid" on a line the kernel wrote: nothing, a /dev/kmsg header,
+# a dmesg timestamp, or a syslog/journal prefix ending in "kernel: ". A Xid quoted inside
+# another message (a file name, a process's own log line) must not evict a machine.
+_KERNEL_PREFIX = re.compile(
+    r"^(?:\s*|\d+,\d+,\d+,[^;]*;|\s*\[[^\]]*\]\s*|.*\bkernel: (?:\[\s*\d+\.\d+\]\s*)?)$")
+
+
+def _from_the_kernel(prefix: str) -> bool:
+    """``prefix`` (what precedes the Xid) is a kernel message's own: for a /dev/kmsg
+    record also its facility, 0 (records that root's tools write there are LOG_USER)."""
+    if _KERNEL_PREFIX.match(prefix) is None:
+        return False
+    km = _KMSG_RE.match(prefix)
+    return km is None or int(km.group("pri")) >> 3 == 0
 
 
 def _timestamp(prefix: str) -> Optional[str]:

@@ -64,6 +64,25 @@ def test_non_xid_lines(line: str) -> None:
     assert parse_xid_line(line) is None
 
 
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("line", [
+    # a job's own log line, as syslog stores it: the job user wrote it, not the kernel
+    f"Mar 10 12:00:02 gpu007 train[4242]: {XID79}",
+    f"2025-03-10T12:00:01+0000 gpu007 python3[17]: see {XID79}",
+    # another kernel message quoting a name the user chose (a file, a device label)
+    f"[ 12.5] EXT4-fs warning: comm tar: file /home/u/{XID79}",
+    f"4,17,99,-;audit: name=\"{XID79}\"",
+    # a /dev/kmsg record that is not the kernel's (facility user: written by a tool)
+    f"12,8812,1234567890,-;{XID79}",
+])
+def test_an_xid_quoted_inside_another_message_is_not_an_event(line: str) -> None:
+    """Only a line the kernel wrote as an Xid is one: a hostile job could otherwise get a
+    healthy machine evicted by printing an Xid where the kernel log picks it up."""
+    assert parse_xid_line(line) is None
+
+
 @pytest.mark.parametrize("code", [48, 63, 64, 74, 79, 92, 94, 95, 119, 120])
 def test_hardware_codes_evict(code: int) -> None:
     assert classify(code).evicts
