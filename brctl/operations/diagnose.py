@@ -37,7 +37,7 @@ from brctl.analysis.playbook import (
 )
 from brctl.core.errors import ExitCode, RefusedError, UsageError
 from brctl.core.nodeset import fold
-from brctl.core.transport import Node, Transport
+from brctl.core.transport import Node, NodeState, Transport
 from brctl.diagnostics.xid import parse_xid_lines
 from brctl.operations import Track, untracked
 from brctl.operations.jobadapter import rendezvous_address
@@ -105,11 +105,14 @@ class DiagnoseReport:
     incomplete: Mapping[str, str]  # machine → why it has no verdict
     evidence_notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     seconds: float = 0.0
+    refused: tuple[str, ...] = ()  # machines where a safety rule stopped brctl's probe
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when some machine got no verdict, else 1 for faulty machines or any decision
-        other than reattempt, else 0."""
+        """4 when brctl refused a machine, else 3 when some machine got no verdict, else 1
+        for faulty machines or any decision other than reattempt, else 0."""
+        if self.refused:
+            return ExitCode.REFUSED
         if self.incomplete:
             return ExitCode.INCOMPLETE
         if self.faulty or self.decision != "reattempt":
@@ -195,7 +198,7 @@ def diagnose(
         raise UsageError("diagnose: no machines (the inventory has no job: give -w NODESET)")
     runner = ProbeRunner(transport)
     say(f"collecting evidence from {fold([n.name for n in targets])}")
-    evidence, incomplete, notes = _collect(inv, runner, targets, options)
+    evidence, incomplete, notes, refused = _collect(inv, runner, targets, options)
     found = classify(evidence, playbooks, options.symptom)
     say(f"symptom: {found.playbook.name} ({found.playbook.symptom})")
     candidates = [n for n in targets if n.name not in incomplete]
@@ -228,7 +231,8 @@ def diagnose(
         _record(store, job, found.playbook.name, verdict.decision, verdict.faulty, verdict.reason,
                 when)
     return DiagnoseReport(job, found, tuple(stages), verdict.faulty, verdict.decision,
-                          verdict.reason, incomplete, notes, time.monotonic() - start)
+                          verdict.reason, incomplete, notes, time.monotonic() - start,
+                          tuple(refused))
 
 
 def _untested(stages: Sequence[StageReport], nodes: Sequence[Node]) -> dict[str, str]:
@@ -251,7 +255,9 @@ def _untested(stages: Sequence[StageReport], nodes: Sequence[Node]) -> dict[str,
 
 
 def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: Options
-             ) -> tuple[dict[str, NodeEvidence], dict[str, str], dict[str, tuple[str, ...]]]:
+             ) -> tuple[dict[str, NodeEvidence], dict[str, str], dict[str, tuple[str, ...]],
+                        list[str]]:
+    """Each machine's evidence; why the others have none, notes, and those brctl refused."""
     cfg = inv.diagnose
     job = inv.job
     request = {
@@ -263,6 +269,7 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
                          timeout=cfg.collect_timeout * options.timeout_scale,
                          concurrency=options.concurrency, on_done=options.stage("evidence", targets))
     incomplete: dict[str, str] = {}
+    refused: list[str] = []
     notes: dict[str, tuple[str, ...]] = {}
     evidence: dict[str, NodeEvidence] = {}
     alive: dict[str, list[dict[str, Any]]] = {}
@@ -270,6 +277,8 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
         res = results[node.name]
         if res.document is None:
             incomplete[node.name] = f"evidence: {res.error}"
+            if res.run.state is NodeState.REFUSED:
+                refused.append(node.name)
             continue
         doc = res.document
         if doc.get("processes"):
@@ -294,7 +303,7 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
             f"(e.g. {first[0]} pid {first[1][0]['pid']}: {first[1][0]['cmdline'][:80]}); "
             "stop-time stages would take their GPUs",
             hint="stop the job first, or pass --force to diagnose anyway")
-    return evidence, incomplete, notes
+    return evidence, incomplete, notes, refused
 
 
 def _read_log(directory: Path, node: str, tail: int) -> tuple[list[str], str | None]:

@@ -36,8 +36,14 @@ from brctl.analysis.pyspy import PySpyFormatError, frame_table, parse_dump, redu
 from brctl.analysis.stacks import Frame, RankSample, Round, Stack, StackAnalysis
 from brctl.analysis.stacks import analyse as analyse_rounds
 from brctl.analysis.topology import Topology, TopologyError
-from brctl.core.errors import ExitCode, IncompleteError, InputError, RemoteDataError
-from brctl.core.transport import Node, RunResult, Transport
+from brctl.core.errors import (
+    ExitCode,
+    IncompleteError,
+    InputError,
+    RefusedError,
+    RemoteDataError,
+)
+from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.probes import Bundle, ProbeResult, ProbeRunner
 
 PROBE = "brctl.diagnostics.stacks_probe"
@@ -115,7 +121,11 @@ class StacksReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when machines gave no answer, else 1 when an eviction is proposed, else 0."""
+        """4 when brctl refused a machine (a safety rule there), else 3 when machines gave
+        no answer, else 1 when an eviction is proposed, else 0."""
+        if any(nc.state == NodeState.REFUSED.value for c in self.collections[-1:]
+               for nc in c.nodes.values()):
+            return ExitCode.REFUSED
         if self.node_errors:
             return ExitCode.INCOMPLETE
         return ExitCode.FINDINGS if self.analysis.evict else ExitCode.OK
@@ -440,20 +450,28 @@ def _to_round(col: Collection, topo: Topology, intern: dict[Frame, Frame],
     return Round(tuple(samples), silent)
 
 
+def _why(nc: NodeCollection) -> str:
+    """Why a machine gave no stacks, led by its state (once: a refusal already says so)."""
+    error = nc.error or ""
+    return error if error.startswith(f"{nc.state}:") else f"{nc.state}: {error}"
+
+
 def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
     """Analyse one or more rounds of collections.
 
     Raises:
         IncompleteError: no machine answered, or no rank process was found anywhere.
+        RefusedError: the same, where brctl refused a machine (a safety rule there).
         RemoteDataError: inconsistent live ranks.
     """
     if not collections:
         raise IncompleteError("stacks: nothing was collected")
     last = collections[-1]
-    errors = {n: f"{nc.state}: {nc.error}" for n, nc in last.nodes.items() if not nc.answered}
+    errors = {n: _why(nc) for n, nc in last.nodes.items() if not nc.answered}
     if not any(nc.ranks for col in collections for nc in col.nodes.values()):
         detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())[:5])
-        raise IncompleteError(
+        refused = any(nc.state == NodeState.REFUSED.value for nc in last.nodes.values())
+        raise (RefusedError if refused else IncompleteError)(
             "stacks: no training process (one with RANK in its environment) was found on any "
             "machine" + (f" ({detail})" if detail else ""),
             hint="is the job running? job.process_match must match its command line")

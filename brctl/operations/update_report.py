@@ -66,7 +66,10 @@ class SwitchReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when machines did not answer, 1 when the switch or the hook failed, else 0."""
+        """4 when brctl refused a machine, 3 when machines did not answer, 1 when the switch
+        or the hook failed, else 0."""
+        if any(o.state == NodeState.REFUSED.value for o in self.nodes.values()):
+            return ExitCode.REFUSED
         if any(not o.answered for o in self.nodes.values()):
             return ExitCode.INCOMPLETE
         if self.outcome not in ("ok", "noop") or (self.restart and not self.restart.ok):
@@ -103,7 +106,10 @@ class PushReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when machines did not answer, 1 when staging/switch/hook failed, else 0."""
+        """4 when brctl refused a machine, 3 when machines did not answer, 1 when
+        staging/switch/hook failed, else 0."""
+        if any(o.state == NodeState.REFUSED.value for o in self.nodes.values()):
+            return ExitCode.REFUSED
         codes = [ExitCode.OK]
         if any(not o.answered for o in self.nodes.values()):
             codes.append(ExitCode.INCOMPLETE)
@@ -111,8 +117,9 @@ class PushReport:
             codes.append(ExitCode.FINDINGS)
         if self.switch is not None:
             codes.append(self.switch.exit_code)
-        if ExitCode.INCOMPLETE in codes:
-            return ExitCode.INCOMPLETE
+        for worst in (ExitCode.REFUSED, ExitCode.INCOMPLETE):  # the switch's own refusal too
+            if worst in codes:
+                return worst
         return max(codes)
 
     def to_json(self) -> dict[str, object]:
@@ -165,7 +172,10 @@ class StatusReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """3 when machines did not answer, 1 on drift or a probe failure there, else 0."""
+        """4 when brctl refused a machine, 3 when machines did not answer, 1 on drift or a
+        probe failure there, else 0."""
+        if any(s.state == NodeState.REFUSED.value for s in self.nodes.values()):
+            return ExitCode.REFUSED
         if any(s.state in _TRANSPORT_STATES for s in self.nodes.values()):
             return ExitCode.INCOMPLETE
         return ExitCode.FINDINGS if self.drifted or self.unknown else ExitCode.OK

@@ -98,3 +98,23 @@ def test_job_user_is_set_on_every_machine(tmp_path: Path) -> None:
     inv = load_inventory(path)
     assert {n.job_user for n in inv.nodes.values()} == {"nobody"}
     assert inv.job is not None and inv.job.user == "nobody"
+
+
+def test_a_refused_machine_is_exit_4_in_diagnose_and_stacks(tmp_path: Path, brctl: Any) -> None:
+    """A safety refusal outranks an unanswered machine (4 > 3) in every command, not only
+    health: a cron script must tell 'brctl would not act there' from 'no answer'."""
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({
+        "nodes": [{"name": "bad", "connection": "local", "env": {"PYTHONPATH": "lib"}},
+                  {"name": "good", "connection": "local"}],
+        "job": {"nodes": "bad,good", "process_match": "never-matches-anything-here"}}))
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "eud-only.yaml").write_text(
+        "name: eud-only\nsymptom: test\nmatch: [{log: never-in-these-logs}]\n"
+        "stages: [{name: eud}]\n")
+    res = brctl("-i", path, "--json", "diagnose", "--playbooks", books, "--symptom", "eud-only")
+    assert res.exit_code == 4, res.stdout + res.stderr
+    assert "not an absolute path" in res.json["incomplete"]["bad"]
+    res = brctl("-i", path, "--json", "stacks")
+    assert res.exit_code == 4, res.stdout + res.stderr
