@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 from brctl.core.capture import Capture
 from brctl.core.transport import Node, NodeState, RunResult, state_for_exit
+from brctl.remote.children import Children
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
 
 LINGER_S = 1.0  # after the command exits, how long its output may still arrive
@@ -40,25 +41,18 @@ class LocalTransport:
     """Runs argv lists on the controller itself; ``node.env`` is added to our environment."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running: set[subprocess.Popen[bytes]] = set()
-        self._cancelled = False
+        self._children = Children()
 
     def cancel(self) -> None:
         """Kill every running command (the reaper ends its whole tree); start no more."""
-        with self._lock:
-            self._cancelled = True
-            running = list(self._running)
-        for proc in running:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+        self._children.cancel()
 
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
     ) -> RunResult:
         """Run ``argv`` locally under the reaper; read its output bounded."""
         start = time.monotonic()
-        if self._cancelled:
+        if self._children.cancelled:
             return RunResult(node.name, NodeState.TIMEOUT, None, "", "brctl: interrupted before start", 0.0)
         try:
             proc = subprocess.Popen(
@@ -72,9 +66,7 @@ class LocalTransport:
         except OSError as exc:
             return RunResult(node.name, NodeState.FAILED, 127, "", f"{argv[0]}: {exc.strerror}",
                              time.monotonic() - start)
-        with self._lock:
-            self._running.add(proc)
-        try:
+        with self._children.tracked(proc):
             out, err = Capture(node.output_keep), Capture(node.output_keep)
             if stdin is not None and proc.stdin is not None:
                 threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
@@ -82,12 +74,10 @@ class LocalTransport:
             if gave_up:
                 _kill_group(proc)
             code = proc.wait()
-        finally:
-            with self._lock:
-                self._running.discard(proc)
         elapsed = time.monotonic() - start
-        if gave_up or (self._cancelled and code == 128 + signal.SIGTERM):
-            why = "interrupted; the command was killed" if self._cancelled else "gave up waiting"
+        cancelled = self._children.cancelled
+        if gave_up or (cancelled and code == 128 + signal.SIGTERM):
+            why = "interrupted; the command was killed" if cancelled else "gave up waiting"
             return RunResult(node.name, NodeState.TIMEOUT, None, out.text(), err.text() + f"brctl: {why}\n",
                              elapsed)
         state = exit_state(code, elapsed, timeout)

@@ -43,6 +43,7 @@ from typing import BinaryIO, Optional
 
 from brctl.core.errors import InputError
 from brctl.core.transport import Node, NodeState, RunResult, with_env
+from brctl.remote.children import Children
 from brctl.remote.slurm_frame import Frames, payload
 from brctl.remote.threads import CANCEL_WAIT_S, ArgvFor, StdinFor, interrupted
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
@@ -173,9 +174,7 @@ class SlurmTransport:
         self._job = job
         self._partition = partition
         self._env = srun_environment(os.environ if environ is None else environ)
-        self._lock = threading.Lock()
-        self._running: set[subprocess.Popen[bytes]] = set()
-        self._cancelled = False
+        self._children = Children()
 
     # -- where each node is reached ---------------------------------------------------
 
@@ -269,7 +268,7 @@ class SlurmTransport:
         abort the step before any command ran (see ``_read``): the others run again once."""
         t0 = time.monotonic()
         names = list(batch.stdins)
-        if self._cancelled:
+        if self._children.cancelled:
             for name in names:
                 report(_result(name, NodeState.TIMEOUT, t0, "brctl: interrupted before start"))
             return
@@ -294,15 +293,10 @@ class SlurmTransport:
                 for name in names:
                     report(_result(name, NodeState.UNREACHABLE, t0, f"srun: {exc.strerror}"))
                 return
-            with self._lock:
-                self._running.add(proc)
-            try:
+            with self._children.tracked(proc):
                 gave_up = _read(proc, frames, reading, answer, payload(batch.stdins),
                                 launch_by=t0 + batch.launch,
                                 give_up=t0 + batch.launch + batch.timeout + GRACE_S + SLACK_S)
-            finally:
-                with self._lock:
-                    self._running.discard(proc)
         missing = [n for n in names if n not in answered]
         retry = retry and bool(reading.failed) and not reading.sent
         again = [n for n in missing if n not in reading.failed] if retry else []
@@ -311,7 +305,7 @@ class SlurmTransport:
                 why, state = f"slurm could not start the task: {reading.failed[name]}", NodeState.UNREACHABLE
             elif name in again:
                 continue
-            elif self._cancelled:
+            elif self._children.cancelled:
                 why, state = "interrupted; the command was killed", NodeState.TIMEOUT
             elif gave_up:
                 why = (f"brctl: no answer {batch.timeout:g}s+{GRACE_S + SLACK_S + batch.launch:g}s "
@@ -348,16 +342,12 @@ class SlurmTransport:
                                     env=self._env, start_new_session=True)
         except OSError as exc:
             return _result(node.name, NodeState.UNREACHABLE, t0, f"srun: {exc.strerror}")
-        with self._lock:
-            self._running.add(proc)
-        try:
-            out, err = proc.communicate(timeout=batch.launch + timeout + GRACE_S + SLACK_S)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
-        finally:
-            with self._lock:
-                self._running.discard(proc)
+        with self._children.tracked(proc):
+            try:
+                out, err = proc.communicate(timeout=batch.launch + timeout + GRACE_S + SLACK_S)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
         said = err.decode(errors="replace")
         if proc.returncode != 0 and re.search(r"^srun: error: (Task launch|Unable to|.*[Ii]nvalid job)",
                                                said, re.M):
@@ -368,12 +358,7 @@ class SlurmTransport:
 
     def cancel(self) -> None:
         """Ctrl-C: srun cancels its step on SIGTERM (the reapers end their trees); start no more."""
-        with self._lock:
-            self._cancelled = True
-            running = list(self._running)
-        for proc in running:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+        self._children.cancel()
 
     def close(self) -> None:
         """Nothing stays open between fan-outs."""
