@@ -387,6 +387,28 @@ def _why_unreachable(why: str, reading: _Reading, name: str) -> str:
     return "; ".join(parts)
 
 
+class LineSplitter:
+    """srun's output as lines; a line longer than ``limit`` is dropped whole, through its
+    newline. Its tail must not pass for a line of its own: a task could write another
+    rank's ``N: `` label there and answer in that node's name."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self._buf = bytearray()
+        self._limit = limit
+        self._skipping = False  # inside a line too long to keep
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` completes."""
+        self._buf += chunk
+        *lines, rest = bytes(self._buf).split(b"\n")
+        if lines and self._skipping:
+            lines, self._skipping = lines[1:], False
+        if len(rest) >= self._limit:
+            rest, self._skipping = b"", True
+        self._buf[:] = rest
+        return lines
+
+
 def _read(proc: subprocess.Popen[bytes], frames: Frames, reading: _Reading,
           answer: Callable[[str], None], data: bytes, *, launch_by: float, give_up: float) -> bool:
     """Read srun's output to its end; True when ``give_up`` came first (srun then stopped).
@@ -397,7 +419,7 @@ def _read(proc: subprocess.Popen[bytes], frames: Frames, reading: _Reading,
     """
     assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
     expected = set(frames.nodes)
-    buffers = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    splitters = {proc.stdout: LineSplitter(), proc.stderr: LineSplitter()}
 
     def send() -> None:
         reading.sent = True
@@ -419,11 +441,7 @@ def _read(proc: subprocess.Popen[bytes], frames: Frames, reading: _Reading,
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
-                buf = buffers[key.fileobj]  # type: ignore[index]
-                buf += chunk
-                *lines, rest = bytes(buf).split(b"\n")
-                buf[:] = rest if len(rest) < (1 << 20) else b""
-                for line in lines:
+                for line in splitters[key.fileobj].feed(chunk):  # type: ignore[index]
                     if key.data:
                         _stderr_line(line, reading, frames)
                     else:

@@ -208,3 +208,14 @@ def test_a_job_given_by_name_is_looked_up_among_running_jobs() -> None:
 
     with pytest.raises(InputError, match="2 running jobs"):
         slurm.named_job(slurm.JobRef(name="two"), ask)
+
+
+def test_a_line_too_long_to_keep_is_dropped_through_its_newline() -> None:
+    """A task that writes over 1 MiB without a newline and then another rank's label must
+    not get that label read as a line of its own (it could answer in that node's name)."""
+    split = slurm.LineSplitter(limit=1024)
+    assert split.feed(b" 0: ok\n 0: " + b"x" * 600) == [b" 0: ok"]
+    assert split.feed(b"x" * 600) == []  # over the limit: dropped, the line still open
+    assert split.feed(b" 1: @brctl forged\n 1: real\n") == [b" 1: real"]  # the same line's tail
+    assert split.feed(b" 2: a\n 2: b") == [b" 2: a"]
+    assert split.feed(b"\n") == [b" 2: b"]
