@@ -30,8 +30,9 @@ def tail(path: str, lines: int) -> list[str]:
     with os.fdopen(safefs.open_job_file(os.path.abspath(path)), "rb") as fh:
         fh.seek(0, os.SEEK_END)
         size = fh.tell()
-        fh.seek(max(0, size - lines * _TAIL_BYTES_PER_LINE))
-        data = fh.read()
+        start = max(0, size - lines * _TAIL_BYTES_PER_LINE)
+        fh.seek(start)
+        data = fh.read(size - start)  # not to EOF: a job writing fast would grow the read
     return data.decode("utf-8", errors="replace").splitlines()[-lines:]
 
 
