@@ -99,6 +99,8 @@ def test_a_fault_that_fires_once_is_not_reproduced(
     assert (tmp_path / "fired").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(scaled(600))  # three rounds of 12 machines: 79-93 s here, once over 300 s in a full run
 def test_two_corrupting_machines_are_resolved_by_a_third_round(
     make_cluster: Callable[..., SshCluster], tmp_path: Path, brctl: Callable[..., Any]
 ) -> None:
