@@ -329,6 +329,8 @@ class Daemon:
         status = self.adapter.running(members)
         if status is not None:
             running = status
+        elif self.allocation is not None and self.allocation.waiting:
+            running = None  # no process while Slurm holds it in the queue: a wait, not a crash
         now = self.clock()
         self.progress, moved = observe(self.progress, step, now, self.cfg.fail_slow_window)
         if self.last_poll is not None and not self.dry_run:

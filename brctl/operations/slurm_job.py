@@ -55,6 +55,11 @@ class SlurmJob:
         """RUNNING: the job's processes are on its machines."""
         return self.state == RUNNING
 
+    @property
+    def waiting(self) -> bool:
+        """Queued or between runs (PENDING after a requeue, CONFIGURING, …): not running, not over."""
+        return self.state in ACTIVE and self.state != RUNNING
+
     def describe(self) -> str:
         """``Slurm job 42 (RUNNING, 1 restart)`` for ``brctl nodes`` and messages."""
         extra = f", {self.restarts} restart{'s' if self.restarts != 1 else ''}" if self.restarts else ""

@@ -86,10 +86,15 @@ def test_gpu_fault_drains_swaps_a_partition_standby_and_requeues_the_job_there(
         _wait("ranks on node03", lambda: cluster.node_pids("node03", TAG), 30, log, daemon)
         out = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "--json", "nodes"],
                              capture_output=True, text=True, env=env, timeout=scaled(60))
-        assert json.loads(out.stdout)["job"]["members"] == ["node01", "node03"], out.stderr
+        assert json.loads(out.stdout)["job"]["members"] == ["node01", "node03"], \
+            out.stderr + log.read_text()[-6000:]
         events = log.read_text()
         assert "action_evict" in events and "action_restart" in events
         assert "scheduler_requeue" not in events  # its own requeue is not news
+        # the wait in Slurm's queue after the requeue was not a crash: one restart, no second
+        kinds = [line.split()[2] for line in events.splitlines() if len(line.split()) > 2]
+        assert "crash" not in kinds and kinds.count("action_restart") == 1, events[-3000:]
+        assert _squeue(cluster, job)["restart_cnt"] == 1
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:

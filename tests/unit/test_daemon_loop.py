@@ -498,8 +498,8 @@ class Scheduler(JobAdapter):
     def allocation(self) -> Any:
         return self.view[0]
 
-    def running(self, members: Any) -> Any:
-        return self.view[0].running if self.view[0].running else None
+    def running(self, members: Any) -> Any:  # as SlurmHooks.running: None while it waits
+        return None if self.view[0].waiting else self.view[0].running
 
 
 def test_the_schedulers_allocation_wins_and_its_own_requeues_are_said_once(tmp_path: Path) -> None:
@@ -528,4 +528,33 @@ def test_the_schedulers_allocation_wins_and_its_own_requeues_are_said_once(tmp_p
     assert kinds.count("membership_mismatch") == 1 and kinds.count("scheduler_requeue") == 1
     mismatch = next(e for e in events if e["kind"] == "membership_mismatch")
     assert mismatch["detail"]["recorded"] == ["n1", "n2", "n3", "n4"]
+    store.close()
+
+
+def test_a_job_waiting_in_the_schedulers_queue_is_not_a_crash(tmp_path: Path) -> None:
+    """After a requeue Slurm holds the job PENDING (BeginTime) for a while: no training
+    process anywhere is the wait, not a crash; the daemon restarting it again was a second
+    requeue the plan never asked for."""
+    from brctl.operations.slurm_job import SlurmJob
+
+    script, clock = Script(), Clock()
+    inv = inventory(tmp_path)
+    store = Store(tmp_path / "state")
+    view = [SlurmJob("42", "llm", "RUNNING", "None", ("n1", "n2", "n3", "n4"), 0, "root")]
+    daemon = Daemon(inv, DaemonState(store, "llm"), script, Scheduler(inv, view), owner="me",
+                    clock=clock, event_log=tmp_path / "events.jsonl")
+    daemon.start()
+    tick(daemon, clock, script)
+    view[0] = SlurmJob("42", "llm", "PENDING", "BeginTime", (), 1, "root")
+    script.running = False  # no process on any machine while it waits
+    for _ in range(4):  # longer than the 1 s crash grace, shorter than stall_after
+        tick(daemon, clock, script)
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert "crash" not in kinds and not hooks_log(tmp_path)
+    assert [c for c, _ in script.calls] == ["check"]  # the standby self-check, no diagnose
+    # the scheduler says the job is over (FAILED): that is a crash
+    view[0] = SlurmJob("42", "llm", "FAILED", "NonZeroExitCode", (), 1, "root")
+    tick(daemon, clock, script)
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert "crash" in kinds
     store.close()
