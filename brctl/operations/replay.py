@@ -119,6 +119,19 @@ def replay_plan(inv: Inventory, dp: Optional[int] = None) -> ReplayPlan:
     return plan(shape_of(job_topology(inv), dp))
 
 
+def disjoint_waves(groups: Sequence[tuple[str, ...]]) -> list[list[int]]:
+    """The groups' indices in waves that share no machine, first fit in order."""
+    waves: list[tuple[list[int], set[str]]] = []
+    for i, group in enumerate(groups):
+        wave = next((w for w in waves if not w[1] & set(group)), None)
+        if wave is None:
+            waves.append(([i], set(group)))
+        else:
+            wave[0].append(i)
+            wave[1].update(group)
+    return [indices for indices, _ in waves]
+
+
 class RoundLauncher:
     """Runs the groups of one round at once and turns machine results into GroupRuns."""
 
@@ -144,18 +157,23 @@ class RoundLauncher:
 
     def run(self, groups: Sequence[tuple[str, ...]], *, retry: bool = True,
             on_done: Done = None) -> list[GroupRun]:
-        """One run of every group; all groups of the round start together.
+        """One run of every group; the groups of the round start together, except that
+        groups sharing a machine (a control job and the job it mirrors) run in turn: a
+        machine holds one rank of one group at a time.
 
         A group whose rendezvous port was taken on its first machine (a race with
         another program) is run once more on a fresh port: that is not a verdict.
         """
-        out = self._run_once(groups, on_done)
-        again = [i for i, r in enumerate(out) if r.status == "error" and r.error
-                 and "address already in use" in r.error.lower()]
-        if retry and again:
-            for i, run in zip(again, self._run_once([groups[i] for i in again])):
-                out[i] = run
-        return out
+        out: dict[int, GroupRun] = {}
+        for wave in disjoint_waves(groups):
+            runs = self._run_once([groups[i] for i in wave], on_done)
+            again = [j for j, r in enumerate(runs) if r.status == "error" and r.error
+                     and "address already in use" in r.error.lower()]
+            if retry and again:
+                for j, run in zip(again, self._run_once([groups[wave[j]] for j in again])):
+                    runs[j] = run
+            out.update(zip(wave, runs))
+        return [out[i] for i in range(len(groups))]
 
     def _run_once(self, groups: Sequence[tuple[str, ...]], on_done: Done = None) -> list[GroupRun]:
         slots: dict[str, tuple[int, int]] = {}  # machine → (group index, node rank)

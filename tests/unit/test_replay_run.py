@@ -218,3 +218,36 @@ def test_nodes_folded_is_the_group_as_a_folded_node_set() -> None:
     folded = {tuple(a[a.index("--nodes") + 1].split(",")): a[a.index("--set") + 1] for a in seen}
     assert all(value == fold(nodes) for nodes, value in folded.items())
     assert all(value.startswith("g[") for value in folded.values())  # not the plain list
+
+
+def test_groups_of_a_round_that_share_a_machine_run_one_after_the_other() -> None:
+    """A confirm round's control job is its suspect's job with the suspect swapped out, so
+    the two share their other machines. Launched together, the shared machine's slot was
+    overwritten by the second group: the first never got its rank and timed out
+    (``incomplete``) on a real cluster."""
+    import threading
+
+    from brctl.operations.replay import RoundLauncher, replay_plan
+
+    inv = inventory(8, 2, 1, 2)
+    lock, busy, overlap, asked = threading.Lock(), set(), [], []
+
+    def handler(node: Node, argv: Sequence[str], _stdin: bytes | None) -> Reply:
+        with lock:
+            if node.name in busy:
+                overlap.append(node.name)
+            busy.add(node.name)
+            asked.append((node.name, argv[argv.index("--nodes") + 1]))
+        try:
+            if argv[argv.index("--rank") + 1] != "0":
+                return Reply()
+            return Reply(stdout="brctl-fingerprint 0 aa\n")
+        finally:
+            with lock:
+                busy.discard(node.name)
+    launcher = RoundLauncher(FakeTransport(handler), inv, replay_plan(inv),
+                             command_workload(TEMPLATE), timeout=10, port_base=32000, fanout=8)
+    runs = launcher.run([("g01", "g05"), ("g02", "g06"), ("g03", "g05")])
+    assert [r.status for r in runs] == ["ok", "ok", "ok"], runs
+    assert ("g05", "g01,g05") in asked and ("g05", "g03,g05") in asked
+    assert not overlap
