@@ -91,9 +91,9 @@ def sweep(max_machines: int, only: list[int] | None = None) -> None:
     (tp, pp, cp) whose default replay plan can vote, the worst case over every
     position of a round-1 group (the groups are alike) of the pure decoder
     against the simulated oracle. "not named" would be one fault left ambiguous;
-    "NaN only": 3 groups of one machine per position, where a finite corruption
-    looks the same as two machines of its position corrupting alike (ambiguous,
-    said so) and a NaN/inf one is named (its worst round count in brackets).
+    "NaN only": 3 machines that each hold the whole model, where a finite corruption
+    looks the same as the two others corrupting alike (ambiguous, said so) and a
+    NaN/inf one is named (its worst round count in brackets).
     """
     from collections import Counter
 

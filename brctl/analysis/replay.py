@@ -37,6 +37,7 @@ from brctl.analysis.replay_judge import (
     JudgedRound,
     RoundKind,
     judge_round,
+    summarize,
 )
 from brctl.analysis.topology import Topology, TopologyError
 from brctl.core.errors import UsageError
@@ -240,10 +241,9 @@ class ReplayPlan:
         """The most rounds one faulty machine takes to be named (None: it cannot be).
 
         ``wrong`` is what the fault makes of a step: a finite value, or ``nan``.
-        With three groups and one machine of each position per job, a finite fault
-        is never named: its position's two other machines corrupting alike would
-        give the very same fingerprints in every job (the verdict says so); NaN is
-        wrong on its own and is named.
+        Only 3 machines that each hold the whole model never name a finite fault: the
+        two others corrupting alike would give the very same fingerprints (the verdict
+        says so); NaN is wrong on its own and is named.
         """
         return self._fault_bounds[wrong]
 
@@ -474,7 +474,7 @@ def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *,
     definite = {next(iter(c)) for g in deviant if len(c := set(g.nodes) & candidates) == 1}
     open_ = candidates - definite
     misled = plan_.thin and not _self_evident(rounds[0])  # a 2-1 vote may be 2 faults alike
-    if not open_ and (not misled or _confirmed(definite, rounds)):
+    if not open_ and (not misled or _settled(plan_.shape, rounds, definite)):
         return Verdict("found", _ordered(definite, order), (), cleared,
                        f"the deviant groups meet in {len(definite)} machine(s)")
     if len(rounds) == 1 and plan_.round2 is not None:
@@ -490,12 +490,13 @@ def decide(plan_: ReplayPlan, rounds: Sequence[JudgedRound], *,
                              _ordered(set(stand_ins), order) if stand_ins is not None else None)
     if misled and not open_ and len(jobs) < 2:
         others = _ordered(_same_role(plan_.shape, definite) - definite, order)
-        return Verdict("ambiguous", (), _ordered(definite, order) + others, cleared,
-                       f"{', '.join(_ordered(definite, order))} deviates alone, but with "
-                       f"{len(plan_.round1)} groups {', '.join(others) or 'other machines'} "
-                       "corrupting alike would give the very same fingerprints in every "
-                       "replay job, and no machine of its role is known healthy either way "
-                       "to tell them apart (more machines per position, or a larger --dp, can)")
+        return _control_round(plan_, rounds, definite, max_rounds) or Verdict(
+            "ambiguous", (), _ordered(definite, order) + others, cleared,
+            f"{', '.join(_ordered(definite, order))} deviates alone, but with "
+            f"{len(plan_.round1)} groups {', '.join(others) or 'other machines'} "
+            "corrupting alike would give the very same fingerprints in every replay job, "
+            "and no machine is known healthy either way to tell them apart (more machines "
+            "per position, or a larger --dp, can)")
     if not any(sus for sus, _ in jobs) or len(rounds) >= max_rounds \
             or reference_of(rounds) is None:
         why = ("not enough known-good machines to replay a suspect" if not jobs
@@ -522,12 +523,94 @@ def _same_role(shape: ReplayShape, machines: set[str]) -> set[str]:
     return {m for m in shape.machines if class_of[m] in roles}
 
 
+def _settled(shape: ReplayShape, rounds: Sequence[JudgedRound], definite: set[str]) -> bool:
+    """A 2-1 vote's lone candidates are found: each confirmed beside its control job, or
+    one machine and no other reading of the rounds (one fault elsewhere, two alike)."""
+    return _confirmed(definite, rounds) or (
+        len(definite) == 1 and not _alternatives(shape, rounds, next(iter(definite))))
+
+
+def _control_round(plan_: ReplayPlan, rounds: Sequence[JudgedRound], definite: set[str],
+                   max_rounds: int) -> Optional[RoundSpec]:
+    """A control job alone in its round, when no machine of the one suspect's role is
+    healthy under every reading the rounds allow (it alone, or two others corrupting
+    alike, e.g. its role-mates): staffed by machines no such reading touches, one of
+    another role with as many positions in the suspect's slot. Clean, it rules every
+    other reading out. None when there is more than one suspect, no round left, no such
+    staff, or a reading with the same healthy fingerprint (a control could not tell it
+    apart)."""
+    if len(definite) != 1 or len(rounds) >= max_rounds:
+        return None
+    x = next(iter(definite))
+    others = _alternatives(plan_.shape, rounds, x)
+    reference = reference_of(rounds)
+    if reference is None or any(f == summarize(reference) for _, f in others):
+        return None
+    control = _staff(plan_.shape, [m for m in plan_.shape.machines
+                                   if m != x and not any(m in h for h, _ in others)])
+    return None if control is None else RoundSpec("confirm", (control,), ((),))
+
+
+def _staff(shape: ReplayShape, machines: Sequence[str]) -> Optional[Group]:
+    """A complete replay job of ``machines`` (each once): a slot takes a machine of its own
+    role, else one of another role hosting as many positions (the workload gives a machine
+    its slot's ranks, whatever it ran in the job). None when they cannot fill it."""
+    class_of = shape.class_of()
+    pool = {c: [m for m in machines if class_of[m] == c] for c in range(len(shape.classes))}
+    group: list[Optional[str]] = [pool[c].pop(0) if pool[c] else None
+                                  for c in shape.slot_classes]
+    for slot, c in enumerate(shape.slot_classes):
+        if group[slot] is None:
+            alike = [d for d in pool if pool[d] and len(shape.roles[d]) == len(shape.roles[c])]
+            if not alike:
+                return None
+            group[slot] = pool[alike[0]].pop(0)
+    return tuple(m for m in group if m is not None)
+
+
+def _alternatives(shape: ReplayShape, rounds: Sequence[JudgedRound], x: str
+                  ) -> list[tuple[frozenset[str], str]]:
+    """Every other reading of the rounds: one machine, or two corrupting alike, none of
+    them ``x``, under which each job without them gave one same finite fingerprint and
+    each job with one of them another. With their healthy fingerprints.
+
+    Groups are bitmasks: a reading is checked in a few integer operations, so all pairs
+    of a few hundred machines cost milliseconds."""
+    seen = [g for rnd in rounds for g in rnd.groups
+            if g.status in ("clean", "deviant") and g.fingerprint is not None]
+    member: dict[str, int] = {}
+    by_print: dict[str, int] = {}
+    for i, g in enumerate(seen):
+        for m in g.nodes:
+            member[m] = member.get(m, 0) | 1 << i
+        assert g.fingerprint is not None
+        by_print[g.fingerprint] = by_print.get(g.fingerprint, 0) | 1 << i
+    every = (1 << len(seen)) - 1
+    finite = [(f, bits) for f, bits in by_print.items() if f.split("@")[0] not in NON_FINITE]
+    names = [m for m in shape.machines if m != x]
+
+    def healthy(hit: int) -> Optional[str]:
+        rest = every & ~hit
+        if not rest:  # no job ran without them: their healthy value was never seen
+            return "?"
+        return next((f for f, bits in finite if rest & ~bits == 0 and not hit & bits), None)
+
+    out: list[tuple[frozenset[str], str]] = []
+    for i, a in enumerate(names):
+        for b in [None, *names[i + 1:]]:
+            hit = member.get(a, 0) | (member.get(b, 0) if b is not None else 0)
+            if (f := healthy(hit)) is not None:
+                out.append((frozenset({a} if b is None else {a, b}), f))
+    return out
+
+
 def _confirmed(machines: set[str], rounds: Sequence[JudgedRound]) -> bool:
-    """Each machine deviated alone among known-good ones, and its own job with it swapped
-    for a stand-in (the control job: the same machines but that one) was clean."""
+    """Each machine deviated alone among known-good ones, and its own job without it (the
+    control job: one new known-good machine in, that one out, the rest its job's own
+    machines) was clean."""
     def swapped(job: Group, control: Group, m: str) -> bool:
-        return len(job) == len(control) and all(
-            a in (b, m) for a, b in zip(job, control)) and m not in control
+        return len(job) == len(control) and m not in control \
+            and len(set(control) - set(job)) == 1
 
     def alone(m: str) -> bool:
         return any(rnd.kind == "confirm" and g.suspects == (m,) and g.deviant

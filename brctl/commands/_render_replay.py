@@ -57,8 +57,8 @@ def _summary(p: ReplayPlan) -> str:
     n, nan = p.rounds_single_fault(), p.rounds_single_fault("nan")
     rounds = (f"at most {n} round(s) to name one faulty machine" if n
               else f"one faulty machine is named (in at most {nan} round(s)) only when it "
-                   "goes NaN/inf: with 3 groups of one machine per position, a corrupted "
-                   "value looks the same as two machines of its position corrupting alike"
+                   "goes NaN/inf: with 3 machines that each hold the whole model, one "
+                   "corrupted value looks the same as the two others corrupting alike"
               if nan else "no majority vote possible")
     return (f"DP'={p.shape.dp} (TP={p.shape.tp}, PP={p.shape.pp}): {len(p.round1)} groups of "
             f"{p.shape.slots} machine(s) per round; {grid}; {rounds}")

@@ -63,11 +63,12 @@ def replay_command(
     suspects; --plan-only prints the bound for the job's shape. Two faulty
     machines get a further round that replays each candidate with known-good
     machines. With only 3 groups two machines corrupting alike can out-vote the
-    healthy one: a lone candidate is found only after its own job, with it swapped
-    for a machine of the group the vote called deviant, replays clean; with one
-    machine of each position per group that cannot be told apart from its
-    position's two others corrupting alike, so a finite corruption is ambiguous
-    (NaN/inf is named). The built-in workload
+    healthy one: a lone candidate is found only after a control job without it,
+    staffed by machines no such reading can blame, replays clean (with one machine
+    of each position per group, one of another position takes its slot: that job
+    alone moves a machine off its stage). Only 3 machines that each hold the whole
+    model cannot tell one odd one out from two alike: ambiguous there, unless the
+    value is NaN/inf. The built-in workload
     needs torch for ssh.python on the nodes; a group's ranks meet over TCP at its first
     machine's inventory address (set GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME in a
     node's env: when the default interface is the wrong one). Exit 0 none, 1 found,

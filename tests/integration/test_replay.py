@@ -120,3 +120,27 @@ def test_two_corrupting_machines_are_resolved_by_a_third_round(
     assert {s for s, dev in tested.items() if dev} == {"node02", "node09"}
     cleared = {s for s, dev in tested.items() if not dev}
     assert len(cleared) == 2 and cleared <= set(doc["cleared"])
+
+
+def test_one_machine_per_stage_is_found_with_a_control_job_off_its_stage(
+    make_cluster: Callable[..., SshCluster], tmp_path: Path, brctl: Callable[..., Any]
+) -> None:
+    # 6 machines, one rank each, PP=2: three groups of (stage 0, stage 1). node05 alone
+    # deviates, but its stage's two others (node04, node06) corrupting alike would look the
+    # same in every such job: the control job runs stage 1 on a stage-0 machine, and its
+    # fingerprint is the healthy one bit for bit (the workload is the slot's, not the
+    # machine's).
+    cluster = make_cluster(6)
+    bad = "node05"
+    inv = _inventory(cluster, tmp_path, 1, 2, {bad: write_fault(tmp_path / "fault")})
+    res = _replay(brctl, inv)
+    assert res.exit_code == 1, res.stderr
+    doc = res.json
+    assert (doc["verdict"], doc["faulty"]) == ("found", [bad]), doc.get("reason")
+    assert [r["kind"] for r in doc["rounds"]] == ["horizontal", "vertical", "confirm"]
+    confirm = doc["rounds"][2]["groups"]
+    [control] = [g for g in confirm if not g.get("suspect")]
+    assert set(control["members"]) <= {"node01", "node02", "node03"}, control
+    assert not control["deviant"]
+    healthy = {g["fingerprint"] for g in doc["rounds"][0]["groups"] if not g["deviant"]}
+    assert {control["fingerprint"]} == healthy
