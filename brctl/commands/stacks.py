@@ -18,7 +18,8 @@ def register(app: typer.Typer) -> None:
 def stacks(
     ctx: typer.Context,
     rounds: int = typer.Option(5, "--rounds", metavar="N", min=1,
-                               help="Collections to take (fail-slow votes over them)."),
+                               help="Collections to take (fail-slow votes over them); a round "
+                               "that finds no training process anywhere is the last."),
     interval: float = typer.Option(10.0, "--interval", metavar="SECONDS", min=0.0,
                                    help="Seconds between the starts of two rounds."),
     save: Optional[str] = typer.Option(None, "--save", metavar="DIR",

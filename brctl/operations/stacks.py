@@ -326,7 +326,9 @@ def collect_rounds(
     on_round: Callable[[int], None] | None = None,
     **kwargs: Any,
 ) -> list[Collection]:
-    """``rounds`` collections, ``interval`` seconds apart (start to start)."""
+    """``rounds`` collections, ``interval`` seconds apart (start to start); fewer when a
+    round finds no training process on any machine (the job is not running there: more
+    rounds would only make the operator wait to be told so)."""
     paths: dict[str, str] = {}
     known: dict[str, Frame] = {}
     out: list[Collection] = []
@@ -336,6 +338,8 @@ def collect_rounds(
                            **kwargs))
         if on_round is not None:
             on_round(i + 1)
+        if not any(nc.ranks for nc in out[-1].nodes.values()):
+            break
         if i + 1 < rounds:
             sleep(max(0.0, interval - (time.monotonic() - began)))
     return out

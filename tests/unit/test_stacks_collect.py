@@ -290,3 +290,13 @@ def test_from_a_mistyped_job_json_is_an_input_error(
     res = brctl("stacks", "--from", save)
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     assert "job.json" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_rounds_stop_at_one_that_finds_no_training_process(tmp_path: Path) -> None:
+    """``brctl stacks`` takes 5 rounds 10 s apart; with no training process on any machine
+    the operator waited 40 s to be told so. A round that finds none ends the collection."""
+    slept: list[float] = []
+    cols = op.collect_rounds(ProbeRunner(LocalTransport()), local_nodes(tmp_path)[:2],
+                             "no-such-process-anywhere-[x]", rounds=5, interval=10.0,
+                             sleep=slept.append, timeout=60)
+    assert len(cols) == 1 and not slept
