@@ -72,7 +72,8 @@ def replay_command(
     needs torch for ssh.python on the nodes; a group's ranks meet over TCP at its first
     machine's inventory address (set GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME in a
     node's env: when the default interface is the wrong one). Exit 0 none, 1 found,
-    ambiguous or not_reproduced, 3 incomplete (groups could not run).
+    ambiguous or not_reproduced, 3 incomplete (groups could not run), 4 incomplete
+    because brctl refused a machine (a safety rule).
     """
     from brctl.commands._render_replay import render, render_plan
     from brctl.core.errors import ExitCode, UsageError

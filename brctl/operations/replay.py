@@ -92,6 +92,7 @@ class ReplayReport:
         workload: what ran.
         repeat: runs per round.
         preflight: machines that could not even start a probe (node → reason).
+        refused: machines brctl would not act on (a safety rule): exit 4, not 3.
     """
 
     plan: ReplayPlan
@@ -100,12 +101,15 @@ class ReplayReport:
     workload: str
     repeat: int
     preflight: dict[str, str]
+    refused: frozenset[str] = frozenset()
 
     @property
     def exit_code(self) -> ExitCode:
-        """0 none, 1 found/ambiguous/not_reproduced, 3 incomplete."""
+        """0 none, 1 found/ambiguous/not_reproduced, 3 incomplete, 4 when a machine of an
+        incomplete replay was refused (a cron script must tell 'would not act' from 'no
+        answer', as in every command)."""
         if self.verdict.verdict == "incomplete":
-            return ExitCode.INCOMPLETE
+            return ExitCode.REFUSED if self.refused else ExitCode.INCOMPLETE
         return ExitCode.OK if self.verdict.verdict == "none" else ExitCode.FINDINGS
 
 
@@ -141,6 +145,7 @@ class RoundLauncher:
         self.timeout, self.fanout = timeout, fanout
         self.runner = ProbeRunner(transport)
         self.next_port = port_base
+        self.refused: set[str] = set()
 
     def _port(self) -> int:
         port = self.next_port
@@ -153,6 +158,7 @@ class RoundLauncher:
         results = self.runner.run(nodes, "brctl.diagnostics.sysinfo", {},
                                   timeout=min(self.timeout, 120.0), concurrency=self.fanout,
                                   on_done=on_done)
+        self.refused.update(n for n, r in results.items() if r.run.state is NodeState.REFUSED)
         return {n: r.error or "no answer" for n, r in results.items() if not r.ok}
 
     def run(self, groups: Sequence[tuple[str, ...]], *, retry: bool = True,
@@ -230,6 +236,7 @@ class RoundLauncher:
     def _group_run(self, group: tuple[str, ...], results: dict[str, Any]) -> GroupRun:
         runs = [results[m] for m in group]
         raw: list[RunResult] = [r.run if hasattr(r, "run") else r for r in runs]
+        self.refused.update(m for m, r in zip(group, raw) if r.state is NodeState.REFUSED)
         seconds = max((r.seconds for r in raw), default=0.0)
         if any(r.state is NodeState.TIMEOUT for r in raw):
             slow = [m for m, r in zip(group, raw) if r.state is NodeState.TIMEOUT]
@@ -322,11 +329,13 @@ def replay(
         verdict = Verdict("incomplete", (), (), (),
                           f"{len(down)} machine(s) could not run a probe: "
                           + "; ".join(f"{n}: {why}" for n, why in sorted(down.items())))
-        return ReplayReport(plan_, (), verdict, workload.describe(), repeat, down)
+        return ReplayReport(plan_, (), verdict, workload.describe(), repeat, down,
+                            frozenset(launcher.refused))
     while True:
         decision = decide(plan_, rounds, max_rounds=max_rounds)
         if isinstance(decision, Verdict):
-            return ReplayReport(plan_, tuple(rounds), decision, workload.describe(), repeat, {})
+            return ReplayReport(plan_, tuple(rounds), decision, workload.describe(), repeat, {},
+                                frozenset(launcher.refused))
         if on_round is not None:
             on_round(decision, len(rounds) + 1)
         members = [m for g in decision.groups for m in g]

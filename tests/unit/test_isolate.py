@@ -100,7 +100,7 @@ def test_job_user_is_set_on_every_machine(tmp_path: Path) -> None:
     assert inv.job is not None and inv.job.user == "nobody"
 
 
-def test_a_refused_machine_is_exit_4_in_diagnose_and_stacks(tmp_path: Path, brctl: Any) -> None:
+def test_a_refused_machine_is_exit_4_in_diagnose_stacks_and_replay(tmp_path: Path, brctl: Any) -> None:
     """A safety refusal outranks an unanswered machine (4 > 3) in every command, not only
     health: a cron script must tell 'brctl would not act there' from 'no answer'."""
     path = tmp_path / "inv.yaml"
@@ -118,3 +118,6 @@ def test_a_refused_machine_is_exit_4_in_diagnose_and_stacks(tmp_path: Path, brct
     assert "not an absolute path" in res.json["incomplete"]["bad"]
     res = brctl("-i", path, "--json", "stacks")
     assert res.exit_code == 4, res.stdout + res.stderr
+    res = brctl("-i", path, "--json", "replay")  # the preflight: no round runs
+    assert res.exit_code == 4, res.stdout + res.stderr
+    assert res.json["verdict"] == "incomplete" and "not an absolute path" in res.json["preflight"]["bad"]
