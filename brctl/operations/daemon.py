@@ -455,6 +455,10 @@ class Daemon:
                                                 "the daemon: " + why})
 
     def _after_plan(self, outcome: PlanOutcome) -> None:
+        if self.last_poll is not None:  # the plan's time is repair time, not training time
+            end = self.clock()
+            self.state.add_interval(self.last_poll, end, False)
+            self.last_poll = end
         self._refresh_counters()
         if outcome.restarted:
             self.restarts_seen = None  # its own requeue is not news: count from the next poll

@@ -558,3 +558,29 @@ def test_a_job_waiting_in_the_schedulers_queue_is_not_a_crash(tmp_path: Path) ->
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert "crash" in kinds
     store.close()
+
+
+def test_the_time_a_plan_takes_is_not_training_time(tmp_path: Path) -> None:
+    """A GPU fault's plan (evict, restore for 600 s, swap, restart) runs inside one poll.
+    The next interval used to start at that poll's start, so when the restarted job
+    moved on, the restore's 600 s counted as productive and ETTR overstated."""
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock)
+    daemon.start()
+    tick(daemon, clock, script)
+    tick(daemon, clock, script)  # 1 s productive
+    restore = script.restore
+
+    def slow_restore(evicted: Node, standby: Node, members: Sequence[Node]) -> str:
+        clock.now += 600.0
+        return restore(evicted, standby, members)
+    script.restore = slow_restore  # type: ignore[method-assign]
+    script.evict = {"n3": "ecc: 2 volatile uncorrectable errors"}
+    tick(daemon, clock, script)  # the fault is seen, the plan runs (600 s)
+    script.evict = {}
+    for _ in range(3):
+        tick(daemon, clock, script)  # training again
+    ivs = DaemonState(store, "llm").intervals()
+    lost = sum(iv.end - iv.start for iv in ivs if not iv.productive)
+    assert lost >= 600.0, ivs
+    store.close()
