@@ -169,6 +169,7 @@ class Daemon:
         self.allocation: Any = None
         self.mismatch_said: Optional[tuple[str, ...]] = None
         self.restarts_seen: Optional[int] = None
+        self.queued_said: Optional[str] = None  # the scheduler's wait, said once per wait
         self.report = DaemonReport(job=self.job.name)
         self.executor = Executor(inv, state, hooks, adapter, self, lambda: self.generation, clock,
                                  self._after_replay)
@@ -230,6 +231,25 @@ class Daemon:
                                                  "restarts": seen.restarts})
             self.notify("scheduler_requeue", seen.state, None, why, {"restarts": seen.restarts})
         self.restarts_seen = seen.restarts
+
+    def _queued(self, now: float) -> bool:
+        """Whether the scheduler holds the job in its queue (PENDING after a requeue, waiting
+        for resources or its BeginTime). No process anywhere is then a wait, not a crash,
+        and no new step not a hang: the stall clock and the start-up grace begin when it
+        runs again. Said once per wait."""
+        seen = self.allocation
+        if seen is None or not seen.waiting:
+            self.queued_said = None
+            return False
+        self.progress = Progress.start(now, self.progress.step)
+        why = f"{seen.state} ({seen.reason})" if seen.reason else seen.state
+        if self.queued_said != why:
+            self.queued_said = why
+            self.event("job_queued", [], {
+                "reason": f"the scheduler holds the job in its queue: {why}; no process is "
+                          "not a crash and no step not a hang until it runs",
+                "state": seen.state, "scheduler_reason": seen.reason, "restarts": seen.restarts})
+        return True
 
     def start(self) -> None:
         """Take the lease, re-decide unfinished plans, self-check unchecked standbys.
@@ -325,17 +345,13 @@ class Daemon:
         self.health_status = dict(health.status)
         tails = self.hooks.log_tails(nodes)
         step = job_step({n: last_step(t, self.cfg.progress_regex) for n, t in tails.items()})
-        running = health.running
         status = self.adapter.running(members)
-        if status is not None:
-            running = status
-        elif self.allocation is not None and self.allocation.waiting:
-            running = None  # no process while Slurm holds it in the queue: a wait, not a crash
         now = self.clock()
         self.progress, moved = observe(self.progress, step, now, self.cfg.fail_slow_window)
         if self.last_poll is not None and not self.dry_run:
             self.state.add_interval(self.last_poll, now, moved)
         self.last_poll = self.polled = now
+        running = None if self._queued(now) else status if status is not None else health.running
         if moved:
             self.restarts_without_progress = 0
             self.crash_history = []

@@ -549,9 +549,15 @@ def test_a_job_waiting_in_the_schedulers_queue_is_not_a_crash(tmp_path: Path) ->
     script.running = False  # no process on any machine while it waits
     for _ in range(4):  # longer than the 1 s crash grace, shorter than stall_after
         tick(daemon, clock, script)
+    # ... nor a hang however long it waits (here 30 s, stall_after is 5 s): requeueing a
+    # job that waits for resources only costs it its place in the queue
+    view[0] = SlurmJob("42", "llm", "PENDING", "Resources", (), 1, "root")
+    for _ in range(30):
+        tick(daemon, clock, script, steps=0)
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert "crash" not in kinds and not hooks_log(tmp_path)
+    assert "crash" not in kinds and "hang" not in kinds and not hooks_log(tmp_path)
     assert [c for c, _ in script.calls] == ["check"]  # the standby self-check, no diagnose
+    assert kinds.count("job_queued") == 2  # BeginTime, then Resources: each wait said once
     # the scheduler says the job is over (FAILED): that is a crash
     view[0] = SlurmJob("42", "llm", "FAILED", "NonZeroExitCode", (), 1, "root")
     tick(daemon, clock, script)
