@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
 
 # Width of the stdout console when it is not a terminal (a pipe, a file, cron mail):
@@ -114,7 +115,8 @@ class Output:
             # not a terminal: nothing is ever cut or wrapped (one record per line)
             # on a terminal: fit its width (rich wraps at words, cuts only with …)
             tty = _isatty(target)
-            self._console = Console(file=target, highlight=False, soft_wrap=not tty,
+            # emoji=False: a node's ":smiley:" is text, not a picture
+            self._console = Console(file=target, highlight=False, emoji=False, soft_wrap=not tty,
                                     width=None if tty else NOT_A_TERMINAL_WIDTH)
         return self._console
 
@@ -124,7 +126,8 @@ class Output:
         if self._err is None:
             from rich.console import Console
 
-            self._err = Console(file=self.stderr, highlight=False, stderr=True, soft_wrap=True)
+            self._err = Console(file=self.stderr, highlight=False, emoji=False, stderr=True,
+                                soft_wrap=True)
         return self._err
 
     def emit_json(self, schema: str, payload: Mapping[str, Any], version: int = 1, *,
@@ -163,12 +166,14 @@ class Output:
 
     def warn(self, message: str) -> None:
         """A one-line warning on stderr."""
-        self.err.print(f"[yellow]brctl: warning:[/] {escape(message)}")
+        from rich.text import Text
+
+        self.err.print(Text("brctl: warning: ", style="yellow").append(visible(message)))
 
     def info(self, message: str) -> None:
         """A progress or context line on stderr (only with -v)."""
         if self.verbose:
-            self.err.print(escape(message), style="dim")
+            self.err.print(node_text(message, style="dim"))
 
     @contextmanager
     def progress(self, label: str, total: int,
@@ -268,6 +273,14 @@ def escape(text: str) -> str:
     from rich.markup import escape as markup_escape
 
     return markup_escape(visible(text))
+
+
+def node_text(text: str, style: str = "") -> Text:
+    """``text`` as a rich ``Text`` with controls made visible: printed exactly, never
+    read as markup (``rich.markup.escape`` doubles a backslash that ends a string)."""
+    from rich.text import Text
+
+    return Text(visible(text), style=style)
 
 
 def table(columns: Iterable[str], rows: Iterable[Iterable[Any]], title: str | None = None) -> Any:

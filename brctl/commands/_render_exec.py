@@ -11,7 +11,7 @@ from __future__ import annotations
 from brctl.core.nodeset import fold_by
 from brctl.core.transport import NodeState
 from brctl.operations.exec_ import ExecReport
-from brctl.render import Output, escape
+from brctl.render import Output, node_text
 
 
 def render(out: Output, report: ExecReport, *, lines: bool = False) -> None:
@@ -30,28 +30,31 @@ def render(out: Output, report: ExecReport, *, lines: bool = False) -> None:
     states = fold_by({n: r.state.value for n, r in report.results.items()})
     if out.verbose or any(r.state is not NodeState.OK for r in report.results.values()):
         summary = "; ".join(f"{state}: {nodes}" for nodes, state, _ in states)
-        out.err.print(f"[dim]{escape(summary)}[/]")
+        out.err.print(node_text(summary, style="dim"))
 
 
+# Node text is printed as rich ``Text``, never inside markup: rich.markup.escape
+# doubles a trailing backslash, which shows when nothing follows it (``dir C:\``).
 def _blocks(out: Output, report: ExecReport) -> None:
     keyed = {n: (r.state, r.exit_code, r.stdout) for n, r in report.results.items()}
     for nodes, (state, code, stdout), count in fold_by(keyed):
         status = state.value if state is not NodeState.FAILED else f"exit {code}"
         colour = "green" if state is NodeState.OK else "red"
-        out.console.print(f"[bold]---------------- {escape(nodes)} ({count}) [{colour}]{status}[/]")
+        out.console.print(node_text(f"---------------- {nodes} ({count}) ", style="bold")
+                          .append(status, style=f"bold {colour}"))
         if stdout:
-            out.console.print(escape(stdout.rstrip("\n")))
+            out.console.print(node_text(stdout.rstrip("\n")))
     for nodes, stderr, _ in fold_by({n: r.stderr for n, r in report.results.items()
                                      if r.stderr.strip()}):
         for line in stderr.rstrip("\n").split("\n"):
-            out.err.print(f"{escape(nodes)}: {escape(line)}")
+            out.err.print(node_text(f"{nodes}: {line}"))
 
 
 def _lines(out: Output, report: ExecReport) -> None:
     for name, result in report.results.items():  # inventory (machine) order
         for line in result.stdout.splitlines():
-            out.console.print(f"{escape(name)}: {escape(line)}")
+            out.console.print(node_text(f"{name}: {line}"))
         for line in result.stderr.splitlines():
-            out.err.print(f"{escape(name)}: {escape(line)}")
+            out.err.print(node_text(f"{name}: {line}"))
         if not result.state.ran:
-            out.err.print(f"{escape(name)}: [red]{result.state.value}[/]")
+            out.err.print(node_text(f"{name}: ").append(result.state.value, style="red"))

@@ -54,3 +54,50 @@ def test_a_file_name_that_is_not_utf8_is_shown_escaped_and_can_be_written() -> N
     shown = visible(name)
     assert shown == "step_\\udcff"
     shown.encode("utf-8")  # strict: what a UTF-8 terminal does
+
+
+# Node text that rich would change if it reached the console as markup: a line that
+# ends in a backslash (rich.markup.escape doubles it), an emoji shortcode, and text
+# after the last tag.
+PLAIN_HOSTILE = ["dir C:\\", "end \\\\", ":smiley: :thumbs_up:", "after [/] tag \\", "x"]
+
+
+def _exec_report(stdout: str, stderr: str) -> object:
+    from brctl.core.transport import NodeState, Results, RunResult
+    from brctl.operations.exec_ import ExecReport
+
+    results = Results([RunResult("n1", NodeState.OK, 0, stdout, stderr, 0.1)])
+    return ExecReport(("sh", "-c", "x"), results)
+
+
+@pytest.mark.parametrize("lines", [False, True])
+@pytest.mark.parametrize("text", PLAIN_HOSTILE)
+def test_exec_output_is_printed_exactly(text: str, lines: bool) -> None:
+    from brctl.commands._render_exec import render
+    from brctl.render import Output
+
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    render(out, _exec_report(text + "\n", text + "\n"), lines=lines)  # type: ignore[arg-type]
+    shown_out = out.stdout.getvalue().splitlines()
+    shown_err = out.stderr.getvalue().splitlines()
+    assert shown_out[-1] == (f"n1: {text}" if lines else text)
+    assert shown_err == [f"n1: {text}"]
+
+
+@pytest.mark.parametrize("text", PLAIN_HOSTILE)
+def test_warnings_and_info_show_node_text_exactly(text: str) -> None:
+    from brctl.render import Output
+
+    out = Output(stderr=io.StringIO(), verbose=1)
+    out.warn(text)
+    out.info(text)
+    assert out.stderr.getvalue().splitlines() == [f"brctl: warning: {text}", text]
+
+
+def test_consoles_render_no_emoji_shortcodes() -> None:
+    from brctl.render import Output
+
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    out.console.print("[bold]:smiley:[/]")
+    out.err.print(":smiley:")
+    assert out.stdout.getvalue() == ":smiley:\n" and out.stderr.getvalue() == ":smiley:\n"
