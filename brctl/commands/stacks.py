@@ -59,12 +59,13 @@ def stacks(
     from brctl.commands._render_stacks import render
     from brctl.core.errors import UsageError
     from brctl.operations import stacks as op
+    from brctl.operations import stacks_save
 
     env: Env = ctx.obj
     if from_dir is not None and save is not None:
         raise UsageError("--from and --save: pick one (--from re-reads a saved directory)")
     if from_dir is not None:
-        collections, shape = op.load(Path(from_dir))
+        collections, shape = stacks_save.load(Path(from_dir))
     else:
         scale = env.timeout_scale()
         with env.output.progress("stacks", rounds) as advance:
@@ -73,7 +74,7 @@ def stacks(
                 dump_timeout=dump_timeout * scale, timeout=timeout * scale, on_round=advance,
                 raw=save is not None)
         if save is not None:
-            op.save(Path(save), collections, shape)
+            stacks_save.save(Path(save), collections, shape)
     report = op.analyse(collections, shape)
     render(env.output, report)
     return int(report.exit_code)

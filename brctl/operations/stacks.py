@@ -9,9 +9,8 @@
 - ``analyse`` turns collections into the pure analyser's input (live rank →
   machine mapping, parsed stacks, undumpable and missing ranks) and returns a
   ``StacksReport``: the ``StackAnalysis`` plus what the exit code needs.
-- ``save`` / ``load`` write and read ``DIR/<node>/<rank>-<pid>.json`` (py-spy's
-  JSON as it printed it), ``<rank>-<pid>.error`` and ``DIR/job.json`` (the
-  topology and per-node outcome; later rounds under ``DIR/round-K/``).
+- ``save`` / ``load`` (in ``brctl/operations/stacks_save.py``) write and read a
+  collection on disk.
 
 The daemon calls ``collect_rounds`` and ``analyse`` directly.
 """
@@ -19,7 +18,6 @@ The daemon calls ``collect_rounds`` and ``analyse`` directly.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import sys
@@ -27,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from brctl.analysis.inventory import Inventory
@@ -35,11 +32,10 @@ from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.pyspy import PySpyFormatError, frame_table, parse_dump, reduced_stack
 from brctl.analysis.stacks import Frame, RankSample, Round, Stack, StackAnalysis
 from brctl.analysis.stacks import analyse as analyse_rounds
-from brctl.analysis.topology import Topology, TopologyError
+from brctl.analysis.topology import Topology
 from brctl.core.errors import (
     ExitCode,
     IncompleteError,
-    InputError,
     RefusedError,
     RemoteDataError,
 )
@@ -47,7 +43,6 @@ from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.probes import Bundle, ProbeResult, ProbeRunner
 
 PROBE = "brctl.diagnostics.stacks_probe"
-SAVE_SCHEMA = "brctl.stacks-save/1"
 
 
 class RankDump(NamedTuple):
@@ -156,10 +151,6 @@ def _no_cycle_collection() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class MalformedAnswer(ValueError):
@@ -485,137 +476,3 @@ def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
         stacks: dict[int, Stack] = {}
         rounds = [_to_round(c, topo, intern, stacks) for c in collections]
         return StacksReport(analyse_rounds(rounds, topo), topo, tuple(collections), errors)
-
-
-# -- save / load ----------------------------------------------------------------------
-
-def _round_dir(root: Path, index: int) -> Path:
-    return root if index == 0 else root / f"round-{index + 1}"
-
-
-def save(root: Path, collections: Sequence[Collection], shape: JobShape) -> None:
-    """Write the collections in the ``--save`` layout (no environment values but ranks).
-
-    The collections must have been taken ``raw``: the layout keeps py-spy's JSON.
-
-    Raises:
-        InputError: the directory cannot be written.
-    """
-    if any(r.output is None and r.stack is not None
-           for col in collections for nc in col.nodes.values() for r in nc.ranks):
-        raise ValueError("stacks.save needs py-spy's raw JSON: collect with raw=True")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        rounds = []
-        for i, col in enumerate(collections):
-            base = _round_dir(root, i)
-            nodes: dict[str, Any] = {}
-            for name, nc in col.nodes.items():
-                nodes[name] = {"state": nc.state, "error": nc.error, "workers": nc.workers,
-                               "ranks": [{"rank": r.rank, "pid": r.pid, "local_rank": r.local_rank,
-                                          "world_size": r.world_size} for r in nc.ranks]}
-                if not nc.ranks:
-                    continue
-                ndir = base / name
-                ndir.mkdir(parents=True, exist_ok=True)
-                for r in nc.ranks:
-                    if r.output is not None:
-                        (ndir / f"{r.rank}-{r.pid}.json").write_text(r.output)
-                    else:
-                        (ndir / f"{r.rank}-{r.pid}.error").write_text((r.error or "") + "\n")
-            rounds.append({"dir": os.path.relpath(base, root), "started": col.started,
-                           "seconds": round(col.seconds, 3), "nodes": nodes})
-        job = {"schema": SAVE_SCHEMA, "machines": list(shape.machines), "gpus": list(shape.gpus),
-               "tp": shape.tp, "pp": shape.pp, "cp": shape.cp, "ep": shape.ep,
-               "order": shape.order, "rounds": rounds}
-        (root / "job.json").write_text(json.dumps(job, indent=2) + "\n")
-    except OSError as exc:
-        raise InputError(f"--save {root}: {exc.strerror or exc}") from None
-
-
-def _need(data: Any, key: str, kind: type, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise InputError(f"{where}: expected an object")
-    value = data.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise InputError(f"{where}: key {key!r} must be a {kind.__name__}")
-    return value
-
-
-def _items(data: dict[str, Any], key: str, kind: type, where: str) -> list[Any]:
-    """``data[key]``: a list whose every item is a ``kind`` (a hand-edited file says where not)."""
-    values: list[Any] = _need(data, key, list, where)
-    for i, value in enumerate(values):
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise InputError(f"{where}: {key}[{i}] must be a {kind.__name__}, not {value!r:.40}")
-    return values
-
-
-def _number(data: dict[str, Any], key: str, where: str) -> float:
-    """An optional number (0 when absent)."""
-    value = data.get(key) or 0
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise InputError(f"{where}: key {key!r} must be a number")
-    return float(value)
-
-
-def _load_node(base: Path, name: str, info: dict[str, Any], where: str) -> NodeCollection:
-    if not isinstance(info, dict):
-        raise InputError(f"{where}: expected an object")
-    ranks = []
-    for j, r in enumerate(_items(info, "ranks", dict, where) if "ranks" in info else []):
-        rank = _need(r, "rank", int, f"{where}.ranks[{j}]")
-        pid = _need(r, "pid", int, f"{where}.ranks[{j}]")
-        stem = base / name / f"{rank}-{pid}"
-        try:
-            if stem.with_suffix(".json").exists():
-                output, error = stem.with_suffix(".json").read_text(), None
-            else:
-                output, error = None, stem.with_suffix(".error").read_text().strip()
-        except OSError as exc:
-            raise InputError(f"{stem}.json/.error: {exc.strerror}",
-                             hint="every rank listed in job.json needs its dump or .error") from None
-        ranks.append(RankDump(rank, pid, output, error, _int_or_none(r.get("local_rank")),
-                              _int_or_none(r.get("world_size"))))
-    state = info.get("state") if isinstance(info.get("state"), str) else "ok"
-    error = info.get("error")
-    return NodeCollection(name, str(state), error if isinstance(error, str) else None,
-                          tuple(ranks), int(_number(info, "workers", where)))
-
-
-def load(root: Path) -> tuple[list[Collection], JobShape]:
-    """Read a ``--save`` directory back.
-
-    Raises:
-        InputError: a missing or malformed ``job.json`` or dump file (names which and what).
-    """
-    path = root / "job.json"
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"--from {root}: cannot read job.json: {exc.strerror}",
-                         hint="point --from at a directory written by brctl stacks --save") from None
-    except ValueError as exc:
-        raise InputError(f"{path}: not JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != SAVE_SCHEMA:
-        raise InputError(f"{path}: expected \"schema\": \"{SAVE_SCHEMA}\"")
-    shape = JobShape(tuple(_items(data, "machines", str, str(path))),
-                     tuple(_items(data, "gpus", int, str(path))),
-                     _need(data, "tp", int, str(path)), _need(data, "pp", int, str(path)),
-                     _need(data, "cp", int, str(path)), _need(data, "ep", int, str(path)),
-                     _need(data, "order", str, str(path)))
-    try:
-        shape.topology()  # a shape the job could not have had is the file's error, said here
-    except TopologyError as exc:
-        raise InputError(f"{path}: {exc}", hint=exc.hint) from None
-    collections = []
-    for i, rnd in enumerate(_items(data, "rounds", dict, str(path))):
-        where = f"{path}: rounds[{i}]"
-        base = root / (_need(rnd, "dir", str, where) if "dir" in rnd else ".")
-        nodes = {name: _load_node(base, name, info, f"{where}.nodes.{name}")
-                 for name, info in _need(rnd, "nodes", dict, where).items()}
-        collections.append(Collection(nodes, _number(rnd, "started", where),
-                                      _number(rnd, "seconds", where)))
-    if not collections:
-        raise InputError(f"{path}: no rounds recorded")
-    return collections, shape

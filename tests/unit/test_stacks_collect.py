@@ -17,6 +17,7 @@ import yaml
 from brctl.analysis.pyspy import PySpyFormatError, parse_dump
 from brctl.core.transport import Node
 from brctl.operations import stacks as op
+from brctl.operations import stacks_save
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner
 
@@ -135,7 +136,7 @@ def test_collect_on_local_machines_dumps_each_rank_once(tmp_path: Path, job: dic
     # the probe shipped its reduced frames, not py-spy's JSON
     assert all(r.output is None and r.stack for nc in col.nodes.values() for r in nc.ranks)
     with pytest.raises(ValueError, match="raw"):
-        op.save(tmp_path / "nope", [col], shape)
+        stacks_save.save(tmp_path / "nope", [col], shape)
 
     # --save collects py-spy's JSON itself, and it parses to the very stacks the probe shipped
     col = op.collect(ProbeRunner(LocalTransport()), nodes, MARK, dump_timeout=20, timeout=60,
@@ -143,7 +144,7 @@ def test_collect_on_local_machines_dumps_each_rank_once(tmp_path: Path, job: dic
     reduced = {r.rank: r.stack for nc in report.collections[0].nodes.values() for r in nc.ranks}
     assert {r.rank: parse_dump(r.output or "", r.pid)
             for nc in col.nodes.values() for r in nc.ranks} == reduced
-    op.save(tmp_path / "save", [col], shape)
+    stacks_save.save(tmp_path / "save", [col], shape)
     files = sorted(p.relative_to(tmp_path / "save").as_posix()
                    for p in (tmp_path / "save").rglob("*") if p.is_file())
     assert files == ["job.json", f"local1/0-{job[0]}.json", f"local1/1-{job[1]}.json",
@@ -152,7 +153,7 @@ def test_collect_on_local_machines_dumps_each_rank_once(tmp_path: Path, job: dic
     assert "hunter2" not in everything and "BAD_RANK" not in everything
     assert json.loads((tmp_path / "save" / f"local1/0-{job[0]}.json").read_text())[0]["pid"] \
         == job[0]  # py-spy's JSON as it printed it
-    again = op.analyse(*op.load(tmp_path / "save"))
+    again = op.analyse(*stacks_save.load(tmp_path / "save"))
     assert again.analysis.outliers == report.analysis.outliers
     assert again.analysis.evict == report.analysis.evict
 
@@ -213,7 +214,7 @@ def test_cli_offline_analysis_and_bad_save_dirs(tmp_path: Path, brctl: Any) -> N
             (save / node / f"{rank}-{100 + rank}.error").write_text("py-spy may not ptrace\n")
         else:
             (save / node / f"{rank}-{100 + rank}.json").write_text(text)
-    job = {"schema": op.SAVE_SCHEMA, "machines": ["m0", "m1"], "gpus": [2, 2], "tp": 1, "pp": 1,
+    job = {"schema": stacks_save.SAVE_SCHEMA, "machines": ["m0", "m1"], "gpus": [2, 2], "tp": 1, "pp": 1,
            "cp": 1, "ep": 1, "order": "tp-cp-ep-dp-pp",
            "rounds": [{"dir": ".", "nodes": {
                f"m{n}": {"state": "ok", "error": None,
@@ -259,7 +260,7 @@ def _saved_job(save: Path) -> dict[str, Any]:
     for rank in range(4):
         (save / f"m{rank // 2}").mkdir(parents=True, exist_ok=True)
         (save / f"m{rank // 2}" / f"{rank}-{100 + rank}.json").write_text(text)
-    return {"schema": op.SAVE_SCHEMA, "machines": ["m0", "m1"], "gpus": [2, 2], "tp": 1, "pp": 1,
+    return {"schema": stacks_save.SAVE_SCHEMA, "machines": ["m0", "m1"], "gpus": [2, 2], "tp": 1, "pp": 1,
             "cp": 1, "ep": 1, "order": "tp-cp-ep-dp-pp",
             "rounds": [{"dir": ".", "started": 0.0, "seconds": 1.0, "nodes": {
                 f"m{n}": {"state": "ok", "error": None, "workers": 0,

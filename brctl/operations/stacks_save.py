@@ -1,0 +1,162 @@
+"""``brctl stacks --save`` / ``--from``: write and read a collection on disk.
+
+The layout: ``DIR/<node>/<rank>-<pid>.json`` (py-spy's JSON as it printed it),
+``<rank>-<pid>.error`` and ``DIR/job.json`` (the topology and per-node outcome; later
+rounds under ``DIR/round-K/``). Collecting and analysing are in
+``brctl/operations/stacks.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from brctl.analysis.topology import TopologyError
+from brctl.core.errors import InputError
+from brctl.operations.stacks import (
+    Collection,
+    JobShape,
+    NodeCollection,
+    RankDump,
+)
+
+SAVE_SCHEMA = "brctl.stacks-save/1"
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _round_dir(root: Path, index: int) -> Path:
+    return root if index == 0 else root / f"round-{index + 1}"
+
+
+def save(root: Path, collections: Sequence[Collection], shape: JobShape) -> None:
+    """Write the collections in the ``--save`` layout (no environment values but ranks).
+
+    The collections must have been taken ``raw``: the layout keeps py-spy's JSON.
+
+    Raises:
+        InputError: the directory cannot be written.
+    """
+    if any(r.output is None and r.stack is not None
+           for col in collections for nc in col.nodes.values() for r in nc.ranks):
+        raise ValueError("stacks.save needs py-spy's raw JSON: collect with raw=True")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        rounds = []
+        for i, col in enumerate(collections):
+            base = _round_dir(root, i)
+            nodes: dict[str, Any] = {}
+            for name, nc in col.nodes.items():
+                nodes[name] = {"state": nc.state, "error": nc.error, "workers": nc.workers,
+                               "ranks": [{"rank": r.rank, "pid": r.pid, "local_rank": r.local_rank,
+                                          "world_size": r.world_size} for r in nc.ranks]}
+                if not nc.ranks:
+                    continue
+                ndir = base / name
+                ndir.mkdir(parents=True, exist_ok=True)
+                for r in nc.ranks:
+                    if r.output is not None:
+                        (ndir / f"{r.rank}-{r.pid}.json").write_text(r.output)
+                    else:
+                        (ndir / f"{r.rank}-{r.pid}.error").write_text((r.error or "") + "\n")
+            rounds.append({"dir": os.path.relpath(base, root), "started": col.started,
+                           "seconds": round(col.seconds, 3), "nodes": nodes})
+        job = {"schema": SAVE_SCHEMA, "machines": list(shape.machines), "gpus": list(shape.gpus),
+               "tp": shape.tp, "pp": shape.pp, "cp": shape.cp, "ep": shape.ep,
+               "order": shape.order, "rounds": rounds}
+        (root / "job.json").write_text(json.dumps(job, indent=2) + "\n")
+    except OSError as exc:
+        raise InputError(f"--save {root}: {exc.strerror or exc}") from None
+
+
+def _need(data: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected an object")
+    value = data.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InputError(f"{where}: key {key!r} must be a {kind.__name__}")
+    return value
+
+
+def _items(data: dict[str, Any], key: str, kind: type, where: str) -> list[Any]:
+    """``data[key]``: a list whose every item is a ``kind`` (a hand-edited file says where not)."""
+    values: list[Any] = _need(data, key, list, where)
+    for i, value in enumerate(values):
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise InputError(f"{where}: {key}[{i}] must be a {kind.__name__}, not {value!r:.40}")
+    return values
+
+
+def _number(data: dict[str, Any], key: str, where: str) -> float:
+    """An optional number (0 when absent)."""
+    value = data.get(key) or 0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InputError(f"{where}: key {key!r} must be a number")
+    return float(value)
+
+
+def _load_node(base: Path, name: str, info: dict[str, Any], where: str) -> NodeCollection:
+    if not isinstance(info, dict):
+        raise InputError(f"{where}: expected an object")
+    ranks = []
+    for j, r in enumerate(_items(info, "ranks", dict, where) if "ranks" in info else []):
+        rank = _need(r, "rank", int, f"{where}.ranks[{j}]")
+        pid = _need(r, "pid", int, f"{where}.ranks[{j}]")
+        stem = base / name / f"{rank}-{pid}"
+        try:
+            if stem.with_suffix(".json").exists():
+                output, error = stem.with_suffix(".json").read_text(), None
+            else:
+                output, error = None, stem.with_suffix(".error").read_text().strip()
+        except OSError as exc:
+            raise InputError(f"{stem}.json/.error: {exc.strerror}",
+                             hint="every rank listed in job.json needs its dump or .error") from None
+        ranks.append(RankDump(rank, pid, output, error, _int_or_none(r.get("local_rank")),
+                              _int_or_none(r.get("world_size"))))
+    state = info.get("state") if isinstance(info.get("state"), str) else "ok"
+    error = info.get("error")
+    return NodeCollection(name, str(state), error if isinstance(error, str) else None,
+                          tuple(ranks), int(_number(info, "workers", where)))
+
+
+def load(root: Path) -> tuple[list[Collection], JobShape]:
+    """Read a ``--save`` directory back.
+
+    Raises:
+        InputError: a missing or malformed ``job.json`` or dump file (names which and what).
+    """
+    path = root / "job.json"
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"--from {root}: cannot read job.json: {exc.strerror}",
+                         hint="point --from at a directory written by brctl stacks --save") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SAVE_SCHEMA:
+        raise InputError(f"{path}: expected \"schema\": \"{SAVE_SCHEMA}\"")
+    shape = JobShape(tuple(_items(data, "machines", str, str(path))),
+                     tuple(_items(data, "gpus", int, str(path))),
+                     _need(data, "tp", int, str(path)), _need(data, "pp", int, str(path)),
+                     _need(data, "cp", int, str(path)), _need(data, "ep", int, str(path)),
+                     _need(data, "order", str, str(path)))
+    try:
+        shape.topology()  # a shape the job could not have had is the file's error, said here
+    except TopologyError as exc:
+        raise InputError(f"{path}: {exc}", hint=exc.hint) from None
+    collections = []
+    for i, rnd in enumerate(_items(data, "rounds", dict, str(path))):
+        where = f"{path}: rounds[{i}]"
+        base = root / (_need(rnd, "dir", str, where) if "dir" in rnd else ".")
+        nodes = {name: _load_node(base, name, info, f"{where}.nodes.{name}")
+                 for name, info in _need(rnd, "nodes", dict, where).items()}
+        collections.append(Collection(nodes, _number(rnd, "started", where),
+                                      _number(rnd, "seconds", where)))
+    if not collections:
+        raise InputError(f"{path}: no rounds recorded")
+    return collections, shape
