@@ -58,7 +58,9 @@ def exec_command(
     A timed-out command is killed with everything it started. Ctrl-C kills the
     running commands on every machine and waits up to 5 s for them; a second
     Ctrl-C exits at once (exit 130 either way). Each stream keeps its first and
-    last ssh.output_keep bytes.
+    last ssh.output_keep bytes. With --json a cut stream also has its byte count
+    (stdout_total, stderr_total), and output that is not valid UTF-8 its exact
+    bytes in base64 (stdout_b64, stderr_b64; stdout shows U+FFFD for them).
     """
     import sys
 

@@ -10,29 +10,33 @@ no buffer is ever reallocated or copied while the stream runs.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 
 DEFAULT_KEEP = 2 << 20  # bytes kept at each end of each stream (inventory ssh.output_keep)
 MARKER = "[brctl: output truncated: {total} bytes in all; the first and last {keep} kept]"
-_MARKER_RX = re.compile(r"^\[brctl: output truncated: (\d+) bytes in all;", re.M)
+
+
+def kept_bytes(head: bytes, tail: bytes, total: int, keep: int) -> bytes:
+    """A stream of ``total`` bytes of which ``head`` and ``tail`` were kept, with the marker
+    where it was cut (for people: what brctl knows of the cut travels out of band, in
+    ``RunResult.stdout_total``; a node can print a line that looks like the marker)."""
+    if total <= len(head) + len(tail):
+        return head + tail
+    return b"".join((head, b"\n", MARKER.format(total=total, keep=keep).encode(), b"\n", tail))
 
 
 def kept_text(head: bytes, tail: bytes, total: int, keep: int) -> str:
-    """A stream of ``total`` bytes of which ``head`` and ``tail`` were kept, decoded (invalid
-    UTF-8 replaced), with the marker where it was cut (also for captures made on a node)."""
-    if total <= len(head) + len(tail):
-        return (head + tail).decode(errors="replace")
-    marker = MARKER.format(total=total, keep=keep)
-    return f"{head.decode(errors='replace')}\n{marker}\n{tail.decode(errors='replace')}"
+    """``kept_bytes`` decoded, invalid UTF-8 replaced (also for captures made on a node)."""
+    return kept_bytes(head, tail, total, keep).decode(errors="replace")
 
 
-def truncated_total(text: str) -> int | None:
-    """The byte count in ``text``'s truncation marker, or None when it was kept whole."""
-    if "[brctl: output truncated: " not in text:
-        return None  # a substring scan is ~20x cheaper than the regex over a large answer
-    found = _MARKER_RX.search(text)
-    return int(found.group(1)) if found else None
+def not_utf8(data: bytes) -> bytes | None:
+    """``data`` when it is not valid UTF-8 (its text then lost bytes to U+FFFD), else None."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return data
+    return None
 
 
 class Capture:
@@ -64,6 +68,15 @@ class Capture:
         """More came than is kept."""
         return self.total > len(self._head) + min(self._tail_len, self.keep)
 
+    def data(self) -> bytes:
+        """What was kept, with the marker where it was cut."""
+        return kept_bytes(bytes(self._head), b"".join(self._tail)[-self.keep:], self.total, self.keep)
+
     def text(self) -> str:
-        """What was kept, decoded (invalid UTF-8 replaced), with the marker where it was cut."""
-        return kept_text(bytes(self._head), b"".join(self._tail)[-self.keep:], self.total, self.keep)
+        """``data()`` decoded (invalid UTF-8 replaced)."""
+        return self.data().decode(errors="replace")
+
+    @property
+    def cut_total(self) -> int | None:
+        """``total`` when more came than is kept (``RunResult.stdout_total``), else None."""
+        return self.total if self.truncated else None

@@ -9,13 +9,14 @@ per call through ``run_batch``), ``LocalTransport`` (``connection: local``),
 
 from __future__ import annotations
 
+import base64
 import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import BinaryIO, Literal, Protocol
 
-from brctl.core.capture import DEFAULT_KEEP
+from brctl.core.capture import DEFAULT_KEEP, Capture, not_utf8
 from brctl.core.errors import ExitCode
 
 HostKeyPolicy = Literal["strict", "accept-new"]
@@ -65,7 +66,13 @@ class Node:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One node's outcome; the fields are the JSON contract (``exit_code`` None if never ran)."""
+    """One node's outcome; the fields are the JSON contract (``exit_code`` None if never ran).
+
+    What brctl knows about the streams travels beside their text, never in it (a node
+    can print anything, a truncation marker too): ``stdout_total`` is the byte count
+    of a stream that was cut (None: kept whole), ``stdout_bytes`` the kept bytes
+    exactly where they are not valid UTF-8 (the text has U+FFFD in their place).
+    """
 
     node: str
     state: NodeState
@@ -73,16 +80,39 @@ class RunResult:
     stdout: str
     stderr: str
     seconds: float
+    stdout_total: int | None = None
+    stderr_total: int | None = None
+    stdout_bytes: bytes | None = field(default=None, repr=False)
+    stderr_bytes: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def captured(cls, node: str, state: NodeState, exit_code: int | None, out: Capture,
+                 err: Capture, seconds: float, *, note: str = "") -> RunResult:
+        """The result of a run whose streams ``out`` and ``err`` kept; ``note``: brctl's own
+        words appended to stderr (why it ended)."""
+        stdout, stderr = out.data(), err.data() + note.encode()
+        return cls(node, state, exit_code, stdout.decode(errors="replace"),
+                   stderr.decode(errors="replace"), seconds, out.cut_total, err.cut_total,
+                   not_utf8(stdout), not_utf8(stderr))
 
     def to_json(self) -> dict[str, object]:
-        """The per-node JSON object of every fan-out (``exec --json`` and the others)."""
-        return {
+        """The per-node JSON object of every fan-out (``exec --json`` and the others):
+        ``stdout_total``/``stderr_total`` only for a stream that was cut,
+        ``stdout_b64``/``stderr_b64`` (the exact bytes) only where they are not UTF-8."""
+        doc: dict[str, object] = {
             "state": self.state.value,
             "exit_code": self.exit_code,
             "stdout": self.stdout,
             "stderr": self.stderr,
             "seconds": round(self.seconds, 3),
         }
+        for name, total, exact in (("stdout", self.stdout_total, self.stdout_bytes),
+                                   ("stderr", self.stderr_total, self.stderr_bytes)):
+            if total is not None:
+                doc[f"{name}_total"] = total
+            if exact is not None:
+                doc[f"{name}_b64"] = base64.b64encode(exact).decode("ascii")
+        return doc
 
 
 class Results(Mapping[str, RunResult]):

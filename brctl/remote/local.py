@@ -78,11 +78,11 @@ class LocalTransport:
         cancelled = self._children.cancelled
         if gave_up or (cancelled and code == 128 + signal.SIGTERM):
             why = "interrupted; the command was killed" if cancelled else "gave up waiting"
-            return RunResult(node.name, NodeState.TIMEOUT, None, out.text(), err.text() + f"brctl: {why}\n",
-                             elapsed)
+            return RunResult.captured(node.name, NodeState.TIMEOUT, None, out, err, elapsed,
+                                      note=f"brctl: {why}\n")
         state = exit_state(code, elapsed, timeout)
-        return RunResult(node.name, state, None if state is NodeState.TIMEOUT else code,
-                         out.text(), err.text(), elapsed)
+        return RunResult.captured(node.name, state, None if state is NodeState.TIMEOUT else code,
+                                  out, err, elapsed)
 
     def stream(
         self, node: Node, argv: Sequence[str], *, timeout: float,

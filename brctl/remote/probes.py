@@ -19,6 +19,7 @@ import paths, as ``job.user`` where job-writable code needs it, or answers
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -30,7 +31,6 @@ from pathlib import Path
 from typing import Any, Union
 
 import brctl
-from brctl.core.capture import truncated_total
 from brctl.core.transport import Node, NodeState, Results, RunResult, Transport
 from brctl.diagnostics.isolate import REFUSED_EXIT, REFUSED_MARK, TRUSTED_PYTHON
 from brctl.remote.fanout import run_all
@@ -150,9 +150,14 @@ def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None
     """The probe's JSON document from its stdout, or a one-line reason it is unusable."""
     if not result.state.ran:
         return None, f"{result.state.value}: {result.stderr.strip()[-300:]}"
-    size = truncated_total(result.stdout) or len(result.stdout)
+    # The size is what the transport counted, never read from the text: a node can print a
+    # line that looks like the truncation marker.
+    size = result.stdout_total if result.stdout_total is not None else len(result.stdout.encode())
     if size > PROBE_DOC_MAX:
         return None, f"probe answer too large: {size} bytes (at most {PROBE_DOC_MAX}); refused"
+    if result.stdout_total is not None:
+        return None, (f"probe answer cut: {size} bytes, more than ssh.output_keep keeps at each "
+                      "end; refused")
     lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
     if not lines:
         tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
@@ -319,8 +324,8 @@ def refused(res: RunResult) -> RunResult:
                 why = json.loads(line[len(REFUSED_MARK) + 1:])
             except ValueError:
                 continue
-            return RunResult(res.node, NodeState.REFUSED, res.exit_code, res.stdout, str(why),
-                             res.seconds)
+            return dataclasses.replace(res, state=NodeState.REFUSED, stderr=str(why),
+                                       stderr_total=None, stderr_bytes=None)
     return res
 
 

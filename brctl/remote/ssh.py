@@ -338,11 +338,10 @@ class SshTransport:
                 chan.shutdown_write()
             _read_to_end(chan, out, err, give_up)
         except (socket.timeout, TimeoutError):
-            return RunResult(
-                node.name, NodeState.TIMEOUT, None, out.text(),
-                err.text() + f"brctl: no exit status {timeout:g}s+{GRACE_S + SLACK_S:g}s after start; "
+            return RunResult.captured(
+                node.name, NodeState.TIMEOUT, None, out, err, time.monotonic() - t0,
+                note=f"brctl: no exit status {timeout:g}s+{GRACE_S + SLACK_S:g}s after start; "
                 "gave up on the node\n",
-                time.monotonic() - t0,
             )  # fmt: skip
         except (paramiko.SSHException, EOFError, OSError) as exc:
             if not self._cancelled:  # else cancel() closed the channel under us
@@ -356,10 +355,10 @@ class SshTransport:
                 state, why = NodeState.UNREACHABLE, "connection lost while running"
             else:
                 state, why = NodeState.FAILED, "the command ended without an exit status"
-            return RunResult(node.name, state, None, out.text(), err.text() + f"brctl: {why}\n", seconds)
+            return RunResult.captured(node.name, state, None, out, err, seconds, note=f"brctl: {why}\n")
         state = exit_state(code, time.monotonic() - started, timeout)
-        return RunResult(node.name, state, None if state is NodeState.TIMEOUT else code,
-                         out.text(), err.text(), seconds)
+        return RunResult.captured(node.name, state, None if state is NodeState.TIMEOUT else code,
+                                  out, err, seconds)
 
     # -- files --------------------------------------------------------------------
 

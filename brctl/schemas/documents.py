@@ -55,9 +55,15 @@ def document(name: str, props: dict[str, Schema], *, judges: bool) -> Schema:
             "title": name, **body}
 
 
+# stdout_total/stderr_total: bytes in all, only for a stream that was cut (brctl.core.capture);
+# stdout_b64/stderr_b64: the kept bytes exactly, only where they are not valid UTF-8.
 RUN_RESULT = obj({"state": {"enum": ["ok", "failed", "timeout", "unreachable", "auth",
                                      "hostkey", "refused"]},
-                  "exit_code": opt(INT), "stdout": STR, "stderr": STR, "seconds": NUM})
+                  "exit_code": opt(INT), "stdout": STR, "stderr": STR, "seconds": NUM,
+                  "stdout_total": INT, "stderr_total": INT,
+                  "stdout_b64": {"type": "string", "contentEncoding": "base64"},
+                  "stderr_b64": {"type": "string", "contentEncoding": "base64"}},
+                 "state", "exit_code", "stdout", "stderr", "seconds")
 CHECK = obj({"name": STR, "status": {"enum": ["ok", "warn", "fail", "unknown", "skip"]},
              "message": STR, "evict": BOOL}, "name", "status", "message")
 HOOK = obj({"argv": NAMES, "exit_code": opt(INT), "stdout": STR, "stderr": STR, "seconds": NUM})

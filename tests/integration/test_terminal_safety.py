@@ -1,13 +1,15 @@
 """Node bytes are text, never markup or terminal commands: a real ``brctl`` process, output piped.
 
 A node (real sshd, and a ``connection: local`` one) prints rich-markup lookalikes, ANSI CSI
-and OSC 52 (clipboard write) sequences and invalid UTF-8, on stdout and stderr. ``brctl
-exec`` must exit 0, show every control character escaped (``\\x1b``) and never send a raw
-ESC/BEL to the terminal; ``--json`` carries the exact decoded text.
+and OSC 52 (clipboard write) sequences, a line ending in a backslash, an emoji shortcode and
+invalid UTF-8, on stdout and stderr. ``brctl exec`` must exit 0, show every control character
+escaped (``\\x1b``), every other character as itself, and never send a raw ESC/BEL to the
+terminal; ``--json`` carries the decoded text and, as the bytes are not UTF-8, the exact bytes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -22,12 +24,15 @@ from tests.integration.cluster import SshCluster, scaled
 ROOT = Path(__file__).resolve().parents[2]
 
 # printf formats: markup lookalikes, a colour (CSI), an OSC 52 clipboard write ended by BEL,
-# a cursor-up + erase-line, a carriage return, then two bytes that are not UTF-8.
-HOSTILE = r"a \\[/] b [bold]x[/bold] [/]\n\033[31mred\033[0m\n\033]52;c;SGVsbG8=\a\n\033[1A\033[2K\rover\n\377\376 bad\n"
+# a cursor-up + erase-line, a carriage return, a trailing backslash (rich.markup.escape doubles
+# one), an emoji shortcode, then two bytes that are not UTF-8.
+HOSTILE = (r"a \\[/] b [bold]x[/bold] [/]\n\033[31mred\033[0m\n\033]52;c;SGVsbG8=\a\n"
+           r"\033[1A\033[2K\rover\ndir C:\\\n:smiley: x\n\377\376 bad\n")
 DECODED = ("a \\[/] b [bold]x[/bold] [/]\n\x1b[31mred\x1b[0m\n\x1b]52;c;SGVsbG8=\x07\n"
-           "\x1b[1A\x1b[2K\rover\n\ufffd\ufffd bad\n")
+           "\x1b[1A\x1b[2K\rover\ndir C:\\\n:smiley: x\n\ufffd\ufffd bad\n")
+EXACT = DECODED.encode().replace("\ufffd\ufffd".encode(), b"\xff\xfe")
 SHOWN = ["a \\[/] b [bold]x[/bold] [/]", "\\x1b[31mred\\x1b[0m", "\\x1b]52;c;SGVsbG8=\\x07",
-         "\\x1b[1A\\x1b[2K\\x0dover", "\ufffd\ufffd bad"]
+         "\\x1b[1A\\x1b[2K\\x0dover", "dir C:\\", ":smiley: x", "\ufffd\ufffd bad"]
 
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
@@ -56,6 +61,8 @@ def test_hostile_node_output_is_shown_escaped_and_exact_in_json(
     assert "here,node01 (2) ok" in out
     for line in SHOWN:  # remote stdout on stdout, remote stderr on stderr
         assert out.count(line) == 1 and err.count(line) == 1, (line, out, err)
+    assert "dir C:\\" in out.splitlines() and "here,node01: dir C:\\" in err.splitlines()
+    assert "\U0001f603" not in out + err  # :smiley: stays text
 
     proc = _cli("-i", inv, "--json", "exec", "--", "sh", "-c", script)
     assert proc.returncode == 0
@@ -64,6 +71,8 @@ def test_hostile_node_output_is_shown_escaped_and_exact_in_json(
     for name in ("node01", "here"):
         assert doc["nodes"][name]["stdout"] == DECODED
         assert doc["nodes"][name]["stderr"] == DECODED
+        assert base64.b64decode(doc["nodes"][name]["stdout_b64"]) == EXACT
+        assert base64.b64decode(doc["nodes"][name]["stderr_b64"]) == EXACT
 
 
 def test_a_failing_node_with_markup_in_its_stderr_is_exit_1_not_a_crash(
