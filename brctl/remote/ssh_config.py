@@ -1,8 +1,10 @@
 """ssh config resolution: where and how to connect to a node (``Endpoint``); no I/O but reading files.
 
-``~/.ssh/config`` (path injectable: ``ssh_config``; ``None`` means
-``~/.ssh/config`` when it exists, ``os.devnull`` disables it) is looked up by the
-node's name, as ``ssh <name>`` would. Precedence, like OpenSSH's "command line
+``~/.ssh/config`` then ``/etc/ssh/ssh_config`` (the first value obtained wins,
+as in OpenSSH; an explicit ``ssh_config`` path is read alone, like ``ssh -F``,
+and ``os.devnull`` disables both) is looked up by the node's name, as ``ssh
+<name>`` would; ``Match user`` sees the inventory's explicit user, as ssh's does
+``-l``. Precedence, like OpenSSH's "command line
 first": a value the inventory sets explicitly wins; a value the inventory leaves
 at its default (``address`` equal to the name, ``user: root``, ``port: 22``, no
 ``identity_file``, no ``proxy_jump``) is taken from the ssh config when the
@@ -27,14 +29,19 @@ else ``/etc/ssh/ssh_known_hosts``), looked up under ``HostKeyAlias`` when set;
 under ``accept-new`` also ``<known_hosts>.brctl-accepted`` (``brctl.remote.ssh_connect``).
 
 Jump hosts (``proxy_jump`` or ProxyJump): ``[user@]host[:port]`` hops, comma
-separated as for ``ssh -J``, each resolved through the ssh config, become a chain
-of ``Endpoint.jump``; a ProxyCommand applies only when there is no ProxyJump.
+separated as for ``ssh -J``, each resolved by its own name through the ssh
+config (its own User, Port, HostName, IdentityFile; not the node's user), become
+a chain of ``Endpoint.jump``; the first hop is reached by its own ProxyJump or
+ProxyCommand (``EndpointResolver._chain``); a ProxyCommand applies only when
+there is no ProxyJump.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import pwd
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,12 +115,41 @@ def _trust(
 INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 
 
-def _with_includes(path: str, base: str, depth: int) -> str:
+def _condition(keyword: str, rest: str) -> str | None:
+    """A Host/Match line's condition as ``Match`` criteria (None: every host).
+
+    ``Host p1 p2`` matches the name as given, which is ``Match originalhost p1,p2``;
+    ``all`` is dropped so the criteria can be joined to others (paramiko stops at it).
+    """
+    if keyword == "host":
+        return "originalhost " + ",".join(rest.split())
+    words = rest.split()
+    if any(w.lower() == "all" for w in words):  # only alone or after canonical/final: no arguments
+        return " ".join(w for w in words if w.lower() != "all") or None
+    return rest.strip() or None
+
+
+def _both(outer: str | None, inner: str | None) -> str | None:
+    return inner if outer is None else outer if inner is None else f"{outer} {inner}"
+
+
+def _header(condition: str | None) -> str:
+    return "Host *" if condition is None else f"Match {condition}"
+
+
+def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -> str:
     """The ssh config at ``path`` with its ``Include`` lines replaced by the files they name.
 
     As OpenSSH: relative paths are under ``base`` (``~/.ssh`` for the user's file),
-    globs expand in sorted order, missing files are skipped; inside a Host/Match
-    block the included text is conditional like the block's other lines.
+    globs expand in sorted order, missing files are skipped. An included file is
+    read in the state of the block that includes it (``guard``: that block's
+    condition; None: every host): under a block that does not match, none of it
+    applies, its own Host/Match lines included; under one that does, its own
+    Host/Match lines decide for the rest of that file; after it the enclosing
+    block resumes. paramiko knows no nesting, so each block of an included file
+    becomes a ``Match`` of both conditions, and the enclosing block's header is
+    repeated after the file. (A ``Match host`` guard is so re-evaluated against
+    the HostName as later blocks see it; OpenSSH evaluates it once.)
     """
     if depth > INCLUDE_DEPTH:
         raise ValueError(f"ssh config {path}: Include nested deeper than {INCLUDE_DEPTH}")
@@ -122,19 +158,27 @@ def _with_includes(path: str, base: str, depth: int) -> str:
             lines = fh.read().splitlines()
     except OSError as exc:
         raise ValueError(f"ssh config {path}: {exc.strerror}") from None
-    out: list[str] = []
+    current = guard  # the condition the lines at this point of the file apply under
+    header = _header(guard)
+    out = [header]  # a file starts in its includer's state, whatever block came last
     for line in lines:
-        words = line.strip().replace("=", " ", 1).split()
-        if not words or words[0].lower() != "include":
+        keyword, _, rest = line.strip().replace("=", " ", 1).partition(" ")
+        keyword = keyword.lower()
+        if keyword in ("host", "match"):
+            current = _both(guard, _condition(keyword, rest))
+            header = line if guard is None else _header(current)
+            out.append(header)
+        elif keyword == "include":
+            for pattern in rest.split():
+                full = os.path.expanduser(pattern)
+                if not os.path.isabs(full):
+                    full = os.path.join(base, full)
+                for found in sorted(glob.glob(full)):
+                    if os.path.isfile(found):
+                        out.append(_with_includes(found, base, depth + 1, current))
+            out.append(header)  # the including block resumes
+        else:
             out.append(line)
-            continue
-        for pattern in words[1:]:
-            full = os.path.expanduser(pattern)
-            if not os.path.isabs(full):
-                full = os.path.join(base, full)
-            for found in sorted(glob.glob(full)):
-                if os.path.isfile(found):
-                    out.append(_with_includes(found, base, depth + 1))
     return "\n".join(out)
 
 
@@ -179,39 +223,98 @@ def _certificates(cfg: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(os.path.expanduser(p) for p in ([found] if isinstance(found, str) else found))
 
 
+SYSTEM_CONFIG = "/etc/ssh/ssh_config"  # OpenSSH's system-wide file, read after the user's
+JUMP_DEPTH = 16  # hops through jump hosts' own ProxyJump, at most (a loop is refused sooner)
+
+
+def _seedable(user: str) -> bool:
+    """Whether ``user`` can be written as a ``User`` line as it stands."""
+    return bool(user) and not any(c.isspace() or c in "\"'#=\\" for c in user)
+
+
 class EndpointResolver:
-    """Resolves nodes to ``Endpoint``s through one ssh config file (parsed once; results cached).
+    """Resolves nodes to ``Endpoint``s through the ssh config files (parsed once; results cached).
+
+    As OpenSSH: without an explicit file the user's ``~/.ssh/config`` is read, then
+    the system's ``/etc/ssh/ssh_config`` (with its ``Include`` of
+    ``ssh_config.d/*.conf``), the first value obtained winning; an explicit file,
+    like ``ssh -F``, is read alone.
 
     Args:
-        ssh_config: ssh config file; None → ``~/.ssh/config`` if it exists;
-            ``os.devnull`` to ignore any.
+        ssh_config: ssh config file; None → ``~/.ssh/config`` if it exists, then
+            ``system_config``; ``os.devnull`` to ignore any.
+        system_config: the system-wide file read after the user's (tests point it
+            elsewhere); not read when ``ssh_config`` is given.
     """
 
-    def __init__(self, ssh_config: str | None = None) -> None:
+    def __init__(self, ssh_config: str | None = None, *, system_config: str = SYSTEM_CONFIG) -> None:
         self._config_path = os.path.expanduser(ssh_config or "~/.ssh/config")
-        self._config: paramiko.SSHConfig | None = None
+        self._system_path = None if ssh_config else system_config
+        self._text: str | None = None
+        self._configs: dict[str | None, paramiko.SSHConfig] = {}
         self._deferred: tuple[DeferredMatch, ...] = ()
+        self._ssh_g_files: tuple[str, ...] = ()
+        self._wrapper: tempfile.TemporaryDirectory[str] | None = None
         self._lock = threading.Lock()
         self._endpoints: dict[tuple[object, ...], Endpoint] = {}
 
-    def _ssh_config(self) -> paramiko.SSHConfig:
-        """The parsed config (what paramiko may evaluate of it).
+    def _config_text(self) -> str:
+        """The config text paramiko may evaluate (Includes expanded, deferred Matches neutralised).
+
+        Raises:
+            SshConfigError: a file that cannot be read or parsed.
+        """
+        if self._text is None:
+            parts: list[str] = []
+            try:
+                if os.path.isfile(self._config_path):
+                    parts.append(_with_includes(self._config_path, os.path.expanduser("~/.ssh"), 0))
+                if self._system_path and os.path.isfile(self._system_path):
+                    # Relative Includes of the system file are under its own directory (/etc/ssh).
+                    parts.append(_with_includes(self._system_path, os.path.dirname(self._system_path), 0))
+                text, self._deferred = defer_matches("\n".join(parts), self._config_path)
+            except ValueError as exc:
+                raise SshConfigError(str(exc)) from None
+            if self._deferred:
+                self._ssh_g_files = self._files_for_ssh_g()
+            self._text = text
+        return self._text
+
+    def _files_for_ssh_g(self) -> tuple[str, ...]:
+        """The ``-F`` arguments that make ``ssh -G`` read the files this resolver reads."""
+        if self._system_path is None:
+            return ("-F", self._config_path)
+        own = os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".ssh", "config")
+        if self._system_path == SYSTEM_CONFIG and os.path.abspath(self._config_path) == own:
+            return ()  # ssh's own defaults: the same two files
+        # ``$HOME`` is not ssh's home (it uses the password database) or the system
+        # file is elsewhere: one file including both reads them as ssh reads its two.
+        self._wrapper = tempfile.TemporaryDirectory(prefix="brctl-ssh-config-")
+        path = os.path.join(self._wrapper.name, "config")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(f'Include "{self._config_path}"\nInclude "{self._system_path}"\n')
+        return ("-F", path)
+
+    def _ssh_config(self, user: str | None = None) -> paramiko.SSHConfig:
+        """The parsed config; with ``user``, as ``ssh -l user`` reads it.
+
+        ``-l`` sets the user before any file is read, so ``Match user`` sees it:
+        here a leading ``User`` line, one parse per distinct explicit user.
 
         Raises:
             SshConfigError: a file that cannot be read or parsed.
         """
         with self._lock:
-            if self._config is None:
-                if os.path.isfile(self._config_path):
-                    try:
-                        text = _with_includes(self._config_path, os.path.expanduser("~/.ssh"), 0)
-                        text, self._deferred = defer_matches(text, self._config_path)
-                        self._config = paramiko.SSHConfig.from_text(text)
-                    except (ValueError, paramiko.SSHException) as exc:  # ConfigParseError too
-                        raise SshConfigError(str(exc)) from None
-                else:
-                    self._config = paramiko.SSHConfig()
-            return self._config
+            config = self._configs.get(user)
+            if config is None:
+                text = self._config_text()
+                if user is not None:
+                    text = f"User {user}\n{text}"
+                try:
+                    config = self._configs[user] = paramiko.SSHConfig.from_text(text)
+                except paramiko.SSHException as exc:  # ConfigParseError
+                    raise SshConfigError(f"ssh config {self._config_path}: {exc}") from None
+            return config
 
     def spawns(self) -> bool:
         """Whether some host may need ``ssh -G`` (the config has a Match paramiko cannot evaluate).
@@ -222,18 +325,21 @@ class EndpointResolver:
         self._ssh_config()
         return bool(self._deferred)
 
-    def _lookup(self, name: str, node: Node | None) -> Mapping[str, Any]:
+    def _lookup(self, name: str, *, user: str | None, port: int | None, timeout: float) -> Mapping[str, Any]:
         """``name``'s effective settings: paramiko's lookup, or ``ssh -G`` where a deferred Match may apply.
 
-        ``node``: the inventory's node, for its explicit user/port and timeout (None for a jump host).
+        ``user``/``port``: given as on ssh's command line (``-l``/``-p``): the
+        inventory's explicit values, or a jump host's ``user@host:port``.
+
+        Raises:
+            SshConfigError: a setting brctl cannot honour, or ``ssh -G`` refused.
         """
-        cfg: Mapping[str, Any] = self._ssh_config().lookup(name)
+        if user is not None and not _seedable(user):
+            raise SshConfigError(f"host {name}: user {user!r} cannot be matched against the ssh config")
+        cfg: Mapping[str, Any] = self._ssh_config(user).lookup(name)
         hostname = str(cfg.get("hostname", name))
         if any(m.may_apply(name, hostname) for m in self._deferred):
-            timeout = node.connect_timeout if node is not None else 10.0
-            user = node.user if node is not None and node.user != DEFAULT_USER else None
-            port = node.port if node is not None and node.port != DEFAULT_PORT else None
-            cfg = ssh_g(self._config_path, name, user=user, port=port, timeout=timeout)
+            cfg = ssh_g(self._ssh_g_files, name, user=user, port=port, timeout=timeout)
         bad = unsupported(cfg)
         if bad is not None:
             raise SshConfigError(
@@ -263,59 +369,94 @@ class EndpointResolver:
         hit = self._endpoints.get(cache_key)
         if hit is not None:
             return hit
-        cfg = self._lookup(node.name, node)
+        explicit_user = node.user if node.user != DEFAULT_USER else None
+        explicit_port = node.port if node.port != DEFAULT_PORT else None
+        cfg = self._lookup(node.name, user=explicit_user, port=explicit_port, timeout=node.connect_timeout)
         host = node.address if node.address != node.name else cfg.get("hostname", node.address)
-        user = node.user if node.user != DEFAULT_USER else cfg.get("user", node.user)
+        user = explicit_user or cfg.get("user", node.user)
         port = node.port if node.port != DEFAULT_PORT else int(cfg.get("port", node.port))
-        identities = identity_files(node.identity_file, cfg)
-        certificates = _certificates(cfg)
-        agent = node.agent and str(cfg.get("identityagent", "")).lower() != "none"
         jump_spec = node.proxy_jump if node.proxy_jump else cfg.get("proxyjump")
-        jump = None
-        if jump_spec and jump_spec.lower() != "none":
-            for hop in jump_spec.split(","):  # b1,b2: b1 first, b2 reached through it
-                try:
-                    juser, jhost, jport = _parse_jump(hop.strip())
-                except ValueError:
-                    where = "the inventory's proxy_jump" if node.proxy_jump else "ssh config ProxyJump"
-                    raise SshConfigError(f"host {node.name}: {where} {jump_spec!r}: cannot read hop "
-                                         f"{hop.strip()!r} (expected [user@]host[:port])") from None
-                jcfg = self._lookup(jhost, None)
-                jhost_addr = jcfg.get("hostname", jhost)
-                jport = jport or int(jcfg.get("port", DEFAULT_PORT))
-                files, accepted, names = _trust(node, jcfg, jhost_addr, jport)
-                jump = Endpoint(
-                    label=f"jump host {jhost}",
-                    host=jhost_addr,
-                    port=jport,
-                    user=juser or jcfg.get("user", user),
-                    identities=identity_files(None, jcfg) if "identityfile" in jcfg else identities,
-                    certificates=_certificates(jcfg) if "certificatefile" in jcfg else certificates,
-                    policy=node.host_key_policy,
-                    connect_timeout=node.connect_timeout,
-                    jump=jump,
-                    agent=agent,
-                    known_hosts=files,
-                    accepted=accepted,
-                    key_names=names,
-                )
+        where = "the inventory's proxy_jump" if node.proxy_jump else "ssh config ProxyJump"
+        ep = self._endpoint(node, node.name, cfg, host=host, port=port, user=user,
+                            identities=identity_files(node.identity_file, cfg),
+                            route=(jump_spec, where, (node.name,)))
+        self._endpoints[cache_key] = ep
+        return ep
+
+    def _endpoint(self, node: Node, name: str, cfg: Mapping[str, Any], *, host: str, port: int, user: str,
+                  identities: tuple[str, ...],
+                  route: tuple[str | None, str, tuple[str, ...]] | Endpoint | None) -> Endpoint:
+        """The ``Endpoint`` of ``name`` (the node or a jump host) once its settings are known.
+
+        ``route``: an ``Endpoint`` to reach it through (a later hop of a chain);
+        else (ProxyJump spec, where it came from, names on the way so far): its
+        own ProxyJump, or its ProxyCommand when it has none.
+        """
+        jump, proxy = None, None
+        if isinstance(route, Endpoint):
+            jump = route
+        elif route is not None:
+            spec, where, seen = route
+            if spec and str(spec).lower() != "none":
+                jump = self._chain(node, name, str(spec), where, seen)
+            else:
+                proxy = cfg.get("proxycommand")
         files, accepted, names = _trust(node, cfg, host, port)
-        proxy = cfg.get("proxycommand") if jump is None else None
-        ep = Endpoint(
-            label=node.name,
+        return Endpoint(
+            label=name if name == node.name else f"jump host {name}",
             host=host,
             port=port,
             user=user,
             identities=identities,
-            certificates=certificates,
+            certificates=_certificates(cfg),
             policy=node.host_key_policy,
             connect_timeout=node.connect_timeout,
             jump=jump,
-            agent=agent,
+            agent=node.agent and str(cfg.get("identityagent", "")).lower() != "none",
             known_hosts=files,
             accepted=accepted,
             key_names=names,
             proxy_command=str(proxy) if proxy and str(proxy).lower() != "none" else None,
         )
-        self._endpoints[cache_key] = ep
-        return ep
+
+    def _chain(self, node: Node, name: str, spec: str, where: str, seen: tuple[str, ...]) -> Endpoint:
+        """The last hop of ``name``'s ProxyJump chain ``spec`` (``b1,b2``), reached through the others.
+
+        As OpenSSH, which runs ``ssh -J b1 -W host:port b2``: every hop is resolved
+        by its own name through the ssh config (HostName, Port, User, IdentityFile,
+        CertificateFile, known-hosts files), ``user@``/``:port`` in the spec winning;
+        the node's own user does not apply (a hop with neither is brctl's default
+        user, root, where ssh would take the local login). Only the first hop is
+        reached by its own ProxyJump or ProxyCommand (later hops are reached through
+        the previous one, which overrides theirs); a loop of them is refused. A hop
+        without IdentityFile is offered the inventory's ``identity_file``, else
+        OpenSSH's default keys.
+
+        Raises:
+            SshConfigError: a hop that cannot be read, a loop, or a hop's setting brctl
+                cannot honour.
+        """
+        via: Endpoint | None = None
+        for i, hop in enumerate(h.strip() for h in spec.split(",")):
+            try:
+                juser, jname, jport = _parse_jump(hop)
+            except ValueError:
+                raise SshConfigError(f"host {seen[0]}: {where} {spec!r}: cannot read hop "
+                                     f"{hop!r} (expected [user@]host[:port])") from None
+            jcfg = self._lookup(jname, user=juser, port=jport, timeout=node.connect_timeout)
+            route: tuple[str | None, str, tuple[str, ...]] | Endpoint | None = via
+            if i == 0:
+                own = jcfg.get("proxyjump")
+                if own and str(own).lower() != "none" and (jname in seen or len(seen) > JUMP_DEPTH):
+                    raise SshConfigError(f"host {seen[0]}: ssh config ProxyJump loops: "
+                                         f"{' -> '.join((*seen, jname))} -> ...")
+                route = (own, f"ssh config ProxyJump of jump host {jname}", (*seen, jname))
+            via = self._endpoint(
+                node, jname, jcfg,
+                host=str(jcfg.get("hostname", jname)),
+                port=jport or int(jcfg.get("port", DEFAULT_PORT)),
+                user=juser or str(jcfg.get("user", DEFAULT_USER)),
+                identities=identity_files(None if "identityfile" in jcfg else node.identity_file, jcfg),
+                route=route)
+        assert via is not None  # split() gives at least one hop
+        return via

@@ -26,7 +26,7 @@ import shlex
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,10 +108,12 @@ def defer_matches(text: str, source: str) -> tuple[str, tuple[DeferredMatch, ...
     return "\n".join(out), tuple(deferred)
 
 
-def ssh_g(config_path: str, name: str, *, user: str | None, port: int | None,
+def ssh_g(files: Sequence[str], name: str, *, user: str | None, port: int | None,
           timeout: float) -> dict[str, Any]:
     """``ssh -G`` for one host: its effective settings, as paramiko's lookup would give them.
 
+    ``files``: the ``-F`` options that make ssh read the files brctl reads (none:
+    ssh's own defaults, the user's file then the system's).
     ``user``/``port``: the inventory's explicit values (passed as ``-l``/``-p``,
     so ``Match user`` sees them, as on ssh's command line). Defaults that ``ssh
     -G`` always prints are dropped where brctl's own defaults differ: a ``user``
@@ -125,7 +127,7 @@ def ssh_g(config_path: str, name: str, *, user: str | None, port: int | None,
     why = f"host {name}: its ssh config needs OpenSSH's own evaluation (ssh -G)"
     if exe is None:
         raise SshConfigError(f"{why}, and no ssh client is installed")
-    argv = [exe, "-G", "-F", config_path]
+    argv = [exe, "-G", *files]
     if user:
         argv += ["-l", user]
     if port:

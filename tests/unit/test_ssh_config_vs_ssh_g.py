@@ -1,0 +1,269 @@
+"""brctl's ssh config resolution compared with the real ``ssh -G`` (issue 14 item 7).
+
+Each case writes a config, resolves hosts through ``EndpointResolver`` (paramiko,
+no process) and asks OpenSSH's own ``ssh -G`` the same question; where the two
+differ brctl would contact a host differently from ``ssh``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brctl.core.transport import Node
+from brctl.remote import ssh_openssh
+from brctl.remote.ssh_config import DEFAULT_USER, Endpoint, EndpointResolver
+from brctl.remote.ssh_openssh import SshConfigError
+
+pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+
+
+def _node(name: str, user: str = DEFAULT_USER, **kw: Any) -> Node:
+    return Node(name=name, address=name, user=user, known_hosts="~/.ssh/known_hosts", **kw)
+
+
+def ssh_g(cfg: Path, host: str, *args: str) -> dict[str, list[str]]:
+    """What OpenSSH resolves for ``host`` (``args``: extra options such as ``-l USER``)."""
+    out = subprocess.run(["ssh", "-G", "-F", str(cfg), *args, "--", host], capture_output=True,
+                         text=True, check=True, stdin=subprocess.DEVNULL).stdout
+    got: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        got.setdefault(key, []).append(value)
+    return got
+
+
+def _want_user(got: dict[str, list[str]], explicit: str | None) -> str:
+    """ssh's user; its default (the local login) is brctl's default, root, unless given."""
+    user = got["user"][0]
+    return DEFAULT_USER if explicit is None and user == getpass.getuser() else user
+
+
+def assert_as_ssh(resolver: EndpointResolver, cfg: Path, name: str, user: str | None = None) -> None:
+    """brctl's host, port and user for ``name`` are ``ssh -G``'s (``-l user`` when the inventory sets one)."""
+    ep = resolver.endpoint(_node(name, user or DEFAULT_USER))
+    got = ssh_g(cfg, name, *(["-l", user] if user else []))
+    assert (ep.host, ep.port, ep.user) == (got["hostname"][0], int(got["port"][0]), _want_user(got, user)), \
+        (name, user)
+
+
+# -- Include: the included text is scoped to the block that includes it -------------------------
+
+INCLUDES = {
+    # An Include inside a Host block that does not match contributes nothing, and the
+    # block's own later lines stay in that block.
+    "inside a non-matching block": (
+        "Host other\n  Include {d}/star.conf\n  User x\nHost target\n  HostName t.example\n"),
+    # ... even the included file's own Host lines (OpenSSH reads it "never matching").
+    "own Host lines under a non-matching block": (
+        "Host other\n  Include {d}/hosts.conf\n  User x\n"),
+    # Inside a matching block: the file applies, its Host lines decide for the rest of
+    # it, and after it the enclosing block resumes.
+    "inside a matching block": (
+        "Host target\n  Include {d}/hosts.conf\n  HostName after.example\n  User y\n"),
+    # At the top: lines after the Include apply to every host again.
+    "at the top, then global lines": (
+        "Include {d}/hosts.conf\nPort 4444\nUser z\nHost target\n  HostName late.example\n"),
+    # A glob: each file starts in the enclosing state, not the previous file's last block.
+    "a glob of files": (
+        "Host target other\n  Include {d}/g/*.conf\n  User w\n"),
+    # Nested: the inner file is conditional on both enclosing blocks.
+    "nested": (
+        "Host target\n  Include {d}/outer.conf\nHost *\n  User nested\n"),
+    "inside a Match": (
+        "Match originalhost tar*\n  Include {d}/star.conf\n  User m\nHost third\n  Port 2300\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INCLUDES))
+@pytest.mark.parametrize("name", ["target", "other", "third"])
+def test_include_placements_resolve_as_ssh_g(tmp_path: Path, case: str, name: str) -> None:
+    d = tmp_path
+    (d / "star.conf").write_text("Host *\n  Port 2222\n")
+    (d / "hosts.conf").write_text("Port 3333\nHost target\n  User fromfile\nHost other\n  Port 3334\n")
+    (d / "g").mkdir()
+    (d / "g" / "1.conf").write_text("Host other\n  Port 5001\n")
+    (d / "g" / "2.conf").write_text("Port 5002\nHostName g2.example\n")
+    (d / "outer.conf").write_text(f"Host other target\n  Include {d}/inner.conf\nHost target\n  Port 6001\n"
+                                  )
+    (d / "inner.conf").write_text("Host *\n  HostName inner.example\n  User inner\n")
+    cfg = d / "config"
+    cfg.write_text(INCLUDES[case].format(d=d))
+    assert_as_ssh(EndpointResolver(str(cfg)), cfg, name)
+
+
+# -- Match user sees the user brctl logs in as -----------------------------------------------
+
+MATCHES = {
+    "user": "Match user alice\n  Port 2200\n",
+    "negated user": "Match !user alice\n  Port 2201\n",
+    "originalhost and user": "Match originalhost tar* user alice,bob\n  Port 2202\n",
+    "host after HostName": "Host target\n  HostName 10.1.2.3\nMatch host 10.1.2.*\n  Port 2203\n",
+    "config user, then Match user": "Host target\n  User bob\nMatch user bob\n  Port 2204\n",
+    "user decides HostName": "Match user alice\n  HostName alice.example\nMatch user bob\n  HostName bob.example\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(MATCHES))
+@pytest.mark.parametrize("user", [None, "alice", "bob"])
+def test_match_criteria_resolve_as_ssh_g(tmp_path: Path, case: str, user: str | None) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text(MATCHES[case])
+    resolver = EndpointResolver(str(cfg))
+    for name in ("target", "elsewhere"):
+        assert_as_ssh(resolver, cfg, name, user)
+
+
+def test_match_user_spawns_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_process(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("Match user is evaluated in process")
+
+    cfg = tmp_path / "config"
+    cfg.write_text(MATCHES["user"])
+    monkeypatch.setattr(ssh_openssh.subprocess, "run", no_process)
+    resolver = EndpointResolver(str(cfg))
+    assert [resolver.endpoint(_node(f"n{i}", "alice")).port for i in range(50)] == [2200] * 50
+    assert resolver.endpoint(_node("n1", "carol")).port == 22
+
+
+# -- ProxyJump chains: each hop resolved as the ssh that ssh starts for it -------------------
+
+JUMPS = """\
+Host b0
+  HostName 10.0.0.100
+Host b1
+  HostName 10.0.0.1
+  User jumper
+  Port 2022
+  IdentityFile {d}/b1_key
+  ProxyCommand nc -x proxy.example:1080 %h %p
+Host b2
+  HostName 10.0.0.2
+  ProxyCommand never-used %h
+  ProxyJump never-used-either
+Host target
+  HostName 10.0.0.3
+  User alice
+  ProxyJump b1,admin@b2:2200
+Host deep
+  ProxyJump b3
+Host b3
+  HostName 10.0.0.33
+  ProxyJump b0
+Host loop1
+  ProxyJump loop2
+Host loop2
+  ProxyJump loop1
+"""
+
+
+def _hop(ep: Endpoint | None) -> tuple[str, int, str, str | None]:
+    assert ep is not None
+    return ep.host, ep.port, ep.user, ep.proxy_command
+
+
+def _as_ssh(got: dict[str, list[str]]) -> tuple[str, int, str, str | None]:
+    proxy = got.get("proxycommand", [None])[0]
+    host, port = got["hostname"][0], got["port"][0]
+    proxy = proxy.replace("%h", host).replace("%p", port) if proxy else None
+    return host, int(port), _want_user(got, None), proxy
+
+
+def test_proxy_jump_hops_resolve_as_ssh_does(tmp_path: Path) -> None:
+    """``ssh -J b1,b2 t`` runs ``ssh -J b1 -W .. b2``, which runs ``ssh -W .. b1``: ssh -G of each."""
+    (tmp_path / "b1_key").write_text("")
+    cfg = tmp_path / "config"
+    cfg.write_text(JUMPS.format(d=tmp_path))
+    resolver = EndpointResolver(str(cfg))
+    ep = resolver.endpoint(_node("target"))
+    assert ssh_g(cfg, "target")["proxyjump"] == ["b1,admin@b2:2200"]
+    assert (ep.host, ep.port, ep.user, ep.proxy_command) == ("10.0.0.3", 22, "alice", None)
+    b2 = ep.jump
+    assert _hop(b2) == _as_ssh(ssh_g(cfg, "b2", "-J", "b1", "-l", "admin", "-p", "2200"))
+    assert _hop(b2) == ("10.0.0.2", 2200, "admin", None)  # its own ProxyCommand/ProxyJump overridden
+    assert b2 is not None and b2.label == "jump host b2"
+    b1 = b2.jump
+    assert _hop(b1) == _as_ssh(ssh_g(cfg, "b1"))
+    assert _hop(b1) == ("10.0.0.1", 2022, "jumper", "nc -x proxy.example:1080 10.0.0.1 2022")
+    assert b1 is not None and b1.jump is None and b1.identities == (str(tmp_path / "b1_key"),)
+    assert b2.identities == ()  # not the node's nor b1's: its own (none here; no default keys)
+
+    deep = resolver.endpoint(_node("deep"))  # the first hop's own ProxyJump is followed
+    assert deep.jump is not None and deep.jump.host == "10.0.0.33"
+    assert deep.jump.jump is not None and deep.jump.jump.host == ssh_g(cfg, "b0")["hostname"][0]
+    assert deep.jump.jump.jump is None
+
+    with pytest.raises(SshConfigError, match=r"host loop1: ssh config ProxyJump loops: loop1 -> loop2 -> loop1"):
+        resolver.endpoint(_node("loop1"))
+
+
+def test_a_jump_host_s_match_user_sees_its_own_user(tmp_path: Path) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text("Match user ops\n  Port 2022\nHost t\n  ProxyJump ops@b1\n  User alice\n")
+    ep = EndpointResolver(str(cfg)).endpoint(_node("t"))
+    assert ep.jump is not None and (ep.jump.user, ep.jump.port) == ("ops", 2022)
+    assert int(ssh_g(cfg, "b1", "-l", "ops")["port"][0]) == 2022
+
+
+# -- the system-wide file, read after the user's ----------------------------------------------
+
+def _system(tmp_path: Path) -> tuple[Path, Path]:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text("Host target\n  Port 2001\n")
+    etc = tmp_path / "etc"
+    (etc / "ssh_config.d").mkdir(parents=True)
+    (etc / "ssh_config").write_text(f"Include {etc}/ssh_config.d/*.conf\nHost *\n  Port 2999\n  User sys\n")
+    (etc / "ssh_config.d" / "10-site.conf").write_text("Host target other\n  HostName site.example\n")
+    return home, etc / "ssh_config"
+
+
+def test_the_system_config_is_read_after_the_user_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, system = _system(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    both = tmp_path / "both"  # ssh reads its two files as one that includes both
+    both.write_text(f"Include {home}/.ssh/config\nInclude {system}\n")
+    resolver = EndpointResolver(system_config=str(system))
+    for name in ("target", "other", "third"):
+        assert_as_ssh(resolver, both, name)
+    assert resolver.endpoint(_node("target")).port == 2001  # the user's file first
+    assert resolver.endpoint(_node("target")).host == "site.example"  # through the system's Include
+    explicit = EndpointResolver(str(home / ".ssh" / "config"), system_config=str(system))
+    assert _hop(explicit.endpoint(_node("other"))) == ("other", 22, DEFAULT_USER, None)  # like ssh -F
+
+
+def test_ssh_g_reads_the_same_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host left to ``ssh -G`` is resolved from the user's and the system's files too."""
+    home, system = _system(tmp_path)
+    with open(system, "a") as fh:
+        fh.write("Match originalhost ex* exec true\n  HostName exec.example\n")
+    monkeypatch.setenv("HOME", str(home))
+    calls: list[list[str]] = []
+    real = subprocess.run
+
+    def run(argv: list[str], **kw: Any) -> Any:
+        calls.append(list(argv))
+        return real(argv, **kw)
+
+    monkeypatch.setattr(ssh_openssh.subprocess, "run", run)
+    ep = EndpointResolver(system_config=str(system)).endpoint(_node("ex1"))
+    assert (ep.host, ep.port, ep.user) == ("exec.example", 2999, "sys")
+    assert len(calls) == 1 and "-F" in calls[0]  # HOME is not ssh's home: both files through one
+
+    import os
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    fake = pwd.struct_passwd((me.pw_name, me.pw_passwd, me.pw_uid, me.pw_gid, me.pw_gecos, str(home),
+                              me.pw_shell))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: fake)
+    calls.clear()
+    with open(home / ".ssh" / "config", "a") as fh:
+        fh.write("Match originalhost ex* exec true\n  HostName exec.example\n")
+    EndpointResolver(system_config="/etc/ssh/ssh_config").endpoint(_node("ex1"))
+    assert len(calls) == 1 and "-F" not in calls[0]  # ssh's own two files: nothing to name
