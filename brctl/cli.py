@@ -101,19 +101,20 @@ def build_app(env: Env | None = None) -> typer.Typer:
     return app
 
 
-def _print_error(message: str, hint: str | None) -> None:
+def _print_error(out: Output, message: str, hint: str | None) -> None:
     # A message may quote a node's bytes: controls are shown escaped, never sent raw.
-    sys.stderr.write(f"brctl: error: {visible(message)}\n")
+    out.stderr.write(f"brctl: error: {visible(message)}\n")
     if hint:
-        sys.stderr.write(f"hint: {visible(hint)}\n")
+        out.stderr.write(f"hint: {visible(hint)}\n")
 
 
-def _report(code: int, message: str, hint: str | None, as_json: bool,
+def _report(out: Output, code: int, message: str, hint: str | None, as_json: bool,
             where: BrctlError | None = None) -> int:
-    """The error on stderr, and with --json as the ``brctl.error/1`` document on stdout."""
-    _print_error(message, hint)
+    """The error on the run's stderr, and with --json as the ``brctl.error/1`` document
+    on its stdout (the injected Env's streams: a test reads them there)."""
+    _print_error(out, message, hint)
     if as_json:
-        sys.stdout.write(json_document("error", {
+        out.stdout.write(json_document("error", {
             "exit": int(code), "message": message, "hint": hint,
             "file": where.file if where else None, "key": where.key if where else None,
             "line": where.line if where else None}, status=code) + "\n")
@@ -128,6 +129,8 @@ def run(argv: list[str], env: Env | None = None) -> int:
     """
     import typer.main
 
+    env = env if env is not None else Env()  # built here: errors go to its streams too
+    out = env.output
     command = typer.main.get_command(build_app(env))
     front, rest = hoist(argv, command)
     debug = "--debug" in front
@@ -137,24 +140,24 @@ def run(argv: list[str], env: Env | None = None) -> int:
     except typer.Exit as exc:
         return int(exc.exit_code)
     except typer.Abort:
-        return _report(ExitCode.INTERRUPTED, "interrupted", None, as_json)
+        return _report(out, ExitCode.INTERRUPTED, "interrupted", None, as_json)
     except typer.TyperException as exc:  # bad options or arguments
-        return _report(ExitCode.USAGE, exc.format_message(),
+        return _report(out, ExitCode.USAGE, exc.format_message(),
                        "run 'brctl --help' (or 'brctl COMMAND --help')", as_json)
     except BrctlError as exc:
         if debug:
             import traceback
 
-            traceback.print_exc()
-        return _report(exc.code, exc.message, exc.hint, as_json, exc)
+            traceback.print_exc(file=out.stderr)
+        return _report(out, exc.code, exc.message, exc.hint, as_json, exc)
     except KeyboardInterrupt:
-        return _report(ExitCode.INTERRUPTED, "interrupted", None, as_json)
+        return _report(out, ExitCode.INTERRUPTED, "interrupted", None, as_json)
     except Exception as exc:  # the last line of defence: a bug, not a user error
         if debug:
             import traceback
 
-            traceback.print_exc()
-        return _report(ExitCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
+            traceback.print_exc(file=out.stderr)
+        return _report(out, ExitCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
                        "this is a bug in brctl; please report it with the output of --debug",
                        as_json)
     return int(result or 0)

@@ -126,3 +126,12 @@ def test_standby_check_of_a_machine_that_gave_no_usable_answer_is_incomplete(
     code = run(["-i", str(inventory(tmp_path)), "--json", "standby", "check"], env=env)
     assert code == 3, err.getvalue()  # no answer is no verdict: never 'failed' (1)
     assert "not JSON" in out.getvalue()
+
+
+def test_an_error_goes_to_the_injected_env_streams(tmp_path: Path) -> None:
+    env, out, err = env_for(tmp_path, FakeTransport(answer))
+    code = run(["-i", str(tmp_path / "missing.yaml"), "--json", "nodes"], env=env)
+    assert code == 2
+    doc = json.loads(out.getvalue())
+    assert doc["schema"] == "brctl.error/1" and doc["exit"] == 2
+    assert err.getvalue().startswith("brctl: error: ") and "missing.yaml" in err.getvalue()

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from brctl.render import escape, table, visible
+from brctl.render import Output, escape, table, visible
 
 HOSTILE = [
     "a \\[/] b", "x\\", "\\", "[/]", "[bold red]no[/]", "[link=file:///etc/passwd]x[/link]",
@@ -43,7 +43,7 @@ def test_table_cells_show_controls_escaped() -> None:
 def test_error_messages_show_controls_escaped(capsys: pytest.CaptureFixture[str]) -> None:
     from brctl.cli import _print_error
 
-    _print_error("node said \x1b[2J", "hint \x07")
+    _print_error(Output(), "node said \x1b[2J", "hint \x07")
     assert capsys.readouterr().err == "brctl: error: node said \\x1b[2J\nhint: hint \\x07\n"
 
 
