@@ -102,6 +102,32 @@ def test_two_hop_proxy_jump(ssh_cluster: SshCluster, tmp_path: Path) -> None:
     assert all(after[n] == before[n] + 1 for n in before), (before, after)
 
 
+def test_first_jump_host_is_reached_by_its_own_proxy_command(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    """``ProxyJump b1,b2`` where b1 has its own ProxyCommand: ssh goes node02 → b1 → b2 → target."""
+    c, key, kh = ssh_cluster, ssh_cluster.client_key, ssh_cluster.known_hosts
+    cfg = tmp_path / "config"
+    cfg.write_text(
+        f"Host b1\n  HostName {c.address('node01')}\n"
+        f"  ProxyCommand ssh -F none -i {key} -o BatchMode=yes -o UserKnownHostsFile={kh} "
+        f"-p {c.port} -W %h:%p root@{c.address('node02')}\n"
+        f"Host b2\n  HostName {c.address('node03')}\n"
+        f"Host target\n  HostName {c.address('node04')}\n  ProxyJump b1,b2\n"
+        f"Host *\n  Port {c.port}\n  User root\n  IdentityFile {key}\n  UserKnownHostsFile {kh}\n")
+    from brctl.core.transport import Node
+
+    before = {n: c.count_connections(n) for n in ("node01", "node02", "node03", "node04")}
+    t = SshTransport(ssh_config=str(cfg))
+    try:
+        r = t.run(Node(name="target", address="target", known_hosts="~/.ssh/known_hosts",
+                       connect_timeout=scaled(10)), ["sh", "-c", "echo $SSH_CONNECTION"], timeout=scaled(10))
+    finally:
+        t.close()
+    assert r.state is NodeState.OK, r
+    assert r.stdout.split()[2] == c.address("node04")
+    after = {n: c.count_connections(n) for n in before}
+    assert all(after[n] == before[n] + 1 for n in before), (before, after)  # node02: b1's ProxyCommand
+
+
 def _ssh_g(cfg: Path, host: str) -> dict[str, list[str]]:
     out = subprocess.run(["ssh", "-F", str(cfg), "-G", host], capture_output=True, text=True,
                          check=True).stdout
