@@ -15,7 +15,7 @@ found dead is reopened once; a command is never re-run.
 
 Timeouts. ``connect_timeout`` bounds TCP connect + banner + key exchange + auth
 (retries included). The command runs under the node-side reaper
-(``brctl.remote.wrap``, ``python3`` on the node): at T it kills the whole tree the
+(``brctl.remote.wrap``: ``python3`` on the node, else the node's ``python``): at T it kills the whole tree the
 command started (SIGTERM, SIGKILL 2 s later; ``setsid`` escapees included) and
 exits 124, reported as ``timeout`` whatever the command did with SIGTERM. A
 closed channel (``cancel()`` on Ctrl-C, a dead controller) makes it do the same.
@@ -44,16 +44,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 from brctl.core.capture import Capture
-from brctl.core.transport import Node, NodeState, RunResult, command_line, with_env
+from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.known_hosts import KnownHostsError
 from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_config import Endpoint, EndpointResolver
 from brctl.remote.ssh_connect import KEEPALIVE_S, ConnectError, Connector
 from brctl.remote.ssh_openssh import SshConfigError
-from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
+from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, shell_line
 
 LINGER_S = 1.0  # after the exit status, how long output may still arrive (a background child)
-NODE_PYTHON = "python3"  # runs the reaper (brctl.remote.wrap) on every ssh node
 OPENSSH_AT_ONCE = 16  # ssh -G processes resolving Match exec hosts concurrently (check_config)
 STDIN_SLICE = 1 << 20  # bytes per sendall; see _exec
 
@@ -301,7 +300,7 @@ class SshTransport:
             assert failed is not None
             return failed
         self._track(chan, True)
-        cmd = command_line(wrapped(NODE_PYTHON, with_env(argv, node.env), timeout))
+        cmd = shell_line(node.python, with_env(argv, node.env), timeout)
         try:
             return self._exec(node, chan, cmd, stdin, timeout, t0)
         finally:
@@ -378,7 +377,7 @@ class SshTransport:
         if chan is None:
             assert failed is not None
             return failed
-        cmd = command_line(wrapped(NODE_PYTHON, with_env(argv, node.env), timeout))
+        cmd = shell_line(node.python, with_env(argv, node.env), timeout)
         out = Capture(node.output_keep)
         try:
             chan.settimeout(timeout + GRACE_S + SLACK_S)

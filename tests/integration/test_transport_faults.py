@@ -6,8 +6,10 @@ Every test proves what happened on the node (its processes) and on the controlle
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,3 +177,49 @@ def test_200_mb_of_output_is_kept_head_and_tail_in_bounded_memory(ssh_cluster: S
     # window, chunks in flight. Keeping every chunk was 647 MiB of RSS. Not the RSS itself: once
     # a full CI run saw 352 MiB of it (the allocator's, never reproduced), so it is only shown.
     assert peak_mib <= 32, (peak_mib, rss_mib)
+
+
+class _NoPython3Cluster(SshCluster):
+    """Machines whose login PATH has a shell and coreutils but no ``python3`` (a conda-only
+    node: its interpreter is the inventory's ``python``)."""
+
+    def _sshd_config(self, name: str) -> str:
+        bin_dir = self.root / "bin"
+        if not bin_dir.exists():
+            bin_dir.mkdir()
+            for tool in ("sh", "env", "echo", "sleep", "cat"):
+                found = shutil.which(tool)
+                assert found is not None, tool
+                (bin_dir / tool).symlink_to(found)
+        return super()._sshd_config(name) + f"SetEnv PATH={bin_dir}\n"
+
+
+def test_a_node_without_python3_runs_the_reaper_with_its_configured_python(tmp_path: Path) -> None:
+    cluster = _NoPython3Cluster(tmp_path, 1).start()
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        bare = nodes_of(cluster)[0]
+        probe = transport.run(bare, ["sh", "-c", "command -v python3 || echo none"], timeout=scaled(10))
+        assert probe.exit_code == 127  # the default: the reaper's own python3 is not there
+        node = dataclasses.replace(bare, python=sys.executable)
+        res = transport.run(node, ["sh", "-c", "command -v python3 || echo none"], timeout=scaled(10))
+        assert (res.state, res.stdout) == (NodeState.OK, "none\n"), res
+        res = transport.run(node, ["sleep", "30"], timeout=scaled(1))
+        assert res.state is NodeState.TIMEOUT, res  # the reaper (under that python) killed it
+    finally:
+        transport.close()
+        cluster.stop()
+
+
+def test_a_node_with_python3_runs_the_reaper_with_it_whatever_python_says(
+    ssh_cluster: SshCluster,
+) -> None:
+    # A configured python may be one the job user can write: the probes check it before
+    # they run it as root, the reaper could not, so python3 runs it wherever there is one.
+    node = nodes_of(ssh_cluster, ["node01"], python="/nonexistent/python")[0]
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        res = transport.run(node, ["echo", "fine"], timeout=scaled(10))
+    finally:
+        transport.close()
+    assert (res.state, res.stdout) == (NodeState.OK, "fine\n"), res
