@@ -35,7 +35,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -59,72 +59,18 @@ from brctl.analysis.daemon_plan import Holder, Release, resume_refusal, steps_fo
 from brctl.analysis.diagnose_decide import PastConclusion
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
-from brctl.core.errors import ExitCode
 from brctl.core.transport import Node
 from brctl.operations.audit import append_private
 from brctl.operations.daemon_hooks import Hooks
 from brctl.operations.daemon_lease import Heartbeat, proven_dead, this_holder
+from brctl.operations.daemon_report import DaemonReport, PollResult
+from brctl.operations.daemon_report import StatusReport as StatusReport  # brctl daemon status
+from brctl.operations.daemon_report import status as status
 from brctl.operations.daemon_state import ABANDONED, DONE, INTENT, DaemonState, LeaseLost
 from brctl.operations.daemon_steps import Executor, PlanOutcome
 from brctl.operations.jobadapter import JobAdapter, Notifier
-from brctl.state import Store
 
 FAIL_SLOW_ROUNDS = 3  # stack rounds for fail-slow (brctl stacks --rounds), one poll apart
-
-
-@dataclass
-class PollResult:
-    """One poll, for the caller's progress output."""
-
-    at: float
-    step: Optional[int]
-    moved: bool
-    incident: Optional[Incident] = None
-    plan: Optional[Plan] = None
-    refused: Optional[str] = None
-    dry_run: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        """``{at, step, moved, incident, plan, refused, dry_run}``."""
-        return {"at": self.at, "step": self.step, "moved": self.moved,
-                "incident": self.incident.to_json() if self.incident else None,
-                "plan": self.plan.to_json() if self.plan else None,
-                "refused": self.refused, "dry_run": self.dry_run}
-
-
-@dataclass
-class DaemonReport:
-    """What a run did: polls, handled incidents, refusals, the ETTR it recorded."""
-
-    job: str
-    iterations: int = 0
-    handled: list[PollResult] = field(default_factory=list)
-    refusals: list[str] = field(default_factory=list)
-    resumed: list[str] = field(default_factory=list)
-    members: list[str] = field(default_factory=list)
-    ettr: Optional[float] = None
-    stopped_by: str = ""
-    lease_lost: Optional[str] = None
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """4 when the lease was lost; else 0 when stopped by SIGTERM/SIGINT (systemctl stop
-        is a normal end); else 4 when anything was refused or abandoned, 1 when incidents
-        were handled, 0 otherwise."""
-        if self.lease_lost:
-            return ExitCode.REFUSED
-        if self.stopped_by == "signal":
-            return ExitCode.OK
-        if self.refusals:
-            return ExitCode.REFUSED
-        return ExitCode.FINDINGS if self.handled else ExitCode.OK
-
-    def to_json(self) -> dict[str, Any]:
-        """The payload of ``brctl.daemon/1``."""
-        return {"job": self.job, "iterations": self.iterations,
-                "incidents": [p.to_json() for p in self.handled], "refusals": self.refusals,
-                "resumed": self.resumed, "members": self.members, "ettr": self.ettr,
-                "stopped_by": self.stopped_by, "lease_lost": self.lease_lost}
 
 
 class Daemon:
@@ -264,6 +210,8 @@ class Daemon:
                 self.owner, self.holder.to_json() if self.holder else None, now,
                 self.cfg.lease_ttl, self.dead)
             self.generation, took_over = lease.generation, lease.took_over
+            # renewed from now on: resuming a plan or checking the pool outlasts the TTL
+            self.heartbeat = Heartbeat(self.state, self.generation, self.cfg.lease_ttl, self.clock)
         self.last_poll = now  # ETTR counts from here: finishing a plan is not training time
         self._refresh_counters()
         self.event("daemon_start", [], {"owner": self.owner, "dry_run": self.dry_run,
@@ -513,10 +461,8 @@ class Daemon:
             RefusedError: another daemon holds the job's lease (at start).
         """
         began = self.clock()
-        self.start()
-        if self.generation is not None:
-            self.heartbeat = Heartbeat(self.state, self.generation, self.cfg.lease_ttl, self.clock)
         try:
+            self.start()  # inside: a lease lost while resuming a plan is one too
             while True:
                 started = self.clock()
                 result = self.poll()
@@ -537,9 +483,10 @@ class Daemon:
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
-            self.report.members = self.members()
-            self.report.ettr = ratio(self.state.intervals())
-            self.stop()
+            if self.generation is not None or self.dry_run:  # a refused start holds nothing
+                self.report.members = self.members()
+                self.report.ettr = ratio(self.state.intervals())
+                self.stop()
         return self.report
 
     def _done(self, stop: threading.Event, max_iterations: Optional[int],
@@ -563,51 +510,3 @@ def _swapped(kinds: Mapping[str, str], states: Mapping[str, Optional[str]]) -> O
     if swap and swap[0] == INTENT:
         return None
     return bool(swap) and swap[0] == DONE
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    """``brctl daemon status``: the lease, the last poll, recent events and actions."""
-
-    job: str
-    lease: Optional[dict[str, Any]]
-    last_poll: Optional[float]
-    summary: dict[str, Any]
-    events: list[dict[str, Any]]
-    actions: list[dict[str, Any]]
-    quarantined: list[dict[str, Any]]
-    now: float
-
-    @property
-    def alive(self) -> bool:
-        """A daemon holds an unexpired lease."""
-        return self.lease is not None and float(self.lease["expires"]) > self.now
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """1 when no daemon watches the job, else 0."""
-        return ExitCode.OK if self.alive else ExitCode.FINDINGS
-
-    def to_json(self) -> dict[str, Any]:
-        """The payload of ``brctl.daemon-status/1``."""
-        return {"job": self.job, "running": self.alive, "lease": self.lease,
-                "last_poll": self.last_poll, "summary": self.summary, "events": self.events,
-                "actions": self.actions, "quarantined": self.quarantined}
-
-
-def status(inv: Inventory, state_dir: Path, *, events: int = 20) -> StatusReport:
-    """Read the daemon's records for ``inv``'s job (no machine is contacted)."""
-    from brctl.core.errors import UsageError
-
-    if inv.job is None:
-        raise UsageError(f"daemon status: {inv.source} has no job: section")
-    store = Store(state_dir)
-    try:
-        state = DaemonState(store, inv.job.name)
-        last = state.status()
-        return StatusReport(
-            inv.job.name, state.lease(), last[0] if last else None, last[1] if last else {},
-            state.events(events), [a.to_json() for a in state.actions(limit=events)],
-            [q.to_json() for q in state.quarantined().values()], time.time())
-    finally:
-        store.close()

@@ -1,0 +1,154 @@
+"""The lease while a daemon starts: heartbeat and fencing cover resuming a plan.
+
+A daemon that starts resumes unfinished plans (a restore of any length) and self-checks
+the standby pool (minutes) before its first poll. The heartbeat renews the lease
+through that, and a lease lost meanwhile ends the run like one lost later (a
+``lease_lost`` event, exit 4). Plus ``holder_dead``'s cases: who may be taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from brctl.analysis.daemon_plan import Holder, holder_dead
+from brctl.core.errors import RefusedError
+from brctl.core.transport import Node
+from brctl.operations.daemon import Daemon
+from brctl.operations.daemon_state import DONE, DaemonState
+from brctl.operations.jobadapter import JobAdapter, Notifier
+from brctl.state import Store
+from tests.unit.test_daemon_crashpoints import CrashingState, dead_holder, provoke
+from tests.unit.test_daemon_loop import Clock, Killed, Script, hooks_log, inventory
+
+TTL = 1.0  # seconds of wall time per lease (a heartbeat every TTL / 4)
+
+
+def daemon(tmp_path: Path, script: Script, clock: Clock, state: DaemonState, owner: str,
+           holder: Optional[Holder] = None, **kw: Any) -> Daemon:
+    inv = inventory(tmp_path, lease_ttl=TTL, max_restarts_without_progress=5)
+    return Daemon(inv, state, script, JobAdapter(inv, 30), owner=owner, clock=clock,
+                  notifier=Notifier("llm", None, inv.daemon.notify_command),
+                  event_log=tmp_path / "events.jsonl", holder=holder, **kw)
+
+
+def killed_before_restore(tmp_path: Path, script: Script, clock: Clock) -> None:
+    """A first daemon dies (kill -9) after evicting n3, before its restore onto s1."""
+    store = Store(tmp_path / "state")
+    first = daemon(tmp_path, script, clock, CrashingState(store, "llm", "restore/s1",
+                                                          "before_intent"), "first", dead_holder())
+    with pytest.raises(Killed):
+        provoke("gpu_fault", first, clock, script)
+    store.close()
+    script.evict = {}
+
+
+def events(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+
+
+def test_the_heartbeat_renews_the_lease_while_a_resumed_plan_runs(tmp_path: Path) -> None:
+    """The restore of the resumed plan takes 5 TTLs: the lease is renewed meanwhile, so a
+    daemon started then is refused and the restore runs once."""
+    script, clock = Script(), Clock()
+    killed_before_restore(tmp_path, script, clock)
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+    intruder: list[str] = []
+
+    def slow_restore(evicted: Node, standby: Node, members: Sequence[Node]) -> str:
+        script.calls.append(("restore", (evicted.name, standby.name)))
+        clock.now += 5 * TTL  # far past the TTL the lease was taken with
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # a beat or two of the heartbeat
+            lease = state.lease()
+            if lease is not None and lease["expires"] > clock.now:
+                break
+            time.sleep(TTL / 10)
+        other = daemon(tmp_path, Script(), clock, DaemonState(Store(tmp_path / "state"), "llm"),
+                       "intruder", dead=lambda _holder: None)  # alive, as far as it can tell
+        try:
+            other.start()
+            intruder.append("took over")
+        except RefusedError as exc:
+            intruder.append(exc.message)
+        return "restored"
+
+    script.restore = slow_restore  # type: ignore[method-assign]
+    second = daemon(tmp_path, script, clock, state, "second")
+    second.start()
+    assert len(intruder) == 1 and "leased by second" in intruder[0], intruder
+    assert [c for c in script.calls if c[0] == "restore"] == [("restore", ("n3", "s1"))]
+    plan = next(a for a in state.actions() if a.kind == "plan")
+    assert plan.state == DONE and second.members() == ["n1", "n2", "s1", "n4"]
+    assert [e[:2] for e in hooks_log(tmp_path)] == [["evict", "n3"], ["restart", "n1,n2,s1,n4"]]
+    assert second.heartbeat is not None
+    second.heartbeat.stop()
+    store.close()
+
+
+def test_a_lease_lost_while_resuming_is_a_lease_lost_exit_4(tmp_path: Path) -> None:
+    """Another daemon takes the lease over while the resumed plan's restore runs: the
+    run stops before the next step with a lease_lost event and exit 4, not an escape."""
+    script, clock = Script(), Clock()
+    killed_before_restore(tmp_path, script, clock)
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+
+    def restore_then_lose(evicted: Node, standby: Node, members: Sequence[Node]) -> str:
+        script.calls.append(("restore", (evicted.name, standby.name)))
+        state.acquire_lease("thief", None, clock.now, TTL, lambda _holder: "presumed dead")
+        return "restored"
+
+    script.restore = restore_then_lose  # type: ignore[method-assign]
+    second = daemon(tmp_path, script, clock, state, "second")
+    report = second.run(stop=threading.Event(), max_iterations=3)
+    assert report.lease_lost and "thief" in report.lease_lost
+    assert int(report.exit_code) == 4 and report.stopped_by == "lease-lost"
+    assert report.iterations == 0  # it never polled
+    assert "lease_lost" in [e["kind"] for e in events(tmp_path)]
+    assert [e[:2] for e in hooks_log(tmp_path)] == [["evict", "n3"]]  # no swap, no restart
+    lease = state.lease()
+    assert lease is not None and lease["owner"] == "thief"  # not released by the loser
+    store.close()
+
+
+def test_a_refused_start_under_run_records_nothing_and_releases_nothing(tmp_path: Path) -> None:
+    script, clock = Script(), Clock()
+    store = Store(tmp_path / "state")
+    live = daemon(tmp_path, script, clock, DaemonState(store, "llm"), "live")
+    live.start()
+    other = daemon(tmp_path, script, clock, DaemonState(store, "llm"), "other",
+                   dead=lambda _holder: None)
+    with pytest.raises(RefusedError, match="leased by live"):
+        other.run(stop=threading.Event(), max_iterations=1)
+    lease = DaemonState(store, "llm").lease()
+    assert lease is not None and lease["owner"] == "live"
+    assert "daemon_stop" not in [e["kind"] for e in events(tmp_path)]
+    assert live.heartbeat is not None
+    live.heartbeat.stop()
+    store.close()
+
+
+HERE = Holder("ctl1", "boot-a", 4026531836, 100, 5000)
+
+
+@pytest.mark.parametrize(("holder", "start_now", "dead"), [
+    (HERE, 5000, None),  # the very process, still running
+    (HERE, None, "is gone"),  # its pid is free
+    (HERE, 7000, "another process"),  # pid reused: another start time
+    (Holder("ctl1", "boot-b", 4026531836, 100, 5000), 5000, "rebooted"),  # another boot id
+    (Holder("ctl1", "boot-a", 4026532999, 100, 5000), None, None),  # another PID namespace
+    (Holder("ctl2", "boot-a", 4026531836, 100, 5000), None, None),  # another host
+    (None, None, None),  # nothing recorded: nothing proven
+])
+def test_holder_dead(holder: Optional[Holder], start_now: Optional[int],
+                     dead: Optional[str]) -> None:
+    why = holder_dead(holder, HERE, start_now)
+    assert (why is None) == (dead is None) and (dead is None or dead in (why or "")), why
