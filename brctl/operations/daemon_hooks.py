@@ -104,9 +104,12 @@ class LiveHooks:
     """The real operations behind ``Hooks``, over one long-lived transport and probe runner."""
 
     def __init__(self, inv: Inventory, transport: Transport, store: Store, state_dir: Path,
-                 timeout_scale: float = 1.0, environ: Optional[Mapping[str, str]] = None) -> None:
+                 timeout_scale: float = 1.0, environ: Optional[Mapping[str, str]] = None,
+                 dry_run: bool = False) -> None:
         """Args: the inventory, the daemon's transport and store, the state dir,
-        $BRCTL_TIMEOUT_SCALE, the environment (playbook search path, who for the history)."""
+        $BRCTL_TIMEOUT_SCALE, the environment (playbook search path, who for the history);
+        ``dry_run``: analyse only, record nothing the live daemon reads (health samples,
+        diagnose verdicts)."""
         import os
 
         self.environ: Mapping[str, str] = environ if environ is not None else dict(os.environ)
@@ -116,6 +119,7 @@ class LiveHooks:
         self.state_dir = state_dir
         self.scale = timeout_scale
         self.runner = ProbeRunner(transport)
+        self.dry_run = dry_run
 
     def health(self, nodes: Sequence[Node]) -> HealthView:
         """brctl health's sweep: eviction candidates and process liveness."""
@@ -123,8 +127,8 @@ class LiveHooks:
 
         # the job's machines now: a swapped-in standby's training processes count
         report = sweep(self._current(nodes), self.transport, nodes, self.store,
-                       runner=self.runner,
-                       timeout=self.inv.health.timeout * self.scale)
+                       runner=self.runner, timeout=self.inv.health.timeout * self.scale,
+                       save=not self.dry_run)
         stopped, seen_process = [], False
         for name, verdict in report.nodes.items():
             for check in verdict.checks:
@@ -187,7 +191,9 @@ class LiveHooks:
             report = run_ladder(self._current(nodes), self.transport, books,
                                 Options(force=True, timeout_scale=self.scale,
                                         concurrency=self.inv.ssh.fanout),
-                                nodes=nodes, store=self.store, history=history)
+                                nodes=nodes, history=history,
+                                # no store: the history is given, and a dry run records no verdict
+                                store=None if self.dry_run else self.store)
         except BrctlError as exc:
             return Finding(None, (), f"diagnose failed: {exc.message}")
         decision = report.decision if report.decision in (

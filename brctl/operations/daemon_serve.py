@@ -65,7 +65,8 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
         cfg = inv.daemon
         log = event_log_path(cfg, state_dir)
         notifier = Notifier(inv.job.name, cfg.notify_webhook, cfg.notify_command)
-        daemon = Daemon(inv, state, LiveHooks(inv, transport, store, state_dir, timeout_scale, environ),
+        hooks = LiveHooks(inv, transport, store, state_dir, timeout_scale, environ, opts.dry_run)
+        daemon = Daemon(inv, state, hooks,
                         JobAdapter(inv, cfg.command_timeout * timeout_scale), notifier=notifier,
                         owner=owner_id(), dry_run=opts.dry_run, event_log=log, on_event=on_event)
         if opts.metrics and cfg.metrics_port:

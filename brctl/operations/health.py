@@ -47,7 +47,7 @@ from brctl.analysis.health import (
 )
 from brctl.analysis.health_doc import malformed
 from brctl.analysis.inventory import Inventory
-from brctl.core.errors import ExitCode
+from brctl.core.errors import ExitCode, exit_code_of
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.probes import ProbeResult, ProbeRunner
 from brctl.state import Component, Store
@@ -119,13 +119,10 @@ class HealthReport:
     def exit_code(self) -> ExitCode:
         """4 if a machine was refused (a safety rule), else 3 if any machine gave no verdict
         or a check could not look, else 1 if any check failed, else 0."""
-        if any(h.status == NodeState.REFUSED.value for h in self.nodes.values()):
-            return ExitCode.REFUSED
-        if self.incomplete() or self.unknown():
-            return ExitCode.INCOMPLETE
-        if any(h.status == FAIL for h in self.nodes.values()):
-            return ExitCode.FINDINGS
-        return ExitCode.OK
+        return exit_code_of(
+            refused=any(h.status == NodeState.REFUSED.value for h in self.nodes.values()),
+            incomplete=bool(self.incomplete() or self.unknown()),
+            findings=any(h.status == FAIL for h in self.nodes.values()))
 
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.health/1``."""
@@ -192,6 +189,7 @@ def sweep(
     timeout: Optional[float] = None,
     concurrency: Optional[int] = None,
     on_done: Optional[Callable[[RunResult], None]] = None,
+    save: bool = True,
 ) -> HealthReport:
     """Probe ``nodes`` once, judge every check, remember the samples.
 
@@ -204,6 +202,8 @@ def sweep(
         timeout: per-node probe timeout in seconds (default ``health.timeout``).
         concurrency: machines in flight (default ``ssh.fanout``).
         on_done: called with each node's transport result (progress bars).
+        save: remember the samples (False: ``daemon run --dry-run``, whose sweep must
+            not move the baseline the live daemon's counter deltas are taken against).
 
     Returns:
         The report; nodes that did not answer have ``status`` set to why.
@@ -215,7 +215,8 @@ def sweep(
         timeout=timeout or inv.health.timeout,
         concurrency=concurrency or inv.ssh.fanout, on_done=on_done)
     report, samples = judge(inv, nodes, results, previous)
-    save_samples(store, samples, time.time())
+    if save:
+        save_samples(store, samples, time.time())
     return report
 
 
