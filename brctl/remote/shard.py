@@ -17,18 +17,19 @@ reuses connections (the daemon) keeps ``processes=1``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import pickle
 import queue as queue_mod
+import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from brctl.core.errors import InterruptedRun
-from brctl.core.nodeset import fold
 from brctl.core.transport import Node, NodeState, RunResult, Transport
-from brctl.remote.threads import run_threads
+from brctl.remote.threads import CANCEL_WAIT_S, interrupted, run_threads
 
 _SHARD_DONE = "done"
 # A worker costs ~0.3-0.5 s of CPU to start (interpreter, paramiko import) against
@@ -60,16 +61,66 @@ def _worker(
     deadline_at: float | None,
     out: Any,
 ) -> None:
-    transport = factory()
+    # Ctrl-C reaches a worker once, from the parent, as SIGTERM (a terminal's SIGINT to the
+    # whole process group is ignored here): run_threads then kills what runs, as in-process.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _interrupt)
+    transport = None
     try:
+        transport = factory()
         deadline = None if deadline_at is None else max(0.0, deadline_at - time.time())
         run_threads(
             transport, nodes, argv, timeout=timeout, stdin=stdin, concurrency=concurrency,
             deadline=deadline, on_done=out.put,
         )  # fmt: skip
+    except (InterruptedRun, KeyboardInterrupt):
+        pass  # the parent reports the interruption
     finally:
-        transport.close()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if transport is not None:
+            transport.close()
         out.put(_SHARD_DONE)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _collect(workers: list[Any], out: Any, results: dict[str, RunResult],
+             on_done: Callable[[RunResult], None] | None) -> None:
+    """Take the workers' results as they come until every worker said it was done."""
+    finished = 0
+    while finished < len(workers):
+        try:
+            item = out.get(timeout=0.5)
+        except queue_mod.Empty:
+            if all(w.exitcode is not None for w in workers) and out.empty():
+                return  # a worker died without saying it was done
+            continue
+        if item == _SHARD_DONE:
+            finished += 1
+            continue
+        results[item.node] = item
+        if on_done is not None:
+            on_done(item)
+
+
+def _stop(workers: list[Any], grace: float) -> None:
+    """Every started worker ended: given ``grace`` seconds to exit, then killed."""
+    for w in workers:
+        if w.pid is not None and w.exitcode is None:
+            w.join(timeout=grace)
+            if w.exitcode is None:
+                w.kill()
+                w.join()
+
+
+def _drain_until_gone(workers: list[Any], out: Any, until: float) -> None:
+    """Read (and drop) what the workers still send until they all exit or ``until``:
+    a worker cannot exit while its queue's pipe is full."""
+    while time.monotonic() < until and any(w.pid is not None and w.exitcode is None for w in workers):
+        with contextlib.suppress(queue_mod.Empty):
+            out.get(timeout=0.05)
 
 
 def run_sharded(
@@ -105,34 +156,24 @@ def run_sharded(
         for shard in shards
     ]
     results: dict[str, RunResult] = {}
+    grace = 5.0  # how long a worker may take to exit before it is killed
     try:
         for w in workers:
             w.start()
-        finished = 0
-        while finished < len(workers):
-            try:
-                item = out.get(timeout=0.5)
-            except queue_mod.Empty:
-                if all(w.exitcode is not None for w in workers) and out.empty():
-                    break  # a worker died without saying it was done
-                continue
-            if item == _SHARD_DONE:
-                finished += 1
-                continue
-            results[item.node] = item
-            if on_done is not None:
-                on_done(item)
+        _collect(workers, out, results, on_done)
     except KeyboardInterrupt:
+        # First Ctrl-C: each worker kills what it runs (the timeout's kill path) and gets
+        # CANCEL_WAIT_S for the reports; a second Ctrl-C stops waiting at once.
         for w in workers:
-            w.terminate()
-        unfinished = fold(n.name for n in todo if n.name not in results)
-        raise InterruptedRun(f"interrupted; not finished: {unfinished or 'none'}") from None
+            if w.pid is not None:
+                w.terminate()  # SIGTERM: the worker's Ctrl-C (see _worker)
+        try:
+            _drain_until_gone(workers, out, time.monotonic() + CANCEL_WAIT_S + 1)
+        except KeyboardInterrupt:
+            grace = 0.0  # a second Ctrl-C: kill the workers and go
+        raise interrupted(todo, results) from None
     finally:
-        for w in workers:
-            w.join(timeout=5)
-            if w.exitcode is None:
-                w.kill()
-                w.join()
+        _stop(workers, grace)
         out.close()
     for node in todo:
         if node.name not in results:
