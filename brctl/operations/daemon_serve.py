@@ -58,6 +58,10 @@ def serve(inv: Inventory, transport: Transport, state_dir: Path, opts: RunOption
                          hint="the daemon restarts the job through it (a job.slurm job has "
                          "one built in); or use --dry-run")
     stop = stop or threading.Event()
+    from brctl.remote.per_host import PerHost
+
+    # One host's ssh config setting brctl cannot honour fails that host, not every poll.
+    transport = PerHost(transport)
     store = Store(state_dir)
     metrics = None
     try:
