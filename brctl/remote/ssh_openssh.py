@@ -7,7 +7,8 @@ criterion other than ``all``/``host``/``originalhost``/``user``/``localuser``
 (``exec``, ``canonical``, ``final``, ``localnetwork``, ...) is replaced by one
 that never matches (its block stays a block), and the hosts such a block may
 apply to — its ``host``/``originalhost`` criteria before the first deferred one
-do not rule them out — are resolved by ``ssh -G HOST`` instead: one process per
+do not rule them out, and that sets something brctl reads (``READ``) — are
+resolved by ``ssh -G HOST`` instead: one process per
 such host, none for a plain config (``SshTransport.check_config`` runs up to 16
 at once before a fan-out); the %-tokens it prints unexpanded
 (``ProxyCommand nc %h %p``) are expanded as ssh would. What ``ssh -G`` rejects (an OpenSSH too old
@@ -37,6 +38,15 @@ PARAMIKO_CRITERIA = frozenset({"all", "host", "originalhost", "user", "localuser
 NO_ARGUMENT = frozenset({"all", "canonical", "final"})
 NEVER_MATCHES = "Match originalhost !*"
 MULTI_VALUED = frozenset({"identityfile", "certificatefile"})
+# What brctl reads of a host's settings (and refuses: ``unsupported``), and what
+# later blocks match on. A deferred block that sets none of these (Fedora's
+# ``Match final all`` around its crypto policy: Ciphers, SendEnv, ...) cannot
+# change where or how brctl connects, so it sends no host to ``ssh -G``.
+READ = frozenset({
+    "hostname", "user", "port", "identityfile", "certificatefile", "proxyjump", "proxycommand",
+    "userknownhostsfile", "globalknownhostsfile", "hostkeyalias", "identityagent", "addressfamily",
+    "knownhostscommand", "pkcs11provider", "bindaddress", "bindinterface", "proxyusefdpass",
+})
 # ``ssh -G`` prints these as written; ssh expands their %-tokens only when it connects.
 TOKENISED = ("proxycommand", "identityfile", "certificatefile", "userknownhostsfile")
 
@@ -85,9 +95,18 @@ def defer_matches(text: str, source: str) -> tuple[str, tuple[DeferredMatch, ...
     """
     out: list[str] = []
     deferred: list[DeferredMatch] = []
+    pending: DeferredMatch | None = None  # the deferred block being read, until it sets a READ keyword
     for line in text.splitlines():
         keyword, _, rest = line.strip().replace("=", " ", 1).partition(" ")
-        if keyword.lower() != "match":
+        keyword = keyword.lower()
+        if keyword not in ("match", "host"):
+            if pending is not None and (keyword in READ or keyword.startswith("canonical")):
+                deferred.append(pending)
+                pending = None
+            out.append(line)
+            continue
+        pending = None
+        if keyword == "host":
             out.append(line)
             continue
         try:
@@ -103,8 +122,8 @@ def defer_matches(text: str, source: str) -> tuple[str, tuple[DeferredMatch, ...
                 break
             if kind in ("host", "originalhost") and arg is not None:
                 hosts.append((kind, negated, tuple(p.lower() for p in arg.split(","))))
-        deferred.append(DeferredMatch(line.strip(), tuple(hosts)))
-        out.append(NEVER_MATCHES)
+        pending = DeferredMatch(line.strip(), tuple(hosts))
+        out.append(NEVER_MATCHES)  # even when nothing in it counts: paramiko must not run an exec
     return "\n".join(out), tuple(deferred)
 
 

@@ -124,3 +124,21 @@ def test_match_exec_hosts_are_resolved_concurrently(tmp_path: Path) -> None:
     nodes = [_node(f"ex{i}", connect_timeout=2 * wait_s) for i in range(4)]
     t.check_config(nodes)
     assert [t.endpoint(n).host for n in nodes] == ["10.0.0.9"] * 4
+
+
+def test_a_deferred_block_that_sets_nothing_brctl_reads_spawns_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fedora's system file wraps its crypto policy in ``Match final all``: no ``ssh -G`` per host for it."""
+    policy = tmp_path / "openssh.config"
+    policy.write_text("Ciphers aes256-gcm@openssh.com\nKexAlgorithms curve25519-sha256\n")
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Match final all\n  Include {policy}\n  GSSAPIAuthentication yes\n  SendEnv LANG\n"
+                   "Match exec true\n  ForwardX11 no\n")
+    monkeypatch.setattr(ssh_openssh.subprocess, "run", lambda *a, **kw: pytest.fail("ssh -G started"))
+    resolver = EndpointResolver(str(cfg))
+    assert not resolver.spawns()
+    assert resolver.endpoint(_node("n1")).port == 22
+    kept, deferred = defer_matches("Match final\n  Ciphers x\nMatch exec true\n  User y\n", "cfg")
+    assert [d.line for d in deferred] == ["Match exec true"]
+    assert kept.splitlines()[0] == NEVER_MATCHES  # neutralised all the same: paramiko never runs it
