@@ -16,6 +16,25 @@ class ExitCode(IntEnum):
     INTERNAL = 70
     INTERRUPTED = 130
 
+    @classmethod
+    def worst(cls, *codes: ExitCode) -> ExitCode:
+        """The one that wins when a run has several outcomes: 4 > 3 > 1 > 0 (0 when none)."""
+        return max(codes, key=_PRECEDENCE.index, default=cls.OK)
+
+
+# A report's outcomes, weakest first: a refusal says most (brctl would not act), then no
+# answer (no verdict), then findings. Usage and internal errors end a run, never fold.
+_PRECEDENCE = (ExitCode.OK, ExitCode.FINDINGS, ExitCode.INCOMPLETE, ExitCode.REFUSED)
+
+
+def exit_code_of(*, refused: bool = False, incomplete: bool = False,
+                 findings: bool = False) -> ExitCode:
+    """Every report's exit code from what it found: 4 when brctl refused a machine (a
+    safety rule), else 3 when something gave no answer, else 1 for findings, else 0."""
+    return ExitCode.worst(*(code for code, seen in ((ExitCode.REFUSED, refused),
+                                                    (ExitCode.INCOMPLETE, incomplete),
+                                                    (ExitCode.FINDINGS, findings)) if seen))
+
 
 class BrctlError(Exception):
     """An expected failure; the CLI prints ``brctl: error: <message>`` and exits with ``code``.

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brctl.analysis.inventory import Inventory
-from brctl.core.errors import ExitCode, UsageError
+from brctl.core.errors import ExitCode, UsageError, exit_code_of
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.diagnostics.ckptmove import REFUSED_EXIT
 from brctl.diagnostics.safefs import UnsafeName, check_component, check_relpath
@@ -93,11 +93,8 @@ class CopyReport:
         """4 if one was refused, else 3 if a node could not be reached, else 1 if a copy
         failed or had nothing, else 0 (a dry run's ``planned`` copies are 0)."""
         states = {c.state for c in self.copies}
-        if "refused" in states:
-            return ExitCode.REFUSED
-        if "incomplete" in states:
-            return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if states - {"ok", "planned"} else ExitCode.OK
+        return exit_code_of(refused="refused" in states, incomplete="incomplete" in states,
+                            findings=bool(states - {"ok", "planned"}))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from brctl.analysis.standby import (
     daily_rate_from_history,
     window_probability,
 )
-from brctl.core.errors import ExitCode, UsageError
+from brctl.core.errors import ExitCode, UsageError, exit_code_of
 from brctl.core.transport import Transport
 from brctl.operations import Track, untracked
 from brctl.operations.daemon_state import DaemonState
@@ -117,7 +117,7 @@ class PoolReport:
     """``brctl standby list|check``."""
 
     machines: list[PoolMachine]
-    exit_code: ExitCode = ExitCode.OK  # standby check: 1 some failed, 3 some gave no answer
+    exit_code: ExitCode = ExitCode.OK  # standby check: 1 failed, 3 no answer, 4 refused
     would_check: Optional[tuple[str, ...]] = None  # standby check --dry-run: what it would check
     stages: tuple[str, ...] = ()  # ... and with which stages
 
@@ -203,7 +203,8 @@ def standby_check(inv: Inventory, transport: Transport, store: Store,
     now = time.time()
     for name, c in results.items():
         state.mark_checked(name, c.outcome == "checked", c.detail, now, c.outcome)
-    silent = any(c.outcome == "untested" or not c.answered for c in results.values())
-    failed = any(c.outcome == "failed" for c in results.values())
-    code = ExitCode.INCOMPLETE if silent else ExitCode.FINDINGS if failed else ExitCode.OK
+    code = exit_code_of(
+        refused=any(c.refused for c in results.values()),
+        incomplete=any(c.outcome == "untested" or not c.answered for c in results.values()),
+        findings=any(c.outcome == "failed" for c in results.values()))
     return dataclasses.replace(standby_list(inv, state), exit_code=code)

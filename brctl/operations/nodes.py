@@ -10,7 +10,7 @@ from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.topology import KINDS, Topology
 from brctl.core import nodeset
-from brctl.core.errors import ExitCode, UsageError
+from brctl.core.errors import ExitCode, UsageError, exit_code_of
 from brctl.core.nodeset import fold
 from brctl.core.transport import NodeState
 from brctl.remote.probes import ProbeResult, ProbeRunner
@@ -81,11 +81,9 @@ class NodesReport:
     @property
     def exit_code(self) -> ExitCode:
         """4 when a probed machine was refused (a safety rule), 3 when one did not answer, else 0."""
-        if self.probes and any(p.state == NodeState.REFUSED.value for p in self.probes.values()):
-            return ExitCode.REFUSED
-        if self.probes and any(not p.ok for p in self.probes.values()):
-            return ExitCode.INCOMPLETE
-        return ExitCode.OK
+        probes = self.probes.values() if self.probes else ()
+        return exit_code_of(refused=any(p.state == NodeState.REFUSED.value for p in probes),
+                            incomplete=any(not p.ok for p in probes))
 
     def role(self, name: str) -> str:
         """job, standby or spare-listed ("other")."""

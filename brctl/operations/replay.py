@@ -31,7 +31,7 @@ from brctl.analysis.replay import (
 )
 from brctl.analysis.replay_judge import GroupRun, JudgedRound, judge_round
 from brctl.core import templates
-from brctl.core.errors import ExitCode, UsageError
+from brctl.core.errors import ExitCode, UsageError, exit_code_of
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.operations import Track, untracked
 from brctl.operations.jobadapter import placeholder_values
@@ -108,9 +108,9 @@ class ReplayReport:
         """0 none, 1 found/ambiguous/not_reproduced, 3 incomplete, 4 when a machine of an
         incomplete replay was refused (a cron script must tell 'would not act' from 'no
         answer', as in every command)."""
-        if self.verdict.verdict == "incomplete":
-            return ExitCode.REFUSED if self.refused else ExitCode.INCOMPLETE
-        return ExitCode.OK if self.verdict.verdict == "none" else ExitCode.FINDINGS
+        incomplete = self.verdict.verdict == "incomplete"
+        return exit_code_of(refused=incomplete and bool(self.refused), incomplete=incomplete,
+                            findings=self.verdict.verdict != "none")
 
 
 def replay_plan(inv: Inventory, dp: Optional[int] = None) -> ReplayPlan:

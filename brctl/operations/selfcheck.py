@@ -14,7 +14,7 @@ from typing import cast
 from brctl.analysis.daemon import StandbyOutcome, standby_outcome
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.playbook import StageName
-from brctl.core.transport import Node, Transport
+from brctl.core.transport import Node, NodeState, Transport
 from brctl.operations import Track, untracked
 from brctl.remote.probes import ProbeRunner
 from brctl.state import Store
@@ -27,6 +27,7 @@ class PoolCheck:
     outcome: StandbyOutcome
     detail: str
     answered: bool  # the health sweep got an answer (False: no verdict, the run is incomplete)
+    refused: bool = False  # brctl would not run the probe there (a safety rule): exit 4
 
 
 def check_pool(inv: Inventory, transport: Transport, nodes: Sequence[Node], *, store: Store,
@@ -58,5 +59,6 @@ def check_pool(inv: Inventory, transport: Transport, nodes: Sequence[Node], *, s
         outcome, detail = standby_outcome(*health.get(n.name, (False, "no health verdict")),
                                           stages[n.name])
         answered = n.name in report.nodes and report.nodes[n.name].answered
-        out[n.name] = PoolCheck(outcome, detail, answered)
+        refused = n.name in report.nodes and report.nodes[n.name].status == NodeState.REFUSED.value
+        out[n.name] = PoolCheck(outcome, detail, answered, refused)
     return out

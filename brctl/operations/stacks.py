@@ -38,6 +38,7 @@ from brctl.core.errors import (
     IncompleteError,
     RefusedError,
     RemoteDataError,
+    exit_code_of,
 )
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.remote.probes import Bundle, ProbeResult, ProbeRunner
@@ -118,12 +119,10 @@ class StacksReport:
     def exit_code(self) -> ExitCode:
         """4 when brctl refused a machine (a safety rule there), else 3 when machines gave
         no answer, else 1 when an eviction is proposed, else 0."""
-        if any(nc.state == NodeState.REFUSED.value for c in self.collections[-1:]
-               for nc in c.nodes.values()):
-            return ExitCode.REFUSED
-        if self.node_errors:
-            return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if self.analysis.evict else ExitCode.OK
+        return exit_code_of(
+            refused=any(nc.state == NodeState.REFUSED.value for c in self.collections[-1:]
+                        for nc in c.nodes.values()),
+            incomplete=bool(self.node_errors), findings=bool(self.analysis.evict))
 
 
 def controller_py_spy() -> Bundle | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from brctl.analysis.update import Pending
-from brctl.core.errors import ExitCode
+from brctl.core.errors import ExitCode, exit_code_of
 from brctl.core.transport import NodeState
 from brctl.operations.jobadapter import HookRun
 
@@ -68,13 +68,10 @@ class SwitchReport:
     def exit_code(self) -> ExitCode:
         """4 when brctl refused a machine, 3 when machines did not answer, 1 when the switch
         or the hook failed, else 0."""
-        if any(o.state == NodeState.REFUSED.value for o in self.nodes.values()):
-            return ExitCode.REFUSED
-        if any(not o.answered for o in self.nodes.values()):
-            return ExitCode.INCOMPLETE
-        if self.outcome not in ("ok", "noop") or (self.restart and not self.restart.ok):
-            return ExitCode.FINDINGS
-        return ExitCode.OK
+        return exit_code_of(
+            refused=any(o.state == NodeState.REFUSED.value for o in self.nodes.values()),
+            incomplete=any(not o.answered for o in self.nodes.values()),
+            findings=self.outcome not in ("ok", "noop") or bool(self.restart and not self.restart.ok))
 
     def to_json(self) -> dict[str, object]:
         """JSON form."""
@@ -108,19 +105,12 @@ class PushReport:
     def exit_code(self) -> ExitCode:
         """4 when brctl refused a machine, 3 when machines did not answer, 1 when
         staging/switch/hook failed, else 0."""
-        if any(o.state == NodeState.REFUSED.value for o in self.nodes.values()):
-            return ExitCode.REFUSED
-        codes = [ExitCode.OK]
-        if any(not o.answered for o in self.nodes.values()):
-            codes.append(ExitCode.INCOMPLETE)
-        if any(o.state in ("failed", "conflict") for o in self.nodes.values()):
-            codes.append(ExitCode.FINDINGS)
-        if self.switch is not None:
-            codes.append(self.switch.exit_code)
-        for worst in (ExitCode.REFUSED, ExitCode.INCOMPLETE):  # the switch's own refusal too
-            if worst in codes:
-                return worst
-        return max(codes)
+        own = exit_code_of(
+            refused=any(o.state == NodeState.REFUSED.value for o in self.nodes.values()),
+            incomplete=any(not o.answered for o in self.nodes.values()),
+            findings=any(o.state in ("failed", "conflict") for o in self.nodes.values()))
+        # the switch's own outcome folds in (its refusal too)
+        return ExitCode.worst(own, *([self.switch.exit_code] if self.switch else []))
 
     def to_json(self) -> dict[str, object]:
         """JSON form."""
@@ -174,11 +164,10 @@ class StatusReport:
     def exit_code(self) -> ExitCode:
         """4 when brctl refused a machine, 3 when machines did not answer, 1 on drift or a
         probe failure there, else 0."""
-        if any(s.state == NodeState.REFUSED.value for s in self.nodes.values()):
-            return ExitCode.REFUSED
-        if any(s.state in _TRANSPORT_STATES for s in self.nodes.values()):
-            return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if self.drifted or self.unknown else ExitCode.OK
+        return exit_code_of(
+            refused=any(s.state == NodeState.REFUSED.value for s in self.nodes.values()),
+            incomplete=any(s.state in _TRANSPORT_STATES for s in self.nodes.values()),
+            findings=bool(self.drifted or self.unknown))
 
     def to_json(self) -> dict[str, object]:
         """JSON form."""

@@ -135,3 +135,13 @@ def test_an_error_goes_to_the_injected_env_streams(tmp_path: Path) -> None:
     doc = json.loads(out.getvalue())
     assert doc["schema"] == "brctl.error/1" and doc["exit"] == 2
     assert err.getvalue().startswith("brctl: error: ") and "missing.yaml" in err.getvalue()
+
+
+def test_standby_check_of_a_refused_machine_exits_4_like_every_command(tmp_path: Path) -> None:
+    def refuse(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        return Reply(stdout="", stderr="a safety rule", state=NodeState.REFUSED)
+
+    env, out, err = env_for(tmp_path, FakeTransport(refuse))
+    code = run(["-i", str(inventory(tmp_path)), "--json", "standby", "check"], env=env)
+    assert code == 4, err.getvalue()  # brctl would not act: not "no answer" (3)
+    assert json.loads(out.getvalue())["status"] == "refused"
