@@ -11,8 +11,10 @@ reset, lost during the handshake) are retried with capped, jittered exponential
 back-off inside the connect budget; auth and host-key refusals are not retried.
 ``connect_timeout`` bounds TCP connect + banner + key exchange + auth (retries
 included). A silent loss (power) is seen through keepalives: every ``keepalive``
-seconds of silence a packet is sent, and TCP_USER_TIMEOUT drops a connection
-whose packets go unacknowledged that long.
+seconds of silence a request that wants a reply is sent, and 3 unanswered in a
+row close the connection (OpenSSH's ServerAliveCountMax: this also holds through
+a jump host or ProxyCommand); on a direct socket TCP_USER_TIMEOUT also drops a
+connection whose packets go unacknowledged that long.
 
 States (``ConnectError``). Refused/reset/lost/no route → ``unreachable``; the
 connect budget spent (TCP, or a listener that never sends a banner) →
@@ -54,6 +56,8 @@ import random
 import socket
 import threading
 import time
+import weakref
+from typing import Any
 
 from brctl.core.transport import NodeState
 from brctl.remote.known_hosts import HostKeyStatus, KnownHostsCache, fingerprint
@@ -65,6 +69,7 @@ from brctl.remote.ssh_config import Endpoint
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 KEEPALIVE_S = 15  # detect dead peers on cached connections between daemon polls
+KEEPALIVE_COUNT_MAX = 3  # unanswered keepalives before the connection is closed (ServerAliveCountMax)
 IDLE_POLL_S = 1.0  # reader-thread wake-up interval on an established connection
 RETRY_BASE_S = 0.1
 RETRY_CAP_S = 2.0
@@ -139,6 +144,45 @@ class _ChannelSocket:
 
     def getpeername(self) -> str:
         return self._chan.getpeername()
+
+
+def _keepalive_with_replies(t: paramiko.Transport, interval: int, count_max: int = KEEPALIVE_COUNT_MAX,
+                            ) -> None:
+    """Keepalives as OpenSSH's ServerAliveInterval/CountMax: each wants a reply; ``count_max``
+    unanswered in a row close the connection.
+
+    paramiko's own (``set_keepalive``) asks for no reply, so through a jump host or
+    ProxyCommand, or past a relay that still acknowledges TCP, a peer that lost
+    power is never noticed and a running command waits for its whole timeout.
+    The keepalive is sent from paramiko's reader thread after ``interval``
+    seconds without writing; a reply (success or failure: any answer shows the
+    peer is there) resets the count.
+    """
+    missed = [0]
+    private: Any = t  # paramiko has no public hook for replies to global requests
+    table = private._handler_table  # per transport: wrapping its two reply handlers touches no other
+    for ptype in (paramiko.common.MSG_REQUEST_SUCCESS, paramiko.common.MSG_REQUEST_FAILURE):
+        def answered(m: paramiko.Message, original: Any = table[ptype]) -> None:
+            missed[0] = 0
+            original(m)
+        table[ptype] = answered
+    ref = weakref.ref(private)
+
+    def probe() -> None:
+        conn: Any = ref()
+        if conn is None:
+            return
+        if missed[0] >= count_max:
+            conn.close()  # the reader thread closing its own transport: no join, channels see it closed
+            return
+        missed[0] += 1
+        m = paramiko.Message()
+        m.add_byte(paramiko.common.cMSG_GLOBAL_REQUEST)
+        m.add_string("keepalive@openssh.com")
+        m.add_boolean(True)  # want_reply: the whole point
+        conn._send_user_message(m)
+
+    t.packetizer.set_keepalive(interval, probe)
 
 
 class Connector:
@@ -362,7 +406,7 @@ class Connector:
         self._check_host_key(t, ep)
         self._authenticate(t, ep, deadline)
         if self._keepalive:
-            t.set_keepalive(self._keepalive)
+            _keepalive_with_replies(t, self._keepalive)
         if isinstance(t.sock, socket.socket):
             # paramiko's reader thread polls its socket every 0.1 s; an idle cached
             # connection (the daemon holds thousands) need not wake that often.

@@ -154,3 +154,82 @@ def test_user_certificate_from_certificate_file_logs_in(
     assert r.stdout.strip() == "0"
     assert "brctl-test" in cluster.log("node01")  # the certificate's key id: it was the cert
 
+
+
+class _FreezingProxy:
+    """A loopback TCP relay to ``target`` that, once ``freeze`` is set, forwards nothing more.
+
+    The sockets stay open and the kernel still acknowledges every byte, as when a
+    jump host or ProxyCommand stays up but the machine behind it loses power: TCP
+    keepalives and TCP_USER_TIMEOUT see nothing wrong.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+        import threading
+
+        self.target = target
+        self.freeze = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.held += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: Any, dst: Any) -> None:
+        src.settimeout(0.1)
+        while not self.freeze.is_set():
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            dst.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.held:
+            s.close()
+
+
+def test_a_silent_loss_behind_a_relay_is_caught_by_keepalives(
+    ssh_cluster: SshCluster, tmp_path: Path,
+) -> None:
+    """Keepalives that want a reply: 3 unanswered ones (ServerAliveCountMax) close the connection."""
+    import threading
+    import time
+
+    proxy = _FreezingProxy((ssh_cluster.address("node01"), ssh_cluster.port))
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host relayed\n  HostName 127.0.0.1\n  Port {proxy.port}\n  User root\n"
+                   f"  HostKeyAlias [{ssh_cluster.address('node01')}]:{ssh_cluster.port}\n"
+                   f"  IdentityFile {ssh_cluster.client_key}\n  UserKnownHostsFile {ssh_cluster.known_hosts}\n")
+    t = SshTransport(ssh_config=str(cfg), keepalive=1)
+    node = _node("relayed")
+    try:
+        assert t.run(node, ["true"], timeout=scaled(10)).state is NodeState.OK
+        threading.Timer(1.0, proxy.freeze.set).start()
+        t0 = time.monotonic()
+        r = t.run(node, ["sleep", "20"], timeout=scaled(25))
+        took = time.monotonic() - t0
+    finally:
+        t.close()
+        proxy.close()
+    assert r.state is NodeState.UNREACHABLE and "connection lost" in r.stderr, r
+    assert took < 1 + scaled(8), took  # freeze + ~(3 + 1) keepalive intervals, not the command's 20 s
