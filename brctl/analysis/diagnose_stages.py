@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from brctl.analysis import diagnose_doc as dd
+
 Status = Literal["pass", "fail", "warn", "skip", "error"]
 
 # dcgmi returns dcgmReturn_t wrapped to 8 bits (NVIDIA/DCGM#158: 226 is -30).
@@ -47,23 +49,30 @@ class NodeVerdict:
 
 
 def parse_dcgm(node: str, doc: Mapping[str, Any]) -> NodeVerdict:
-    """Judge one machine's ``dcgmi diag -j`` run (the ``dcgm`` probe's document)."""
+    """Judge one machine's ``dcgmi diag -j`` run (the ``dcgm`` probe's document).
+
+    The document and the dcgmi JSON inside it are the node's, untrusted: any value
+    out of shape (``analysis.diagnose_doc``) is that machine's ``error``, never an
+    exception (only a fault exit code still fails it, as when dcgmi printed no JSON).
+    """
+    why = dd.malformed(doc, dd.DCGM, "dcgm answer")
+    if why is not None:
+        return NodeVerdict(node, "error", (why,))
     if "skipped" in doc:
-        return NodeVerdict(node, "skip", (str(doc["skipped"]),))
+        return NodeVerdict(node, "skip", (doc["skipped"],))
     if doc.get("timed_out"):
-        return NodeVerdict(node, "error", (f"dcgmi diag did not finish in {doc.get('seconds', 0):.0f}s",))
+        return NodeVerdict(node, "error",
+                           (f"dcgmi diag did not finish in {doc.get('seconds') or 0:.0f}s",))
     code = int(doc.get("exit_code", -1))
     meaning = DCGM_EXIT.get(code, f"unexpected dcgmi exit code {code}")
-    try:
-        tree = json.loads(doc.get("stdout") or "null")
-    except ValueError:
-        tree = None
     details: dict[str, Any] = {"exit_code": code, "exit_meaning": meaning,
                                "seconds": doc.get("seconds")}
-    if not isinstance(tree, dict) or "DCGM Diagnostic" not in tree:
+    tree, shape_error = _dcgmi_tree(doc.get("stdout") or "null")
+    if tree is None:
         status: Status = "fail" if code in DCGM_FAULT_EXITS else "error"
-        tail = (doc.get("stderr") or "").strip().splitlines()[-1:] or ["no JSON output"]
-        return NodeVerdict(node, status, (f"dcgmi exit {code}: {meaning}; {tail[0][:200]}",), details)
+        tail = shape_error or ((doc.get("stderr") or "").strip().splitlines()[-1:]
+                               or ["no JSON output"])[0][:200]
+        return NodeVerdict(node, status, (f"dcgmi exit {code}: {meaning}; {tail}",), details)
     meta = tree.get("metadata") or {}
     for key, name in (("version", "dcgm_version"), ("Driver Version Detected", "driver_version"),
                       ("EUD Test Version", "eud_version")):
@@ -81,6 +90,18 @@ def parse_dcgm(node: str, doc: Mapping[str, Any]) -> NodeVerdict:
     if warnings:
         return NodeVerdict(node, "warn", tuple(warnings[:10]), details)
     return NodeVerdict(node, "pass", (), details)
+
+
+def _dcgmi_tree(stdout: str) -> tuple[Mapping[str, Any] | None, str | None]:
+    """dcgmi's JSON tree, or None and (when it is JSON of the wrong shape) why."""
+    try:
+        tree = json.loads(stdout)
+    except (ValueError, RecursionError):  # not JSON; nested past the parser's depth
+        return None, None
+    if not isinstance(tree, dict) or "DCGM Diagnostic" not in tree:
+        return None, None
+    why = dd.malformed(tree, dd.DCGMI, "dcgmi JSON", "stdout")
+    return (None, why) if why is not None else (tree, None)
 
 
 def _dcgm_findings(tree: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -113,7 +134,8 @@ def _warning_text(w: Mapping[str, Any]) -> str:
 def judge_alltoall(docs: Mapping[str, Mapping[str, Any]], ratio: float) -> list[NodeVerdict]:
     """Judge each machine's all-to-all; slow = bus bandwidth < ``ratio`` × fleet median.
 
-    The median is taken over the machines whose test passed, and only when at least
+    ``docs`` are answers that fit ``diagnose_doc.COLLECTIVE`` (checked where they
+    arrive). The median is taken over the machines whose test passed, and only when at least
     three did: with two, "far below the median" cannot say which one is slow.
     """
     out: dict[str, NodeVerdict] = {}
@@ -121,22 +143,22 @@ def judge_alltoall(docs: Mapping[str, Mapping[str, Any]], ratio: float) -> list[
     for node, doc in docs.items():
         details = {k: doc.get(k) for k in ("backend", "world", "busbw_gbps", "seconds")}
         if "skipped" in doc:
-            out[node] = NodeVerdict(node, "skip", (str(doc["skipped"]),))
+            out[node] = NodeVerdict(node, "skip", (doc["skipped"],))
             continue
         status = doc.get("status")
         if status == "hang" and doc.get("phase") == "startup":
             ev = (f"hung: ranks {doc.get('hung_ranks')} did not reach the rendezvous within "
                   f"{doc.get('startup_timeout')}s")
-            out[node] = NodeVerdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
+            out[node] = NodeVerdict(node, "fail", (ev, *(doc.get("errors") or [])[:3]), details)
         elif status == "hang":
             ev = (f"hung: ranks {doc.get('hung_ranks')} did not finish within "
                   f"{doc.get('timeout')}s of being ready")
-            out[node] = NodeVerdict(node, "fail", (ev, *doc.get("errors", [])[:3]), details)
+            out[node] = NodeVerdict(node, "fail", (ev, *(doc.get("errors") or [])[:3]), details)
         elif status == "error":
             out[node] = NodeVerdict(node, "fail", tuple(doc.get("errors") or ["a rank failed"]), details)
         elif status == "wrong_data":
-            out[node] = NodeVerdict(node, "fail", ("wrong data received", *doc.get("mismatches", [])),
-                                details)
+            out[node] = NodeVerdict(node, "fail", ("wrong data received",
+                                                   *(doc.get("mismatches") or [])), details)
         elif status == "pass":
             out[node] = NodeVerdict(node, "pass", (), details)
             if isinstance(doc.get("busbw_gbps"), (int, float)):

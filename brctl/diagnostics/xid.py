@@ -91,9 +91,10 @@ XID_TABLE: dict[int, tuple[str, str, str]] = {
 
 # Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.
 # Older drivers omit "PCI:" and the pid/name fields: Xid (0000:03:00): 13, 0001 ...
+# Numbers are bounded: int() refuses thousands of digits, and a job's log may hold anything.
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\):"
-    r"\s*(?P<code>\d+)\s*,?\s*(?P<rest>.*)$"
+    r"\s*(?P<code>\d{1,9})(?!\d)\s*,?\s*(?P<rest>.*)$"
 )
 _PID_RE = re.compile(r"^pid='?(?P<pid>[^,' ]*)'?,\s*(?:name=(?P<name>[^,]*),\s*)?")
 # Timestamps in front of the message: dmesg "[12345.678]", dmesg -T "[Mon Mar 10 12:00:01 2025]",
@@ -166,14 +167,14 @@ def parse_xid_lines(text: str) -> list[XidEvent]:
     return events
 
 
-_KMSG_RE = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+_KMSG_RE = re.compile(r"^(?P<pri>\d{1,20}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]*;")
 
 
 # What may stand before "NVRM: Xid" on a line the kernel wrote: nothing, a /dev/kmsg header,
 # a dmesg timestamp, or a syslog/journal prefix ending in "kernel: ". A Xid quoted inside
 # another message (a file name, a process's own log line) must not evict a machine.
 _KERNEL_PREFIX = re.compile(
-    r"^(?:\s*|\d+,\d+,\d+,[^;]*;|\s*\[[^\]]*\]\s*|.*\bkernel: (?:\[\s*\d+\.\d+\]\s*)?)$")
+    r"^(?:\s*|\d{1,20},\d{1,20},\d{1,20},[^;]*;|\s*\[[^\]]*\]\s*|.*\bkernel: (?:\[\s*\d+\.\d+\]\s*)?)$")
 
 
 def _from_the_kernel(prefix: str) -> bool:

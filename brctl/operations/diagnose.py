@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brctl.analysis import diagnose_doc as dd
 from brctl.analysis import diagnose_stages as st
 from brctl.analysis.diagnose_decide import PastConclusion, StageOutcome, decide
 from brctl.analysis.inventory import Inventory
@@ -35,7 +36,7 @@ from brctl.analysis.playbook import (
     StageName,
     classify,
 )
-from brctl.core.errors import ExitCode, RefusedError, UsageError
+from brctl.core.errors import ExitCode, RefusedError, UsageError, exit_code_of
 from brctl.core.nodeset import fold
 from brctl.core.transport import Node, NodeState, Transport
 from brctl.diagnostics.xid import parse_xid_lines
@@ -51,8 +52,9 @@ COMPONENT = Component("diagnose", [
     "CREATE INDEX diagnose_verdicts_job ON diagnose_verdicts(job, at)",
 ])
 _MARGIN = 20.0  # seconds a probe may take beyond its own limits (ssh, python, shipping the zip)
-# torchrun's failure summary: "exitcode  : -6 (pid: 1234)".
-_EXITCODE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")
+# torchrun's failure summary: "exitcode  : -6 (pid: 1234)". Bounded: int() refuses a
+# number of thousands of digits, and a job's log may hold anything.
+_EXITCODE = re.compile(r"\bexitcode\s*:\s*(-?\d{1,9})(?!\d)")
 Progress = Callable[[str], None]
 
 
@@ -111,13 +113,8 @@ class DiagnoseReport:
     def exit_code(self) -> ExitCode:
         """4 when brctl refused a machine, else 3 when some machine got no verdict, else 1
         for faulty machines or any decision other than reattempt, else 0."""
-        if self.refused:
-            return ExitCode.REFUSED
-        if self.incomplete:
-            return ExitCode.INCOMPLETE
-        if self.faulty or self.decision != "reattempt":
-            return ExitCode.FINDINGS
-        return ExitCode.OK
+        return exit_code_of(refused=bool(self.refused), incomplete=bool(self.incomplete),
+                            findings=bool(self.faulty) or self.decision != "reattempt")
 
     def to_json(self) -> dict[str, Any]:
         """The ``brctl.diagnose/1`` payload."""
@@ -264,6 +261,7 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
         "log_paths": [] if options.logs_dir is not None or job is None else list(job.log_paths),
         "tail_lines": cfg.log_tail_lines,
         "process_match": job.process_match if job else None,
+        "job_user": job.user if job else None,  # its logs are read in a 1777 dir too
     }
     results = runner.run(targets, "brctl.diagnostics.evidence", request,
                          timeout=cfg.collect_timeout * options.timeout_scale,
@@ -275,8 +273,10 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
     alive: dict[str, list[dict[str, Any]]] = {}
     for node in targets:
         res = results[node.name]
-        if res.document is None:
-            incomplete[node.name] = f"evidence: {res.error}"
+        why = None if res.document is None else dd.malformed(res.document, dd.EVIDENCE,
+                                                             "evidence answer")
+        if res.document is None or why is not None:
+            incomplete[node.name] = f"evidence: {why or res.error}"
             if res.run.state is NodeState.REFUSED:
                 refused.append(node.name)
             continue
@@ -284,9 +284,9 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
         if doc.get("processes"):
             alive[node.name] = doc["processes"]
         lines: list[str] = []
-        for path_lines in doc.get("logs", {}).values():
+        for path_lines in (doc.get("logs") or {}).values():
             lines.extend(path_lines)
-        node_notes = list(doc.get("log_errors", []))
+        node_notes = list(doc.get("log_errors") or [])
         if options.logs_dir is not None:
             lines, note = _read_log(options.logs_dir, node.name, cfg.log_tail_lines)
             node_notes.extend([note] if note else [])
@@ -294,7 +294,7 @@ def _collect(inv: Inventory, runner: ProbeRunner, targets: list[Node], options: 
             node_notes.append(f"no log file matched {', '.join(job.log_paths)}")
         if doc.get("kernel_error"):
             node_notes.append(f"kernel log: {doc['kernel_error']}")
-        evidence[node.name] = _node_evidence(node.name, lines, doc.get("xid_lines", []))
+        evidence[node.name] = _node_evidence(node.name, lines, doc.get("xid_lines") or [])
         notes[node.name] = tuple(node_notes)
     if alive and not options.force:
         first = next(iter(alive.items()))
@@ -387,15 +387,31 @@ def _alltoall(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Nod
     results = runner.run(nodes, "brctl.diagnostics.collective", request,
                          timeout=startup + timeout + _MARGIN, concurrency=options.concurrency,
                          on_done=options.stage("alltoall", nodes))
-    docs = {n.name: results[n.name].document or {} for n in nodes if results[n.name].ok}
+    docs, broken = _checked(results, dd.COLLECTIVE, "alltoall answer")
     backends = {d.get("backend") for d in docs.values()}
     ratio = cfg.bandwidth_ratio if backends == {"nccl"} else cfg.cpu_bandwidth_ratio
     if backends != {"nccl"} and any(n.gpus < 2 for n in nodes):
         ratio = 0.0  # a one-process gloo "all-to-all" is a memcpy: its speed is noise
     if any(n.connection == "local" for n in nodes):
         ratio = 0.0  # local "machines" share this host's CPUs: no independent speeds to compare
-    judged = {v.node: v for v in st.judge_alltoall(docs, ratio)}
+    judged = {**{v.node: v for v in st.judge_alltoall(docs, ratio)}, **broken}
     return [judged[n.name] if n.name in judged else _unrun(n.name, results[n.name]) for n in nodes]
+
+
+def _checked(results: Mapping[str, ProbeResult], shape: Mapping[str, Any], what: str
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, st.NodeVerdict]]:
+    """The answers that fit ``shape``, and an error verdict for each that does not."""
+    docs: dict[str, dict[str, Any]] = {}
+    broken: dict[str, st.NodeVerdict] = {}
+    for name, res in results.items():
+        if res.document is None:
+            continue
+        why = dd.malformed(res.document, shape, what)
+        if why is None:
+            docs[name] = res.document
+        else:
+            broken[name] = st.NodeVerdict(name, "error", (why,))
+    return docs, broken
 
 
 def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[Node],
@@ -409,10 +425,11 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
     evidence: dict[str, list[str]] = {n: [] for n in names}
     spent: dict[str, float] = dict.fromkeys(names, 0.0)  # each machine's test seconds, all rounds
     skipped: dict[str, str] = {}
+    broken: dict[str, str] = {}  # machine → why an answer of its was out of shape
 
     def run(groups: list[list[str]]) -> list[tuple[tuple[str, ...], bool]]:
         outcome = _run_groups(inv, runner, [[by_name[n] for n in g] for g in groups], timeout,
-                              options, evidence, skipped, spent)
+                              options, evidence, skipped, spent, broken)
         rounds.append(tuple(outcome))
         return outcome
 
@@ -420,7 +437,7 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
         wide = run([names])
         if wide[0][1] or skipped:
             return (_gather_verdicts(names, [], evidence, skipped, st.cleared_nodes(rounds),
-                                     spent), tuple(rounds))
+                                     spent, broken), tuple(rounds))
     pairs: list[st.Round] = []
     while not skipped:
         groups = st.next_round(names, pairs)
@@ -428,17 +445,19 @@ def _allgather(inv: Inventory, runner: ProbeRunner, stage: Stage, nodes: list[No
             break
         pairs.append(run(groups))
     faulty, _ = st.judge_rounds(names, pairs)
-    return (_gather_verdicts(names, faulty, evidence, skipped, st.cleared_nodes(rounds), spent),
-            tuple(rounds))
+    return (_gather_verdicts(names, faulty, evidence, skipped, st.cleared_nodes(rounds), spent,
+                             broken), tuple(rounds))
 
 
 def _gather_verdicts(names: list[str], faulty: list[str], evidence: dict[str, list[str]],
-                     skipped: dict[str, str], cleared: set[str], spent: Mapping[str, float]
-                     ) -> list[st.NodeVerdict]:
+                     skipped: dict[str, str], cleared: set[str], spent: Mapping[str, float],
+                     broken: Mapping[str, str]) -> list[st.NodeVerdict]:
     out = []
     for n in names:
         details = {"seconds": round(spent[n], 3)}
-        if n in skipped:
+        if n in broken:  # its answers could not be read: no verdict, whatever its groups did
+            out.append(st.NodeVerdict(n, "error", (broken[n],), details))
+        elif n in skipped:
             out.append(st.NodeVerdict(n, "skip", (skipped[n],), details))
         elif n in faulty:
             out.append(st.NodeVerdict(n, "fail", ("failed the all-gather with every partner",
@@ -453,8 +472,10 @@ def _gather_verdicts(names: list[str], faulty: list[str], evidence: dict[str, li
 
 def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], timeout: float,
                 options: Options, evidence: dict[str, list[str]], skipped: dict[str, str],
-                spent: dict[str, float]) -> list[tuple[tuple[str, ...], bool]]:
-    """Run one all-gather per group at once; a group is ok when every member passed."""
+                spent: dict[str, float], broken: dict[str, str]
+                ) -> list[tuple[tuple[str, ...], bool]]:
+    """Run one all-gather per group at once; a group is ok when every member passed
+    (an answer out of shape fails its group and leaves its machine in ``broken``)."""
     cfg = inv.diagnose
     startup = cfg.startup_timeout * options.timeout_scale
     masters = [g[0] for g in groups]
@@ -463,8 +484,13 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
                        timeout=cfg.collect_timeout * options.timeout_scale)
     plan: dict[str, dict[str, Any]] = {}
     for group in groups:
-        doc = ports[group[0].name].document
-        port = doc.get("port") if doc else None
+        res = ports[group[0].name]
+        doc = res.document
+        why = (f"free_port: {res.error}" if doc is None
+               else dd.malformed(doc, dd.FREE_PORT, "free_port answer"))
+        if why is not None:  # no rendezvous port: the group cannot meet because of its master
+            broken.setdefault(group[0].name, why)
+        port = doc.get("port") if doc and why is None else None
         addr = rendezvous_address(group[0])
         ifname = cfg.gloo_ifname or ("lo" if addr.startswith("127.") else None)
         for rank, node in enumerate(group):
@@ -485,6 +511,12 @@ def _run_groups(inv: Inventory, runner: ProbeRunner, groups: list[list[Node]], t
         for node in group:
             res = results[node.name]
             doc = res.document or {}
+            why = dd.malformed(doc, dd.COLLECTIVE, "allgather answer")
+            if why is not None:
+                broken.setdefault(node.name, why)
+                ok = False
+                evidence[node.name].append(f"with {fold(list(names))}: {why}"[:300])
+                continue
             spent[node.name] += float(doc.get("seconds") or 0.0)
             if "skipped" in doc:
                 skipped[node.name] = str(doc["skipped"])
@@ -507,8 +539,8 @@ def _gather_failure(doc: Mapping[str, Any]) -> str:
     if doc.get("status") == "hang":
         return f"hung past {doc.get('timeout')}s"
     if doc.get("status") == "wrong_data":
-        return "wrong data: " + "; ".join(doc.get("mismatches", []))[:200]
-    return "; ".join(doc.get("errors", []))[:200] or str(doc.get("status"))
+        return "wrong data: " + "; ".join(doc.get("mismatches") or [])[:200]
+    return "; ".join(doc.get("errors") or [])[:200] or str(doc.get("status"))
 
 
 def _history(store: Store | None, job: str) -> list[PastConclusion]:

@@ -164,12 +164,13 @@ def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None
         return None, f"probe printed nothing (exit {result.exit_code}): {tail[0][:300]}"
     try:
         doc = json.loads(lines[-1])
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return None, f"probe output is not JSON: {lines[-1][:200]!r}"
     if not isinstance(doc, dict):
         return None, "probe output is not a JSON object"
     if "probe_error" in doc:
-        return None, f"probe failed on the node: {doc['probe_error']}"
+        why = doc["probe_error"]  # printed only as a string: repr of deep nesting recurses too
+        return None, f"probe failed on the node: {why if isinstance(why, str) else type(why).__name__}"
     return doc, None
 
 
@@ -322,7 +323,9 @@ def refused(res: RunResult) -> RunResult:
         if line.startswith(REFUSED_MARK + " "):
             try:
                 why = json.loads(line[len(REFUSED_MARK) + 1:])
-            except ValueError:
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(why, str):
                 continue
             return dataclasses.replace(res, state=NodeState.REFUSED, stderr=str(why),
                                        stderr_total=None, stderr_bytes=None)

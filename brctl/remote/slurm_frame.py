@@ -149,7 +149,8 @@ def _decode(node: str, text: bytes, length: int, digest: str,
         if not isinstance(code, int) or not isinstance(seconds, (int, float)):
             raise TypeError("exit or seconds")
         return Answer(code, _stream(doc["out"], keep), _stream(doc["err"], keep), float(seconds)), None
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+    # RecursionError: JSON nested past the parser's depth; OverflowError: seconds too large
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError, OverflowError) as exc:
         return None, f"a record that does not hold an answer ({exc})"
 
 
