@@ -8,6 +8,7 @@ typer and brctl's light modules at top level, so ``brctl --help`` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import io
@@ -103,9 +104,10 @@ def build_app(env: Env | None = None) -> typer.Typer:
 
 def _print_error(out: Output, message: str, hint: str | None) -> None:
     # A message may quote a node's bytes: controls are shown escaped, never sent raw.
-    out.stderr.write(f"brctl: error: {visible(message)}\n")
-    if hint:
-        out.stderr.write(f"hint: {visible(hint)}\n")
+    with contextlib.suppress(BrokenPipeError):  # nobody reads stderr: the exit code tells
+        out.stderr.write(f"brctl: error: {visible(message)}\n")
+        if hint:
+            out.stderr.write(f"hint: {visible(hint)}\n")
 
 
 def _report(out: Output, code: int, message: str, hint: str | None, as_json: bool,
@@ -114,10 +116,11 @@ def _report(out: Output, code: int, message: str, hint: str | None, as_json: boo
     on its stdout (the injected Env's streams: a test reads them there)."""
     _print_error(out, message, hint)
     if as_json:
-        out.stdout.write(json_document("error", {
-            "exit": int(code), "message": message, "hint": hint,
-            "file": where.file if where else None, "key": where.key if where else None,
-            "line": where.line if where else None}, status=code) + "\n")
+        with contextlib.suppress(BrokenPipeError):
+            out.stdout.write(json_document("error", {
+                "exit": int(code), "message": message, "hint": hint,
+                "file": where.file if where else None, "key": where.key if where else None,
+                "line": where.line if where else None}, status=code) + "\n")
     return int(code)
 
 
@@ -164,7 +167,8 @@ def run(argv: list[str], env: Env | None = None) -> int:
 
 
 class _PipeSafe(io.TextIOBase):
-    """stdout for a reader that may leave early (``brctl nodes | head -1``).
+    """stdout or stderr for a reader that may leave early (``brctl nodes | head -1``,
+    ``brctl exec ... 2>&1 >/dev/null | head -1``).
 
     When the reader closes the pipe, writing raises EPIPE; the rest of the output
     goes to /dev/null instead, quietly, and the command still ends with the exit
@@ -206,6 +210,7 @@ class _PipeSafe(io.TextIOBase):
 def main() -> None:
     """Console-script entry point."""
     sys.stdout = _PipeSafe(sys.stdout)
+    sys.stderr = _PipeSafe(sys.stderr)
     code = run(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()

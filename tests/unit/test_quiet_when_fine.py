@@ -67,3 +67,14 @@ def test_a_daemon_stopped_by_sigterm_exits_0() -> None:
                            stopped_by="signal")
     assert handled.exit_code == 0
     assert DaemonReport("j", refusals=["cap"], stopped_by="iterations").exit_code == 4
+
+
+def test_a_stderr_reader_that_leaves_early_is_not_an_error() -> None:
+    # `brctl exec ... 2>&1 >/dev/null | head -1`: the reader of stderr leaves after one line
+    proc = subprocess.Popen([sys.executable, "-m", "brctl", "-i", str(LOCAL), "exec", "-w",
+                             "local1", "seq 1 100000 >&2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    assert proc.stderr.readline()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 0
