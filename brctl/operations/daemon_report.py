@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from brctl.analysis.daemon import Incident, Plan
 from brctl.analysis.inventory import Inventory
-from brctl.core.errors import ExitCode
+from brctl.core.errors import ExitCode, exit_code_of
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
 
@@ -57,13 +57,10 @@ class DaemonReport:
         """4 when the lease was lost; else 0 when stopped by SIGTERM/SIGINT (systemctl stop
         is a normal end); else 4 when anything was refused or abandoned, 1 when incidents
         were handled, 0 otherwise."""
-        if self.lease_lost:
-            return ExitCode.REFUSED
-        if self.stopped_by == "signal":
-            return ExitCode.OK
-        if self.refusals:
-            return ExitCode.REFUSED
-        return ExitCode.FINDINGS if self.handled else ExitCode.OK
+        if self.stopped_by == "signal" and not self.lease_lost:
+            return ExitCode.OK  # systemctl stop is a normal end, whatever the run saw
+        return exit_code_of(refused=bool(self.lease_lost or self.refusals),
+                            findings=bool(self.handled))
 
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.daemon/1``."""
