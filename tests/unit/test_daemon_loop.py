@@ -227,6 +227,63 @@ def crash_until_replay(daemon: Daemon, clock: Clock, script: Script) -> None:
         tick(daemon, clock, script, steps=0, dt=2)
 
 
+def test_a_diagnose_ladder_that_raises_or_meets_garbage_never_stops_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 12: at a crash the daemon runs the real ladder (LiveHooks.diagnose). n2 answers
+    every probe out of shape: that machine's error, the diagnosis goes on. A ladder that
+    raises anyway (a bug) is a failed diagnosis with the reason (the traceback only in the
+    debug log): the plan is paged with it and the loop keeps polling, crash after crash."""
+    import logging
+
+    from brctl.operations import diagnose as ladder
+    from brctl.operations.daemon_hooks import LiveHooks
+    from brctl.remote.fake import FakeTransport, Reply
+    from brctl.remote.probes import probe_call
+
+    def handle(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        module, _ = probe_call(argv)
+        if node.name == "n2":  # nested garbage where the log lines and processes belong
+            doc: dict[str, Any] = {"logs": {"/l": [[1, {"x": None}]]}, "processes": "yes",
+                                   "exit_code": "0", "status": ["pass"], "port": "29500"}
+        elif module == "brctl.diagnostics.evidence":
+            doc = {"logs": {"/l": ["[rank0]: Watchdog caught collective operation timeout"]}}
+        else:
+            doc = {"skipped": "not on this machine"}
+        return Reply(stdout=json.dumps({"schema": "brctl.probe/1", **doc}) + "\n")
+
+    script, clock = Script(), Clock()
+    inv = inventory(tmp_path, max_restarts_without_progress=5)
+    daemon, store = make(tmp_path, script, clock, inv=inv)
+    live = LiveHooks(inv, FakeTransport(handle), store, tmp_path)
+    script.diagnose = live.diagnose  # type: ignore[method-assign]
+    daemon.start()
+    tick(daemon, clock, script)
+    script.running = False
+    tick(daemon, clock, script, steps=0, dt=2)  # the ladder runs; n2's answers are its error
+
+    def broken_ladder(*args: Any, **kwargs: Any) -> Any:
+        raise ZeroDivisionError("a bug deep in the ladder")
+
+    monkeypatch.setattr(ladder, "diagnose", broken_ladder)
+    with caplog.at_level(logging.DEBUG, logger="brctl.operations.daemon_hooks"):
+        tick(daemon, clock, script, steps=0, dt=2)
+        tick(daemon, clock, script, steps=0, dt=2)  # and again: no crash loop
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    reasons = [e["detail"]["reason"] for e in events if e["kind"] == "analysis"]
+    assert len(reasons) == 3, reasons
+    assert reasons[0].startswith("nccl: ") and "diagnose failed" not in reasons[0]
+    want = "diagnose failed: internal error: ZeroDivisionError: a bug deep in the ladder"
+    assert reasons[1:] == [want, want]
+    assert "Traceback" not in json.dumps(events)
+    assert "ZeroDivisionError" in caplog.text and "broken_ladder" in caplog.text  # the traceback
+    plans = [e["detail"]["plan"] for e in events if e["kind"] == "decision"]
+    assert [p["decision"] for p in plans[:3]] == ["reattempt", "rollback", "replay"]  # the ladder
+    assert all(p["reason"].endswith(f"({want})") for p in plans[1:3])  # climbed, with the why
+    pages = (tmp_path / "notify.jsonl").read_text().splitlines()
+    assert len(pages) >= 3  # each plan paged its steps
+    assert not DaemonState(store, "llm").unfinished()
+
+
 def test_replay_found_evicts_the_proven_machine_and_swaps_a_standby(tmp_path: Path) -> None:
     script, clock = Script(), Clock()
     script.replay_outcome = ReplayOutcome("found", ("n2",), (), "n2 deviates in both rounds")
@@ -590,3 +647,35 @@ def test_the_time_a_plan_takes_is_not_training_time(tmp_path: Path) -> None:
     lost = sum(iv.end - iv.start for iv in ivs if not iv.productive)
     assert lost >= 600.0, ivs
     store.close()
+
+
+def test_a_failed_rollback_skips_the_restart_pages_and_does_not_feed_the_ladder(
+        tmp_path: Path) -> None:
+    from brctl.core.errors import BrctlError
+
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock,
+                         inv=inventory(tmp_path, max_restarts_without_progress=5))
+
+    def failing_rollback(nodes: Sequence[Node], version: str, sha256: str) -> str:
+        script.calls.append(("rollback", [n.name for n in nodes]))
+        raise BrctlError("update rollback failed: m2 unreachable")
+
+    script.rollback = failing_rollback  # type: ignore[method-assign]
+    daemon.start()
+    tick(daemon, clock, script)
+    script.running = False
+    tick(daemon, clock, script, steps=0, dt=2)  # reattempt: restart 1
+    tick(daemon, clock, script, steps=0, dt=2)  # rollback: it fails
+    assert daemon.report.handled[-1].plan.decision == "rollback"  # type: ignore[union-attr]
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart"]  # not restarted on the bad code
+    state = DaemonState(store, "llm")
+    plan = [a for a in state.actions() if a.kind == "plan"][-1]
+    assert plan.state == "failed" and "rollback failed" in plan.reason
+    assert state.action(f"{plan.key}/restart").state == "skipped"  # type: ignore[union-attr]
+    notes = (tmp_path / "notify.jsonl").read_text()
+    assert '"rollback", "failed"' in notes and '"plan", "failed"' in notes
+    assert [d for d, _, _ in state.crash_history(0.0)] == ["reattempt"]  # what happened
+    tick(daemon, clock, script, steps=0, dt=2)  # the next crash climbs from the reattempt
+    assert daemon.report.handled[-1].plan.decision == "rollback"  # type: ignore[union-attr]
+    assert not any(c[0] == "replay" for c in script.calls)

@@ -368,3 +368,38 @@ def test_resuming_cut_transfers_keeps_no_copy_of_the_artifact_per_machine(world,
     assert [len(h) for h in held] == [art.size - plan.send[n.name] for n in nodes]
     assert bytes(held[5]) == art.path.read_bytes()[plan.send["m6"]:]
     assert peak < 2 * art.size, f"{peak} bytes held for a {art.size}-byte artifact"
+
+
+class Killed(BaseException):
+    """Stands in for kill -9: nothing after it runs."""
+
+
+def test_a_kill_after_the_rollback_is_recorded_leaves_version_and_history_consistent(
+        world, monkeypatch) -> None:
+    """The job's new version and its history row are written in one transaction before
+    the prune fan-out: a kill -9 during the prune leaves both, so a resumed daemon sees
+    its rollback done (release_targets says v2) and never rolls back again to v1."""
+    from brctl.operations.update_state import job_state, release_targets
+
+    for v in ("v1", "v2", "v3"):
+        world.write(v)
+        up.push(world.ctx(), str(world.src), v)
+        up.apply(world.ctx())
+
+    def killed(*_a: object, **_k: object) -> None:
+        raise Killed()
+
+    monkeypatch.setattr(up, "prune", killed)
+    with pytest.raises(Killed):
+        up.rollback(world.ctx(), to="v2")
+    monkeypatch.undo()
+    assert job_state(world.store, "demo").version == "v2"
+    row = up.history(world.store, "demo", limit=1)[0]
+    assert (row.action, row.version, row.from_version) == ("rollback", "v2", "v3")
+    assert release_targets(world.store, "demo").version == "v2"  # the daemon's resume check
+    assert [world.current(n) for n in NODES] == ["v2"] * 4
+    again = up.rollback(world.ctx(), to="v2")  # what a resumed daemon's step runs
+    assert again.version == "v2" and [world.current(n) for n in NODES] == ["v2"] * 4
+    assert job_state(world.store, "demo").version == "v2"
+    assert [e.version for e in up.history(world.store, "demo", limit=10)
+            if e.action == "rollback"] == ["v2", "v2"]
