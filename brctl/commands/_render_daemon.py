@@ -9,7 +9,7 @@ from typing import Any
 
 from brctl.core.nodeset import fold
 from brctl.operations.daemon import DaemonReport, StatusReport
-from brctl.operations.evict import EvictReport
+from brctl.operations.evict import EvictReport, RearmReport
 from brctl.operations.fleet import PoolReport, SizeReport
 from brctl.render import Output, escape
 
@@ -135,6 +135,19 @@ def action_text(a: dict[str, Any]) -> tuple[str, str]:
     if a["state"] == "done" and reason.startswith("no backup"):
         return "skipped: no backup", reason
     return a["state"], reason
+
+
+def render_rearm(out: Output, report: RearmReport) -> None:
+    """Whether the halt was lifted, and which."""
+    if out.json:
+        out.emit_json("daemon.rearm", report.to_json())
+    elif report.was is None:
+        out.console.print(f"{escape(report.job)}: the daemon is not halted; nothing changed")
+    else:
+        out.console.print(f"{escape(report.job)}: re-armed by {escape(report.operator)} "
+                          f"({escape(report.reason)}); it was halted: {escape(report.was)}")
+    for error in report.notify_errors:
+        out.warn(f"not notified: {error}")
 
 
 def render_evict(out: Output, report: EvictReport) -> None:

@@ -50,7 +50,9 @@ def run(
     cannot be checked (a restart or stop command; Slurm's built-in hooks can be
     checked): that plan is abandoned and a human paged, never run twice. A
     refusal or an abandoned plan stops further actions; the daemon stays up and
-    keeps reporting. --dry-run takes no lease and records nothing. With
+    keeps reporting; the halt outlives the daemon (kill -9, OOM, a systemd
+    restart) until a human lifts it with brctl daemon rearm. --dry-run takes no
+    lease and records nothing. With
     daemon.metrics_port, /metrics (Prometheus text; every
     family labelled job) serves brctl_node_health{node,status},
     brctl_daemon_events_total{kind}, brctl_daemon_actions_total{kind,state},
@@ -89,6 +91,38 @@ def run(
     return int(report.exit_code)
 
 
+@app.command("rearm")
+def rearm(
+    ctx: typer.Context,
+    reason: str = typer.Option(..., "--reason", metavar="TEXT",
+                               help="What the human did (goes to the log and the page)."),
+    by: Optional[str] = typer.Option(None, "--by", metavar="NAME",
+                                     help="Operator recorded (default: $SUDO_USER or $USER)."),
+) -> int:
+    """Lift the daemon's halt once a human has dealt with what it halted on.
+
+    A refused or abandoned plan halts the daemon: it stays up, reports and acts on
+    nothing, and a restarted daemon (kill -9, OOM, systemd) starts halted too, so
+    an incident a human owns is never planned again behind their back. rearm
+    records who lifted the halt and why (event rearmed, announced like a hand
+    evict); the running daemon acts again from its next poll. Nothing is recorded
+    when the daemon is not halted. Exit 0.
+    """
+    from brctl.commands._render_daemon import render_rearm
+    from brctl.operations.audit import Audit
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.evict import rearm as do_rearm
+    from brctl.operations.update import who
+
+    env: Env = ctx.obj
+    inv = env.inventory(as_listed=True)
+    audit = Audit.of(inv, DaemonState(env.store(), inv.job_key), env.state_dir(),
+                     by or who(env.environ))
+    report = do_rearm(audit, reason)
+    render_rearm(env.output, report)
+    return int(report.exit_code)
+
+
 @app.command("status")
 def status(
     ctx: typer.Context,
@@ -114,7 +148,7 @@ def status(
     """
     import time
 
-    from brctl.commands._render_daemon import StatusView, render_status
+    from brctl.commands._render_daemon import StatusView, render_status, status_json
     from brctl.core.errors import UsageError
     from brctl.operations.daemon import status as read_status
 
@@ -125,13 +159,17 @@ def status(
     view = StatusView(since=_since(since, time.time()) if since else 0.0, node=node, kind=kind)
     limit = max(events, 100_000) if since else events
     report = read_status(inv, env.state_dir(), events=limit)
+    env.output.ndjson = env.output.ndjson or follow  # --follow --json: NDJSON, one per line
     render_status(env.output, report, view)
     while follow:
         seen = max([e["id"] for e in report.events] + [0])
         done = max([a["id"] for a in report.actions] + [0])
         time.sleep(inv.daemon.poll_interval)
         report = read_status(inv, env.state_dir(), events=events)
-        render_status(env.output, _newer(report, seen, done), view, header=False)
+        fresh = _newer(report, seen, done)
+        shown = status_json(fresh, view)
+        if shown["events"] or shown["actions"]:  # a poll that found nothing new prints nothing
+            render_status(env.output, fresh, view, header=False)
     return int(report.exit_code)
 
 

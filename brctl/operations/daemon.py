@@ -213,6 +213,7 @@ class Daemon:
             # renewed from now on: resuming a plan or checking the pool outlasts the TTL
             self.heartbeat = Heartbeat(self.state, self.generation, self.cfg.lease_ttl, self.clock)
         self.last_poll = now  # ETTR counts from here: finishing a plan is not training time
+        self.halted = self.state.halt()  # a halt survives a restart until brctl daemon rearm
         self._refresh_counters()
         self.event("daemon_start", [], {"owner": self.owner, "dry_run": self.dry_run,
                                         "generation": self.generation, "took_over": took_over,
@@ -250,6 +251,8 @@ class Daemon:
             restart_pending=any(kinds[i] == "restart" and st is None for i, st in states.items()),
             restarts_without_progress=self.restarts_without_progress,
             max_restarts=self.cfg.max_restarts_without_progress)
+        if self.halted is not None:  # a human owns the job until brctl daemon rearm
+            why = f"the daemon is halted: {self.halted}"
         self.event("resume", [], {"plan": key, "abandon": why})
         self.report.resumed.append(key)
         if why is not None:
@@ -286,6 +289,10 @@ class Daemon:
             LeaseLost: another daemon took the job's lease over.
         """
         self._keep_lease()
+        if self.halted is not None and not self.dry_run:
+            self.halted = self.state.halt()  # brctl daemon rearm lifts it
+            if self.halted is None:  # re-armed: what it sees now is news again
+                self.last_signature = None
         self._read_scheduler()
         members = self.members()
         nodes = [self.inv.node(n) for n in members]
@@ -415,8 +422,8 @@ class Daemon:
     def _halt(self, why: str) -> None:
         if self.halted is None:
             self.halted = why
-            self.event("halted", [], {"reason": "further actions stop until a human restarts "
-                                                "the daemon: " + why})
+            self.event("halted", [], {"why": why, "reason": "further actions stop, across "
+                                      "restarts, until a human runs brctl daemon rearm: " + why})
 
     def _after_plan(self, outcome: PlanOutcome) -> None:
         if self.last_poll is not None:  # the plan's time is repair time, not training time

@@ -180,6 +180,17 @@ class DaemonState:
         return [{"id": r["id"], "at": r["at"], "kind": r["kind"], "nodes": json.loads(r["nodes"]),
                  "detail": json.loads(r["detail"])} for r in reversed(rows)]
 
+    def halt(self) -> Optional[str]:
+        """Why the job's daemon is halted, or None: the newest ``halted`` event unless a
+        ``rearmed`` one (``brctl daemon rearm``) came after it. A halt outlives the daemon
+        (a kill -9, an OOM kill, a systemd restart): what it halted on is a human's."""
+        rows = self.store.query("SELECT kind, detail FROM daemon_events WHERE job = ? AND "
+                                "kind IN ('halted', 'rearmed') ORDER BY id DESC LIMIT 1", (self.job,))
+        if not rows or rows[0]["kind"] != "halted":
+            return None
+        detail = json.loads(rows[0]["detail"])
+        return str(detail.get("why") or detail.get("reason") or "halted")
+
     def event_counts(self) -> dict[str, int]:
         """Events by kind (for /metrics)."""
         rows = self.store.query("SELECT kind, COUNT(*) AS n FROM daemon_events WHERE job = ? "

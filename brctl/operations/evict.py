@@ -219,3 +219,43 @@ def unevict(inv: Inventory, pattern: str, *, dry_run: bool, timeout: float, audi
              "hooks": {c.node: c.hook.to_json() for c in released if c.hook}},
             outcome=DONE if ok else FAILED, reason="returned to service", at=at)
     return EvictReport("unevict", tuple(out), dry_run, audit.operator, None, tuple(errors))
+
+
+@dataclass(frozen=True)
+class RearmReport:
+    """What ``brctl daemon rearm`` did: the halt it lifted (None: the daemon was not halted)."""
+
+    job: str
+    was: Optional[str]
+    operator: str
+    reason: str
+    notify_errors: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """0: re-armed, or nothing to re-arm."""
+        return ExitCode.OK
+
+    def to_json(self) -> dict[str, Any]:
+        """``{job, rearmed, was, operator, reason, notify_errors}``."""
+        return {"job": self.job, "rearmed": self.was is not None, "was": self.was,
+                "operator": self.operator, "reason": self.reason,
+                "notify_errors": list(self.notify_errors)}
+
+
+def rearm(audit: Audit, reason: str, now: Optional[float] = None) -> RearmReport:
+    """Lift the job's daemon halt (a refusal or an abandoned plan): the running daemon acts
+    again from its next poll, a restarted one from its start. Recorded and announced with
+    the operator; nothing is recorded when the daemon is not halted.
+
+    Raises:
+        UsageError: an empty ``reason``.
+    """
+    if not reason.strip():
+        raise UsageError("daemon rearm: --reason must say what the human did (it goes to the log)")
+    was = audit.state.halt()
+    errors: list[str] = []
+    if was is not None:
+        errors = audit.record("rearmed", [], {"reason": reason, "was": was}, outcome="rearmed",
+                              reason=reason, at=now)
+    return RearmReport(audit.state.job, was, audit.operator, reason, tuple(errors))

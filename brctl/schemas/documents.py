@@ -165,6 +165,8 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
         "events": arr(obj({"id": INT, "at": NUM, "kind": STR, "members": NAMES, "detail": OBJ},
                           "at", "kind", "members", "detail")),
         "actions": arr(OBJ), "quarantined": arr(OBJ)}, False),
+    ("brctl.daemon.rearm/1", {"job": STR, "rearmed": BOOL, "was": opt(STR), "operator": STR,
+                              "reason": STR, "notify_errors": NAMES}, False),
     ("brctl.evict/2", EVICT, False),
     ("brctl.unevict/2", EVICT, False),
     ("brctl.standby.size/1", {"size": INT, "machines": INT, "quantile": NUM,

@@ -14,7 +14,8 @@ is in flight. A second daemon takes the dead one's lease over at once (same host
 its pid is gone), finds the restart begun and not finished: it cannot know whether
 it took effect, so it abandons the plan with a page and halts, never restarting
 twice (the orphaned restart finishes on its own and the job makes progress on
-node01,node03). The operator re-arms the daemon (a third one). Then a code update is pushed lazily and node03's rank is
+node01,node03). The operator re-arms it (brctl daemon rearm; a restart alone would
+start halted) and starts a third one. Then a code update is pushed lazily and node03's rank is
 stopped (a hang): the stall goes to stack analysis, node03 is evicted and node04
 swapped in, the pending update lands at that restart and crashes every rank, the
 diagnose ladder blames user code and the daemon rolls the update back and
@@ -249,6 +250,7 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
         halted, _ = second.communicate(timeout=scaled(60))
         assert second.returncode == 0, dlog.read_text()[-2000:]  # SIGTERM: a normal stop
         assert any("abandoned" in r for r in json.loads(halted)["refusals"])
+        assert brctl("daemon", "rearm", "--reason", "the orphaned restart ran")["rearmed"]
         third = _daemon_started(inv, state, dlog)
         # Phase 2: a code update is pushed lazily (it lands at the next restart), then
         # node03's rank stops (SIGSTOP: a hang). Stall → stack analysis → evict node03,
