@@ -156,3 +156,29 @@ def test_follow_prints_new_records_as_they_are_written(records: tuple[Path, Path
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert "restart" in line and "n[1-2]" in line and line.rstrip().endswith("restarted after evict")
+
+
+def test_follow_json_is_one_compact_document_per_line_and_only_when_new(
+        records: tuple[Path, Path]) -> None:
+    import json
+    import signal
+
+    inv, state = records
+    doc = yaml.safe_load(inv.read_text())
+    doc["daemon"] = {"poll_interval": 0.1}
+    inv.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "BRCTL_STATE": str(state)}
+    proc = subprocess.Popen([sys.executable, "-m", "brctl", "-i", str(inv), "--json", "daemon",
+                             "status", "--follow"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    first = json.loads(proc.stdout.readline())  # the whole status, on one line
+    assert first["schema"] == "brctl.daemon.status/1" and first["events"]
+    time.sleep(1.5)  # ~15 polls with nothing new: nothing printed
+    store = Store(state)
+    DaemonState(store, "llm").event("restart", ["n1"], {"reason": "restarted"}, time.time())
+    store.close()
+    second = json.loads(proc.stdout.readline())  # the next line is the new record
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert [e["kind"] for e in second["events"]] == ["restart"] and second["actions"] == []
