@@ -17,7 +17,7 @@ from enum import Enum
 from typing import BinaryIO, Literal, Protocol
 
 from brctl.core.capture import DEFAULT_KEEP, Capture, not_utf8
-from brctl.core.errors import ExitCode
+from brctl.core.errors import ExitCode, exit_code_of
 
 HostKeyPolicy = Literal["strict", "accept-new"]
 ConnectionKind = Literal["ssh", "local", "slurm"]
@@ -159,11 +159,9 @@ class Results(Mapping[str, RunResult]):
     def exit_code(self) -> ExitCode:
         """4 when brctl refused some node, else 3 when some gave no answer, else 1 when
         some exited non-zero, else 0."""
-        if any(r.state is NodeState.REFUSED for r in self._by_node.values()):
-            return ExitCode.REFUSED
-        if self.incomplete():
-            return ExitCode.INCOMPLETE
-        return ExitCode.FINDINGS if self.failed() else ExitCode.OK
+        return exit_code_of(
+            refused=any(r.state is NodeState.REFUSED for r in self._by_node.values()),
+            incomplete=bool(self.incomplete()), findings=bool(self.failed()))
 
     def to_json(self) -> dict[str, dict[str, object]]:
         """``{node: the per-node JSON object}``."""
