@@ -196,6 +196,11 @@ class LiveHooks:
                                 store=None if self.dry_run else self.store)
         except BrctlError as exc:
             return Finding(None, (), f"diagnose failed: {exc.message}")
+        except Exception as exc:  # a bug the ladder hit must fail this diagnosis, not the loop
+            import logging
+            logging.getLogger(__name__).debug("diagnose ladder raised", exc_info=True)
+            return Finding(None, (), f"diagnose failed: internal error: {type(exc).__name__}: "
+                           f"{str(exc)[:200]}")
         decision = report.decision if report.decision in (
             "evict", "reattempt", "rollback", "replay") else None
         return Finding(decision, tuple(report.faulty),  # type: ignore[arg-type]
