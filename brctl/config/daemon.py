@@ -81,9 +81,13 @@ def _webhook(value: Optional[str]) -> Optional[str]:
     hidden = "(the value is not shown: a webhook URL's path is a secret)"
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
         raise ValueError(f"not a URL: it holds whitespace or control characters {hidden}")
+    if not value.isascii():  # urllib would fail at the first page (percent-encode it)
+        raise ValueError(f"not a URL: it holds non-ASCII characters {hidden}")
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"expected an http:// or https:// URL {hidden}")
+    if "@" in parts.netloc:  # a password in the URL would be logged and sent in the clear
+        raise ValueError(f"not a valid URL: user:password@ is not allowed {hidden}")
     try:
         port = parts.port
         host = parts.hostname
@@ -91,6 +95,10 @@ def _webhook(value: Optional[str]) -> Optional[str]:
         raise ValueError(f"not a valid URL: bad host or port {hidden}") from None
     if not host or port == 0:
         raise ValueError(f"not a valid URL: no host{' or port' if port == 0 else ''} {hidden}")
+    try:
+        host.encode("idna")  # an empty or over-long label: http.client fails on it
+    except UnicodeError:
+        raise ValueError(f"not a valid URL: bad host name {hidden}") from None
     return value
 
 

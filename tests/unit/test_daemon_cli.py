@@ -211,11 +211,21 @@ def test_demo_inventory_and_unit_file_are_valid() -> None:
 
 def test_a_bad_webhook_url_is_refused_at_load_without_echoing_it(brctl: Any, tmp_path: Path) -> None:
     for url in ("http://hooks.example.com:99999/T0KEN", "https:///T0KEN", "ftp://x/T0KEN",
-                "http://hooks.example.com/T0KEN with space"):
+                "http://hooks.example.com/T0KEN with space", "https://hooks.example.com/T0KEN\u00e9",
+                "https://h\u00f6oks.example.com/T0KEN", "https://user:T0KEN@hooks.example.com/x",
+                "https://hooks..example.com/T0KEN", f"https://{'a' * 64}.example.com/T0KEN"):
         inv = write_inv(tmp_path, notify_webhook=url)
         res = brctl("-i", inv, "daemon", "status")
         assert res.exit_code == 2, (url, res.stderr)
         assert "notify_webhook" in res.stderr and "T0KEN" not in res.stderr + res.stdout, url
+
+
+def test_good_webhook_urls_pass_the_load_check() -> None:
+    from brctl.config.daemon import _webhook
+
+    for url in ("https://hooks.slack.com/services/T0/B0/x", "http://127.0.0.1:8080/hook?a=b",
+                "https://xn--hoks-5qa.example.com/p%C3%A9", "http://[::1]:9/x"):
+        assert _webhook(url) == url
 
 
 def test_the_notifier_never_raises(tmp_path: Path) -> None:
