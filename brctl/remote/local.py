@@ -1,7 +1,8 @@
 """``connection: local``: run on this host with subprocess, no ssh.
 
-Commands run under the same node-side reaper as on an ssh node
-(``brctl.remote.wrap``): a timeout, or ``cancel()`` (Ctrl-C), kills everything the
+Commands (``run`` and ``stream``) run under the same node-side reaper as on an ssh
+node (``brctl.remote.wrap``), by the interpreter running brctl (always there, and
+the one trusted here): a timeout, or ``cancel()`` (Ctrl-C), kills everything the
 command started. Output is captured bounded (``brctl.core.capture``).
 """
 
@@ -16,18 +17,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
 from brctl.core.capture import Capture
-from brctl.core.transport import Node, NodeState, RunResult, state_for_exit
+from brctl.core.transport import Node, NodeState, RunResult
 from brctl.remote.children import Children
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
 
 LINGER_S = 1.0  # after the command exits, how long its output may still arrive
-
-
-def _decode(data: bytes | None) -> str:
-    return (data or b"").decode("utf-8", errors="replace")
 
 
 def _feed(pipe: BinaryIO, data: bytes) -> None:
@@ -51,15 +48,27 @@ class LocalTransport:
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
     ) -> RunResult:
         """Run ``argv`` locally under the reaper; read its output bounded."""
+        return self._run(node, argv, timeout, subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                         subprocess.PIPE, stdin)
+
+    def stream(
+        self, node: Node, argv: Sequence[str], *, timeout: float,
+        stdin: BinaryIO | None = None, stdout: BinaryIO | None = None,
+    ) -> RunResult:
+        """``run`` with bulk stdin/stdout files, which the command reads and writes itself;
+        without ``stdout`` its output is kept bounded, as ``run`` keeps it."""
+        return self._run(node, argv, timeout, stdin or subprocess.DEVNULL, stdout or subprocess.PIPE, None)
+
+    def _run(self, node: Node, argv: Sequence[str], timeout: float, stdin: int | IO[Any],
+             stdout: int | IO[Any],
+             feed: bytes | None) -> RunResult:
         start = time.monotonic()
         if self._children.cancelled:
             return RunResult(node.name, NodeState.TIMEOUT, None, "", "brctl: interrupted before start", 0.0)
         try:
             proc = subprocess.Popen(
                 wrapped(sys.executable, argv, timeout),
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
                 env={**os.environ, **node.env},
                 start_new_session=True,  # Ctrl-C on the terminal is ours to relay, not its
             )
@@ -68,8 +77,8 @@ class LocalTransport:
                              time.monotonic() - start)
         with self._children.tracked(proc):
             out, err = Capture(node.output_keep), Capture(node.output_keep)
-            if stdin is not None and proc.stdin is not None:
-                threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+            if feed is not None and proc.stdin is not None:
+                threading.Thread(target=_feed, args=(proc.stdin, feed), daemon=True).start()
             gave_up = not _drain(proc, out, err, start + timeout + GRACE_S + SLACK_S)
             if gave_up:
                 _kill_group(proc)
@@ -83,29 +92,6 @@ class LocalTransport:
         state = exit_state(code, elapsed, timeout)
         return RunResult.captured(node.name, state, None if state is NodeState.TIMEOUT else code,
                                   out, err, elapsed)
-
-    def stream(
-        self, node: Node, argv: Sequence[str], *, timeout: float,
-        stdin: BinaryIO | None = None, stdout: BinaryIO | None = None,
-    ) -> RunResult:
-        """Run ``argv`` locally with bulk stdin/stdout files (the child reads/writes them itself)."""
-        start = time.monotonic()
-        try:
-            proc = subprocess.Popen(list(argv), stdin=stdin or subprocess.DEVNULL,
-                                    stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env={**os.environ, **node.env}, start_new_session=True)
-        except OSError as exc:
-            return RunResult(node.name, NodeState.FAILED, 127, "", f"{argv[0]}: {exc.strerror}",
-                             time.monotonic() - start)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            return RunResult(node.name, NodeState.TIMEOUT, None, _decode(out),
-                             _decode(err) + f"\nkilled after {timeout:g}s", time.monotonic() - start)
-        return RunResult(node.name, state_for_exit(proc.returncode), proc.returncode,
-                         _decode(out), _decode(err), time.monotonic() - start)
 
     def close(self) -> None:
         """Nothing to close."""

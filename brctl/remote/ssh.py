@@ -116,6 +116,18 @@ def _alive(chan: paramiko.Channel) -> bool:
     return transport is not None and transport.is_active()
 
 
+def _copy_out(chan: paramiko.Channel, stdout: BinaryIO | None, out: Capture) -> None:
+    """The channel's stdout to its end: into ``stdout``, or kept bounded in ``out``."""
+    while True:
+        data = chan.recv(STDIN_SLICE)
+        if not data:
+            return
+        if stdout is None:
+            out.add(data)
+        else:
+            stdout.write(data)
+
+
 def _pump(src: BinaryIO, chan: paramiko.Channel) -> None:
     """Copy ``src`` into the channel as stdin, then EOF; errors end it quietly (see ``_feed``)."""
     try:
@@ -373,10 +385,13 @@ class SshTransport:
         (the other end of a relay died) closes the channel: the command gets SIGPIPE.
         """
         t0 = time.monotonic()
+        if self._cancelled:
+            return _result(node.name, NodeState.TIMEOUT, t0, "brctl: interrupted before start")
         chan, failed = self._session(node, t0)
         if chan is None:
             assert failed is not None
             return failed
+        self._track(chan, True)  # cancel() closes it: the reaper kills the tree
         cmd = shell_line(node.python, with_env(argv, node.env), timeout)
         out = Capture(node.output_keep)
         try:
@@ -387,32 +402,34 @@ class SshTransport:
                                  name=f"brctl-stream-{node.name}").start()
             else:
                 chan.shutdown_write()
-            while True:
-                data = chan.recv(STDIN_SLICE)
-                if not data:
-                    break
-                if stdout is None:
-                    out.add(data)
-                else:
-                    stdout.write(data)
+            _copy_out(chan, stdout, out)
+            if self._cancelled and chan.closed:  # cancel() closed it: no status will come
+                return _result(node.name, NodeState.TIMEOUT, t0, "interrupted; the command was killed")
             if not chan.status_event.wait(SLACK_S + GRACE_S):
                 raise socket.timeout()
-            err = b""
+            err = Capture(node.output_keep)
             while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
+                err.add(chan.recv_stderr(65536))
         except (socket.timeout, TimeoutError):
             return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
         except BrokenPipeError:
             return _result(node.name, NodeState.FAILED, t0, "the receiving end of the stream went away", 1)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            return _result(node.name, NodeState.UNREACHABLE, t0, f"connection lost while streaming: {exc}")
+            return self._lost(node, t0, f"connection lost while streaming: {exc}")
         finally:
+            self._track(chan, False)
             chan.close()
         code = chan.exit_status
         if code == -1:
-            return _result(node.name, NodeState.UNREACHABLE, t0, "connection lost while streaming")
-        return RunResult(node.name, exit_state(code, time.monotonic() - t0, timeout), code,
-                         out.text(), err.decode(errors="replace"), time.monotonic() - t0)
+            return self._lost(node, t0, "connection lost while streaming")
+        return RunResult.captured(node.name, exit_state(code, time.monotonic() - t0, timeout), code,
+                                  out, err, time.monotonic() - t0)
+
+    def _lost(self, node: Node, t0: float, why: str) -> RunResult:
+        """A stream whose channel ended without a status: killed by ``cancel``, or lost."""
+        if self._cancelled:
+            return _result(node.name, NodeState.TIMEOUT, t0, "interrupted; the command was killed")
+        return _result(node.name, NodeState.UNREACHABLE, t0, why)
 
     def close(self) -> None:
         """Close every connection (targets first, then jump hosts)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import resource
 import shutil
 import signal
@@ -20,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from brctl.core.transport import Node, NodeState, RunResult
+from brctl.remote.local import LocalTransport
 from brctl.remote.ssh import SshTransport
+from brctl.remote.wrap import GRACE_S
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
 
@@ -223,3 +226,142 @@ def test_a_node_with_python3_runs_the_reaper_with_it_whatever_python_says(
     finally:
         transport.close()
     assert (res.state, res.stdout) == (NodeState.OK, "fine\n"), res
+
+
+def _local_pids(pattern: str) -> list[int]:
+    """PIDs on this host whose command line matches regex ``pattern``."""
+    rx, found = re.compile(pattern), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if rx.search(cmdline.decode(errors="replace")):
+                found.append(int(entry))
+    return found
+
+
+def _local_inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "inv.yaml"
+    path.write_text("nodes:\n  - {name: here, connection: local}\n")
+    return path
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
+    inv, started = _local_inventory(tmp_path), tmp_path / "started"
+    # A command that ignores SIGTERM: the reaper gives it GRACE_S before its SIGKILL, and
+    # the first Ctrl-C waits for that report.
+    script = f"trap '' TERM; touch {started}; sleep 1061"
+
+    def start() -> subprocess.Popen[bytes]:
+        started.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "sh", "-c",
+                                 script], cwd=REPO, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert _wait_for(started.exists, scaled(20))
+        return proc
+
+    try:
+        proc = start()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=scaled(10))
+        once = time.monotonic() - t0
+        assert proc.returncode == 130 and b"killed" in err, err
+        assert once >= GRACE_S * 0.9  # it waited for the kill's report
+
+        proc = start()
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        t1 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=scaled(10))
+        assert proc.returncode == 130, err
+        assert time.monotonic() - t1 <= scaled(1)  # at once: no wait for the reports
+        assert _wait_for(lambda: not _local_pids(r"^sleep 1061"), scaled(5))  # the reaper finished
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+_SHARDED = """
+import sys
+from brctl.core.errors import InterruptedRun
+from brctl.core.transport import Node
+from brctl.remote.local import LocalTransport
+from brctl.remote.shard import run_sharded
+nodes = [Node(name=f"n{i}", address="x", connection="local") for i in range(2)]
+try:
+    run_sharded(LocalTransport, nodes, ["sh", "-c", "trap '' TERM; touch %s/$$; sleep 1071"],
+                processes=2, timeout=60)
+except InterruptedRun as exc:
+    print(exc.message)
+"""
+
+
+def test_ctrl_c_on_a_sharded_fan_out_kills_the_commands_and_says_so(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _SHARDED % tmp_path], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert _wait_for(lambda: len(list(tmp_path.iterdir())) == 2, scaled(30)), proc.stderr
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # to the parent only, as kill(1) does
+        out, err = proc.communicate(timeout=scaled(15))
+        assert "commands still running were killed" in out.decode(), (out, err)
+        assert b"Traceback" not in err, err
+        assert not _local_pids(r"^sleep 1071")  # killed before it returned: the cancel path
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _local_pids(r"^sleep 1071"):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_local_stream_is_bounded_reaped_and_cancelled(tmp_path: Path) -> None:
+    node = Node(name="here", address="here", connection="local", output_keep=1000)
+    transport = LocalTransport()
+    res = transport.stream(node, ["sh", "-c", "head -c 50000000 /dev/zero"], timeout=scaled(30))
+    assert res.state is NodeState.OK and res.stdout_total == 50_000_000 and len(res.stdout) < 2200
+    # a timeout kills the whole tree, setsid escapees included
+    with open(tmp_path / "out", "wb") as sink:
+        res = transport.stream(node, ["sh", "-c", "setsid sleep 1091 & sleep 1092"],
+                               timeout=scaled(1), stdout=sink)
+    assert res.state is NodeState.TIMEOUT, res
+    assert _wait_for(lambda: not _local_pids(r"^sleep 109[12]"), scaled(3))
+    # cancel (Ctrl-C) reaches a running stream
+    box: dict[str, RunResult] = {}
+    runner = threading.Thread(target=lambda: box.setdefault("r", transport.stream(
+        node, ["sh", "-c", "setsid sleep 1093 & sleep 1094"], timeout=scaled(60))))
+    runner.start()
+    assert _wait_for(lambda: len(_local_pids(r"^sleep 109[34]")) == 2, scaled(10))
+    transport.cancel()
+    runner.join(scaled(5))
+    assert not runner.is_alive() and box["r"].state is NodeState.TIMEOUT, box
+    assert _wait_for(lambda: not _local_pids(r"^sleep 109[34]"), scaled(3))
+
+
+def test_cancel_reaches_an_ssh_stream(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    node = nodes_of(ssh_cluster, ["node02"])[0]
+    transport = SshTransport(ssh_config=os.devnull)
+    box: dict[str, object] = {}
+    try:
+        with open(tmp_path / "out", "wb") as sink:
+            def go() -> None:
+                box["r"] = transport.stream(node, ["sleep", "1101"], timeout=scaled(60), stdout=sink)
+                box["at"] = time.monotonic()
+
+            runner = threading.Thread(target=go, daemon=True)
+            runner.start()
+            assert _wait_for(lambda: ssh_cluster.node_pids("node02", r"^sleep 1101"), scaled(10))
+            t0 = time.monotonic()
+            transport.cancel()
+            runner.join(scaled(5))
+        assert not runner.is_alive()
+        assert float(box["at"]) - t0 <= scaled(1)  # type: ignore[arg-type]
+        assert box["r"].state is NodeState.TIMEOUT, box  # type: ignore[attr-defined]
+        assert _wait_for(lambda: not ssh_cluster.node_pids("node02", r"^sleep 1101"), scaled(3))
+    finally:
+        transport.close()
