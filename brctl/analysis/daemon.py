@@ -11,7 +11,8 @@ I/O), so the loop's decisions are exhaustively unit-testable:
 - ``plan_for``: an incident plus what the analysis found → the plan
   (evict, reattempt, rollback, replay, or only notify).
 - ``refusal``: the safety caps (evictions per hour, job fraction, restarts
-  without progress) → the reason to refuse, or None.
+  without progress) → the reason to refuse, or None; ``shortfall``: no checked
+  standby left for a machine the plan evicts → the reason to refuse, or None.
 - ``plan_after_replay``: a replay's verdict → the follow-up plan (evict the
   machines it proved faulty, or reattempt and page a human with the evidence).
 - ``standby_outcome``: a pool machine's health + self-check stages → checked,
@@ -348,6 +349,20 @@ def refusal(plan: Plan, *, now: float, eviction_times: Iterable[float], job_size
                 f"(max_restarts_without_progress {cfg.max_restarts_without_progress}): "
                 "a human must look")
     return None
+
+
+def shortfall(plan: Plan, spares: Sequence[str]) -> Optional[str]:
+    """Why ``plan`` may not go ahead for want of checked standbys, or None.
+
+    ``spares``: what ``pick_standbys`` found for ``plan.evict``, in order. A plan that
+    restarts the job one machine short is refused (the daemon halts and pages): a
+    smaller job would change its parallel layout behind the owner's back.
+    """
+    missing = plan.evict[len(spares):]
+    if not missing or not plan.restart:
+        return None
+    return (f"no checked standby for {', '.join(missing)} (run brctl standby check, or add "
+            "machines to standby:)")
 
 
 StandbyOutcome = Literal["checked", "failed", "untested"]

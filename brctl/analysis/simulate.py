@@ -8,12 +8,14 @@ handled by the daemon's decision code, not a copy of it, on a synthetic clock:
   sweep, a crash at the next poll after start-up, a hang after ``stall_after``);
 - ``daemon.plan_for`` turns it into a plan, climbing ``diagnose_decide.next_rung``
   (reattempt → rollback → replay) when the same crash comes back;
-- ``daemon.plan_after_replay`` follows a replay; ``daemon.refusal`` applies the caps
-  (evictions per hour, job fraction, restarts without progress): a refusal pages a human;
-- ``daemon.pick_standbys`` picks the swap-in; an empty pool falls back to a requeue.
+- ``daemon.plan_after_replay`` follows a replay; ``daemon.pick_standbys`` picks the
+  swap-in and ``daemon.shortfall`` refuses a plan left without one; ``daemon.refusal``
+  applies the caps (evictions per hour, job fraction, restarts without progress). A
+  refusal halts the daemon and pages a human, who fixes the job after ``human``.
 
 Time is accounted as productive (steps kept) or lost, by cause: detection, analysis,
-swap, requeue, rollback, replay, restart, lost work (since the last checkpoint, which
+swap, no standby (a refusal for want of one, until a human fixes it), rollback,
+replay, restart, lost work (since the last checkpoint, which
 is taken every ``ckpt_interval`` of running), failed attempts and waiting for a human.
 Randomness is one seeded ``random.Random``: the same inputs and seed give the same
 answer. No clock, no I/O.
@@ -34,7 +36,7 @@ Signal = Literal["gpu_fault", "crash", "hang"]
 Resolution = Literal["evict", "reattempt", "rollback", "replay"]
 SIGNALS: tuple[Signal, ...] = ("gpu_fault", "crash", "hang")
 RESOLUTIONS: tuple[Resolution, ...] = ("evict", "reattempt", "rollback", "replay")
-CAUSES = ("detection", "analysis", "swap", "requeue", "rollback", "replay", "restart",
+CAUSES = ("detection", "analysis", "swap", "no_standby", "rollback", "replay", "restart",
           "lost_work", "failed_attempt", "human")
 DAY = 86400.0
 
@@ -67,7 +69,6 @@ class Durations:
     diagnose: float = 300.0
     stacks: float = 60.0
     swap: float = 300.0
-    requeue: float = 1800.0
     rollback: float = 120.0
     replay: float = 1200.0
     restart: float = 600.0
@@ -263,16 +264,13 @@ def _finding(kind: IncidentKind, incident: policy.Incident, node: str) -> policy
     return policy.Finding(None, (), f"{kind.name}: nothing found")
 
 
-def _standby(job: _Job, count: int) -> bool:
-    """Take ``count`` machines from the pool via ``pick_standbys``; False when it is short."""
+def _spares(job: _Job, count: int) -> list[str]:
+    """Up to ``count`` ready pool machines via ``pick_standbys`` (an evicted one's slot
+    is busy until the replenish window brings a checked machine back)."""
     job.pool_back = [t for t in job.pool_back if t > job.now]
     pool = [f"s{i}" for i in range(job.sc.standby)]
     busy = pool[:len(job.pool_back)]
-    picked = policy.pick_standbys(pool, checked=pool, quarantined=(), in_use=busy, count=count)
-    if len(picked) < count:
-        return False
-    job.pool_back += [job.now + job.sc.daemon.replenish_window * 3600.0] * count
-    return True
+    return policy.pick_standbys(pool, checked=pool, quarantined=(), in_use=busy, count=count)
 
 
 def _handle(job: _Job, kind: IncidentKind, node: str) -> None:
@@ -297,25 +295,26 @@ def _handle(job: _Job, kind: IncidentKind, node: str) -> None:
                 else policy.ReplayOutcome("none")
             plan = policy.plan_after_replay(outcome)
             proved_nobody = not plan.evict
-        why = policy.refusal(plan, now=job.now, eviction_times=job.evictions,
-                             job_size=job.sc.machines, restarts_without_progress=restarts,
-                             cfg=cfg)
+        spares = _spares(job, len(plan.evict))
+        # the daemon's order (operations.daemon._admit): no standby, then the caps
+        short = policy.shortfall(plan, spares)
+        why = short or policy.refusal(plan, now=job.now, eviction_times=job.evictions,
+                                      job_size=job.sc.machines,
+                                      restarts_without_progress=restarts, cfg=cfg)
         if why is not None or proved_nobody:
-            # refused by a cap, or a replay that proved nobody: the daemon pages a human,
-            # who fixes it by hand
+            # refused (no standby, a cap), or a replay that proved nobody: the daemon
+            # pages a human, who fixes it by hand
             job.refusals += why is not None
+            job.exhausted += short is not None
             job.pages += 1
-            job.spend("human", d.human)
+            job.spend("no_standby" if short else "human", d.human)
             job.resolved_by["human"] += 1
             job.spend("restart", d.restart)
             return
         if plan.evict:
             job.evictions += [job.now] * len(plan.evict)
-            if _standby(job, len(plan.evict)):
-                job.spend("swap", d.swap)
-            else:
-                job.exhausted += 1
-                job.spend("requeue", d.requeue)
+            job.pool_back += [job.now + cfg.replenish_window * 3600.0] * len(spares)
+            job.spend("swap", d.swap)
         if plan.decision == "rollback":
             job.spend("rollback", d.rollback)
         job.spend("restart", d.restart)

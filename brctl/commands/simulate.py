@@ -38,7 +38,7 @@ def simulate(
         help="Override a setting (repeatable). Keys (--sweep takes the same): standby.size, "
              "machines, ckpt_interval; daemon.poll, .stall_after, .startup_grace, "
              ".max_evictions_per_hour, .max_evict_fraction, .max_restarts_without_progress, "
-             ".replenish_window (hours); durations.diagnose, .stacks, .swap, .requeue, "
+             ".replenish_window (hours); durations.diagnose, .stacks, .swap, "
              ".rollback, .replay, .restart, .recur (a failed attempt), .human (a page) "
              "in seconds."),
     sweep: Optional[str] = typer.Option(None, "--sweep", metavar="KEY=A,B,C",

@@ -54,6 +54,7 @@ from brctl.analysis.daemon import (
     plan_after_replay,
     plan_for,
     refusal,
+    shortfall,
 )
 from brctl.analysis.daemon_plan import Holder, Release, resume_refusal, steps_for
 from brctl.analysis.diagnose_decide import PastConclusion
@@ -385,9 +386,7 @@ class Daemon:
                                checked=[n for n, (ok, _, _) in self.state.checks().items() if ok],
                                quarantined=self.state.quarantined())
         replacements = dict(zip(plan.evict, spares))
-        missing = [n for n in plan.evict if n not in replacements]
-        short = (f"no checked standby for {', '.join(missing)} (run brctl standby check, or add "
-                 "machines to standby:)") if missing and plan.restart else None
+        short = shortfall(plan, spares)
         counted = replace(plan, evict=tuple(n for n in plan.evict if n not in set(by_hand)))
 
         def caps(eviction_times: list[float]) -> Optional[str]:

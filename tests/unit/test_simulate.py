@@ -43,8 +43,8 @@ def test_hardware_only_matches_the_analytic_ettr() -> None:
     Detection waits for the next 1 s poll after a uniformly placed failure: 0.5 s on average.
     """
     machines, per_machine_day, interval = 1200, 4 / 1200, 3600.0
-    durations = Durations(swap=300.0, requeue=300.0, restart=600.0)
-    sc = Scenario(machines, 90, interval, standby=0,
+    durations = Durations(swap=300.0, restart=600.0)
+    sc = Scenario(machines, 90, interval, standby=64,  # never short: every swap is the same D
                   mix=(IncidentKind("hw", per_machine_day, "gpu_fault", "evict"),),
                   daemon=LOOSE_CAPS, durations=durations)
     lam = machines * per_machine_day / 86400
@@ -57,7 +57,7 @@ def test_hardware_only_matches_the_analytic_ettr() -> None:
 
 
 def test_byterobust_mix_resolves_in_the_papers_shares() -> None:
-    sc = Scenario(1200, 90, 1800.0, standby=8, mix=byterobust_mix())
+    sc = Scenario(1200, 90, 1800.0, standby=16, mix=byterobust_mix())  # never short: no pages
     summary = simulate(sc, runs=5, seed=7)
     total_share = sum(BYTEROBUST_SHARES.values())
     resolved = {k: sum(r.resolved_by[k] for r in summary.runs) for k in BYTEROBUST_SHARES}
@@ -207,3 +207,27 @@ def test_cli_history_from_what_the_daemon_recorded(brctl: Any, state_dir: Path,
     for kind in kinds.values():  # one each / (4 machines x the days recorded)
         assert kind["rate"] == pytest.approx(1 / (4 * covered / DAY))
     assert r.json["mix"] == "history"
+
+
+def test_no_standby_is_the_daemons_refusal_and_a_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real daemon refuses a plan that restarts one machine short (``shortfall``),
+    halts and pages; the simulator does what it does (no invented requeue)."""
+    sc = Scenario(1200, 30, 1800.0, standby=0, daemon=LOOSE_CAPS,
+                  mix=(IncidentKind("hw", 0.002, "gpu_fault", "evict"),))
+    result = run(sc, 1)
+    assert result.incidents > 0
+    assert result.pages == result.cap_refusals == result.standby_exhausted == result.incidents
+    assert result.resolved_by["human"] == result.incidents and result.resolved_by["evict"] == 0
+    assert result.lost["no_standby"] == pytest.approx(result.incidents * Durations().human)
+    # the rule is the daemon's: without it, the plan goes ahead with nobody swapped in
+    monkeypatch.setattr(policy, "shortfall", lambda plan, spares: None)
+    lenient = run(sc, 1)
+    assert lenient.pages == 0 and lenient.resolved_by["evict"] == lenient.incidents
+
+
+def test_shortfall_names_the_machines_left_without_a_standby() -> None:
+    plan = policy.Plan("evict", ("n1", "n2"), "xid", restart=True)
+    assert policy.shortfall(plan, ["s1", "s2"]) is None
+    why = policy.shortfall(plan, ["s1"])
+    assert why is not None and why.startswith("no checked standby for n2")
+    assert policy.shortfall(replace(plan, restart=False), []) is None
