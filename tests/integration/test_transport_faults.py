@@ -171,15 +171,19 @@ def test_200_mb_of_output_is_kept_head_and_tail_in_bounded_memory(ssh_cluster: S
         [sys.executable, "-c", _PEAK_RSS, node.address, str(node.port), str(node.identity_file),
          str(node.known_hosts), str(scaled(10)), str(scaled(120))],
         cwd=REPO, capture_output=True, text=True, timeout=scaled(150), check=True,
+        env={**os.environ, "MALLOC_ARENA_MAX": "2"},  # see the RSS bound below
     ).stdout.split()
     state, kept, tail_ok, counted, peak_mib, rss_mib = out[0], int(out[1]), out[2], out[3], int(out[4]), out[5]
     assert state == "ok"
     assert 4 << 20 <= kept <= (4 << 20) + 200  # the first and last 2 MiB and the marker
     assert tail_ok == "True" and counted == "True"
     # The most Python held at once (paramiko's buffers included): 2 x 2 MiB kept, the channel
-    # window, chunks in flight. Keeping every chunk was 647 MiB of RSS. Not the RSS itself: once
-    # a full CI run saw 352 MiB of it (the allocator's, never reproduced), so it is only shown.
+    # window, chunks in flight. Keeping every chunk was 647 MiB of RSS.
     assert peak_mib <= 32, (peak_mib, rss_mib)
+    # And the process's peak RSS: 53 MiB measured (interpreter, paramiko, the kept text). glibc
+    # gives each thread that allocates its own arena (once a full CI run saw 352 MiB, never
+    # reproduced): MALLOC_ARENA_MAX=2 keeps the bound about brctl's memory, not the allocator's.
+    assert int(rss_mib) <= 150, (peak_mib, rss_mib)
 
 
 class _NoPython3Cluster(SshCluster):
@@ -365,3 +369,37 @@ def test_cancel_reaches_an_ssh_stream(ssh_cluster: SshCluster, tmp_path: Path) -
         assert _wait_for(lambda: not ssh_cluster.node_pids("node02", r"^sleep 1101"), scaled(3))
     finally:
         transport.close()
+
+
+_FANOUT_RSS = """
+import resource, sys
+from brctl.core.transport import Node
+from brctl.remote.fanout import run_all
+from brctl.remote.local import LocalTransport
+keep, size, fanout = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+nodes = [Node(name=f"n{i:02d}", address="x", connection="local", output_keep=keep) for i in range(fanout)]
+transport = LocalTransport()
+run_all(transport, nodes, ["true"], concurrency=fanout, timeout=60)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+spew = f"head -c {size} /dev/zero | tr '\\\\0' x; head -c {size} /dev/zero >&2"
+results = run_all(transport, nodes, ["sh", "-c", spew], concurrency=fanout, timeout=float(sys.argv[4]))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+whole = all(r.stdout_total == size and r.stderr_total == size for r in results.values())
+print(base, peak, whole)
+"""
+
+
+def test_fan_out_memory_is_fanout_times_the_kept_bytes() -> None:
+    """16 machines printing 20 MB on each stream at once: 640 MB through the controller."""
+    keep, size, fanout = 1 << 20, 20_000_000, 16
+    out = subprocess.run(
+        [sys.executable, "-c", _FANOUT_RSS, str(keep), str(size), str(fanout), str(scaled(120))],
+        cwd=REPO, capture_output=True, text=True, timeout=scaled(150), check=True,
+        env={**os.environ, "MALLOC_ARENA_MAX": "2"},
+    ).stdout.split()
+    base, peak, whole = int(out[0]), int(out[1]), out[2]
+    assert whole == "True"  # every stream counted to its end
+    kept_mib = fanout * 2 * 2 * keep >> 20  # nodes x streams x (head + tail)
+    # Measured: 107 MiB above a 16 MiB base for 64 MiB kept (the bytes, their text, a chunk
+    # in flight per stream); keeping everything would be 640 MiB and more.
+    assert peak - base <= 3 * kept_mib, (base, peak, kept_mib)
