@@ -8,7 +8,8 @@ and names the first thing out of shape, so that node gets an error of its own
 instead of the whole operation failing on a type error.
 
 A shape is a JSON type (or a tuple of alternatives), ``FINITE`` (a number that is
-neither NaN nor infinite and fits a float), a dict of shapes (an object whose listed
+neither NaN nor infinite and fits a float) or ``REAL`` (any number ``float()`` takes),
+a dict of shapes (an object whose listed
 keys have those shapes; a key may be absent unless its shape is ``Required``), a
 one-element list (an array of that shape) or ``MapOf`` (an object whose every value
 has that shape: keys the node chose, such as file paths).
@@ -29,14 +30,16 @@ OPT_STR = (str, None)
 _KEY_SHOWN = 60  # characters of a node-chosen key quoted in a message
 
 
-class _Finite:
-    """A number arithmetic and ``format`` can take: not NaN, not infinite, fits a float."""
+@dataclass(frozen=True)
+class _Float:
+    """A JSON number ``float()`` takes (not bool, not an integer past a float's range);
+    ``finite``: not NaN or infinite either (what arithmetic and ``format`` can take)."""
 
-    def __repr__(self) -> str:
-        return "FINITE"
+    finite: bool
 
 
-FINITE = _Finite()
+FINITE = _Float(finite=True)
+REAL = _Float(finite=False)  # NaN and infinities allowed (a diverged loss is one)
 OPT_FINITE = (FINITE, None)
 # A leaf that is only printed or copied into brctl's own JSON: no nested garbage, no NaN.
 SCALAR = (str, FINITE, bool, None)
@@ -66,13 +69,19 @@ def finite(value: Any) -> bool:
         return False
 
 
+def _float(value: Any, shape: _Float) -> bool:
+    if shape.finite or not isinstance(value, float):
+        return finite(value)
+    return True  # a float: NaN and infinities included
+
+
 def _fits(value: Any, shape: Shape) -> bool:
     if isinstance(shape, Required):
         return _fits(value, shape.shape)
     if shape is None:
         return value is None
-    if shape is FINITE:
-        return finite(value)
+    if isinstance(shape, _Float):
+        return _float(value, shape)
     if isinstance(shape, type):
         return isinstance(value, shape)
     if isinstance(shape, (dict, MapOf)):
@@ -96,8 +105,8 @@ def _name(shape: Shape) -> str:
         return _name(shape.shape)
     if shape is None:
         return "null"
-    if shape is FINITE:
-        return "a finite number"
+    if isinstance(shape, _Float):
+        return "a finite number" if shape.finite else "a number"
     if isinstance(shape, type):
         return {str: "a string", int: "a number", float: "a number", bool: "true or false"}[shape]
     if isinstance(shape, (dict, MapOf)):

@@ -52,8 +52,9 @@ class NodeView:
         current = doc.get("current")
         return cls(
             current=current if isinstance(current, str) else None,
-            releases={str(k): str(v) for k, v in releases.items()} if isinstance(releases, dict)
-            else {},
+            # a checksum that is no string is none (str() of deep nesting would recurse)
+            releases={str(k): v for k, v in releases.items() if isinstance(v, str)}
+            if isinstance(releases, dict) else {},
             # a hostile or broken node's byte count that is no integer is no resume point
             partial={str(k): v for k, v in partial.items()
                      if isinstance(v, int) and not isinstance(v, bool)}

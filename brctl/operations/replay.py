@@ -20,6 +20,7 @@ from typing import Any, Optional, Union
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
+from brctl.analysis.probe_doc import REAL, malformed
 from brctl.analysis.replay import (
     ReplayPlan,
     RoundSpec,
@@ -252,8 +253,11 @@ class RoundLauncher:
             if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
                 return GroupRun(group, "error", error=f"{group[0]}: no fingerprints in the answer",
                                 seconds=seconds)
-            losses = tuple(float(x) if isinstance(x, (int, float)) else float("nan")
-                           for x in doc.get("losses", []))
+            why = malformed(doc.get("losses"), ([REAL], None), "document.losses")
+            if why is not None:  # the node's answer: any JSON, an int past a float's range too
+                return GroupRun(group, "error", error=f"{group[0]}: malformed replay answer: {why}",
+                                seconds=seconds)
+            losses = tuple(float(x) for x in doc.get("losses") or [])
             return GroupRun(group, "ok", tuple(steps), seconds=seconds, losses=losses)
         failed = [(m, r) for m, r in zip(group, raw) if r.state is not NodeState.OK]
         if failed:

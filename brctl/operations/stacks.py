@@ -270,10 +270,7 @@ def collect(
     results = runner.run(nodes, PROBE, request, timeout=timeout, concurrency=concurrency,
                          on_done=on_done)
     shipped: list[str] = []
-    need = [n for n in nodes if results[n.name].document is not None
-            and results[n.name].document.get("py_spy_missing")  # type: ignore[union-attr]
-            and any(p.get("role") == "rank"
-                    for p in results[n.name].document.get("processes", []))]  # type: ignore[union-attr]
+    need = [n for n in nodes if _lacks_py_spy(results[n.name].document)]
     bundle = controller_py_spy() if need else None
     if need and bundle is not None:
         placed = runner.ensure_file(need, bundle, timeout=timeout)
@@ -289,6 +286,14 @@ def collect(
                                       concurrency=concurrency))
     cols = read_answers({n.name: results[n.name] for n in nodes}, known)
     return Collection(cols, wall, time.monotonic() - start, tuple(shipped))
+
+
+def _lacks_py_spy(doc: dict[str, Any] | None) -> bool:
+    """The machine has ranks to dump and no py-spy. Read before the answer is checked
+    (``_parse_answer``): a processes list out of shape is left for it to refuse."""
+    procs = doc.get("processes") if doc is not None else None
+    return bool(doc is not None and doc.get("py_spy_missing")) and type(procs) is list and any(
+        type(p) is dict and p.get("role") == "rank" for p in procs)
 
 
 def read_answers(results: Mapping[str, ProbeResult], known: dict[str, Frame] | None = None

@@ -522,3 +522,55 @@ def test_a_slurm_task_record_nested_too_deep_or_too_large_is_no_answer(body: byt
         frames.line(f"0: {line}".encode())
     assert frames.answers() == {}
     assert "does not hold an answer" in frames.why_not("n01")
+
+
+# The other operations' answer reads (issue 17 item 4). -----------------------------------
+
+@pytest.mark.parametrize("processes", [5, ["rank 0"], None, {"role": "rank"}, [[{"role": "rank"}]]])
+def test_stacks_asks_for_py_spy_only_on_an_answer_that_lists_ranks(processes: Any) -> None:
+    """py_spy_missing with processes out of shape raised before the answer was checked."""
+    from brctl.operations import stacks
+
+    doc = {"py_spy_missing": True, "processes": processes, "dumps": []}
+    col = stacks.collect(ScriptedRunner(lambda m, r: doc), [Node("m", "10.0.0.1")], "train")  # type: ignore[arg-type]
+    assert col.nodes["m"].state == "probe_error" and col.py_spy_shipped == ()
+
+
+@pytest.mark.parametrize("losses", [5, "3.5", {"a": 1}, [HUGE], [1.0, -HUGE], [[1.0]], [True],
+                                    [None], None, [NAN, INF, 2]])  # the last two are fine
+def test_replay_reads_a_builtin_answers_losses_out_of_shape_as_that_groups_error(
+        losses: Any) -> None:
+    """A float() of an integer past a float's range, or a number where a list was, raised
+    out of the round (and out of the daemon's replay step)."""
+    from brctl.analysis.inventory import from_document
+    from brctl.operations.replay import BuiltinWorkload, RoundLauncher, replay_plan
+    from brctl.remote.fake import FakeTransport, Reply
+
+    inv = from_document({"nodes": [{"name": "g[01-04]", "address": "10.0.0.[1-4]", "gpus": 2}],
+                         "job": {"nodes": "g[01-04]", "tp": 1, "pp": 2}}, "test.yaml")
+
+    def handler(node: Node, argv: Any, stdin: bytes | None) -> Reply:
+        return Reply(stdout=json.dumps({"steps": ["aa", "bb"], "losses": losses}) + "\n")
+
+    launcher = RoundLauncher(FakeTransport(handler), inv, replay_plan(inv), BuiltinWorkload(),
+                             timeout=10, port_base=33000, fanout=4)
+    (run,) = launcher.run([("g01", "g02")])
+    if losses is None:
+        assert run.status == "ok" and run.losses == ()
+    elif isinstance(losses, list) and len(losses) == 3:  # a diverged loss is a loss
+        assert run.status == "ok" and run.losses[1:] == (INF, 2.0), run
+    else:
+        assert run.status == "error" and "g01: malformed replay answer: document.losses" in (
+            run.error or ""), run
+
+
+def test_update_reads_a_release_checksum_that_is_no_string_as_none() -> None:
+    """str() of a value nested as deep as the JSON parser allows recurses past the limit
+    from the controller's deeper stack: a checksum must be a string, not made one."""
+    from brctl.analysis.update import NodeView
+
+    deep: list[Any] = []
+    for _ in range(3000):
+        deep = [deep]
+    view = NodeView.from_document({"current": "v2", "releases": {"v1": deep, "v2": SHA, "v3": 7}})
+    assert view.releases == {"v2": SHA}
