@@ -12,7 +12,7 @@ def render_plan(out: Output, report: PlanReport, fmt: str) -> None:
     """A table of node → backup, the document as JSON, or YAML for training code."""
     plan = report.plan
     if fmt == "json":
-        out.emit_json("ckpt.plan", report.to_json())
+        out.emit_json("ckpt.plan", report.to_json(), status=report.exit_code)
         return
     if fmt == "yaml":
         out.stdout.write(report.to_yaml())

@@ -78,7 +78,7 @@ def render_status(out: Output, report: StatusReport, view: StatusView | None = N
     """
     view = view or StatusView()
     if out.json:
-        out.emit_json("daemon.status", status_json(report, view))
+        out.emit_json("daemon.status", status_json(report, view), status=report.exit_code)
         return
     if header:
         _status_header(out, report)
@@ -153,7 +153,7 @@ def render_rearm(out: Output, report: RearmReport) -> None:
 def render_evict(out: Output, report: EvictReport) -> None:
     """What evict/unevict did (or, with --dry-run, would do) to each machine."""
     if out.json:
-        out.emit_json(report.action, report.to_json(), version=2)
+        out.emit_json(report.action, report.to_json(), version=2, status=report.exit_code)
         return
     verb = {"evict": "quarantined", "unevict": "released"}[report.action]
     prefix = "would be " if report.dry_run else ""

@@ -138,3 +138,43 @@ def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Pat
     assert (r.exit_code, r.stdout) == (0, "")
     r = brctl("-i", LOCAL, "exec", "-q", "-w", "local1", "--", "false")
     assert (r.exit_code, r.stdout) == (1, "")
+
+
+def _stacks_save(tmp_path: Path) -> Path:
+    """A saved ``stacks --save`` directory whose rank 3 could not be dumped (exit 1)."""
+    from brctl.operations import stacks_save
+
+    data = ROOT / "tests" / "unit" / "data" / "pyspy_dump.json"
+    save = tmp_path / "save"
+    for rank in range(4):
+        node = save / f"m{rank // 2}"
+        node.mkdir(parents=True, exist_ok=True)
+        if rank == 3:
+            (node / f"{rank}-{100 + rank}.error").write_text("py-spy may not ptrace\n")
+        else:
+            (node / f"{rank}-{100 + rank}.json").write_text(data.read_text())
+    (save / "job.json").write_text(json.dumps({
+        "schema": stacks_save.SAVE_SCHEMA, "machines": ["m0", "m1"], "gpus": [2, 2], "tp": 1,
+        "pp": 1, "cp": 1, "ep": 1, "order": "tp-cp-ep-dp-pp",
+        "rounds": [{"dir": ".", "nodes": {
+            f"m{n}": {"state": "ok", "error": None,
+                      "ranks": [{"rank": r, "pid": 100 + r} for r in (2 * n, 2 * n + 1)]}
+            for n in (0, 1)}}]}))
+    return save
+
+
+@pytest.mark.parametrize(("args", "schema"), [
+    (["-i", str(LOCAL), "daemon", "status"], "brctl.daemon.status/1"),
+    (["-i", str(LOCAL), "evict", "local1", "--reason", "x", "--dry-run"], "brctl.evict/2"),
+    (["-i", str(LOCAL), "unevict", "local1", "--dry-run"], "brctl.unevict/2"),
+    (["-i", str(LOCAL), "ckpt", "plan"], "brctl.ckpt.plan/1"),
+])
+def test_a_document_that_judges_says_its_exit_code_as_status(
+        brctl: Any, state_dir: Path, tmp_path: Path, args: list[str], schema: str) -> None:
+    from brctl.render import STATUS_WORDS
+
+    r = brctl("--json", *[str(_stacks_save(tmp_path)) if a == "SAVE" else a for a in args])
+    doc = r.json
+    assert doc["schema"] == schema
+    assert doc.get("status") == STATUS_WORDS[r.exit_code], (r.exit_code, r.stderr)
+    assert "status" in schemas.get(schema)["required"]  # the schema says it judges
