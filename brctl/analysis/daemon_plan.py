@@ -164,9 +164,13 @@ def resume_refusal(doc: Mapping[str, Any], *, written: float, now: float, max_ag
         return (f"the job's machines changed since it was written (now {','.join(members)}, "
                 f"expected {' or '.join(','.join(e) for e in expected)})")
     evict = [str(n) for n in (doc.get("plan") or {}).get("evict", [])]
-    released = [n for n in evict if n not in set(quarantined)]
+    out = set(quarantined)
+    released = [n for n in evict if n not in out]
     if released:
         return f"{', '.join(released)} left quarantine since it was written"
+    spares = [str(n) for n in dict(doc.get("replacements") or {}).values() if str(n) in out]
+    if spares:
+        return f"standby {', '.join(spares)} was quarantined since it was written"
     if restart_pending and restarts_without_progress >= max_restarts:
         return (f"{restarts_without_progress} restarts without a new step "
                 f"(max_restarts_without_progress {max_restarts})")

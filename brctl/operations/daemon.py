@@ -296,6 +296,8 @@ class Daemon:
                 self.last_signature = None
         self._read_scheduler()
         members = self.members()
+        if not self.dry_run:
+            self.executor.finish_hand_evictions(members)
         nodes = [self.inv.node(n) for n in members]
         health = self.hooks.health(nodes)
         self.health_status = dict(health.status)

@@ -85,6 +85,11 @@ class LeaseLost(RefusedError):
     """This daemon's lease generation is no longer the job's: another daemon took over."""
 
 
+class StaleTarget(RefusedError):
+    """A step's target changed since the plan was written (a machine quarantined since,
+    a standby no longer checked): nothing was written; the plan is abandoned."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """A lease taken: its fencing generation, and whose expired or dead lease it replaced."""
@@ -218,16 +223,20 @@ class DaemonState:
                 self._fence(db, generation)
 
     def intend(self, key: str, kind: str, node: Optional[str], payload: dict[str, Any],
-               reason: str, at: float, generation: Optional[int] = None) -> Action:
+               reason: str, at: float, generation: Optional[int] = None,
+               unquarantined: Sequence[str] = ()) -> Action:
         """Write an ``intent`` under ``key``; if the key exists, return the existing row as is.
 
         The caller carries the step out only when the returned action is not ``done``.
 
         Raises:
             LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+            StaleTarget: a machine of ``unquarantined`` has an open quarantine record now
+                (e.g. ``brctl evict`` since the plan was written; nothing written).
         """
         with self.store.transaction() as db:
             self._fence(db, generation)
+            _check_unquarantined(db, unquarantined)
             db.execute(
                 "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
                 " created) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
@@ -253,6 +262,25 @@ class DaemonState:
             else:
                 db.execute("UPDATE daemon_actions SET state = ?, finished = ?, reason = ? "
                            "WHERE key = ?", (state, at, _text(reason), key))
+
+    def skip(self, key: str, kind: str, node: Optional[str], payload: dict[str, Any],
+             reason: str, at: float, generation: Optional[int] = None) -> None:
+        """Record a step that will not run as ``skipped``, in one transaction (a kill
+        between an intent and its skip would leave a step that never ran looking begun).
+        A step already written as intent (its action never started) becomes skipped; a
+        final one stays as it is.
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+        """
+        with self.store.transaction() as db:
+            self._fence(db, generation)
+            db.execute(
+                "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
+                " created, finished) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.job, key, kind, node, json.dumps(payload), SKIPPED, _text(reason), at, at))
+            db.execute("UPDATE daemon_actions SET state = ?, finished = ?, reason = ? "
+                       "WHERE key = ? AND state = ?", (SKIPPED, at, _text(reason), key, INTENT))
 
     def admit(self, key: str, payload: dict[str, Any], reason: str, at: float, *,
               evict: Sequence[str], source: str, operator: Optional[str],
@@ -466,6 +494,7 @@ class DaemonState:
 
         Raises:
             LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+            StaleTarget: a spare was quarantined or lost its check since (nothing written).
         """
         with self.store.transaction() as db:
             self._fence(db, generation)
@@ -476,6 +505,11 @@ class DaemonState:
                 return True
             if now != list(before):
                 return False
+            # compare-and-set on the standbys too: still checked, not quarantined since
+            _check_unquarantined(db, spares)
+            ok = {r["node"] for r in db.execute("SELECT node FROM standby_checks WHERE ok = 1")}
+            if unchecked := [n for n in spares if n not in ok]:
+                raise StaleTarget(f"standby {', '.join(unchecked)} is no longer checked: no swap")
             _write_members(db, self.job, after)
             db.executemany(
                 "INSERT INTO standby_checks(node, ok, at, detail, outcome) VALUES(?, 0, ?, ?, "
@@ -518,6 +552,15 @@ class DaemonState:
         return (rows[0]["at"], json.loads(rows[0]["doc"])) if rows else None
 
 
+def _check_unquarantined(db: sqlite3.Connection, nodes: Sequence[str]) -> None:
+    if not nodes:
+        return
+    rows = db.execute(f"SELECT node, source, operator FROM evictions WHERE released IS NULL AND "
+                      f"node IN ({','.join('?' * len(nodes))}) ORDER BY node", list(nodes))
+    bad = [f"{r['node']} ({r['source']}{': ' + r['operator'] if r['operator'] else ''})"
+           for r in rows]
+    if bad:
+        raise StaleTarget(f"{', '.join(bad)} quarantined since the plan was written")
 
 
 def _write_members(db: sqlite3.Connection, job: str, nodes: Sequence[str]) -> None:

@@ -32,9 +32,9 @@ from brctl.operations.daemon_state import (
     DONE,
     FAILED,
     INTENT,
-    SKIPPED,
     UNKNOWN,
     DaemonState,
+    StaleTarget,
 )
 from brctl.operations.jobadapter import HookRun, JobAdapter
 
@@ -71,6 +71,10 @@ def hook_detail(run: Optional[HookRun], what: str) -> str:
         code = "timed out" if run.exit_code is None else f"exited {run.exit_code}"
         raise BrctlError(f"{what} {' '.join(run.argv)} {code}: {run.output.strip()[-300:]}")
     return f"{what} ok ({run.seconds:.1f}s)"
+
+
+def _nodes_of(step: Step) -> list[str]:
+    return [n for n in str(step.args.get("nodes", "")).split(",") if n]
 
 
 class Executor:
@@ -113,11 +117,16 @@ class Executor:
                 if resumed == DONE:
                     self._finish(skey, step, DONE, "found done when the plan was resumed")
                     continue
-            else:
-                self.state.intend(skey, step.kind, step.node, {"args": dict(step.args)}, reason,
-                                  self.clock(), self.generation())
+            try:
+                if rec is None:  # a restart lands on no machine quarantined since (brctl evict)
+                    self.state.intend(skey, step.kind, step.node, {"args": dict(step.args)},
+                                      reason, self.clock(), self.generation(),
+                                      _nodes_of(step) if step.kind == "restart" else ())
+                ok, detail, payload = self._carry_out(step, doc, reason)
+            except StaleTarget as exc:  # what the plan was based on changed: a human decides
+                return self._close(key, steps[i:], ABANDONED, f"step {step.id}: {exc.message}",
+                                   restarted)
             restarted = restarted or step.kind == "restart"
-            ok, detail, payload = self._carry_out(step, doc, reason)
             self._finish(skey, step, DONE if ok else FAILED, detail, payload)
             self.record.notify(step.kind, DONE if ok else FAILED, step.node, reason,
                                {"key": skey, "detail": detail})
@@ -156,17 +165,45 @@ class Executor:
                restarted: bool) -> PlanOutcome:
         """End the plan short of its last step: the rest skipped, the plan recorded, a page."""
         for step in rest:
-            skey = f"{key}/{step.id}"
-            self.state.intend(skey, step.kind, step.node, {"args": dict(step.args)}, why,
-                              self.clock(), self.generation())
-            self.state.finish(skey, SKIPPED, self.clock(), f"not run: {why}"[:_DETAIL_KEEP],
-                              generation=self.generation())
+            self.state.skip(f"{key}/{step.id}", step.kind, step.node, {"args": dict(step.args)},
+                            f"not run: {why}"[:_DETAIL_KEEP], self.clock(), self.generation())
         self.state.finish(key, outcome, self.clock(), why[:_DETAIL_KEEP], generation=self.generation())
         self.record.event(f"plan_{outcome}", [], {"plan": key, "reason": why,
                                                   "skipped": [s.id for s in rest]})
         self.record.notify("plan", outcome, None, why, {"plan": key,
                                                         "skipped": [s.id for s in rest]})
         return PlanOutcome(outcome, why, restarted)
+
+    def finish_hand_evictions(self, members: Sequence[str]) -> None:
+        """Finish the hand evictions a killed ``brctl evict`` left as intent: quarantined, the
+        scheduler maybe not told. Where the scheduler shows its drain (Slurm's built-in
+        hooks), a drain missing is done now (draining is idempotent); an opaque
+        evict_command may have run, so it is not run again: the eviction is marked
+        ``unknown`` and a human paged to tell the scheduler. One still running (younger
+        than its hooks' timeouts) is left to its own process."""
+        now = self.clock()
+        for rec in self.state.unfinished():
+            if rec.kind != "evict" or rec.payload.get("by") != "hand":
+                continue
+            nodes = [e.node for e in self.state.eviction_history()
+                     if e.source == "hand" and e.at == rec.created] or [rec.node or ""]
+            if now - rec.created < self.adapter.timeout * (len(nodes) + 1):
+                continue
+            told = {n: self.adapter.evicted(n) for n in nodes}
+            hooks = {n: self.adapter.evict(members, n, rec.reason) for n, t in told.items()
+                     if t is False}
+            failed = [n for n, run in hooks.items() if run is not None and not run.ok]
+            unknown = [n for n, t in told.items() if t is None]
+            state = FAILED if failed else UNKNOWN if unknown else DONE
+            why = (f"a brctl evict by {rec.payload.get('operator') or 'someone'} was interrupted: "
+                   + (f"evict_command failed for {', '.join(failed)}" if failed else
+                      f"whether the scheduler was told about {', '.join(unknown)} cannot be "
+                      "checked: tell it by hand" if unknown else "the scheduler's drain is done"))
+            self.state.finish(rec.key, state, now, why, generation=self.generation())
+            self.record.event("hand_evict_finished", nodes, {"key": rec.key, "state": state,
+                                                             "reason": why, "ran": sorted(hooks)})
+            if state != DONE:
+                self.record.notify("evict", state, ",".join(nodes), why, {"key": rec.key})
 
     # resuming -------------------------------------------------------------------------
     def _resume(self, step: Step, doc: Mapping[str, Any]) -> str:
@@ -207,6 +244,8 @@ class Executor:
             if step.kind == "replay":
                 return self._replay(step)
             return True, self._action(step, doc, reason), None
+        except StaleTarget:
+            raise
         except BrctlError as exc:
             return False, exc.message, None
 

@@ -310,3 +310,45 @@ def test_a_daemon_that_lost_its_lease_stops_before_its_next_step_and_exits_4(
     assert hooks_log(tmp_path) == [] and report.iterations == 1
     lease = DaemonState(store, "llm").lease()
     assert lease is not None and lease["owner"] == "second"  # not released by the loser
+
+
+class IntentLog(DaemonState):
+    """Records every key written as intent."""
+
+    def __init__(self, store: Store, job: str) -> None:
+        super().__init__(store, job)
+        self.intents: list[str] = []
+
+    def intend(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.intents.append(key)
+        return super().intend(key, *args, **kwargs)
+
+
+def test_a_step_that_will_not_run_is_written_skipped_in_one_transaction(tmp_path: Path) -> None:
+    """A plan stopped short records the rest as skipped without an intent first: a kill
+    between the two used to leave a restart that never ran looking begun (unknown)."""
+    from brctl.core.errors import BrctlError
+
+    script, clock = Script(), Clock()
+    store = Store(tmp_path / "state")
+    state = IntentLog(store, "llm")
+
+    def failing(*_a: Any) -> str:
+        raise BrctlError("ckpt restore n3 -> s1: no space left on device")
+
+    script.restore = failing  # type: ignore[method-assign]
+    first = daemon(tmp_path, script, clock, state, "first")
+    provoke("gpu_fault", first, clock, script)
+    plan = next(a for a in state.actions() if a.kind == "plan")
+    assert plan.state == "failed"
+    for step in ("swap", "apply", "restart"):
+        row = state.action(f"{plan.key}/{step}")
+        assert row is not None and row.state == "skipped" and "not run" in row.reason, row
+        assert f"{plan.key}/{step}" not in state.intents
+    # skip() of a step written as intent (its action never began) ends it; a final one stays
+    state.intend("llm/x/a", "swap", None, {}, "r", 1.0)
+    state.skip("llm/x/a", "swap", None, {}, "not run: stale", 2.0)
+    state.skip(f"{plan.key}/evict/n3", "evict", "n3", {}, "not run", 2.0)
+    assert state.action("llm/x/a").state == "skipped"  # type: ignore[union-attr]
+    assert state.action(f"{plan.key}/evict/n3").state == DONE  # type: ignore[union-attr]
+    store.close()
