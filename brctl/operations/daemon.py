@@ -32,6 +32,7 @@ tested with scripted ones; ``LiveHooks`` wires the real operations, and
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -129,7 +130,11 @@ class Daemon:
         doc = {"id": event_id, "at": at, "job": self.job.name, "kind": kind, "nodes": list(nodes),
                "detail": detail}
         if self.event_log is not None and not self.dry_run:
-            append_private(self.event_log, json.dumps(doc, default=str) + "\n")
+            try:
+                append_private(self.event_log, json.dumps(doc, default=str) + "\n")
+            except OSError as exc:  # disk full: the database holds the event; the plan goes on
+                print(f"brctl daemon: event log {self.event_log}: {exc.strerror or exc}",
+                      file=sys.stderr)
         if self.on_event is not None:
             self.on_event(doc)
         return event_id
@@ -170,7 +175,7 @@ class Daemon:
             self.event("membership_mismatch", list(seen.nodes), {
                 "recorded": recorded, "scheduler": list(seen.nodes), "wins": "scheduler"})
             if not self.dry_run:  # the record follows, so a plan's swap compares like with like
-                self.state.set_members(list(seen.nodes))
+                self.state.set_members(list(seen.nodes), self.generation)
         if self.restarts_seen is not None and seen.restarts > self.restarts_seen:
             why = (f"the scheduler requeued the job ({seen.state}, restart {seen.restarts}) "
                    "without brctl asking")

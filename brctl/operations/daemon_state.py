@@ -481,9 +481,14 @@ class DaemonState:
                                 (self.job,))
         return [r["node"] for r in rows] if rows else list(default)
 
-    def set_members(self, nodes: Sequence[str]) -> None:
-        """Replace the job's machine list."""
+    def set_members(self, nodes: Sequence[str], generation: Optional[int] = None) -> None:
+        """Replace the job's machine list (fenced by ``generation``, None: a hand command).
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+        """
         with self.store.transaction() as db:
+            self._fence(db, generation)
             _write_members(db, self.job, nodes)
 
     def swap_members(self, before: Sequence[str], after: Sequence[str], default: Sequence[str],

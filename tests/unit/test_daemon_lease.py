@@ -25,7 +25,7 @@ from brctl.operations.daemon_state import DONE, DaemonState
 from brctl.operations.jobadapter import JobAdapter, Notifier
 from brctl.state import Store
 from tests.unit.test_daemon_crashpoints import CrashingState, dead_holder, provoke
-from tests.unit.test_daemon_loop import Clock, Killed, Script, hooks_log, inventory
+from tests.unit.test_daemon_loop import Clock, Killed, Script, hooks_log, inventory, tick
 
 TTL = 1.0  # seconds of wall time per lease (a heartbeat every TTL / 4)
 
@@ -152,3 +152,38 @@ def test_holder_dead(holder: Optional[Holder], start_now: Optional[int],
                      dead: Optional[str]) -> None:
     why = holder_dead(holder, HERE, start_now)
     assert (why is None) == (dead is None) and (dead is None or dead in (why or "")), why
+
+
+def test_a_membership_write_of_a_lost_generation_is_refused(tmp_path: Path) -> None:
+    from brctl.operations.daemon_state import LeaseLost
+
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+    old = state.acquire_lease("first", None, 0.0, TTL, lambda _h: None).generation
+    state.acquire_lease("second", None, 10.0, TTL, lambda _h: None)  # expired: taken over
+    with pytest.raises(LeaseLost, match="second"):
+        state.set_members(["n1", "s1", "n3", "n4"], old)
+    assert state.members(["n1", "n2", "n3", "n4"]) == ["n1", "n2", "n3", "n4"]
+    store.close()
+
+
+def test_a_full_disk_under_the_event_log_does_not_stop_a_plan(tmp_path: Path,
+                                                              capsys: Any) -> None:
+    """The event log cannot be appended to (here: its path is a directory, as ENOSPC
+    would fail it): the database keeps the events and the plan runs to its end."""
+    script, clock = Script(), Clock()
+    store = Store(tmp_path / "state")
+    inv = inventory(tmp_path)
+    (tmp_path / "events-dir").mkdir()
+    live = Daemon(inv, DaemonState(store, "llm"), script, JobAdapter(inv, 30), owner="me",
+                  clock=clock, event_log=tmp_path / "events-dir")
+    live.start()
+    tick(live, clock, script)
+    script.evict = {"n3": "ecc"}
+    tick(live, clock, script)
+    assert live.members() == ["n1", "n2", "s1", "n4"]
+    assert [e[0] for e in hooks_log(tmp_path)] == ["evict", "restart"]
+    assert "event log" in capsys.readouterr().err
+    assert live.heartbeat is not None
+    live.heartbeat.stop()
+    store.close()
