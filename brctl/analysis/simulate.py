@@ -90,11 +90,13 @@ class Scenario:
     mix: tuple[IncidentKind, ...]
     daemon: DaemonSection = field(default_factory=DaemonSection)
     durations: Durations = field(default_factory=Durations)
+    window: float = DAY  # the windowed ETTR's window (the series' step)
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """One run's outcome."""
+    """One run's outcome. ``series``: the ETTR of each ``window`` from the start, in
+    order (the last one of a partial window over its own length)."""
 
     ettr: float
     worst_day_ettr: float
@@ -106,10 +108,12 @@ class RunResult:
     standby_exhausted: int
     cap_refusals: int
     pages: int
+    series: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """Every field, seconds as numbers."""
         return {"ettr": self.ettr, "worst_day_ettr": self.worst_day_ettr,
+                "ettr_series": list(self.series),
                 "productive_seconds": self.productive, "wall_seconds": self.wall,
                 "lost_seconds": dict(self.lost), "resolved_by": dict(self.resolved_by),
                 "incidents": self.incidents, "standby_exhausted": self.standby_exhausted,
@@ -199,6 +203,7 @@ class _Job:
         self.pool_back: list[float] = []  # when each evicted standby slot comes back
         self.exhausted = self.refusals = self.pages = 0
         self.daily_productive: dict[int, float] = {}
+        self.window_productive: dict[int, float] = {}
 
     def spend(self, cause: str, seconds: float) -> None:
         self.lost[cause] += seconds
@@ -212,12 +217,9 @@ class _Job:
         self.since_ckpt = (self.since_ckpt + seconds) % self.sc.ckpt_interval
 
     def _productive(self, start: float, seconds: float, sign: float) -> None:
-        """Add (or take back) productive seconds from ``start``, split by day."""
-        day, end = int(start // DAY), start + seconds
-        while start < end:
-            upto = min(end, (day + 1) * DAY)
-            self.daily_productive[day] = self.daily_productive.get(day, 0.0) + sign * (upto - start)
-            start, day = upto, day + 1
+        """Add (or take back) productive seconds from ``start``, split by day and window."""
+        _split(self.daily_productive, DAY, start, seconds, sign)
+        _split(self.window_productive, self.sc.window, start, seconds, sign)
 
     def fail(self) -> None:
         """The job stopped: the work since the last checkpoint is lost."""
@@ -228,6 +230,25 @@ class _Job:
     def next_poll(self, after: float) -> float:
         poll = self.sc.daemon.poll_interval
         return (math.floor(after / poll) + 1) * poll
+
+
+def _split(buckets: dict[int, float], width: float, start: float, seconds: float,
+           sign: float) -> None:
+    """Add ``sign`` x [start, start + seconds) to ``buckets`` of ``width`` seconds."""
+    index, end = int(start // width), start + seconds
+    while start < end:
+        upto = min(end, (index + 1) * width)
+        buckets[index] = buckets.get(index, 0.0) + sign * (upto - start)
+        start, index = upto, index + 1
+
+
+def series(productive: Mapping[int, float], width: float, horizon: float) -> tuple[float, ...]:
+    """ETTR per ``width`` window of [0, horizon): productive seconds over the window's
+    length (the last, partial one over what it covers)."""
+    count = max(1, math.ceil(horizon / width - 1e-9))
+    return tuple(min(1.0, max(0.0, productive.get(i, 0.0) / (min(horizon, (i + 1) * width)
+                                                              - i * width)))
+                 for i in range(count))
 
 
 def _detect(job: _Job, kind: IncidentKind, node: str) -> policy.Incident:
@@ -350,7 +371,7 @@ def run(sc: Scenario, seed: int) -> RunResult:
     worst = min(job.daily_productive.get(i, 0.0) / DAY for i in days)
     return RunResult(productive / wall if wall else 1.0, min(worst, 1.0), productive, wall,
                      dict(job.lost), dict(job.resolved_by), incidents, job.exhausted,
-                     job.refusals, job.pages)
+                     job.refusals, job.pages, series(job.window_productive, sc.window, horizon))
 
 
 @dataclass(frozen=True)
@@ -373,15 +394,21 @@ class Summary:
         """Mean of a numeric field over the runs."""
         return sum(float(getattr(r, attr)) for r in self.runs) / len(self.runs)
 
+    def series(self) -> tuple[float, ...]:
+        """The mean over the runs of each window's ETTR."""
+        return tuple(sum(v) / len(v) for v in zip(*(r.series for r in self.runs)))
+
     def to_json(self) -> dict[str, object]:
-        """Means, ETTR percentiles and lost seconds by cause (means)."""
+        """Means, ETTR percentiles, the windowed ETTR series and lost seconds by cause
+        (means)."""
         n = len(self.runs)
         lost = {c: sum(r.lost[c] for r in self.runs) / n for c in CAUSES}
         resolved = {k: sum(r.resolved_by[k] for r in self.runs) / n
                     for k in self.runs[0].resolved_by}
         return {"runs": n, "ettr": self.ettr, "ettr_p10": self.percentile(0.1),
                 "ettr_p50": self.percentile(0.5), "ettr_p90": self.percentile(0.9),
-                "worst_day_ettr": self.mean("worst_day_ettr"), "lost_seconds": lost,
+                "worst_day_ettr": self.mean("worst_day_ettr"), "ettr_series": list(self.series()),
+                "lost_seconds": lost,
                 "resolved_by": resolved, "incidents": self.mean("incidents"),
                 "standby_exhausted": self.mean("standby_exhausted"),
                 "cap_refusals": self.mean("cap_refusals"), "pages": self.mean("pages")}

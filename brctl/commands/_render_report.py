@@ -23,7 +23,11 @@ from brctl.operations.report import EttrReport, Written
 from brctl.render import Output, escape, visible
 
 COLOURS = {"productive": "#2e7d32", "detection": "#f9a825", "diagnosis": "#ef6c00",
-           "standby": "#6a1b9a", "restart": "#1565c0", "replay": "#00838f", "human": "#c62828"}
+           "standby": "#6a1b9a", "restart": "#1565c0", "replay": "#00838f", "human": "#c62828",
+           # brctl simulate's causes, in the colour of the report's cause each is part of
+           "analysis": "#ef6c00", "swap": "#6a1b9a", "no_standby": "#4a148c",
+           "rollback": "#0d47a1", "failed_attempt": "#42a5f5", "lost_work": "#6d4c41"}
+LINE_COLOURS = ("#212121", "#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#c62828", "#00838f")
 # The chart: plot area [X0, X1] x [Y_TOP (100%), Y_BOTTOM (0%)], the cause band below it.
 WIDTH, HEIGHT = 960, 300
 X0, X1, Y_TOP, Y_BOTTOM, BAND_Y, BAND_H = 56, 944, 16, 206, 238, 18
@@ -55,13 +59,18 @@ def _pct(value: Optional[float]) -> str:
 
 def page(report: IncidentReport, stamp: Stamp, utc: bool = False) -> str:
     """The whole page."""
-    title = f"brctl report: {report.job}"
     if report.start is None or report.end is None:
         body = (f"<p id=\"empty\">Nothing recorded yet for job {h(report.job)}: "
                 "run <code>brctl daemon run</code>.</p>")
     else:
         body = "\n".join([_summary(report, stamp), _chart(report, stamp, utc), _lost(report),
                           _timeline(report, stamp), _machines(report, stamp)])
+    return html_page(f"brctl report: {report.job}", body)
+
+
+def html_page(title: str, body: str) -> str:
+    """A self-contained page around ``body`` (its markup already escaped): the styles,
+    the one script (by its hash) and nothing loaded from anywhere."""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{_CSP}">
@@ -103,7 +112,35 @@ def _tick(t: float, span: float, utc: bool) -> str:
 
 def _chart(r: IncidentReport, stamp: Stamp, utc: bool) -> str:
     assert r.start is not None and r.end is not None
-    lo, hi = r.start, r.end
+    band = [(seg.start, seg.end, seg.cause or "productive",
+             f"{seg.cause or 'productive'}: {stamp(seg.start)} to {stamp(seg.end)} "
+             f"({duration(seg.seconds)})") for seg in r.segments]
+    marks = [(rec.at, f"{stamp(rec.at)} {rec.kind} {fold(list(rec.nodes))}: {rec.reason}")
+             for rec in r.timeline if rec.kind in INCIDENT_KINDS]
+    span = r.end - r.start
+    svg = chart_svg([("", r.series)], r.start, r.end, lambda t: _tick(t, span, utc),
+                    cumulative=r.cumulative, band=band, marks=marks)
+    legend = "".join(f"<span class=\"key\"><i style=\"background:{COLOURS[c]}\"></i>{h(c)}</span>"
+                     for c in ("productive", *CAUSES))
+    return (f"<section id=\"timeline-chart\"><h2>ETTR over time</h2>{svg}"
+            f"<p class=\"caption\">Line: ETTR over a sliding {h(duration(r.window))} window; "
+            "dashed: cumulative; red marks: incidents detected; band: every observed second, "
+            f"productive or lost by cause.</p><p class=\"legend\">{legend}</p></section>")
+
+
+Series = Sequence[tuple[float, Optional[float]]]
+
+
+def chart_svg(lines: Sequence[tuple[str, Series]], lo: float, hi: float,
+              tick: Callable[[float], str], *, cumulative: Optional[float],
+              band: Sequence[tuple[float, float, str, str]] = (),
+              marks: Sequence[tuple[float, str]] = ()) -> str:
+    """The ETTR chart: 0-100 % up the side, seven ``tick`` labels along [lo, hi].
+
+    ``lines``: (label, series) per ETTR line (a label of its own gets a colour and
+    ``data-value``); ``band``: (start, end, cause, title) segments under the plot;
+    ``marks``: (at, title) vertical incident marks; ``cumulative``: a dashed level.
+    """
     parts = [f"<svg id=\"ettr-chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" "
              f"height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" "
              f"aria-label=\"ETTR over time\">"]
@@ -119,37 +156,34 @@ def _chart(r: IncidentReport, stamp: Stamp, utc: bool) -> str:
         anchor = "start" if i == 0 else "end" if i == ticks else "middle"  # inside the picture
         parts.append(f"<line class=\"axis\" x1=\"{x:.1f}\" x2=\"{x:.1f}\" y1=\"{Y_BOTTOM}\" "
                      f"y2=\"{Y_BOTTOM + 4}\"/><text class=\"x-tick\" x=\"{x:.1f}\" "
-                     f"y=\"{Y_BOTTOM + 18}\" text-anchor=\"{anchor}\">"
-                     f"{h(_tick(t, hi - lo, utc))}</text>")
-    for seg in r.segments:
-        cause = seg.cause or "productive"
-        x, w = _x(seg.start, lo, hi), _x(seg.end, lo, hi) - _x(seg.start, lo, hi)
-        parts.append(f"<rect class=\"seg seg-{cause}\" data-cause=\"{cause}\" x=\"{x:.2f}\" "
-                     f"y=\"{BAND_Y}\" width=\"{max(w, 0.5):.2f}\" height=\"{BAND_H}\" "
-                     f"fill=\"{COLOURS[cause]}\"><title>{h(cause)}: {h(stamp(seg.start))} to "
-                     f"{h(stamp(seg.end))} ({h(duration(seg.seconds))})</title></rect>")
-    for rec in r.timeline:
-        if rec.kind in INCIDENT_KINDS and lo <= rec.at <= hi:
-            x = _x(rec.at, lo, hi)
+                     f"y=\"{Y_BOTTOM + 18}\" text-anchor=\"{anchor}\">{h(tick(t))}</text>")
+    for start, end, cause, title in band:
+        x, w = _x(start, lo, hi), _x(end, lo, hi) - _x(start, lo, hi)
+        parts.append(f"<rect class=\"seg seg-{_kind_class(cause)}\" data-cause=\"{h(cause)}\" "
+                     f"x=\"{x:.2f}\" y=\"{BAND_Y}\" width=\"{max(w, 0.5):.2f}\" "
+                     f"height=\"{BAND_H}\" fill=\"{COLOURS.get(cause, '#9e9e9e')}\">"
+                     f"<title>{h(title)}</title></rect>")
+    for at, title in marks:
+        if lo <= at <= hi:
+            x = _x(at, lo, hi)
             parts.append(f"<line class=\"incident-mark\" x1=\"{x:.1f}\" x2=\"{x:.1f}\" "
-                         f"y1=\"{Y_TOP}\" y2=\"{BAND_Y + BAND_H}\"><title>{h(stamp(rec.at))} "
-                         f"{h(rec.kind)} {h(fold(list(rec.nodes)))}: {h(rec.reason)}</title>"
+                         f"y1=\"{Y_TOP}\" y2=\"{BAND_Y + BAND_H}\"><title>{h(title)}</title>"
                          "</line>")
-    if r.cumulative is not None:
-        y = _y(r.cumulative)
+    if cumulative is not None:
+        y = _y(cumulative)
         parts.append(f"<line class=\"cumulative\" x1=\"{X0}\" x2=\"{X1}\" y1=\"{y:.1f}\" "
-                     f"y2=\"{y:.1f}\"><title>cumulative ETTR {_pct(r.cumulative)}</title></line>")
-    for run in _runs(r.series):
-        points = " ".join(f"{_x(t, lo, hi):.1f},{_y(v):.1f}" for t, v in run)
-        parts.append(f"<polyline class=\"ettr-line\" points=\"{points}\"/>")
-    parts.append(f"<text class=\"band-label\" x=\"{X0 - 6}\" y=\"{BAND_Y + 13}\" "
-                 "text-anchor=\"end\">lost</text></svg>")
-    legend = "".join(f"<span class=\"key\"><i style=\"background:{COLOURS[c]}\"></i>{h(c)}</span>"
-                     for c in ("productive", *CAUSES))
-    return (f"<section id=\"timeline-chart\"><h2>ETTR over time</h2>{''.join(parts)}"
-            f"<p class=\"caption\">Line: ETTR over a sliding {h(duration(r.window))} window; "
-            "dashed: cumulative; red marks: incidents detected; band: every observed second, "
-            f"productive or lost by cause.</p><p class=\"legend\">{legend}</p></section>")
+                     f"y2=\"{y:.1f}\"><title>cumulative ETTR {_pct(cumulative)}</title></line>")
+    for i, (label, series) in enumerate(lines):
+        own = (f" data-value=\"{h(label)}\" style=\"stroke:{LINE_COLOURS[i % len(LINE_COLOURS)]}\""
+               if label else "")
+        for run in _runs(series):
+            points = " ".join(f"{_x(t, lo, hi):.1f},{_y(v):.1f}" for t, v in run)
+            parts.append(f"<polyline class=\"ettr-line\"{own} points=\"{points}\"/>")
+    if band:
+        parts.append(f"<text class=\"band-label\" x=\"{X0 - 6}\" y=\"{BAND_Y + 13}\" "
+                     "text-anchor=\"end\">lost</text>")
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def _runs(series: Iterable[tuple[float, Optional[float]]]) -> list[list[tuple[float, float]]]:
@@ -165,18 +199,27 @@ def _runs(series: Iterable[tuple[float, Optional[float]]]) -> list[list[tuple[fl
 
 
 def _lost(r: IncidentReport) -> str:
-    total = r.lost_seconds
-    rows = []
-    for cause in CAUSES:
-        sec = r.lost[cause]
+    table = lost_table([(c, CAUSE_TEXT[c], r.lost[c]) for c in CAUSES], table_id="lost")
+    return f"<section id=\"lost-time\"><h2>Lost time by cause</h2>{table}</section>"
+
+
+def lost_table(rows: Sequence[tuple[str, str, float]], *, table_id: str = "",
+               value: str = "") -> str:
+    """Lost time by cause: (cause, what it means, seconds) per row, with its share and
+    a bar in the cause's colour; ``value``: the sweep value the table is for."""
+    total = sum(sec for _, _, sec in rows)
+    out = []
+    for cause, text, sec in rows:
         share = sec / total if total > 0 else 0.0
-        rows.append(f"<tr data-cause=\"{cause}\"><td>{h(CAUSE_TEXT[cause])}</td>"
-                    f"<td class=\"num\" data-seconds=\"{sec:.0f}\">{h(duration(sec))}</td>"
-                    f"<td class=\"num\">{share:.0%}</td><td class=\"bar\"><i style=\"width:"
-                    f"{share * 100:.1f}%;background:{COLOURS[cause]}\"></i></td></tr>")
-    return ("<section id=\"lost-time\"><h2>Lost time by cause</h2><table id=\"lost\">"
+        out.append(f"<tr data-cause=\"{h(cause)}\"><td>{h(text)}</td>"
+                   f"<td class=\"num\" data-seconds=\"{sec:.0f}\">{h(duration(sec))}</td>"
+                   f"<td class=\"num\">{share:.0%}</td><td class=\"bar\"><i style=\"width:"
+                   f"{share * 100:.1f}%;background:{COLOURS.get(cause, '#9e9e9e')}\"></i></td></tr>")
+    ident = f" id=\"{h(table_id)}\"" if table_id else ""
+    data = f" data-value=\"{h(value)}\"" if value else ""
+    return (f"<table class=\"lost\"{ident}{data}>"
             "<thead><tr><th>cause</th><th>lost</th><th>share</th><th></th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></section>")
+            f"<tbody>{''.join(out)}</tbody></table>")
 
 
 def _kind_class(kind: str) -> str:

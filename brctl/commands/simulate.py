@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -26,7 +27,8 @@ def simulate(
                                            help="Job machines (default: the inventory job's count)."),
     standby: Optional[int] = typer.Option(None, "--standby", metavar="N",
                                           help="Warm standby pool size (default: the inventory's "
-                                               "standby: count)."),
+                                               "standby: count; 0 with --machines and no "
+                                               "inventory)."),
     days: float = typer.Option(90.0, "--days", metavar="D", help="Simulated job length in days."),
     ckpt_interval: str = typer.Option("30m", "--ckpt-interval", metavar="DURATION",
                                       help="Checkpoint every DURATION of training (90s, 30m, 2h)."),
@@ -44,6 +46,14 @@ def simulate(
     sweep: Optional[str] = typer.Option(None, "--sweep", metavar="KEY=A,B,C",
                                         help="One row per value, e.g. standby.size=2,4,8 or "
                                              "daemon.poll=5,30,60."),
+    window: str = typer.Option("1d", "--window", metavar="DURATION",
+                               help="The windowed ETTR's window (ettr_series in --json, the "
+                                    "line of the -o page): 6h, 1d."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE.html",
+                                          help="Also write the picture brctl report draws: "
+                                               "one self-contained HTML page with the "
+                                               "windowed ETTR chart (a line per sweep value) "
+                                               "and lost time by cause."),
 ) -> int:
     """Simulate months of incidents through the daemon's own decision code, in seconds.
 
@@ -51,8 +61,9 @@ def simulate(
     analysed, escalated (reattempt, rollback, replay), capped and swapped by the
     same functions brctl daemon calls, on a synthetic clock. Prints cumulative and
     worst-day ETTR, lost time by cause, standby exhaustion, cap refusals and human
-    pages. The inventory supplies the machine count, the standby pool and the
-    daemon: settings unless --machines and --standby are both given (--mix history
+    pages, and what resolved the incidents; -o writes the same as an HTML page. The
+    inventory supplies the machine count, the standby pool and the
+    daemon: settings unless --machines is given (and --standby, or no inventory) (--mix history
     always reads it: the job's records and settings). Exit 0; exit 2 when --mix history finds nothing
     recorded for the job.
     """
@@ -64,6 +75,7 @@ def simulate(
 
     env: Env = ctx.obj
     interval = parse_duration(ckpt_interval, "--ckpt-interval")
+    step = parse_duration(window, "--window")
     if runs < 1:
         raise UsageError(f"--runs {runs}: expected at least 1")
     if days <= 0:
@@ -74,7 +86,7 @@ def simulate(
         raise UsageError(f"--standby {standby}: expected a whole number >= 0")
     daemon = None
     history_of = None
-    if machines is None or standby is None or mix == "history":
+    if machines is None or mix == "history" or (standby is None and _has_inventory(env)):
         inv = env.inventory()
         if mix == "history":
             if inv.job is None:
@@ -86,10 +98,23 @@ def simulate(
             machines = len(inv.job.nodes)
         standby = len(inv.standby) if standby is None else standby
         daemon = inv.daemon
+    standby = 0 if standby is None else standby  # --machines and no inventory: no pool
     overrides = [(key, values[0]) for key, values in
                  (parse_setting(text, "--set") for text in settings or [])]
     report = run(mix_name=mix, machines=machines, standby=standby, days=days,
-                 ckpt_interval=interval, daemon=daemon, runs=runs, seed=seed, settings=overrides,
+                 ckpt_interval=interval, daemon=daemon, runs=runs, seed=seed, window=step,
+                 settings=overrides,
                  sweep=parse_setting(sweep, "--sweep") if sweep else None, history_of=history_of)
+    if output is not None:
+        from brctl.commands._render_simulate import simulate_page
+        from brctl.operations.simulate import write_page
+
+        write_page(output, simulate_page(report))
     render_simulate(env.output, report)
     return int(report.exit_code)
+
+
+def _has_inventory(env: Env) -> bool:
+    """Whether an inventory is named or in its usual place (``find_inventory``'s order)."""
+    return bool(env.inventory_path or env.environ.get("BRCTL_INVENTORY")) \
+        or Path("inventory.yaml").is_file()

@@ -136,7 +136,7 @@ def write_report(inv: Inventory, store: Store, page: Callable[[IncidentReport], 
                          hint="install Debian's chromium (apt-get install chromium), "
                               "or share the HTML page")
     report = gather(inv, store, window=window, points=points)
-    _write_atomic(html, page(report))
+    write_atomic(html, page(report))
     picture = None
     if chromium is not None:
         picture = html.with_suffix(".png")
@@ -144,7 +144,7 @@ def write_report(inv: Inventory, store: Store, page: Callable[[IncidentReport], 
     return Written(report, html, picture)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """``path`` replaced by ``text`` in one rename: a reader never sees half a page."""
     directory = path.parent if str(path.parent) else Path(".")
     try:

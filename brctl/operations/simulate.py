@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from brctl.analysis.simulate import (
+    DAY,
     RESOLUTIONS,
     SIGNALS,
     IncidentKind,
@@ -142,6 +143,7 @@ class SimulateReport:
         return {
             "mix": self.mix_name, "machines": sc.machines, "days": sc.days,
             "ckpt_interval": sc.ckpt_interval, "standby": sc.standby, "seed": self.seed,
+            "window": sc.window,
             "kinds": [{"name": k.name, "rate": k.rate, "signal": k.signal,
                        "resolution": k.resolution} for k in sc.mix],
             "durations": dict(vars(sc.durations)), "sweep": self.sweep_key,
@@ -150,7 +152,7 @@ class SimulateReport:
 
 
 def simulate(*, mix_name: str, machines: int, standby: int, days: float, ckpt_interval: float,
-             daemon: Optional[DaemonSection], runs: int, seed: int,
+             daemon: Optional[DaemonSection], runs: int, seed: int, window: float = DAY,
              settings: Sequence[tuple[str, float]] = (),
              sweep: Optional[tuple[str, list[float]]] = None,
              history_of: Optional[tuple[Store, str, int]] = None) -> SimulateReport:
@@ -168,7 +170,7 @@ def simulate(*, mix_name: str, machines: int, standby: int, days: float, ckpt_in
     started = time.monotonic()
     mix = history(*history_of) if mix_name == "history" and history_of else load_mix(mix_name)
     scenario = Scenario(machines, days, ckpt_interval, standby, mix,
-                        daemon=daemon or DaemonSection())
+                        daemon=daemon or DaemonSection(), window=window)
     try:
         for key, value in settings:
             scenario = with_setting(scenario, key, value)
@@ -179,3 +181,14 @@ def simulate(*, mix_name: str, machines: int, standby: int, days: float, ckpt_in
     rows = tuple((value, run_scenario(sc, runs, seed)) for value, sc in cases)
     return SimulateReport(scenario, mix_name, seed, sweep[0] if sweep else None, rows,
                           time.monotonic() - started)
+
+
+def write_page(path: Path, text: str) -> None:
+    """``brctl simulate -o``: the page written in one rename (as ``brctl report`` does).
+
+    Raises:
+        InputError: the directory or file cannot be written.
+    """
+    from brctl.operations.report import write_atomic
+
+    write_atomic(path, text)

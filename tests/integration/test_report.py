@@ -294,3 +294,43 @@ def test_ettr_in_the_terminal_has_an_axis_and_the_lost_time_by_cause(tmp_path: P
     restart = body["lost_seconds"]["restart"]
     shown = duration(restart).split()
     assert restart > 0 and lines[13].split()[:1 + len(shown)] == ["restart", *shown]
+
+
+def test_simulate_page_is_the_reports_picture_rendered_by_chromium(tmp_path: Path) -> None:
+    """``brctl simulate -o``: the report's chart (axis, one windowed-ETTR line per sweep
+    value) and lost-time table (one per value, a row per cause), in a real browser."""
+    from brctl.analysis.simulate import CAUSES
+
+    browser = chromium()
+    page = tmp_path / "sim.html"
+    res = brctl("--json", "simulate", "--machines", "300", "--days", "6", "--runs", "2",
+                "--window", "12h", "--sweep", "standby.size=0,4", "-o", str(page),
+                state=tmp_path / "state")
+    assert res.returncode == 0, res.stderr
+    doc = validated(json.loads(res.stdout))
+    assert doc["window"] == 43200 and [len(r["ettr_series"]) for r in doc["rows"]] == [12, 12]
+    dom = Tree(dump_dom(browser, page)).root
+    assert dom.one("html").attrs.get("data-ready") == "1"
+    chart = dom.one("svg", id="ettr-chart")
+    assert [t.content() for t in chart.all("text") if t.attrs.get("class") == "y-tick"] == [
+        "0%", "25%", "50%", "75%", "100%"]
+    xticks = [t.content() for t in chart.all("text") if t.attrs.get("class") == "x-tick"]
+    assert len(xticks) == 7 and xticks[0] == "day 0" and xticks[-1] == "day 6"
+    lines = chart.all("polyline")
+    assert sorted({p.attrs["data-value"] for p in lines}) == ["0", "4"]
+    # one row per sweep value, ETTR as the JSON has it
+    rows = [r for r in dom.one("table", id="sweep").all("tr") if "data-value" in r.attrs]
+    assert [r.attrs["data-value"] for r in rows] == ["0", "4"]
+    for row, body in zip(rows, doc["rows"]):
+        assert row.all("td")[1].content() == f"{body['ettr']:.2%}"
+    # lost time by cause: a table per value, every simulated cause a row, seconds as the JSON's
+    tables = [t for t in dom.all("table") if t.attrs.get("class") == "lost"]
+    assert [t.attrs["data-value"] for t in tables] == ["0", "4"]
+    for table, body in zip(tables, doc["rows"]):
+        causes = {r.attrs["data-cause"]: r for r in table.all("tr") if "data-cause" in r.attrs}
+        assert list(causes) == list(CAUSES)
+        for cause, row in causes.items():
+            assert int(row.all("td")[1].attrs["data-seconds"]) == pytest.approx(
+                body["lost_seconds"][cause], abs=1)
+    resolved = [r for r in dom.one("table", id="resolved").all("tr") if "data-value" in r.attrs]
+    assert [r.attrs["data-value"] for r in resolved] == ["0", "4"]

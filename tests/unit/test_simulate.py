@@ -231,3 +231,38 @@ def test_shortfall_names_the_machines_left_without_a_standby() -> None:
     why = policy.shortfall(plan, ["s1"])
     assert why is not None and why.startswith("no checked standby for n2")
     assert policy.shortfall(replace(plan, restart=False), []) is None
+
+
+def test_the_windowed_ettr_series_is_each_windows_productive_share() -> None:
+    from brctl.analysis.simulate import series
+
+    # two full days and half a third: 12 h, 24 h and 6 h productive
+    assert series({0: 12 * 3600.0, 1: DAY, 2: 6 * 3600.0}, DAY, 2.5 * DAY) == (0.5, 1.0, 0.5)
+    assert series({}, DAY, DAY) == (0.0,)
+    sc = Scenario(1200, 10, 1800.0, standby=16, mix=byterobust_mix(), window=DAY / 4)
+    result = run(sc, 3)
+    assert len(result.series) == 40 and min(result.series) < 1.0 == max(result.series)
+    # the windows add up to the run: their mean is the ETTR of the horizon's training
+    assert sum(result.series) * sc.window == pytest.approx(result.productive)
+    quiet = replace(sc, mix=(IncidentKind("hw", 0.0, "gpu_fault", "evict"),))
+    assert set(run(quiet, 3).series) == {1.0}
+    summary = simulate(sc, runs=2, seed=3)
+    assert summary.series() == tuple((a + b) / 2 for a, b in
+                                     zip(summary.runs[0].series, summary.runs[1].series))
+    assert summary.to_json()["ettr_series"] == list(summary.series())
+
+
+def test_cli_machines_alone_needs_no_inventory(brctl: Any, state_dir: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--machines N`` with no inventory anywhere runs with no standby pool and the
+    daemon's default settings (it used to exit 2 for want of an inventory)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BRCTL_INVENTORY", raising=False)
+    r = brctl("--json", "simulate", "--machines", "100", "--days", "3")
+    assert r.exit_code == 0, r.stderr
+    assert r.json["standby"] == 0 and r.json["machines"] == 100
+    table = brctl("simulate", "--machines", "100", "--days", "3")
+    assert table.exit_code == 0 and "resolved by" in table.stdout and "reattempt" in table.stdout
+    # an inventory named but missing is still its error, not a silent pool of 0
+    missing = brctl("-i", str(tmp_path / "nope.yaml"), "simulate", "--machines", "100")
+    assert missing.exit_code == 2 and "no such file" in missing.stderr
