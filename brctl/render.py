@@ -164,6 +164,21 @@ class Output:
         if text:
             self.console.print(Padding(Text(visible(text)), (0, 0, 0, 4)), soft_wrap=False)
 
+    def node_out(self, text: str) -> None:
+        """A line a node printed, on stdout: on a terminal through rich; elsewhere written
+        as is (rich expands tabs), controls still made visible."""
+        if self.terminal:
+            self.console.print(node_text(text))
+        elif not self.quiet:
+            self.stdout.write(visible(text) + "\n")
+
+    def node_err(self, text: str) -> None:
+        """A line a node printed on its stderr, on stderr: as ``node_out``."""
+        if self.err.is_terminal:
+            self.err.print(node_text(text))
+        else:
+            self.stderr.write(visible(text) + "\n")
+
     def warn(self, message: str) -> None:
         """A one-line warning on stderr."""
         from rich.text import Text
@@ -272,7 +287,15 @@ def escape(text: str) -> str:
     """Text from nodes or users made safe inside rich markup: tags escaped, controls visible."""
     from rich.markup import escape as markup_escape
 
-    return markup_escape(visible(text))
+    shown = visible(text)
+    body = shown.rstrip("\\")
+    if len(body) == len(shown):
+        return markup_escape(shown)
+    # Trailing backslashes escape a tag that follows, and are literal where none does:
+    # rich.markup.escape cannot know which (``dir C:\`` showed as ``dir C:\\`` at the end
+    # of a line). Inside a tag of the null style they are always followed by one.
+    slashes = "\\" * 2 * (len(shown) - len(body))
+    return f"{markup_escape(body)}[none]{slashes}[/none]"
 
 
 def node_text(text: str, style: str = "") -> Text:

@@ -18,7 +18,7 @@ HOSTILE = [
 
 def _render(markup: str) -> str:
     buf = io.StringIO()
-    Console(file=buf, highlight=False, soft_wrap=True, width=200).print(markup)
+    Console(file=buf, highlight=False, emoji=False, soft_wrap=True, width=200).print(markup)
     return buf.getvalue().removesuffix("\n")
 
 
@@ -101,3 +101,13 @@ def test_consoles_render_no_emoji_shortcodes() -> None:
     out.console.print("[bold]:smiley:[/]")
     out.err.print(":smiley:")
     assert out.stdout.getvalue() == ":smiley:\n" and out.stderr.getvalue() == ":smiley:\n"
+
+
+@pytest.mark.parametrize("text", [*HOSTILE, *PLAIN_HOSTILE, "two \\\\", "\\\\\\"])
+@pytest.mark.parametrize("template", ["{}", "x: {}", "[red]a[/] {}", "[dim]{}[/]", "[b]{}[/b] y"])
+def test_escaped_text_renders_as_itself_wherever_it_sits(text: str, template: str) -> None:
+    """At the end of a markup string too: rich.markup.escape doubles a trailing backslash
+    (needed only when a tag follows), and leaves two as two (one is lost before a tag)."""
+    shown = _render(template.format(escape(text)))
+    expected = Console(file=io.StringIO()).render_str(template.format("\0")).plain
+    assert shown == expected.replace("\0", visible(text)).expandtabs(8)
