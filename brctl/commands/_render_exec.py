@@ -43,18 +43,18 @@ def _blocks(out: Output, report: ExecReport) -> None:
         out.console.print(node_text(f"---------------- {nodes} ({count}) ", style="bold")
                           .append(status, style=f"bold {colour}"))
         if stdout:
-            out.console.print(node_text(stdout.rstrip("\n")))
+            out.node_out(stdout.rstrip("\n"))
     for nodes, stderr, _ in fold_by({n: r.stderr for n, r in report.results.items()
                                      if r.stderr.strip()}):
         for line in stderr.rstrip("\n").split("\n"):
-            out.err.print(node_text(f"{nodes}: {line}"))
+            out.node_err(f"{nodes}: {line}")
 
 
 def _lines(out: Output, report: ExecReport) -> None:
     for name, result in report.results.items():  # inventory (machine) order
         for line in result.stdout.splitlines():
-            out.console.print(node_text(f"{name}: {line}"))
+            out.node_out(f"{name}: {line}")
         for line in result.stderr.splitlines():
-            out.err.print(node_text(f"{name}: {line}"))
+            out.node_err(f"{name}: {line}")
         if not result.state.ran:
             out.err.print(node_text(f"{name}: ").append(result.state.value, style="red"))

@@ -182,3 +182,15 @@ def test_follow_json_is_one_compact_document_per_line_and_only_when_new(
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert [e["kind"] for e in second["events"]] == ["restart"] and second["actions"] == []
+
+
+def test_exec_output_through_a_pipe_is_the_nodes_bytes(tmp_path: Path) -> None:
+    local = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
+    cmd = r"printf 'a\tb  c\\\n' ; printf 'e\tf\n' >&2"
+    for extra in ([], ["-L"]):
+        r = cli(local, tmp_path / "state", "exec", *extra, "-w", "local1", cmd)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.endswith("a\tb  c\\\n"), repr(r.stdout)  # tabs kept, nothing doubled
+        assert r.stderr == "local1: e\tf\n", repr(r.stderr)
+    assert cli(local, tmp_path / "state", "exec", "-L", "-w", "local1", cmd).stdout == \
+        "local1: a\tb  c\\\n"
