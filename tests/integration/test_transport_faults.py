@@ -403,3 +403,13 @@ def test_fan_out_memory_is_fanout_times_the_kept_bytes() -> None:
     # Measured: 107 MiB above a 16 MiB base for 64 MiB kept (the bytes, their text, a chunk
     # in flight per stream); keeping everything would be 640 MiB and more.
     assert peak - base <= 3 * kept_mib, (base, peak, kept_mib)
+
+
+def test_a_double_forked_setsid_process_is_killed_with_the_timeout() -> None:
+    # The grandchild setsid()s and loses its parent at once: reparented to the reaper (a child
+    # subreaper), it is found by the walk and killed with the rest of the tree.
+    node = Node(name="here", address="here", connection="local")
+    script = "(setsid sh -c 'sleep 1121 & exit' &); sleep 1122"
+    res = LocalTransport().run(node, ["sh", "-c", script], timeout=scaled(1))
+    assert res.state is NodeState.TIMEOUT, res
+    assert _wait_for(lambda: not _local_pids(r"^sleep 112[12]"), scaled(3))
