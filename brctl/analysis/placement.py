@@ -17,8 +17,8 @@ Responsibilities:
   for every shape (odd PP pairs stages cyclically; stranded machines are
   re-paired along bounded augmenting paths). Machines with no valid peer get the
   best fallback (the fewest shared group kinds) marked ``meets_rule = False``.
-- ``verify_plan``: evicts every group instance of every kind (and every single
-  machine) and lists the shards that would lose both copies.
+- ``verify_plan`` (``placement_verify``): evicts every group instance of every kind
+  (and every single machine) and lists the shards that would lose both copies.
 - ``loss_probability`` (``lossprob``): the exact probability that k simultaneous
   uniformly random machine failures destroy some shard's both copies; holders
   outside the job (standbys) own no shard.
@@ -35,8 +35,8 @@ from itertools import combinations
 
 from brctl.analysis.conflicts import ConflictIndex
 from brctl.analysis.lossprob import MAX_K, loss_probability
+from brctl.analysis.placement_verify import Verification, Violation, verify_plan
 from brctl.analysis.topology import Topology
-from brctl.core.errors import ExitCode
 
 __all__ = [
     "MAX_K",
@@ -517,81 +517,3 @@ def plan_backups(topo: Topology, domains: Mapping[str, str] | None = None,
     left = planner.close_rings(left) + hopeless
     notes = planner.share_or_fallback(left)
     return planner.result(notes)
-
-
-# -- verification -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Violation:
-    """Evicting ``nodes`` (one group, or one machine) loses both copies of ``lost``' shards."""
-
-    kind: str  # a group kind, "node" for a single machine, "missing" for no backup
-    group: int | None
-    nodes: tuple[str, ...]
-    lost: tuple[str, ...]
-
-    def to_json(self) -> dict[str, object]:
-        """The ``violations`` entry of ``brctl ckpt verify --json``."""
-        return {"kind": self.kind, "group": self.group, "members": list(self.nodes),
-                "lost": list(self.lost)}
-
-
-@dataclass(frozen=True)
-class Verification:
-    """The result of evicting every group: violations and loss probabilities."""
-
-    evictions: int  # group instances (and single machines) evicted
-    violations: tuple[Violation, ...]
-    loss_probability: Mapping[int, float | None]  # k → P(some shard lost); None when k > machines
-    machines: int  # the failure universe: job machines plus outside backup holders
-
-    @property
-    def ok(self) -> bool:
-        """No eviction of one group (or one machine) loses a shard."""
-        return not self.violations
-
-    @property
-    def exit_code(self) -> ExitCode:
-        """1 when some single eviction loses a shard, else 0."""
-        return ExitCode.OK if self.ok else ExitCode.FINDINGS
-
-
-def verify_plan(topo: Topology, backups: Mapping[str, str],
-                index: ConflictIndex | None = None) -> Verification:
-    """Evict every group instance of every kind and every single machine; check each shard.
-
-    Args:
-        topo: the job's topology.
-        backups: job machine → machine holding its copy (may be outside the job,
-            e.g. a standby: it belongs to no group).
-        index: a prebuilt ``ConflictIndex`` of ``topo`` (saves rebuilding it).
-
-    Returns:
-        The violations and the exact loss probabilities for k = 1..4.
-    """
-    idx = index or ConflictIndex.build(topo)
-    names = topo.machines
-    violations: list[Violation] = []
-    missing = tuple(m for m in names if m not in backups)
-    if missing:
-        violations.append(Violation("missing", None, (), missing))
-    for m in names:
-        if backups.get(m) == m:
-            violations.append(Violation("node", None, (m,), (m,)))
-    evictions = len(names) + sum(topo.n_groups(k) for k in (*idx.local_kinds, *idx.aliases))
-    for key in sorted(idx.members, key=lambda k: (idx.kinds.index(idx.kind_of(k)), k)):
-        group = [names[i] for i in idx.members[key]]
-        evictions += 1
-        if len(group) < 2:
-            continue  # a group inside one machine: covered by the single-machine check
-        evicted = set(group)
-        lost = tuple(m for m in group if backups.get(m) in evicted and backups.get(m) != m)
-        if lost:
-            violations.append(Violation(idx.kind_of(key), idx.group_id(key), tuple(group), lost))
-    known = set(names)
-    universe = list(names) + sorted({b for b in backups.values() if b not in known})
-    probs = loss_probability(universe, backups, owners=names)
-    return Verification(evictions, tuple(violations),
-                        {k: (float(p) if p is not None else None) for k, p in probs.items()},
-                        len(universe))

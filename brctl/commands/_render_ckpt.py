@@ -28,13 +28,10 @@ def render_plan(out: Output, report: PlanReport, fmt: str) -> None:
 
 def render_verify(out: Output, result: Verification) -> None:
     """Violations folded by machine set, then the loss probabilities."""
-    probs = {str(k): p for k, p in result.loss_probability.items()}
     if out.json:
-        out.emit_json("ckpt.verify", {
-            "ok": result.ok, "evictions": result.evictions, "machines": result.machines,
-            "violations": [v.to_json() for v in result.violations],
-            "loss_probability": probs}, status=0 if result.ok else 1)
+        out.emit_json("ckpt.verify", result.to_json(), status=result.exit_code)
         return
+    probs = {str(k): p for k, p in result.loss_probability.items()}
     merged: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
     for v in result.violations:
         key = (v.kind, v.nodes, v.lost)
@@ -55,8 +52,7 @@ def render_verify(out: Output, result: Verification) -> None:
 def render_copies(out: Output, schema: str, report: CopyReport) -> None:
     """One row per copy; errors and notes on stderr."""
     if out.json:
-        out.emit_json(schema, {"copies": [c.to_json() for c in report.copies]},
-                      status=report.exit_code)
+        out.emit_json(schema, report.to_json(), status=report.exit_code)
         return
     rows = [(c.owner, f"{c.source} → {c.dest}", c.state, c.step or "-",
              f"{len(c.send) if c.state == 'planned' else c.copied}/{c.files}", _size(c.bytes),

@@ -18,10 +18,7 @@ def render(out: Output, report: ExecReport, *, lines: bool = False) -> None:
     """Folded blocks of identical output (or ``node: line`` in machine order), a summary;
     or the JSON."""
     if out.json:
-        out.emit_json("exec", {
-            "argv": list(report.argv),
-            "nodes": report.results.to_json(),
-        }, status=report.exit_code)
+        out.emit_json("exec", report.to_json(), status=report.exit_code)
         return
     if lines:
         _lines(out, report)

@@ -10,26 +10,9 @@ from brctl.render import Output, table
 def render(out: Output, report: NodesReport) -> None:
     """Table or JSON."""
     inv = report.inventory
-    if out.json:
-        topo = report.topology
-        out.emit_json("nodes", {
-            "inventory": inv.source,
-            "nodes": {
-                n.name: {"address": n.address, "port": n.port, "user": n.user,
-                         "connection": n.connection, "gpus": n.gpus, "labels": dict(n.labels),
-                         "role": report.role(n.name),
-                         **({"probe": report.probes[n.name].to_json()}
-                            if report.probes is not None and n.name in report.probes else {})}
-                for n in (inv.nodes[s] for s in report.selected)
-            },
-            "job": None if inv.job is None else {
-                "name": inv.job.name, "source": inv.job.source, "state": inv.job.state,
-                **({"members": []} if topo is None else {
-                    "members": list(topo.machines), "world": topo.world,
-                    "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
-                    "order": topo.order})},
-            "groups": {k: [g.to_json() for g in rows] for k, rows in report.groups.items()},
-        }, status=report.exit_code if report.probes is not None else None)
+    if out.json:  # without a probe the document has no status: nothing was asked of a machine
+        out.emit_json("nodes", report.to_json(),
+                      status=report.exit_code if report.probes is not None else None)
         return
     keyed = {
         s: (n.connection, n.gpus, ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())),

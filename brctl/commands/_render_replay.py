@@ -2,51 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from brctl.analysis.replay import ReplayPlan
-from brctl.analysis.replay_judge import JudgedGroup, JudgedRound
+from brctl.analysis.replay_judge import JudgedGroup
 from brctl.core.nodeset import fold
-from brctl.operations.replay import ReplayReport
+from brctl.operations.replay import ReplayReport, plan_only_json
 from brctl.render import Output, escape, table
 
 _COLOUR = {"found": "red", "none": "green", "ambiguous": "yellow", "not_reproduced": "yellow",
            "incomplete": "magenta"}
-
-
-def plan_json(p: ReplayPlan) -> dict[str, Any]:
-    """The plan as JSON: DP', group size, whether round 2 is a grid."""
-    return {
-        "dp": p.shape.dp,
-        "tp": p.shape.tp,
-        "pp": p.shape.pp,
-        "machines_per_group": p.shape.slots,
-        "groups_per_round": len(p.round1),
-        "grid": p.grid,
-        "can_vote": p.can_vote,
-        "rounds_single_fault": p.rounds_single_fault(),
-        "max_rounds_default": p.default_max_rounds(),
-        "round1": [list(g) for g in p.round1],
-        "round2": [list(g) for g in p.round2] if p.round2 is not None else None,
-    }
-
-
-def _group_json(g: JudgedGroup) -> dict[str, Any]:
-    return {
-        "members": list(g.nodes),
-        "fingerprint": g.fingerprint,
-        "deviant": g.deviant,
-        "status": g.status,
-        "first_deviant_step": g.first_deviant_step,
-        "suspect": g.suspect,
-        "suspects": list(g.suspects),
-        "runs": [{"status": r.status, "steps": list(r.steps), "losses": list(r.losses),
-                  "error": r.error, "seconds": round(r.seconds, 3)} for r in g.runs],
-    }
-
-
-def _round_json(i: int, rnd: JudgedRound) -> dict[str, Any]:
-    return {"index": i, "kind": rnd.kind, "groups": [_group_json(g) for g in rnd.groups]}
 
 
 def _summary(p: ReplayPlan) -> str:
@@ -67,11 +30,7 @@ def _summary(p: ReplayPlan) -> str:
 def render_plan(out: Output, p: ReplayPlan) -> None:
     """``--plan-only``: the groups of rounds 1 and 2, nothing run."""
     if out.json:
-        out.emit_json("replay", {"verdict": None, "plan": plan_json(p), "rounds": [
-            {"index": i + 1, "kind": kind,
-             "groups": [{"members": list(g), "fingerprint": None, "deviant": None} for g in rnd]}
-            for i, (kind, rnd) in enumerate([("horizontal", p.round1), ("vertical", p.round2)])
-            if rnd is not None]})
+        out.emit_json("replay", plan_only_json(p))
         return
     out.console.print(escape(_summary(p)))
     for title, rnd in (("round 1 (horizontal)", p.round1), ("round 2 (vertical)", p.round2)):
@@ -93,13 +52,7 @@ def render(out: Output, report: ReplayReport) -> None:
     """A table per round and the verdict, or the JSON document."""
     v = report.verdict
     if out.json:
-        out.emit_json("replay", {
-            "verdict": v.verdict, "faulty": list(v.faulty), "candidates": list(v.candidates),
-            "cleared": list(v.cleared), "reason": v.reason, "workload": report.workload,
-            "repeat": report.repeat, "plan": plan_json(report.plan),
-            "rounds": [_round_json(i + 1, r) for i, r in enumerate(report.rounds)],
-            "preflight": report.preflight,
-        }, status=report.exit_code)
+        out.emit_json("replay", report.to_json(), status=report.exit_code)
         return
     out.console.print(escape(_summary(report.plan)))
     out.console.print(escape(f"workload: {report.workload}"))

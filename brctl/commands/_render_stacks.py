@@ -42,31 +42,10 @@ def stack_tree(root: TreeNode, outliers: set[int]) -> Any:
     return tree
 
 
-def payload(report: StacksReport) -> dict[str, Any]:
-    """The JSON document's body (classes, outliers, suspect_groups, evict)."""
-    a, topo = report.analysis, report.topology
-    last = report.collections[-1]
-    return {
-        "classes": [c.to_json() for c in a.classes],
-        "outliers": [o.to_json() for o in a.outliers],
-        "suspect_groups": [g.to_json() for g in a.suspects],
-        "evict": list(a.evict),
-        "rounds": a.rounds,
-        "group_votes": [{"kind": k, "index": i, "votes": v}
-                        for (k, i), v in sorted(a.group_votes.items(), key=lambda x: -x[1])],
-        "topology": {"world": topo.world, "tp": topo.tp, "cp": topo.cp, "ep": topo.ep,
-                     "dp": topo.dp, "pp": topo.pp, "order": topo.order},
-        "nodes": {n: {"state": nc.state, "error": nc.error, "ranks": len(nc.ranks),
-                      "workers": nc.workers, "seconds": round(nc.seconds, 3)}
-                  for n, nc in last.nodes.items()},
-        "unanswered": sorted(report.node_errors),
-    }
-
-
 def render(out: Output, report: StacksReport) -> None:
     """Tree, outlier table, suspect group and eviction list; or the JSON document."""
     if out.json:
-        out.emit_json("stacks", payload(report), version=2)
+        out.emit_json("stacks", report.to_json(), version=2)
         return
     a = report.analysis
     outlier_ranks = {o.rank for o in a.outliers}

@@ -96,6 +96,10 @@ class CopyReport:
         return exit_code_of(refused="refused" in states, incomplete="incomplete" in states,
                             findings=bool(states - {"ok", "planned"}))
 
+    def to_json(self) -> dict[str, Any]:
+        """The payload of ``brctl.ckpt.backup/1`` and ``brctl.ckpt.restore/1``."""
+        return {"copies": [c.to_json() for c in self.copies]}
+
 
 @dataclass(frozen=True)
 class ShardFile:

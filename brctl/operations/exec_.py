@@ -23,6 +23,10 @@ class ExecReport:
         """3 if any node gave no answer, else 1 if any non-zero exit, else 0."""
         return self.results.exit_code
 
+    def to_json(self) -> dict[str, object]:
+        """The payload of ``brctl.exec/1``: the argv and each node's result."""
+        return {"argv": list(self.argv), "nodes": self.results.to_json()}
+
 
 def command_argv(args: Sequence[str], *, shell: bool = True) -> list[str]:
     """The argv ``brctl exec`` runs for its arguments, read as ssh/clush/pdsh read them.

@@ -85,6 +85,28 @@ class NodesReport:
         return exit_code_of(refused=any(p.state == NodeState.REFUSED.value for p in probes),
                             incomplete=any(not p.ok for p in probes))
 
+    def to_json(self) -> dict[str, Any]:
+        """The payload of ``brctl.nodes/1``: the selected machines, the job, its groups."""
+        inv, topo = self.inventory, self.topology
+        return {
+            "inventory": inv.source,
+            "nodes": {
+                n.name: {"address": n.address, "port": n.port, "user": n.user,
+                         "connection": n.connection, "gpus": n.gpus, "labels": dict(n.labels),
+                         "role": self.role(n.name),
+                         **({"probe": self.probes[n.name].to_json()}
+                            if self.probes is not None and n.name in self.probes else {})}
+                for n in (inv.nodes[s] for s in self.selected)
+            },
+            "job": None if inv.job is None else {
+                "name": inv.job.name, "source": inv.job.source, "state": inv.job.state,
+                **({"members": []} if topo is None else {
+                    "members": list(topo.machines), "world": topo.world,
+                    "tp": topo.tp, "cp": topo.cp, "ep": topo.ep, "dp": topo.dp, "pp": topo.pp,
+                    "order": topo.order})},
+            "groups": {k: [g.to_json() for g in rows] for k, rows in self.groups.items()},
+        }
+
     def role(self, name: str) -> str:
         """job, standby or spare-listed ("other")."""
         inv = self.inventory

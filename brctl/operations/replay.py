@@ -30,7 +30,7 @@ from brctl.analysis.replay import (
     reference_of,
     shape_of,
 )
-from brctl.analysis.replay_judge import GroupRun, JudgedRound, judge_round
+from brctl.analysis.replay_judge import GroupRun, JudgedGroup, JudgedRound, judge_round
 from brctl.core import templates
 from brctl.core.errors import ExitCode, UsageError, exit_code_of
 from brctl.core.transport import Node, NodeState, RunResult, Transport
@@ -112,6 +112,61 @@ class ReplayReport:
         incomplete = self.verdict.verdict == "incomplete"
         return exit_code_of(refused=incomplete and bool(self.refused), incomplete=incomplete,
                             findings=self.verdict.verdict != "none")
+
+    def to_json(self) -> dict[str, Any]:
+        """The payload of ``brctl.replay/1``: the verdict, the plan, every round judged."""
+        v = self.verdict
+        return {
+            "verdict": v.verdict, "faulty": list(v.faulty), "candidates": list(v.candidates),
+            "cleared": list(v.cleared), "reason": v.reason, "workload": self.workload,
+            "repeat": self.repeat, "plan": plan_json(self.plan),
+            "rounds": [_round_json(i + 1, r) for i, r in enumerate(self.rounds)],
+            "preflight": self.preflight,
+        }
+
+
+def plan_only_json(p: ReplayPlan) -> dict[str, Any]:
+    """The payload of ``replay --plan-only --json``: no verdict, the groups of rounds 1-2."""
+    return {"verdict": None, "plan": plan_json(p), "rounds": [
+        {"index": i + 1, "kind": kind,
+         "groups": [{"members": list(g), "fingerprint": None, "deviant": None} for g in rnd]}
+        for i, (kind, rnd) in enumerate([("horizontal", p.round1), ("vertical", p.round2)])
+        if rnd is not None]}
+
+
+def plan_json(p: ReplayPlan) -> dict[str, Any]:
+    """The plan as JSON: DP', group size, whether round 2 is a grid."""
+    return {
+        "dp": p.shape.dp,
+        "tp": p.shape.tp,
+        "pp": p.shape.pp,
+        "machines_per_group": p.shape.slots,
+        "groups_per_round": len(p.round1),
+        "grid": p.grid,
+        "can_vote": p.can_vote,
+        "rounds_single_fault": p.rounds_single_fault(),
+        "max_rounds_default": p.default_max_rounds(),
+        "round1": [list(g) for g in p.round1],
+        "round2": [list(g) for g in p.round2] if p.round2 is not None else None,
+    }
+
+
+def _group_json(g: JudgedGroup) -> dict[str, Any]:
+    return {
+        "members": list(g.nodes),
+        "fingerprint": g.fingerprint,
+        "deviant": g.deviant,
+        "status": g.status,
+        "first_deviant_step": g.first_deviant_step,
+        "suspect": g.suspect,
+        "suspects": list(g.suspects),
+        "runs": [{"status": r.status, "steps": list(r.steps), "losses": list(r.losses),
+                  "error": r.error, "seconds": round(r.seconds, 3)} for r in g.runs],
+    }
+
+
+def _round_json(i: int, rnd: JudgedRound) -> dict[str, Any]:
+    return {"index": i, "kind": rnd.kind, "groups": [_group_json(g) for g in rnd.groups]}
 
 
 def replay_plan(inv: Inventory, dp: Optional[int] = None) -> ReplayPlan:

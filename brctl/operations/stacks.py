@@ -124,6 +124,26 @@ class StacksReport:
                         for nc in c.nodes.values()),
             incomplete=bool(self.node_errors), findings=bool(self.analysis.evict))
 
+    def to_json(self) -> dict[str, Any]:
+        """The payload of ``brctl.stacks/2`` (classes, outliers, suspect_groups, evict)."""
+        a, topo = self.analysis, self.topology
+        last = self.collections[-1]
+        return {
+            "classes": [c.to_json() for c in a.classes],
+            "outliers": [o.to_json() for o in a.outliers],
+            "suspect_groups": [g.to_json() for g in a.suspects],
+            "evict": list(a.evict),
+            "rounds": a.rounds,
+            "group_votes": [{"kind": k, "index": i, "votes": v}
+                            for (k, i), v in sorted(a.group_votes.items(), key=lambda x: -x[1])],
+            "topology": {"world": topo.world, "tp": topo.tp, "cp": topo.cp, "ep": topo.ep,
+                         "dp": topo.dp, "pp": topo.pp, "order": topo.order},
+            "nodes": {n: {"state": nc.state, "error": nc.error, "ranks": len(nc.ranks),
+                          "workers": nc.workers, "seconds": round(nc.seconds, 3)}
+                      for n, nc in last.nodes.items()},
+            "unanswered": sorted(self.node_errors),
+        }
+
 
 def controller_py_spy() -> Bundle | None:
     """The py-spy binary installed with brctl on the controller, to ship to nodes without one."""

@@ -117,6 +117,41 @@ def test_commands_hold_no_exit_code_literals() -> None:
     assert wrong == []
 
 
+def test_renderers_pass_the_reports_exit_code_as_a_documents_status() -> None:
+    """``status=`` of a JSON document is the report's exit code, never a number decided here."""
+    import ast
+
+    import brctl.commands as commands
+
+    wrong = [f"{path.name}:{kw.value.lineno}"
+             for path in sorted(Path(commands.__path__[0]).glob("*.py"))
+             for call in ast.walk(ast.parse(path.read_text())) if isinstance(call, ast.Call)
+             for kw in call.keywords if kw.arg == "status"
+             if any(isinstance(c, ast.Constant) and type(c.value) is int for c in ast.walk(kw.value))]
+    assert wrong == []
+
+
+def test_every_report_with_an_exit_code_has_its_json() -> None:
+    """A command only parses, calls and renders: the report decides its code and its JSON."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import brctl
+
+    missing = []
+    for info in pkgutil.walk_packages(brctl.__path__, "brctl."):
+        if info.name.endswith("__main__"):
+            continue  # running it is the CLI
+        module = importlib.import_module(info.name)
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            reports = cls.__module__ == info.name and isinstance(getattr(cls, "exit_code", None),
+                                                                 property)
+            if reports and not callable(getattr(cls, "to_json", None)):
+                missing.append(f"{info.name}.{name}")
+    assert missing == []
+
+
 def test_standby_check_of_a_machine_that_gave_no_usable_answer_is_incomplete(
         tmp_path: Path) -> None:
     def garbage(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
