@@ -110,7 +110,7 @@ def backup_command(
     if parallel is not None and parallel < 1:
         raise UsageError(f"--parallel {parallel}: expected at least 1")
     backups = _backups(env, plan_file)
-    nodes = pick(list(backups), select, None) if select else None
+    nodes = pick(list(backups), select, None, inv.group) if select else None
     if nodes is not None and not nodes:
         raise UsageError(f"-w {select}: selects no job machine")
     with env.output.stages("ckpt backup") as track:

@@ -187,7 +187,7 @@ def standby_check(inv: Inventory, transport: Transport, store: Store,
 
     state = DaemonState(store, inv.job_key)
     before = standby_list(inv, state)
-    only = nodeset.expand(select) if select else []
+    only = inv.expand(select) if select else []  # @standby, @rack:r01 … resolve here too
     unknown = [n for n in only if n not in {m.node for m in before.machines}]
     if unknown:
         raise UsageError(f"standby check: not pool machines: {nodeset.fold(unknown)}",
