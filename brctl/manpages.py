@@ -102,14 +102,73 @@ def readme_examples(readme: Path = README) -> list[tuple[str, str, str]]:
     return rows
 
 
+# Per-command examples beside the README's situations: (command line, what it does).
+# Every page gets EXAMPLES; a command the "what to run when" table names gets both.
+EXAMPLES: dict[str, list[tuple[str, str]]] = {
+    "evict": [
+        ("brctl evict gpu017 --reason 'xid 79: fell off the bus'",
+         "Quarantine gpu017, drain it in the scheduler; the daemon swaps a standby in."),
+        ("brctl evict 'gpu[017,042]' --dry-run --reason ecc",
+         "Check the caps for both and show the commands; change nothing."),
+        ("brctl evict gpu017 --force --by alice --reason 'rack r03 power'",
+         "Go past an eviction cap; recorded with the operator and the reason, and notified."),
+    ],
+    "unevict": [
+        ("brctl unevict gpu017 --dry-run", "Say what returning gpu017 would change."),
+        ("brctl unevict 'gpu[017,042]' --by alice",
+         "Return both to service (job.unevict_command tells the scheduler)."),
+    ],
+    "exec": [
+        ("brctl exec -w @job nvidia-smi -L", "List the GPUs of every job machine."),
+        ("brctl exec -w @rack:r01 -x gpu003 -t 20 -- df -h /data",
+         "A rack but one machine, 20 seconds each."),
+        ("echo 3 | brctl exec -w 'gpu[001-004]' -s -- tee /proc/sys/vm/drop_caches",
+         "Send brctl's standard input to the command on every machine."),
+    ],
+    "nodes": [
+        ("brctl nodes", "The inventory's machines, the job and the pool."),
+        ("brctl nodes --probe -w @standby", "Contact the pool: Python, hostname, CPUs, GPUs."),
+        ("brctl nodes -f gpu001 gpu002 gpu003", "Fold names into a node set: gpu[001-003]."),
+        ("brctl nodes -c '@job&@rack:r01'", "Count the job's machines in rack r01."),
+    ],
+    "standby": [
+        ("brctl standby size --machines 1200 --daily-failure-rate 0.00214 --window 24",
+         "How many warm machines cover a day's failures at P99."),
+        ("brctl standby check --dry-run -w @standby", "Which pool machines it would check, how."),
+        ("brctl standby list", "Each pool machine: checked, failed, untested or in use."),
+    ],
+    "simulate": [
+        ("brctl simulate --machines 1200 --days 90 --runs 10 --sweep standby.size=0,4,8,16",
+         "The ETTR of three months per warm pool size, under the daemon's own policy."),
+        ("brctl simulate --sweep daemon.poll=5,30,60 --set durations.restart=120",
+         "The inventory's job, poll intervals swept, with 2-minute restarts."),
+        ("brctl simulate --mix history -o sim.html",
+         "Replay this job's own recorded incidents; write the picture as an HTML page."),
+    ],
+    "init": [
+        ("brctl init --local", "Write ./inventory.yaml: four local machines and a standby."),
+        ("brctl init --example -o /etc/brctl/inventory.yaml",
+         "The commented reference of every key, to edit."),
+    ],
+    "completion": [
+        ("brctl completion bash > ~/.local/share/bash-completion/completions/brctl",
+         "Install bash completion (machines and @groups from the inventory)."),
+        ('eval "$(brctl completion zsh)"', "Completion in this shell only."),
+    ],
+}
+
+
 def _examples(name: str | None) -> list[str]:
-    """EXAMPLES for ``brctl NAME`` (None: the root page, every row)."""
+    """EXAMPLES for ``brctl NAME`` (None: the root page, every README row)."""
     rows = [r for r in readme_examples() if name is None or r[1].split()[1] == name]
-    if not rows:
+    own = EXAMPLES.get(name, []) if name else []
+    if not rows and not own:
         return []
     lines = [".SH EXAMPLES"]
     for situation, command, gets in rows:
         lines += [".TP", f"\\fB{_roff(command)}\\fR", _roff(f"When {situation}: {gets}.")]
+    for command, does in own:
+        lines += [".TP", f"\\fB{_roff(command)}\\fR", _roff(does)]
     return lines
 
 

@@ -47,3 +47,15 @@ def test_examples_come_from_the_readmes_what_to_run_when() -> None:
     for _situation, command, _gets in rows:
         page = pages[f"brctl-{command.split()[1]}.1"]
         assert ".SH EXAMPLES" in page and command.replace("-", "\\-") in page
+
+
+def test_every_page_has_examples_that_name_its_own_command() -> None:
+    pages = render_pages()
+    for name, text in pages.items():
+        assert "\n.SH EXAMPLES\n" in text, name
+        if name != "brctl.1":
+            command = name.removesuffix(".1").replace("brctl-", "brctl ", 1).replace("-", "\\-")
+            examples = text.split("\n.SH EXAMPLES\n", 1)[1].split("\n.SH ", 1)[0]
+            assert command in examples, name
+    inventory = (ROOT / "man" / "brctl-inventory.5").read_text()
+    assert "\n.SH EXAMPLES\n" in inventory and "brctl init \\-\\-local" in inventory
