@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from brctl.commands import _options as opt
+from brctl.commands._complete import node_names
 from brctl.env import Env
 
 PLAN_HELP = ("Placement file to use instead of brctl's own plan "
@@ -122,9 +123,11 @@ def backup_command(
 
 def restore_command(
     ctx: typer.Context,
-    to: str = typer.Option(..., "--to", metavar="NODE", help="The replacement machine."),
-    evicted: str = typer.Option(..., "--for", metavar="NODE", help="The machine whose shards to restore."),
-    source: Optional[str] = typer.Option(None, "--from", metavar="NODE",
+    to: str = typer.Option(..., "--to", metavar="NODE", autocompletion=node_names,
+                           help="The replacement machine."),
+    evicted: str = typer.Option(..., "--for", metavar="NODE", autocompletion=node_names,
+                                help="The machine whose shards to restore."),
+    source: Optional[str] = typer.Option(None, "--from", metavar="NODE", autocompletion=node_names,
                                          help="Take the copy from this node (default: the planned peer)."),
     plan_file: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help=PLAN_HELP),
     parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",

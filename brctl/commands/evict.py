@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from brctl.commands._complete import node_names
 from brctl.commands._options import BY, EXAMPLE, node_set_text
 from brctl.env import Env
 
@@ -19,7 +20,7 @@ def _node_set(ctx: typer.Context, param: Any, value: str) -> str:
 
 
 def _nodes(what: str) -> Any:
-    return typer.Argument(..., metavar="NODESET", callback=_node_set,
+    return typer.Argument(..., metavar="NODESET", callback=_node_set, autocompletion=node_names,
                           help=f"The machines to {what}, {EXAMPLE}.")
 
 

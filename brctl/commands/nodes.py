@@ -7,6 +7,7 @@ from typing import Optional, cast
 import typer
 
 from brctl.commands import _options as opt
+from brctl.commands._complete import node_names
 from brctl.core.errors import UsageError
 from brctl.env import Env
 
@@ -19,7 +20,7 @@ def register(app: typer.Typer) -> None:
 def nodes(
     ctx: typer.Context,
     sets: Optional[list[str]] = typer.Argument(
-        None, metavar="[NODESET]...",
+        None, metavar="[NODESET]...", autocompletion=node_names,
         help="With --fold/--expand/--count: the node sets to combine ('-' reads stdin)."),
     fold: bool = typer.Option(False, "-f", "--fold", help="Print NODESET... folded, as nodeset -f."),
     expand: bool = typer.Option(False, "-e", "--expand", help="Print NODESET... expanded, as nodeset -e."),

@@ -88,3 +88,15 @@ def test_candidates_complete_the_last_item_after_an_operator() -> None:
     assert candidates(names, groups, "a") == ["a1", "a2"]
     assert candidates(names, groups, "a1!b") == ["a1!b1"]
     assert candidates(names, groups, "@job&@r") == ["@job&@rack:r1"]
+
+
+def test_bash_completes_positional_node_sets_and_ckpt_restore_machines(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(INVENTORY))
+    head = ["brctl", "-i", str(inv)]
+    assert complete_in_bash([*head, "evict", "gp"]) == ["gpu01", "gpu02", "gpu03"]
+    assert complete_in_bash([*head, "unevict", "gpu01,sp"]) == ["gpu01,spare1"]
+    assert complete_in_bash([*head, "nodes", "-f", "@st"]) == ["@standby"]
+    assert complete_in_bash([*head, "nodes", "-c", "gpu01", "cp"]) == ["cpu1"]
+    for flag in ("--to", "--for", "--from"):
+        assert complete_in_bash([*head, "ckpt", "restore", flag, "sp"]) == ["spare1"], flag
