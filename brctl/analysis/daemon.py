@@ -28,13 +28,14 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Optional
+from typing import Literal, Optional, Union, get_args
 
-from brctl.analysis.diagnose_decide import next_rung
+from brctl.analysis.diagnose_decide import DecisionName, next_rung
+from brctl.analysis.replay import VerdictName
 from brctl.config.daemon import DaemonSection
 
 IncidentKind = Literal["gpu_fault", "hand_evict", "crash", "hang", "fail_slow"]
-Decision = Literal["evict", "reattempt", "rollback", "replay", "notify"]
+Decision = Union[DecisionName, Literal["notify"]]  # diagnose's, and the daemon's own: tell a person
 HOUR = 3600.0
 
 
@@ -282,7 +283,7 @@ class ReplayOutcome:
         reason: replay's one sentence for the operator.
     """
 
-    verdict: str
+    verdict: VerdictName
     faulty: tuple[str, ...] = ()
     candidates: tuple[str, ...] = ()
     reason: str = ""
@@ -298,8 +299,13 @@ class ReplayOutcome:
         faulty = doc.get("faulty") or []
         candidates = doc.get("candidates") or []
         assert isinstance(faulty, list) and isinstance(candidates, list)
-        return cls(str(doc.get("verdict", "incomplete")), tuple(str(n) for n in faulty),
+        return cls(_verdict(doc.get("verdict")), tuple(str(n) for n in faulty),
                    tuple(str(n) for n in candidates), str(doc.get("reason", "")))
+
+
+def _verdict(value: object) -> VerdictName:
+    """A recorded verdict read back; one this version does not know is no verdict."""
+    return next((v for v in get_args(VerdictName) if v == value), "incomplete")
 
 
 def plan_after_replay(outcome: ReplayOutcome) -> Plan:

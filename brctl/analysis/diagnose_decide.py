@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from brctl.analysis.playbook import Classification
 from brctl.core.nodeset import fold
 
 DecisionName = Literal["evict", "reattempt", "rollback", "replay"]
-DECISIONS = ("evict", "reattempt", "rollback", "replay")
+DECISIONS: tuple[DecisionName, ...] = get_args(DecisionName)
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class PastConclusion:
     """An earlier diagnosis of the same job."""
 
     symptom: str  # the playbook name
-    decision: str
+    decision: str  # as recorded: a DecisionName, or a daemon's "notify"; next_rung reads it
     at: float  # seconds since the epoch
 
 

@@ -29,11 +29,11 @@ def render(out: Output, report: HealthReport) -> None:
         merged: dict[tuple[str, str], list[str]] = {}  # same status+reason: one line
         for check in health.checks:
             merged.setdefault((check.status, check.message), []).append(check.name)
-        for (state, message), checks in merged.items():
-            key = (", ".join(checks), state, message)
-            if state in ("warn", "fail", "unknown"):
+        for (kind, message), checks in merged.items():
+            key = (", ".join(checks), kind, message)
+            if kind in ("warn", "fail", "unknown"):
                 findings.setdefault(key, []).append(name)
-            elif state == "skip" and out.verbose:
+            elif kind == "skip" and out.verbose:
                 skips.setdefault(key, []).append(name)
     _folded(out, findings)
     _folded(out, skips)

@@ -201,9 +201,7 @@ class LiveHooks:
             logging.getLogger(__name__).debug("diagnose ladder raised", exc_info=True)
             return Finding(None, (), f"diagnose failed: internal error: {type(exc).__name__}: "
                            f"{str(exc)[:200]}")
-        decision = report.decision if report.decision in (
-            "evict", "reattempt", "rollback", "replay") else None
-        return Finding(decision, tuple(report.faulty),  # type: ignore[arg-type]
+        return Finding(report.decision, tuple(report.faulty),
                        f"{report.found.playbook.name}: {report.reason}",
                        report.found.playbook.name)
 

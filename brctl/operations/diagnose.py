@@ -26,7 +26,7 @@ from typing import Any
 
 from brctl.analysis import diagnose_doc as dd
 from brctl.analysis import diagnose_stages as st
-from brctl.analysis.diagnose_decide import PastConclusion, StageOutcome, decide
+from brctl.analysis.diagnose_decide import DecisionName, PastConclusion, StageOutcome, decide
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.playbook import (
     Classification,
@@ -102,7 +102,7 @@ class DiagnoseReport:
     found: Classification
     stages: tuple[StageReport, ...]
     faulty: tuple[str, ...]
-    decision: str
+    decision: DecisionName
     reason: str
     incomplete: Mapping[str, str]  # machine → why it has no verdict
     evidence_notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

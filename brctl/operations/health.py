@@ -29,7 +29,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union, get_args
 
 from brctl.analysis.health import (
     FAIL,
@@ -39,6 +39,7 @@ from brctl.analysis.health import (
     WARN,
     Check,
     Sample,
+    Status,
     apply_process_rule,
     evaluate,
     eviction_reason,
@@ -61,6 +62,11 @@ COMPONENT = Component("health", [
 ])
 
 
+# No verdict: the transport state that stopped the probe, or "error" (its answer was unusable).
+NoVerdict = Literal["timeout", "unreachable", "auth", "hostkey", "refused", "error"]
+_NO_VERDICT: dict[str, NoVerdict] = {s: s for s in get_args(NoVerdict)}
+
+
 @dataclass(frozen=True)
 class NodeHealth:
     """One machine's verdict.
@@ -75,7 +81,7 @@ class NodeHealth:
     """
 
     node: str
-    status: str
+    status: Union[Status, NoVerdict]
     checks: tuple[Check, ...]
     error: Optional[str] = None
     seconds: float = 0.0
@@ -247,7 +253,7 @@ def judge(inv: Inventory, nodes: Sequence[Node], results: Mapping[str, ProbeResu
         res = results[node.name]
         why = None if res.document is None else malformed(res.document)
         if res.document is None or why is not None:
-            status = res.run.state.value if not res.run.state.ran else "error"
+            status = "error" if res.run.state.ran else _NO_VERDICT[res.run.state.value]
             error = res.error if why is None else f"malformed health document: {why}"
             verdicts[node.name] = NodeHealth(node.name, status, (), error, res.run.seconds)
             continue
