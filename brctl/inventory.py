@@ -6,6 +6,7 @@ wrong cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Hashable
@@ -66,10 +67,15 @@ def load_inventory(path: Path) -> Inventory:
     text = utf8_text(raw, source)
     data = parse_yaml(text, source)
     try:
-        return from_document(data, source)
+        inv = from_document(data, source)
     except SchemaError as exc:
         line = line_of(text, exc.path)
         raise (exc.at_line(line) if line is not None else exc) from None
+    return dataclasses.replace(inv, lines=lines_of(text, LATE_KEYS))
+
+
+# Keys whose values are checked after loading (analysis.jobtopo): their lines are kept.
+LATE_KEYS = ("job", "job.nodes", "job.tp", "job.pp", "job.cp", "job.ep", "job.order")
 
 
 def utf8_text(raw: bytes, source: str) -> str:
@@ -115,6 +121,12 @@ def parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses (NUL, ...)
+            at = exc.position
+            line, column = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+            raise InputError(f"{source}:{line}:{column}: malformed YAML: character "
+                             f"{exc.character!r} is not allowed in YAML", file=source,
+                             line=line) from None
         if mark is None:
             raise InputError(f"{source}: malformed YAML: {problem}", file=source) from None
         raise InputError(f"{source}:{mark.line + 1}:{mark.column + 1}: malformed YAML: {problem}",
@@ -131,9 +143,23 @@ def line_of(text: str, path: str) -> int | None:
     the line of the mapping that lacks it.
     """
     try:
-        node: Any = yaml.compose(text, Loader=yaml.SafeLoader)
+        root: Any = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return None
+    return _line_in(root, path)
+
+
+def lines_of(text: str, paths: tuple[str, ...]) -> dict[str, int]:
+    """``{path: line}`` for each of ``paths`` written in ``text`` (the YAML read once)."""
+    try:
+        root: Any = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    found = {path: _line_in(root, path) for path in paths}
+    return {path: line for path, line in found.items() if line is not None}
+
+
+def _line_in(node: Any, path: str) -> int | None:
     line = None
     for key, index in _STEP.findall(path):
         if key and isinstance(node, yaml.MappingNode):

@@ -198,6 +198,9 @@ class Inventory:
     ckpt: CkptSection = field(default_factory=CkptSection)
     daemon: DaemonSection = field(default_factory=DaemonSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
+    # key path -> line in the file, for the keys only checked after loading (the job's
+    # sizes, checked when its topology is built): their errors say file:line key too
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     def node(self, name: str) -> Node:
         """The machine called ``name``."""

@@ -27,7 +27,26 @@ def job_topology(inv: Inventory, rank_machines: Sequence[str] | None = None) -> 
     try:
         return Topology.build(job.nodes, gpus, tp=job.tp, pp=job.pp, cp=job.cp, ep=job.ep,
                               order=job.order, rank_machines=rank_machines)
-    except TopologyError as exc:  # name the file, and the key the message opens with
-        key = exc.message.split(":", 1)[0] if exc.message.startswith("job") else None
-        raise InputError(f"{inv.source}: {exc.message}", hint=exc.hint, file=inv.source,
-                         key=key) from None
+    except TopologyError as exc:  # name the file, the key at fault and its line
+        head, _, what = exc.message.partition(": ")
+        if not head.startswith("job"):
+            raise InputError(f"{inv.source}: {exc.message}", hint=exc.hint,
+                             file=inv.source) from None
+        key = _culprit(inv) if head == "job" else head
+        line = inv.lines.get(key)
+        at = f"{inv.source}:{line}" if line is not None else inv.source
+        raise InputError(f"{at}: {key}: {what}", hint=exc.hint, file=inv.source, key=key,
+                         line=line) from None
+
+
+def _culprit(inv: Inventory) -> str:
+    """The first of job.tp, job.cp, job.pp whose product with those before it does not
+    divide the job's GPU count (the key a human changes)."""
+    assert inv.job is not None
+    world = sum(inv.nodes[n].gpus for n in inv.job.nodes)
+    block = 1
+    for name in ("tp", "cp", "pp"):
+        block *= getattr(inv.job, name)
+        if world % block:
+            return f"job.{name}"
+    return "job"

@@ -2,14 +2,16 @@
 
 Each mutation of a valid inventory is built to be invalid (a typo'd key, a wrong
 type, a value out of range, a key written twice, bytes that are not UTF-8, broken
-YAML, a bad node set, a job that does not fit its machines). Every one must exit 2
-through the real CLI, name the file, show no traceback: never 0, never 70.
+YAML, a bad node set, a job that does not fit its machines). Every one must exit 2,
+name the file and the line (``inv.yaml:12:``, but in an empty file), show no
+traceback: never 0, never 70.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -168,4 +170,32 @@ def test_every_invalid_inventory_exits_2_naming_the_file(brctl: Callable[..., An
         r = brctl("-i", path, "nodes")
         if r.exit_code != 2 or str(path) not in r.stderr or "Traceback" in r.stderr:
             failures.append(f"{what}: exit {r.exit_code}: {r.stderr.strip()[:300]}")
+        elif data.strip() and not re.search(rf"{re.escape(str(path))}:\d+:", r.stderr):
+            failures.append(f"{what}: no line named: {r.stderr.strip()[:300]}")
     assert not failures, "\n".join(failures)
+
+
+# A job whose sizes do not divide its GPUs (8 here): found when the topology is built,
+# after loading, and still named like a compiler: file, line and the key at fault.
+TOPOLOGY: list[tuple[dict[str, Any], str]] = [
+    ({"tp": 3}, "job.tp"), ({"tp": 5}, "job.tp"), ({"tp": 1, "pp": 3}, "job.pp"),
+    ({"tp": 2, "cp": 3}, "job.cp"), ({"ep": 3}, "job.ep"), ({"order": "dp-tp"}, "job.order"),
+]
+
+
+@pytest.mark.parametrize(("change", "key"), TOPOLOGY)
+def test_a_job_that_does_not_divide_names_file_line_and_key(
+        brctl: Callable[..., Any], tmp_path: Path, change: dict[str, Any], key: str) -> None:
+    import json
+
+    doc = copy.deepcopy(BASE)
+    doc["job"].update(change)
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = brctl("-i", path, "nodes", "--json")
+    assert r.exit_code == 2
+    err = json.loads(r.stdout)
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1)
+                if text.strip().startswith(f"{key.split('.')[1]}:"))
+    assert (err["key"], err["line"]) == (key, line), err
+    assert re.search(rf"{re.escape(str(path))}:{line}: {re.escape(key)}: ", r.stderr), r.stderr
