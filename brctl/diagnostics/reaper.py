@@ -4,8 +4,14 @@
 itself, so no file has to exist on the node). The command runs in its own session;
 this process is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so whatever the
 command starts stays below it even when it ``setsid``s, double-forks or loses its
-parent. It ends the whole tree, all of it found by a walk of ``/proc`` (SIGTERM,
-SIGKILL ``GRACE_S`` later, repeated until nothing is left) when:
+parent. Where the machine allows one (cgroup v2, writable: root), the command also
+runs in a cgroup of its own, ``brctl-<random>`` below this process's: the reaper
+moves itself in, spawns the command and moves back, so the cgroup holds the whole
+tree from its first instruction, and is removed when the reaper ends (what a
+command that exited left running is moved back out first). It ends the whole
+tree, found by a walk of ``/proc`` and in that cgroup (SIGTERM, SIGKILL ``GRACE_S``
+later, with ``cgroup.kill`` where the kernel has it, repeated until nothing is
+left) when:
 
 - the deadline passes: exit 124, whatever the command does with SIGTERM;
 - the channel goes away (stdout/stderr's reader closed: Ctrl-C on the
@@ -32,6 +38,116 @@ GRACE_S = 2.0
 TIMEOUT_EXIT = 124
 GONE_EXIT = 129
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+CGROUP_PREFIX = "brctl-"
+
+
+def cgroup_root() -> str | None:
+    """Where cgroup v2 is mounted with its root as this process sees it, or None."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if right.split(" ", 1)[0] == "cgroup2" and len(fields) > 4 and fields[3] == "/":
+                    return fields[4]
+    except OSError:
+        pass
+    return None
+
+
+def own_cgroup() -> str | None:
+    """This process's cgroup v2 directory, or None (no cgroup2, or not reachable here)."""
+    root = cgroup_root()
+    if root is None:
+        return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::/"):
+            path = os.path.join(root, line[4:])
+            return path if os.path.isdir(path) else None
+    return None
+
+
+def _move(pid: int, cgroup: str) -> bool:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    except OSError:
+        return False
+    return True
+
+
+def _enter_cgroup() -> tuple[str, str] | None:
+    """A new cgroup with this process in it: (the one it came from, the new one), or None."""
+    parent = own_cgroup()
+    if parent is None:
+        return None
+    _sweep(parent)
+    mine = os.path.join(parent, CGROUP_PREFIX + os.urandom(8).hex())
+    try:
+        os.mkdir(mine)
+    except OSError:
+        return None
+    if _move(os.getpid(), mine):
+        return parent, mine
+    with contextlib.suppress(OSError):
+        os.rmdir(mine)
+    return None
+
+
+def members(cgroup: str | None) -> list[int]:
+    """The live processes in ``cgroup`` (none for None)."""
+    if cgroup is None:
+        return []
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            pids = [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+    return [pid for pid in pids if _state(pid) not in (b"Z", b"X", b"")]
+
+
+def _state(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return b""
+    return stat[stat.rfind(b")") + 2:][:1]
+
+
+def _sweep(parent: str) -> None:
+    """Remove the empty cgroups that reapers killed with SIGKILL left behind (a busy one
+    refuses; one just made, not yet entered, makes its reaper fall back to the walk)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(CGROUP_PREFIX) and len(name) == len(CGROUP_PREFIX) + 16:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(parent, name))
+
+
+def _leave_cgroup(cgroup: tuple[str, str]) -> None:
+    """Move what is still in the command's cgroup back to ``parent`` and remove it."""
+    parent, mine = cgroup
+    for _ in range(50):
+        for pid in members(mine):
+            _move(pid, parent)
+        try:
+            os.rmdir(mine)
+            return
+        except FileNotFoundError:
+            return  # another reaper's sweep took it once it was empty
+        except OSError:
+            time.sleep(0.02)  # exiting processes leave a cgroup a moment after they die
 
 
 def descendants(root: int) -> list[int]:
@@ -78,22 +194,30 @@ def _reap() -> dict[int, int]:
         done[pid] = status
 
 
-def kill_tree(leader: int) -> None:
-    """SIGTERM the whole tree below us (and ``leader``'s group), SIGKILL what is left after GRACE_S."""
+def _tree(cgroup: str | None) -> list[int]:
     me = os.getpid()
+    return sorted(set(descendants(me)) | set(members(cgroup)) - {me})
+
+
+def kill_tree(leader: int, cgroup: str | None = None) -> None:
+    """SIGTERM the whole tree below us (and ``leader``'s group, and ``cgroup``), SIGKILL
+    what is left after GRACE_S (``cgroup.kill``: all of it at once, forks in flight too)."""
     with contextlib.suppress(OSError):
         os.killpg(leader, signal.SIGTERM)
-    _signal_all(descendants(me), signal.SIGTERM)
+    _signal_all(_tree(cgroup), signal.SIGTERM)
     give_up = time.monotonic() + GRACE_S
     while time.monotonic() < give_up:
         _reap()
-        if not descendants(me):
+        if not _tree(cgroup):
             return
         time.sleep(0.05)
     for _ in range(100):  # a tree that forks while it dies needs a few rounds
-        left = descendants(me)
+        left = _tree(cgroup)
         if not left:
             return
+        if cgroup is not None:
+            with contextlib.suppress(OSError), open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
+                f.write("1")
         _signal_all(left, signal.SIGKILL)
         time.sleep(0.01)
         _reap()
@@ -115,13 +239,26 @@ def main(argv: list[str]) -> int:
     signal.set_wakeup_fd(wake_w)
     for sig in (signal.SIGCHLD, *_STOP_SIGNALS):
         signal.signal(sig, lambda *_: None)
+    cgroup = _enter_cgroup()
     try:
         # Python ignores SIGPIPE and SIGXFSZ; the command gets the defaults back.
         leader = os.posix_spawnp(cmd[0], cmd, os.environ, setsid=True,
                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *_STOP_SIGNALS))
     except OSError as exc:
         sys.stderr.write(f"{cmd[0]}: {exc.strerror}\n")
-        return 127
+        leader = None
+    if cgroup is not None and not _move(os.getpid(), cgroup[0]):
+        cgroup = None  # stuck in it with the command: never kill it whole, the walk does
+    try:
+        return 127 if leader is None else _supervise(leader, deadline, seconds, wake_r,
+                                                     None if cgroup is None else cgroup[1])
+    finally:
+        if cgroup is not None:
+            _leave_cgroup(cgroup)
+
+
+def _supervise(leader: int, deadline: float, seconds: float, wake_r: int, cgroup: str | None) -> int:
+    """Wait for the command, the deadline, a lost reader or a stop signal; the exit code."""
     poller = select.poll()
     poller.register(wake_r, select.POLLIN)
     for fd in (1, 2):
@@ -142,7 +279,7 @@ def main(argv: list[str]) -> int:
         status = _reap().get(leader)
         if status is not None:
             return _exit_code(status)
-    kill_tree(leader)
+    kill_tree(leader, cgroup)
     if reason == TIMEOUT_EXIT:
         sys.stderr.write(f"brctl: timeout: killed after {seconds:g}s, with all it started\n")
     return reason
