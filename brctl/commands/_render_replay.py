@@ -30,7 +30,7 @@ def _summary(p: ReplayPlan) -> str:
 def render_plan(out: Output, p: ReplayPlan) -> None:
     """``--plan-only``: the groups of rounds 1 and 2, nothing run."""
     if out.json:
-        out.emit_json("replay", plan_only_json(p))
+        out.emit_json("replay", plan_only_json(p), status=0)  # a plan: exit 0
         return
     out.console.print(escape(_summary(p)))
     for title, rnd in (("round 1 (horizontal)", p.round1), ("round 2 (vertical)", p.round2)):

@@ -45,7 +45,7 @@ def stack_tree(root: TreeNode, outliers: set[int]) -> Any:
 def render(out: Output, report: StacksReport) -> None:
     """Tree, outlier table, suspect group and eviction list; or the JSON document."""
     if out.json:
-        out.emit_json("stacks", report.to_json(), version=2)
+        out.emit_json("stacks", report.to_json(), version=2, status=report.exit_code)
         return
     a = report.analysis
     outlier_ranks = {o.rank for o in a.outliers}

@@ -129,11 +129,11 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
         "incomplete": OBJ, "seconds": NUM}, True),
     # the stacks document's content is the stack analysis' (loose here: its keys only)
     ("brctl.stacks/2", {"classes": arr(OBJ), "outliers": arr(OBJ), "suspect_groups": arr(OBJ),
-                        "evict": NAMES, "nodes": by_node(OBJ)}, False),
+                        "evict": NAMES, "nodes": by_node(OBJ)}, True),
     ("brctl.replay/1", {
         "verdict": opt({"enum": ["found", "none", "ambiguous", "not_reproduced", "incomplete"]}),
         "plan": REPLAY_PLAN,
-        "rounds": arr(obj({"index": INT, "kind": STR, "groups": arr(REPLAY_GROUP)}))}, False),
+        "rounds": arr(obj({"index": INT, "kind": STR, "groups": arr(REPLAY_GROUP)}))}, True),
     ("brctl.ckpt.plan/1", {"job": STR, "ok": BOOL, "placements": arr(obj({
         "node": STR, "backup_node": opt(STR), "meets_rule": BOOL, "how": STR,
         "shared_kinds": NAMES, "same_domain": BOOL})), "notes": NAMES}, True),

@@ -164,10 +164,12 @@ def _stacks_save(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("args", "schema"), [
+    (["stacks", "--from", "SAVE"], "brctl.stacks/2"),
     (["-i", str(LOCAL), "daemon", "status"], "brctl.daemon.status/1"),
     (["-i", str(LOCAL), "evict", "local1", "--reason", "x", "--dry-run"], "brctl.evict/2"),
     (["-i", str(LOCAL), "unevict", "local1", "--dry-run"], "brctl.unevict/2"),
     (["-i", str(LOCAL), "ckpt", "plan"], "brctl.ckpt.plan/1"),
+    (["-i", str(LOCAL), "replay", "--plan-only"], "brctl.replay/1"),
 ])
 def test_a_document_that_judges_says_its_exit_code_as_status(
         brctl: Any, state_dir: Path, tmp_path: Path, args: list[str], schema: str) -> None:
