@@ -154,6 +154,24 @@ class PastIncident:
 
     kind: str
     decision: str
+    at: float = 0.0  # when the plan was decided
+
+
+def escalations(plans: Sequence[PastIncident], moved_at: Sequence[float]) -> list[PastIncident]:
+    """The plans carried out (oldest first) as incidents: a crash plan after another with
+    no new step between them (``moved_at``: when the job was seen to move) is the same
+    crash climbing the daemon's ladder (reattempt, then rollback, ...), so the run of
+    them is one incident, resolved by its last rung."""
+    moves = sorted(moved_at)
+    out: list[PastIncident] = []
+    for plan in sorted(plans, key=lambda p: p.at):
+        last = out[-1] if out else None
+        if last is not None and last.kind == plan.kind == "crash" \
+                and not any(last.at < t <= plan.at for t in moves):
+            out[-1] = plan  # the same incident, one rung up
+        else:
+            out.append(plan)
+    return out
 
 
 # what the simulator's daemon sees for each recorded incident kind: a hand eviction is

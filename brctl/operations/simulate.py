@@ -21,6 +21,7 @@ from brctl.analysis.simulate import (
     Scenario,
     Summary,
     byterobust_mix,
+    escalations,
     history_mix,
     with_setting,
 )
@@ -35,7 +36,8 @@ def history(store: Store, job: str, machines: int) -> tuple[IncidentKind, ...]:
     """``--mix history``: the incidents the daemon handled for ``job`` (its action log).
 
     Each plan carried out to the end (``done``; not a follow-up after a replay) is one
-    incident, resolved by its decision; the days covered are those of the recorded
+    incident, resolved by its decision, except that crash plans with no new step between
+    them are one incident resolved by the last (``escalations``); the days covered are those of the recorded
     ETTR intervals and plans. ``machines``: the job's machine count.
 
     Raises:
@@ -45,8 +47,12 @@ def history(store: Store, job: str, machines: int) -> tuple[IncidentKind, ...]:
     plans = [a for a in state.actions([DONE], limit=-1)  # -1: SQLite for no limit
              if a.kind == "plan" and not a.payload.get("follows")]
     past = [PastIncident(str((a.payload.get("incident") or {}).get("kind", "")),
-                         str((a.payload.get("plan") or {}).get("decision", ""))) for a in plans]
-    times = [t for iv in state.intervals() for t in (iv.start, iv.end)] + [a.created for a in plans]
+                         str((a.payload.get("plan") or {}).get("decision", "")), a.created)
+            for a in plans]
+    intervals = state.intervals()
+    # a crash that came back before a new step is one incident climbing the ladder
+    past = escalations(past, [iv.end for iv in intervals if iv.productive])
+    times = [t for iv in intervals for t in (iv.start, iv.end)] + [a.created for a in plans]
     try:
         return history_mix(past, machines, max(times) - min(times) if times else 0.0)
     except ValueError as exc:

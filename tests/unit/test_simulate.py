@@ -266,3 +266,44 @@ def test_cli_machines_alone_needs_no_inventory(brctl: Any, state_dir: Path, tmp_
     # an inventory named but missing is still its error, not a silent pool of 0
     missing = brctl("-i", str(tmp_path / "nope.yaml"), "simulate", "--machines", "100")
     assert missing.exit_code == 2 and "no such file" in missing.stderr
+
+
+def test_history_counts_an_escalation_as_one_incident(tmp_path: Path) -> None:
+    """The real loop: a crash (reattempt) that comes back before a new step (rollback)
+    is one incident resolved by the rollback; a crash after progress is a new one."""
+    from brctl.operations.simulate import history
+    from tests.unit.test_daemon_loop import Clock, Script, inventory, make, tick
+
+    script, clock = Script(), Clock()
+    daemon, store = make(tmp_path, script, clock,
+                         inv=inventory(tmp_path, max_restarts_without_progress=5))
+    daemon.start()
+    tick(daemon, clock, script)
+    for _ in range(2):  # reattempt, then (no step in between) rollback
+        script.running = False
+        tick(daemon, clock, script, steps=0, dt=2)
+    script.running = True
+    for _ in range(3):
+        tick(daemon, clock, script)
+    script.running = False
+    tick(daemon, clock, script, steps=0, dt=2)  # after progress: a new incident, reattempted
+    script.running = True
+    for _ in range(3):
+        tick(daemon, clock, script)
+    decisions = [h.plan.decision for h in daemon.report.handled if h.plan]  # type: ignore[union-attr]
+    assert decisions == ["reattempt", "rollback", "reattempt"], decisions
+    kinds = {k.name: k for k in history(store, "llm", 4)}
+    store.close()
+    assert set(kinds) == {"crash-rollback", "crash-reattempt"}
+    assert kinds["crash-rollback"].rate == pytest.approx(kinds["crash-reattempt"].rate)
+
+
+def test_escalations_merge_a_crash_climbing_the_ladder_until_a_step() -> None:
+    from brctl.analysis.simulate import escalations
+
+    plans = [PastIncident("crash", "reattempt", 10), PastIncident("crash", "rollback", 20),
+             PastIncident("crash", "reattempt", 40), PastIncident("gpu_fault", "evict", 50),
+             PastIncident("crash", "reattempt", 60)]
+    merged = escalations(plans, moved_at=[30])  # a step between 20 and 40
+    assert [(p.decision, p.at) for p in merged] == [("rollback", 20), ("reattempt", 40),
+                                                    ("evict", 50), ("reattempt", 60)]
