@@ -269,16 +269,22 @@ def series(productive: Mapping[int, float], width: float, horizon: float) -> tup
                  for i in range(count))
 
 
-def _detect(job: _Job, kind: IncidentKind, node: str) -> policy.Incident:
+def _detect(job: _Job, kind: IncidentKind, node: str,
+            restarted_at: Optional[float]) -> policy.Incident:
     """Poll with ``daemon.detect`` from the failure on until it reports the incident.
+
+    ``restarted_at``: the daemon restarted the job then and it has made no step since
+    (a fault that came back), so ``detect`` applies its start-up grace; None: the job
+    was training.
 
     ``detect`` is shown only the failed machine as the job's members: every other one
     is healthy and unquarantined, so it would skip them (and a 1,200-name scan per poll
     would be most of the run time).
     """
     cfg, failed_at, members = job.sc.daemon, job.now, (node,)
-    progress = policy.Progress(step=1, moved_at=failed_at, started_at=failed_at - cfg.startup_grace,
-                               moved_since_start=True)
+    progress = (policy.Progress.start(restarted_at, step=1) if restarted_at is not None else
+                policy.Progress(step=1, moved_at=failed_at,
+                                started_at=failed_at - cfg.startup_grace, moved_since_start=True))
     at = job.next_poll(failed_at)
     while True:
         obs = policy.Observation(
@@ -317,9 +323,10 @@ def _handle(job: _Job, kind: IncidentKind, node: str) -> None:
     cfg, d = job.sc.daemon, job.sc.durations
     job.fail()
     previous: Optional[str] = None
+    restarted_at: Optional[float] = None
     restarts = 0
     while True:
-        incident = _detect(job, kind, node)
+        incident = _detect(job, kind, node, restarted_at)
         finding = _finding(kind, incident, node)
         if incident.kind == "crash":
             job.spend("analysis", d.diagnose)
@@ -362,7 +369,7 @@ def _handle(job: _Job, kind: IncidentKind, node: str) -> None:
             job.resolved_by[fixed_by] += 1
             return
         # not fixed: the job comes back and stops again before a new step
-        previous = plan.decision
+        previous, restarted_at = plan.decision, job.now
         job.spend("failed_attempt", d.recur)
 
 

@@ -307,3 +307,13 @@ def test_escalations_merge_a_crash_climbing_the_ladder_until_a_step() -> None:
     merged = escalations(plans, moved_at=[30])  # a step between 20 and 40
     assert [(p.decision, p.at) for p in merged] == [("rollback", 20), ("reattempt", 40),
                                                     ("evict", 50), ("reattempt", 60)]
+
+
+def test_startup_grace_delays_finding_a_hang_that_recurs_after_a_restart() -> None:
+    """A hang nothing fixes short of a rollback comes back after each reattempt before
+    a new step: the daemon's detect then waits max(startup_grace, stall_after)."""
+    sc = Scenario(1200, 30, 1800.0, standby=8,
+                  mix=(IncidentKind("stuck", 0.0005, "hang", "rollback"),))
+    detection = [run(with_setting(sc, "daemon.startup_grace", grace), 4).lost["detection"]
+                 for grace in (60, 600, 1800)]
+    assert detection[0] < detection[1] < detection[2]
