@@ -111,16 +111,18 @@ def _print_error(out: Output, message: str, hint: str | None) -> None:
 
 
 def _report(out: Output, code: int, message: str, hint: str | None, as_json: bool,
-            where: BrctlError | None = None) -> int:
+            where: BrctlError | None = None, ndjson: bool = False) -> int:
     """The error on the run's stderr, and with --json as the ``brctl.error/1`` document
-    on its stdout (the injected Env's streams: a test reads them there)."""
+    on its stdout (the injected Env's streams: a test reads them there); one compact
+    line when the run prints NDJSON (``--watch``, ``--follow``)."""
     _print_error(out, message, hint)
     if as_json:
         with contextlib.suppress(BrokenPipeError):
             out.stdout.write(json_document("error", {
                 "exit": int(code), "message": message, "hint": hint,
                 "file": where.file if where else None, "key": where.key if where else None,
-                "line": where.line if where else None}, status=code) + "\n")
+                "line": where.line if where else None}, status=code,
+                compact=ndjson) + "\n")
     return int(code)
 
 
@@ -138,23 +140,24 @@ def run(argv: list[str], env: Env | None = None) -> int:
     front, rest = hoist(argv, command)
     debug = "--debug" in front
     as_json = "--json" in front
+    ndjson = as_json and _streams(rest)
     try:
         result = command.main(args=front + rest, prog_name="brctl", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
     except typer.Abort:
-        return _report(out, ExitCode.INTERRUPTED, "interrupted", None, as_json)
+        return _report(out, ExitCode.INTERRUPTED, "interrupted", None, as_json, ndjson=ndjson)
     except typer.TyperException as exc:  # bad options or arguments
         return _report(out, ExitCode.USAGE, exc.format_message(),
-                       "run 'brctl --help' (or 'brctl COMMAND --help')", as_json)
+                       "run 'brctl --help' (or 'brctl COMMAND --help')", as_json, ndjson=ndjson)
     except BrctlError as exc:
         if debug:
             import traceback
 
             traceback.print_exc(file=out.stderr)
-        return _report(out, exc.code, exc.message, exc.hint, as_json, exc)
+        return _report(out, exc.code, exc.message, exc.hint, as_json, exc, ndjson)
     except KeyboardInterrupt:
-        return _report(out, ExitCode.INTERRUPTED, "interrupted", None, as_json)
+        return _report(out, ExitCode.INTERRUPTED, "interrupted", None, as_json, ndjson=ndjson)
     except Exception as exc:  # the last line of defence: a bug, not a user error
         if debug:
             import traceback
@@ -162,8 +165,15 @@ def run(argv: list[str], env: Env | None = None) -> int:
             traceback.print_exc(file=out.stderr)
         return _report(out, ExitCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
                        "this is a bug in brctl; please report it with the output of --debug",
-                       as_json)
+                       as_json, ndjson=ndjson)
     return int(result or 0)
+
+
+def _streams(args: list[str]) -> bool:
+    """Whether the command prints NDJSON (``--watch``, ``--follow``), its own options read
+    up to ``--`` (after it, the words are a remote command's)."""
+    own = args[:args.index("--")] if "--" in args else args
+    return any(a.split("=", 1)[0] in ("--watch", "--follow") for a in own)
 
 
 class _PipeSafe(io.TextIOBase):

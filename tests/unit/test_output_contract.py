@@ -180,3 +180,13 @@ def test_a_document_that_judges_says_its_exit_code_as_status(
     assert doc["schema"] == schema
     assert doc.get("status") == STATUS_WORDS[r.exit_code], (r.exit_code, r.stderr)
     assert "status" in schemas.get(schema)["required"]  # the schema says it judges
+
+
+@pytest.mark.parametrize("args", [["--watch", "0"], ["--watch", "5", "-w", "nosuch[1-2]"],
+                                  ["--watch", "5", "--count", "0"]])
+def test_an_error_under_watch_json_is_one_compact_line(brctl: Any, state_dir: Path,
+                                                       args: list[str]) -> None:
+    r = brctl("-i", LOCAL, "--json", "health", *args)
+    assert r.exit_code == 2
+    assert r.stdout.count("\n") == 1, r.stdout  # NDJSON: a reader takes it line by line
+    assert validated(json.loads(r.stdout))["schema"] == "brctl.error/1"
