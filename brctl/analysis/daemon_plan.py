@@ -19,8 +19,11 @@ does with each kind:
   abandoned and a human paged.
 
 Resuming is a re-decision (``resume_refusal``): a plan older than
-``daemon.max_plan_age``, or based on a membership or quarantine that changed since,
-is abandoned with a page instead.
+``daemon.max_plan_age``, or based on a membership or quarantine that changed since
+(a standby of its quarantined too), is abandoned with a page instead. While a plan
+runs, the swap and the restart re-check their targets in the transaction that
+records them (operations.daemon_state: ``StaleTarget``). ``PlanRecord`` is the plan
+as recorded; one that cannot be read is abandoned, never a ``KeyError``.
 
 ``holder_dead`` proves a lease holder dead from facts about its process (same host,
 same boot, same PID namespace, and its pid gone or started at another time), so a
@@ -31,9 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
-from brctl.analysis.daemon import Plan, swap_members
+from brctl.analysis.daemon import Decision, Plan, swap_members
 
 StepKind = Literal["evict", "stop", "restore", "swap", "apply", "rollback", "replay", "restart"]
 STEP_KINDS: tuple[StepKind, ...] = ("evict", "stop", "restore", "swap", "apply", "rollback",
@@ -130,20 +133,111 @@ def steps_for(plan: Plan, *, members: Sequence[str], replacements: Mapping[str, 
     return tuple(steps)
 
 
-def expected_members(doc: Mapping[str, Any], swapped: bool) -> list[str]:
-    """The job's machines a plan expects to find: before its swap, or after it."""
-    before = [str(n) for n in doc.get("members", [])]
-    return swap_members(before, dict(doc.get("replacements") or {})) if swapped else before
+@dataclass(frozen=True)
+class PlanRecord:
+    """A plan as the action log holds it (the payload of its ``plan`` row): what was decided
+    about which incident, on which machines, with which standbys, as which steps.
+
+    Attributes:
+        plan: the decision, the machines it evicts, why, whether it restarts the job.
+        steps: its steps with their targets fixed (``steps_for``).
+        members: the job's machines when it was written (rank order).
+        replacements: evicted machine → the checked standby taking its place.
+        incident: the incident's JSON (kind, nodes, reason); None for none.
+        symptom: the diagnose playbook that classified a crash ("" otherwise).
+        source: daemon | hand (a ``brctl evict`` the daemon finishes).
+        by: the operators of the hand evictions it finishes.
+        follows: the plan whose replay verdict this one carries out, or None.
+    """
+
+    plan: Plan
+    steps: tuple[Step, ...]
+    members: tuple[str, ...]
+    replacements: Mapping[str, str] = field(default_factory=dict)
+    incident: Optional[Mapping[str, Any]] = None
+    symptom: str = ""
+    source: str = "daemon"
+    by: tuple[str, ...] = ()
+    follows: Optional[str] = None
+
+    @property
+    def incident_kind(self) -> str:
+        """The incident's kind ("" when none is recorded)."""
+        return str((self.incident or {}).get("kind", ""))
+
+    def expected_members(self, swapped: bool) -> list[str]:
+        """The job's machines the plan expects to find: before its swap, or after it."""
+        before = list(self.members)
+        return swap_members(before, dict(self.replacements)) if swapped else before
+
+    def to_json(self) -> dict[str, Any]:
+        """``{incident, symptom, source, by, plan, members, replacements, steps[, follows]}``."""
+        doc: dict[str, Any] = {
+            "incident": dict(self.incident) if self.incident is not None else None,
+            "symptom": self.symptom, "source": self.source, "by": list(self.by),
+            "plan": self.plan.to_json(), "members": list(self.members),
+            "replacements": dict(self.replacements), "steps": [s.to_json() for s in self.steps]}
+        if self.follows is not None:
+            doc["follows"] = self.follows
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PlanRecord:
+        """The inverse of ``to_json``.
+
+        Raises:
+            ValueError: the record is malformed (a key missing or of the wrong type), e.g.
+                written by a damaged database or another brctl; the caller abandons it.
+        """
+        try:
+            plan = doc["plan"]
+            decision, reason, restart = plan["decision"], plan["reason"], plan["restart"]
+            if decision not in _literals(Decision) or not isinstance(reason, str) \
+                    or not isinstance(restart, bool):
+                raise ValueError("plan.decision, plan.reason or plan.restart is out of shape")
+            incident = doc.get("incident")
+            if incident is not None and not isinstance(incident, Mapping):
+                raise ValueError("incident is not an object")
+            follows = doc.get("follows")
+            return cls(
+                Plan(decision, _names(plan.get("evict", [])), reason, restart),
+                tuple(Step.from_json(s) for s in _list(doc["steps"])), _names(doc["members"]),
+                {str(k): str(v) for k, v in dict(doc.get("replacements") or {}).items()},
+                incident, str(doc.get("symptom") or ""), str(doc.get("source") or "daemon"),
+                _names(doc.get("by") or []), None if follows is None else str(follows))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed plan record: {type(exc).__name__}: {exc}") from None
 
 
-def resume_refusal(doc: Mapping[str, Any], *, written: float, now: float, max_age: float,
+def _literals(tp: Any) -> set[Any]:
+    """The values of a ``Literal`` type, or of a union of them."""
+    args = get_args(tp)
+    return set().union(*(_literals(a) if get_args(a) else {a} for a in args))
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(n) for n in _list(value))
+
+
+def expected_members(record: PlanRecord, swapped: bool) -> list[str]:
+    """The job's machines ``record`` expects to find: before its swap, or after it."""
+    return record.expected_members(swapped)
+
+
+def resume_refusal(doc: PlanRecord, *, written: float, now: float, max_age: float,
                    members: Sequence[str], swapped: Optional[bool], quarantined: Iterable[str],
                    restart_pending: bool, restarts_without_progress: int,
                    max_restarts: int) -> Optional[str]:
     """Why an unfinished plan must be abandoned rather than resumed, or None.
 
     Args:
-        doc: the plan as recorded.
+        doc: the plan as recorded (``PlanRecord``).
         written: when it was written.
         now: the time now.
         max_age: ``daemon.max_plan_age``.
@@ -163,12 +257,11 @@ def resume_refusal(doc: Mapping[str, Any], *, written: float, now: float, max_ag
     if list(members) not in expected:
         return (f"the job's machines changed since it was written (now {','.join(members)}, "
                 f"expected {' or '.join(','.join(e) for e in expected)})")
-    evict = [str(n) for n in (doc.get("plan") or {}).get("evict", [])]
     out = set(quarantined)
-    released = [n for n in evict if n not in out]
+    released = [n for n in doc.plan.evict if n not in out]
     if released:
         return f"{', '.join(released)} left quarantine since it was written"
-    spares = [str(n) for n in dict(doc.get("replacements") or {}).values() if str(n) in out]
+    spares = [n for n in doc.replacements.values() if n in out]
     if spares:
         return f"standby {', '.join(spares)} was quarantined since it was written"
     if restart_pending and restarts_without_progress >= max_restarts:

@@ -20,7 +20,10 @@ based on machines or a quarantine that changed → abandoned with a page; else
 resumed, step by step, never running an opaque step twice. A refusal (caps,
 restarts without progress, no checked standby) or an abandoned plan is recorded,
 paged, and stops further actions: the daemon stays up, keeps observing and
-reporting (status, /metrics), and exits 4 when stopped. A daemon that lost its
+reporting (status, /metrics), and exits 4 when stopped. The halt is recorded and
+outlives the daemon (kill -9, OOM, a systemd restart) until ``brctl daemon rearm``:
+what it halted on is a human's. A ``brctl evict`` killed midway is finished at the
+next poll (``Executor.finish_hand_evictions``). A daemon that lost its
 lease stops before its next step and exits 4. ``--dry-run`` takes no lease and
 writes nothing the live daemon reads: it decides and reports only.
 
@@ -57,7 +60,7 @@ from brctl.analysis.daemon import (
     refusal,
     shortfall,
 )
-from brctl.analysis.daemon_plan import Holder, Release, resume_refusal, steps_for
+from brctl.analysis.daemon_plan import Holder, PlanRecord, Release, resume_refusal, steps_for
 from brctl.analysis.diagnose_decide import PastConclusion
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
@@ -245,11 +248,16 @@ class Daemon:
                 continue  # the parent resumes its follow-up itself
             self._resume(current.key, current.payload, current.created)
 
-    def _resume(self, key: str, doc: Mapping[str, Any], written: float) -> None:
+    def _resume(self, key: str, payload: Mapping[str, Any], written: float) -> None:
         """Re-decide an unfinished plan: abandon it with a page, or carry it on."""
-        states = {s["id"]: (a.state if (a := self.state.action(f"{key}/{s['id']}")) else None)
-                  for s in doc.get("steps", [])}
-        kinds = {s["id"]: s["kind"] for s in doc.get("steps", [])}
+        try:
+            doc = PlanRecord.from_json(payload)
+        except ValueError as exc:  # unreadable: nobody can say what it would do, a human decides
+            self._after_plan(self.executor.abandon(key, None, f"not resumed: {exc}"))
+            return
+        states = {s.id: (a.state if (a := self.state.action(f"{key}/{s.id}")) else None)
+                  for s in doc.steps}
+        kinds: dict[str, str] = {s.id: s.kind for s in doc.steps}
         why = resume_refusal(
             doc, written=written, now=self.clock(), max_age=self.cfg.max_plan_age,
             members=self.members(), swapped=_swapped(kinds, states),
@@ -379,7 +387,7 @@ class Daemon:
         by_hand = incident.nodes if incident.kind == "hand_evict" else ()
         doc = {"incident": incident.to_json(), "symptom": finding.symptom,
                "source": "hand" if by_hand else "daemon",
-               "by": sorted({self.state.quarantined()[n].operator or "" for n in by_hand})}
+               "by": tuple(sorted({self.state.quarantined()[n].operator or "" for n in by_hand}))}
         why = self._admit(f"{self.job.name}/plan/{event_id}", plan, [n.name for n in nodes], doc,
                           stop=True, by_hand=by_hand)
         if why is not None:
@@ -404,12 +412,11 @@ class Daemon:
         release = self.hooks.release() if plan.restart or plan.decision == "rollback" else Release()
         steps = steps_for(plan, members=members, replacements=replacements, release=release,
                           stop=stop and self.job.stop_command is not None, already_evicted=by_hand)
-        doc = {**extra, "plan": plan.to_json(), "members": list(members),
-               "replacements": replacements, "steps": [s.to_json() for s in steps]}
+        doc = PlanRecord(plan, steps, tuple(members), replacements, **extra)
         if self.dry_run:  # decide and show; record nothing
             why = caps([e.at for e in self.state.eviction_history()])
         else:
-            why = self.state.admit(key, doc, plan.reason, self.clock(), evict=counted.evict,
+            why = self.state.admit(key, doc.to_json(), plan.reason, self.clock(), evict=counted.evict,
                                    source="daemon", operator=None, caps=caps,
                                    generation=self.generation)
         if why is not None:
@@ -446,7 +453,7 @@ class Daemon:
             self.report.refusals.append(f"plan abandoned: {outcome.why}")
             self._halt(f"a plan was abandoned: {outcome.why}")
 
-    def _after_replay(self, key: str, doc: Mapping[str, Any], outcome: ReplayOutcome) -> None:
+    def _after_replay(self, key: str, doc: PlanRecord, outcome: ReplayOutcome) -> None:
         """What the replay's verdict calls for, as a plan of its own (caps, records)."""
         sub = f"{key}/after-replay"
         existing = self.state.action(sub)
@@ -460,9 +467,8 @@ class Daemon:
         if outcome.verdict != "found":  # nobody proven: a human looks at the evidence
             self.notify("replay", outcome.verdict, None, follow.reason,
                         {"replay": outcome.to_json(), "job": self.job.name})
-        extra = {"incident": doc.get("incident"), "symptom": doc.get("symptom", ""),
-                 "source": "daemon", "by": [], "follows": key}
-        self._admit(sub, follow, list(doc["members"]), extra, stop=False)
+        extra = {"incident": doc.incident, "symptom": doc.symptom, "follows": key}
+        self._admit(sub, follow, list(doc.members), extra, stop=False)
 
     # the loop -------------------------------------------------------------------------
     def run(self, *, stop: threading.Event, max_iterations: Optional[int] = None,

@@ -2,7 +2,9 @@
 
 Shared by ``brctl daemon``, ``evict``/``unevict``, ``standby`` and ``ettr``:
 
-- ``daemon_events``: what the loop saw (incidents, decisions, refusals), in order.
+- ``daemon_events``: what the loop saw (incidents, decisions, refusals), in order;
+  the newest ``halted`` not followed by a ``rearmed`` is the daemon's halt (``halt``).
+  A plan's payload is an ``analysis.daemon_plan.PlanRecord``.
 - ``daemon_actions``: the action log. A plan is admitted (caps checked, its
   evictions quarantined, the plan written) in one transaction; each of its steps
   is written as ``intent`` under ``<plan>/<step>`` BEFORE it is carried out, then
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from brctl.analysis.daemon_plan import PlanRecord
 from brctl.analysis.ettr import Interval
 from brctl.core.errors import RefusedError
 from brctl.state import Component, Store
@@ -362,12 +365,14 @@ class DaemonState:
         rows = self.store.query("SELECT payload, created FROM daemon_actions WHERE job = ? AND "
                                 "kind = 'plan' AND state = ? AND created > ? ORDER BY id",
                                 (self.job, DONE, since))
-        out = []
+        out: list[tuple[str, str, float]] = []
         for row in rows:
-            doc = json.loads(row["payload"])
-            if (doc.get("incident") or {}).get("kind") == "crash" and not doc.get("follows"):
-                out.append((str(doc["plan"]["decision"]), str(doc.get("symptom", "")),
-                            float(row["created"])))
+            try:
+                doc = PlanRecord.from_json(json.loads(row["payload"]))
+            except ValueError:  # unreadable: not a crash plan the ladder can climb from
+                continue
+            if doc.incident_kind == "crash" and not doc.follows:
+                out.append((doc.plan.decision, doc.symptom, float(row["created"])))
         return out
 
     def unfinished(self) -> list[Action]:

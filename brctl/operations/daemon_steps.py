@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
 from brctl.analysis.daemon import ReplayOutcome
-from brctl.analysis.daemon_plan import RESUME, Step, expected_members
+from brctl.analysis.daemon_plan import RESUME, STEP_KINDS, PlanRecord, Step
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import BrctlError
 from brctl.operations.daemon_hooks import Hooks
@@ -83,7 +83,7 @@ class Executor:
     def __init__(self, inv: Inventory, state: DaemonState, hooks: Hooks, adapter: JobAdapter,
                  record: Recorder, generation: Callable[[], Optional[int]],
                  clock: Callable[[], float],
-                 after_replay: Callable[[str, Mapping[str, Any], ReplayOutcome], None]) -> None:
+                 after_replay: Callable[[str, PlanRecord, ReplayOutcome], None]) -> None:
         """Args: the job's inventory and records, the hooks, where to report, the lease
         generation to fence with, the clock, and the loop's follow-up of a replay verdict."""
         assert inv.job is not None
@@ -91,10 +91,10 @@ class Executor:
         self.record, self.generation, self.clock = record, generation, clock
         self.after_replay = after_replay
 
-    def run(self, key: str, doc: Mapping[str, Any]) -> PlanOutcome:
+    def run(self, key: str, doc: PlanRecord) -> PlanOutcome:
         """Carry out the plan recorded under ``key`` (new or resumed)."""
-        steps = [Step.from_json(s) for s in doc.get("steps", [])]
-        reason = str(doc["plan"]["reason"])
+        steps = list(doc.steps)
+        reason = doc.plan.reason
         restarted = False
         for i, step in enumerate(steps):
             skey = f"{key}/{step.id}"
@@ -135,9 +135,8 @@ class Executor:
                                    restarted)
             if step.kind == "replay":
                 self.after_replay(key, doc, ReplayOutcome.from_json(payload or {}))
-        if doc["plan"].get("decision") == "notify":  # e.g. fail-slow with nobody to blame
-            self.record.notify(str((doc.get("incident") or {}).get("kind", "incident")),
-                               "needs-attention", None, reason, {})
+        if doc.plan.decision == "notify":  # e.g. fail-slow with nobody to blame
+            self.record.notify(doc.incident_kind or "incident", "needs-attention", None, reason, {})
         self.state.finish(key, DONE, self.clock(), generation=self.generation())
         return PlanOutcome(DONE, "", restarted)
 
@@ -149,11 +148,18 @@ class Executor:
                           {"key": skey, "ok": outcome == DONE, "state": outcome, "detail": detail,
                            **(payload or {})})
 
-    def abandon(self, key: str, doc: Mapping[str, Any], why: str) -> PlanOutcome:
+    def abandon(self, key: str, doc: Optional[PlanRecord], why: str) -> PlanOutcome:
         """Abandon a recorded plan without running anything: steps left as intent become
-        ``unknown`` (they may have run), steps never begun ``skipped``; a page."""
-        rest = []
-        for step in (Step.from_json(s) for s in doc.get("steps", [])):
+        ``unknown`` (they may have run), steps never begun ``skipped``; a page. A record
+        that cannot be read (``doc`` None) has its steps found by their keys."""
+        rest: list[Step] = []
+        if doc is None:
+            for row in self.state.unfinished():
+                if row.key.startswith(key + "/") and row.kind in STEP_KINDS:
+                    self.state.finish(row.key, UNKNOWN, self.clock(),
+                                      f"interrupted; not resumed: {why}"[:_DETAIL_KEEP],
+                                      generation=self.generation())
+        for step in doc.steps if doc is not None else ():
             rec = self.state.action(f"{key}/{step.id}")
             if rec is None:
                 rest.append(step)
@@ -206,7 +212,7 @@ class Executor:
                 self.record.notify("evict", state, ",".join(nodes), why, {"key": rec.key})
 
     # resuming -------------------------------------------------------------------------
-    def _resume(self, step: Step, doc: Mapping[str, Any]) -> str:
+    def _resume(self, step: Step, doc: PlanRecord) -> str:
         """What to do with a step a dead daemon left as intent: INTENT (run it again),
         DONE (its effect shows) or UNKNOWN."""
         policy = RESUME[step.kind]
@@ -216,15 +222,15 @@ class Executor:
             return INTENT
         if step.kind == "swap":
             now = self.state.members(self.inv.job.nodes if self.inv.job else ())
-            if now == expected_members(doc, swapped=True):
+            if now == doc.expected_members(swapped=True):
                 return DONE
-            return INTENT if now == expected_members(doc, swapped=False) else UNKNOWN
+            return INTENT if now == doc.expected_members(swapped=False) else UNKNOWN
         if step.kind == "rollback":
             version = step.args.get("version", "")
             return DONE if version and self.hooks.release().version == version else INTENT
         return UNKNOWN
 
-    def _scheduler_says(self, step: Step, doc: Mapping[str, Any]) -> str:
+    def _scheduler_says(self, step: Step, doc: PlanRecord) -> str:
         """An opaque step's effect as the scheduler shows it, where the built-in hooks can
         read it back (Slurm): a drain shows → DONE, none → INTENT (draining is idempotent);
         the job pinned to the plan's machines → DONE, else UNKNOWN (never restart twice)."""
@@ -237,7 +243,7 @@ class Executor:
         return UNKNOWN
 
     # the steps ------------------------------------------------------------------------
-    def _carry_out(self, step: Step, doc: Mapping[str, Any], reason: str
+    def _carry_out(self, step: Step, doc: PlanRecord, reason: str
                    ) -> tuple[bool, str, Optional[dict[str, Any]]]:
         """Run one step: (ok, detail, payload kept with it)."""
         try:
@@ -252,10 +258,10 @@ class Executor:
     def _nodes(self, names: str) -> list[Any]:
         return [self.inv.node(n) for n in names.split(",") if n]
 
-    def _action(self, step: Step, doc: Mapping[str, Any], reason: str) -> str:
+    def _action(self, step: Step, doc: PlanRecord, reason: str) -> str:
         a = step.args
-        members = [str(n) for n in doc["members"]]
-        after = expected_members(doc, swapped=True)
+        members = list(doc.members)
+        after = doc.expected_members(swapped=True)
         if step.kind == "evict":
             assert step.node is not None
             return hook_detail(self.adapter.evict(members, step.node, reason), "evict_command")

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from brctl.analysis.daemon_plan import resume_refusal
+from brctl.analysis.daemon import Plan
+from brctl.analysis.daemon_plan import PlanRecord, resume_refusal
 from brctl.core.transport import Node
 from brctl.operations.audit import Audit
 from brctl.operations.daemon_state import DaemonState
@@ -89,8 +90,8 @@ def test_a_job_machine_evicted_by_hand_while_a_reattempt_runs_is_not_restarted_o
 
 
 def test_resuming_refuses_a_plan_whose_standby_was_quarantined_since() -> None:
-    doc = {"plan": {"evict": ["n3"]}, "members": ["n1", "n2", "n3", "n4"],
-           "replacements": {"n3": "s1"}}
+    doc = PlanRecord(Plan("evict", ("n3",), "n3: ecc", restart=True), (),
+                     ("n1", "n2", "n3", "n4"), {"n3": "s1"})
     common = dict(written=0.0, now=1.0, max_age=600.0, members=["n1", "n2", "n3", "n4"],
                   swapped=False, restart_pending=True, restarts_without_progress=0,
                   max_restarts=3)
