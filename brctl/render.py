@@ -164,6 +164,12 @@ class Output:
         if text:
             self.console.print(Padding(Text(visible(text)), (0, 0, 0, 4)), soft_wrap=False)
 
+    def plain(self, text: str) -> None:
+        """``text`` on stdout as written (no rich: nothing wrapped, cut or read as markup);
+        nothing with -q. The caller makes node text ``visible``."""
+        if not self.quiet:
+            self.stdout.write(text)
+
     def node_out(self, text: str) -> None:
         """A line a node printed, on stdout: on a terminal through rich; elsewhere written
         as is (rich expands tabs), controls still made visible."""

@@ -70,4 +70,4 @@ def render_sets(out: Output, report: NodeSetReport) -> None:
     # Plain text, never rich markup: '[1-3]' and '@' are node-set syntax here.
     text = {"count": str(len(report.members)), "expand": " ".join(report.members)}.get(
         report.mode, report.folded)
-    out.stdout.write(text + "\n")
+    out.plain(text + "\n")

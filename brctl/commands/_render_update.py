@@ -136,9 +136,9 @@ def render_preview(out: Output, preview: Preview) -> None:
     if out.json:
         out.emit_json("update.preview", preview.to_json())
         return
-    out.stdout.write(f"dry run: update {preview.action} of job {preview.job} would:\n")
+    out.plain(f"dry run: update {preview.action} of job {preview.job} would:\n")
     for step in preview.steps:
-        out.stdout.write(f"  - {visible(step)}\n")
+        out.plain(f"  - {visible(step)}\n")
     if preview.restart:
-        out.stdout.write(f"  - run: {visible(shlex.join(preview.restart))}\n")
-    out.stdout.write("nothing was changed.\n")
+        out.plain(f"  - run: {visible(shlex.join(preview.restart))}\n")
+    out.plain("nothing was changed.\n")

@@ -43,5 +43,5 @@ def init(
     if env.output.json:
         env.output.emit_json("init", report.to_json())
     else:
-        env.output.stdout.write(f"wrote {report.path}; try: brctl -i {report.path} nodes\n")
+        env.output.plain(f"wrote {report.path}; try: brctl -i {report.path} nodes\n")
     return int(report.exit_code)

@@ -133,11 +133,27 @@ def test_watch_json_is_one_compact_document_per_line(brctl: Any, state_dir: Path
     assert "changes" in docs[1]
 
 
-def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Path) -> None:
+def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Path,
+                                                     tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     r = brctl("-i", LOCAL, "nodes", "-q")
     assert (r.exit_code, r.stdout) == (0, "")
     r = brctl("-i", LOCAL, "exec", "-q", "-w", "local1", "--", "false")
     assert (r.exit_code, r.stdout) == (1, "")
+    for args in (["nodes", "-f", "a[1-3]"], ["nodes", "-e", "a[1-3]"], ["nodes", "-c", "a[1-3]"]):
+        r = brctl(*args, "-q")
+        assert (r.exit_code, r.stdout) == (0, ""), args
+    doc = yaml.safe_load(LOCAL.read_text())
+    doc["update"] = {"root": str(tmp_path / "nodes" / "{node}")}
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print(1)\n")
+    r = brctl("-i", inv, "-q", "update", "push", tmp_path / "src", "-V", "v1", "--dry-run")
+    assert (r.exit_code, r.stdout) == (0, "")
+    monkeypatch.chdir(tmp_path)
+    r = brctl("init", "--local", "-q", "-o", "made.yaml")
+    assert (r.exit_code, r.stdout) == (0, "") and (tmp_path / "made.yaml").exists()
 
 
 def _stacks_save(tmp_path: Path) -> Path:
