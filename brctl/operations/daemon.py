@@ -283,6 +283,7 @@ class Daemon:
         if not todo:
             return
         results = self.hooks.check(todo)
+        self.state.fence(self.generation)  # minutes passed: a successor's pool is not ours
         for name, (outcome, detail) in results.items():
             self.state.mark_checked(name, outcome == "checked", detail, self.clock(), outcome)
         self.event("standby_check", list(results), {

@@ -187,3 +187,23 @@ def test_a_full_disk_under_the_event_log_does_not_stop_a_plan(tmp_path: Path,
     assert live.heartbeat is not None
     live.heartbeat.stop()
     store.close()
+
+
+def test_a_standby_check_that_outlasts_the_lease_marks_nothing(tmp_path: Path) -> None:
+    """The pool's self-check at start-up takes minutes (dcgmi diag): a daemon that lost
+    its lease meanwhile records none of its verdicts and ends with lease_lost, exit 4."""
+    script, clock = Script(), Clock()
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+    check = script.check
+
+    def check_then_lose(nodes: Sequence[Node]) -> dict[str, tuple[str, str]]:
+        state.acquire_lease("thief", None, clock.now, TTL, lambda _holder: "presumed dead")
+        return check(nodes)
+
+    script.check = check_then_lose  # type: ignore[method-assign]
+    first = daemon(tmp_path, script, clock, state, "first")
+    report = first.run(stop=threading.Event(), max_iterations=1)
+    assert report.lease_lost and int(report.exit_code) == 4
+    assert state.checks() == {}
+    store.close()
