@@ -10,7 +10,8 @@ pass it to ``brctl.cli.run(argv, env=...)``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,8 +51,9 @@ def timeout_scale(environ: Mapping[str, str]) -> float:
 class Env:
     """Global options plus the lazily created inventory, transport, probe runner and store.
 
-    ``transport``: a given transport (tests: ``FakeTransport``); by default the run
-    builds a ``RoutingTransport`` for the inventory on first use.
+    ``transport_given``: a given transport (tests: ``FakeTransport``), the caller's to
+    close; by default the run builds a ``RoutingTransport`` for the inventory on first
+    use. ``sleep``: how the run waits between sweeps and polls (tests: no real wait).
     """
 
     inventory_path: str | None = None
@@ -59,6 +61,7 @@ class Env:
     debug: bool = False
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     transport_given: Transport | None = None
+    sleep: Callable[[float], None] = time.sleep
     _inventory: Inventory | None = None
     _current: Inventory | None = None
     _transport: Transport | None = None
@@ -151,6 +154,6 @@ class Env:
         if self._store is not None:
             self._store.close()
             self._store = None
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        if self._transport is not None and self._transport is not self.transport_given:
+            self._transport.close()  # a given transport is its giver's to close
+        self._transport = None

@@ -84,14 +84,23 @@ def validated(doc: Any) -> Any:
 
 @pytest.fixture
 def brctl(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
-    """Run brctl in-process: ``brctl("-i", inv, "nodes")`` → CliResult."""
-    from brctl.cli import run
+    """Run brctl in-process: ``brctl("-i", inv, "nodes")`` → CliResult.
 
-    def invoke(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    ``transport``: run the real commands over it (a ``FakeTransport``); ``sleep``: what
+    the run waits with (a fake that changes a machine between sweeps).
+    """
+    from brctl.cli import run
+    from brctl.env import Env
+
+    def invoke(*args: str, env: dict[str, str] | None = None, transport: Any = None,
+               sleep: Any = None) -> CliResult:
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
         capsys.readouterr()
-        code = run([str(a) for a in args])
+        given = None  # built here, after capsys: its output is the captured stdout/stderr
+        if transport is not None or sleep is not None:
+            given = Env(transport_given=transport, **({"sleep": sleep} if sleep else {}))
+        code = run([str(a) for a in args], env=given)
         out, err = capsys.readouterr()
         return CliResult(code, out, err)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from brctl.analysis.replay import ReplayPlan
 from brctl.analysis.replay_judge import JudgedGroup
+from brctl.core.errors import ExitCode
 from brctl.core.nodeset import fold
 from brctl.operations.replay import ReplayReport, plan_only_json
 from brctl.render import Output, escape, table
@@ -30,7 +31,7 @@ def _summary(p: ReplayPlan) -> str:
 def render_plan(out: Output, p: ReplayPlan) -> None:
     """``--plan-only``: the groups of rounds 1 and 2, nothing run."""
     if out.json:
-        out.emit_json("replay", plan_only_json(p), status=0)  # a plan: exit 0
+        out.emit_json("replay", plan_only_json(p), status=ExitCode.OK)  # a plan judges nothing
         return
     out.console.print(escape(_summary(p)))
     for title, rnd in (("round 1 (horizontal)", p.round1), ("round 2 (vertical)", p.round2)):

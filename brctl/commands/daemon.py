@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
@@ -150,7 +150,8 @@ def status(
 
     from brctl.commands._render_daemon import StatusView, render_status, status_json
     from brctl.core.errors import UsageError
-    from brctl.operations.daemon import status as read_status
+    from brctl.operations.daemon_report import follow as follow_status
+    from brctl.operations.daemon_report import read_status
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
@@ -158,19 +159,17 @@ def status(
         raise UsageError(f"--events {events}: expected at least 1")
     view = StatusView(since=_since(since, time.time()) if since else 0.0, node=node, kind=kind)
     limit = max(events, 100_000) if since else events
-    report = read_status(inv, env.state_dir(), events=limit)
+    report = read_status(inv, env.store(), events=limit)
     env.output.ndjson = env.output.ndjson or follow  # --follow --json: NDJSON, one per line
     render_status(env.output, report, view)
-    while follow:
-        seen = max([e["id"] for e in report.events] + [0])
-        done = max([a["id"] for a in report.actions] + [0])
-        time.sleep(inv.daemon.poll_interval)
-        report = read_status(inv, env.state_dir(), events=events)
-        fresh = _newer(report, seen, done)
+    if not follow:
+        return int(report.exit_code)
+    for fresh in follow_status(inv, env.store(), report, events=events,
+                               every=inv.daemon.poll_interval, sleep=env.sleep):
         shown = status_json(fresh, view)
         if shown["events"] or shown["actions"]:  # a poll that found nothing new prints nothing
             render_status(env.output, fresh, view, header=False)
-    return int(report.exit_code)
+    raise AssertionError("unreachable: --follow ends only when interrupted")
 
 
 def _since(text: str, now: float) -> float:
@@ -190,12 +189,3 @@ def _since(text: str, now: float) -> float:
         raise UsageError(f"--since {text}: expected an age (30m, 2h, 7d) or a date "
                          "(2026-11-30 or 2026-11-30T22:00)") from None
     return (at if at.tzinfo else at.astimezone()).timestamp()
-
-
-def _newer(report: Any, event_id: int, action_id: int) -> Any:
-    """``report`` with only the events and actions recorded after those ids (--follow)."""
-    import dataclasses
-
-    return dataclasses.replace(report, events=[e for e in report.events if e["id"] > event_id],
-                               actions=[a for a in report.actions if a["id"] > action_id],
-                               quarantined=[])

@@ -62,7 +62,7 @@ def health_command(
                          timeout=per_node, on_done=advance)
 
     previous: HealthReport | None = None
-    for report in sweeps(one_sweep, every=watch, count=count):
+    for report in sweeps(one_sweep, every=watch, count=count, sleep=env.sleep):
         if previous is None:
             render(env.output, report)
         else:

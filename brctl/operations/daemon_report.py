@@ -1,12 +1,15 @@
 """What a daemon run reports (``brctl.daemon/1``) and what ``brctl daemon status`` reads.
 
 ``PollResult`` and ``DaemonReport`` are the loop's (``operations.daemon``) results;
-``status`` reads the daemon's records for a job without contacting any machine.
+``status`` reads the daemon's records for a job without contacting any machine;
+``follow`` reads what it writes next.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -102,17 +105,37 @@ class StatusReport:
 
 def status(inv: Inventory, state_dir: Path, *, events: int = 20) -> StatusReport:
     """Read the daemon's records for ``inv``'s job (no machine is contacted)."""
+    store = Store(state_dir)
+    try:
+        return read_status(inv, store, events=events)
+    finally:
+        store.close()
+
+
+def read_status(inv: Inventory, store: Store, *, events: int = 20) -> StatusReport:
+    """``status`` from an open state database (the run's own: ``Env.store()``)."""
     from brctl.core.errors import UsageError
 
     if inv.job is None:
         raise UsageError(f"daemon status: {inv.source} has no job: section")
-    store = Store(state_dir)
-    try:
-        state = DaemonState(store, inv.job.name)
-        last = state.status()
-        return StatusReport(
-            inv.job.name, state.lease(), last[0] if last else None, last[1] if last else {},
-            state.events(events), [a.to_json() for a in state.actions(limit=events)],
-            [q.to_json() for q in state.quarantined().values()], time.time())
-    finally:
-        store.close()
+    state = DaemonState(store, inv.job.name)
+    last = state.status()
+    return StatusReport(
+        inv.job.name, state.lease(), last[0] if last else None, last[1] if last else {},
+        state.events(events), [a.to_json() for a in state.actions(limit=events)],
+        [q.to_json() for q in state.quarantined().values()], time.time())
+
+
+def follow(inv: Inventory, store: Store, first: StatusReport, *, events: int, every: float,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[StatusReport]:
+    """``daemon status --follow``: every ``every`` seconds, the records written since the
+    last read (a report whose events and actions are only the new ones); until interrupted."""
+    report = first
+    while True:
+        seen = max([e["id"] for e in report.events] + [0])
+        done = max([a["id"] for a in report.actions] + [0])
+        sleep(every)
+        report = read_status(inv, store, events=events)
+        yield dataclasses.replace(report, events=[e for e in report.events if e["id"] > seen],
+                                  actions=[a for a in report.actions if a["id"] > done],
+                                  quarantined=[])

@@ -227,10 +227,12 @@ def sweep(
 
 
 def sweeps(one_sweep: Callable[[], HealthReport], *, every: Optional[float],
-          count: Optional[int]) -> Iterator[HealthReport]:
+          count: Optional[int], sleep: Callable[[float], None] = time.sleep
+          ) -> Iterator[HealthReport]:
     """``health --watch``: a sweep, then one every ``every`` seconds (``count`` in all).
 
     Without ``every`` there is one sweep; without ``count`` it runs until interrupted.
+    ``sleep`` waits between sweeps (tests: change a machine instead).
     """
     done = 0
     while True:
@@ -238,7 +240,7 @@ def sweeps(one_sweep: Callable[[], HealthReport], *, every: Optional[float],
         done += 1
         if every is None or (count is not None and done >= count):
             return
-        time.sleep(every)
+        sleep(every)
 
 
 def judge(inv: Inventory, nodes: Sequence[Node], results: Mapping[str, ProbeResult],

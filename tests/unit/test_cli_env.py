@@ -180,3 +180,44 @@ def test_standby_check_of_a_refused_machine_exits_4_like_every_command(tmp_path:
     code = run(["-i", str(inventory(tmp_path)), "--json", "standby", "check"], env=env)
     assert code == 4, err.getvalue()  # brctl would not act: not "no answer" (3)
     assert json.loads(out.getvalue())["status"] == "refused"
+
+
+def test_the_env_leaves_a_given_transport_to_its_giver(tmp_path: Path) -> None:
+    closed: list[bool] = []
+
+    class Tracked(FakeTransport):
+        def close(self) -> None:
+            closed.append(True)
+
+    fake = Tracked(answer)
+    env, _, err = env_for(tmp_path, fake)
+    assert run(["-i", str(inventory(tmp_path)), "exec", "-w", "gpu1", "true"], env=env) == 0, \
+        err.getvalue()
+    assert closed == []  # the caller may run another command over it
+    assert run(["-i", str(inventory(tmp_path)), "exec", "-w", "gpu1", "true"], env=env) == 0
+    assert len(fake.calls) == 2
+
+
+def test_daemon_status_follow_reads_what_is_written_between_polls(tmp_path: Path) -> None:
+    from brctl.analysis.inventory import from_document
+    from brctl.operations.daemon_report import follow, read_status
+    from brctl.operations.daemon_state import DaemonState
+    from brctl.state import Store
+
+    inv = from_document(yaml.safe_load(inventory(tmp_path).read_text()), "inv.yaml")
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+    state.event("crash", ["gpu1"], {"why": "before"}, 1.0)
+    waits: list[float] = []
+
+    def poll_later(seconds: float) -> None:  # the daemon writes while status waits
+        waits.append(seconds)
+        state.event("restart", ["gpu2"], {"why": f"poll {len(waits)}"}, 1.0 + len(waits))
+
+    first = read_status(inv, store)
+    polls = follow(inv, store, first, events=20, every=7.0, sleep=poll_later)
+    fresh = [next(polls), next(polls)]
+    assert waits == [7.0, 7.0]
+    assert [[e["kind"] for e in r.events] for r in fresh] == [["restart"], ["restart"]]
+    assert [r.events[0]["nodes"] for r in fresh] == [["gpu2"], ["gpu2"]]
+    store.close()

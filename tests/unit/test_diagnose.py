@@ -434,3 +434,19 @@ def test_bandwidth_is_judged_across_real_machines_only(connection: str, judged: 
     report = diagnose(inv, t, BOOKS)
     # local "machines" share one host's CPUs: their speeds say nothing about a machine
     assert report.faulty == (("m2",) if judged else ())
+
+
+def test_the_cli_refuses_a_diagnosis_beside_live_training_over_a_fake_transport(
+        tmp_path: Path, brctl: Any) -> None:
+    """The real command, run in-process over a FakeTransport (``brctl(..., transport=)``)."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(json.dumps({"nodes": [{"name": "m[1-3]", "connection": "local", "gpus": 2}],
+                               "job": {"name": "j", "nodes": "m[1-3]"}}))
+    t = _machines({"brctl.diagnostics.evidence": _evidence({"m2": [{"pid": 42,
+                                                                     "cmdline": "pretrain"}]}),
+                   "brctl.diagnostics.dcgm": _skip(NO_DCGMI),
+                   "brctl.diagnostics.collective": _skip(NO_TORCH)})
+    r = brctl("-i", inv, "--json", "diagnose", transport=t)
+    assert r.exit_code == 4, r.stderr
+    assert r.json["schema"] == "brctl.error/1" and "alive on m2" in r.json["message"]
+    assert {probe_call(c.argv)[0] for c in t.calls} == {"brctl.diagnostics.evidence"}

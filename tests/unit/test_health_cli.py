@@ -50,21 +50,16 @@ def test_findings_json_and_evict(tmp_path: Path, brctl: Any, state_dir: Path) ->
     assert all(set(c) >= {"name", "status", "message"} for c in doc["nodes"]["m1"]["checks"])
 
 
-def test_watch_prints_only_changes(tmp_path: Path, brctl: Any, state_dir: Path,
-                                   monkeypatch: Any) -> None:
+def test_watch_prints_only_changes(tmp_path: Path, brctl: Any, state_dir: Path) -> None:
     inv = write_inv(tmp_path, cluster(tmp_path), {})
-    import time as time_module
-
-    real_sleep = time_module.sleep
+    waits: list[float] = []
 
     def flap(seconds: float) -> None:  # between the sweeps, m3's port goes down
-        if seconds != 0.1:  # subprocess waits poll with sleeps of at most 0.05 s: not ours
-            real_sleep(seconds)
-            return
+        waits.append(seconds)
         set_port(tmp_path / "roots" / "m3", "mlx5_0", "1", DOWN_PORT)
 
-    monkeypatch.setattr(time_module, "sleep", flap)
-    r = brctl("-i", inv, "health", "--watch", "0.1", "--count", "2")
+    r = brctl("-i", inv, "health", "--watch", "0.1", "--count", "2", sleep=flap)
+    assert waits == [0.1]
     assert r.exit_code == 1
     lines = r.stdout.splitlines()
     assert lines[0] == "m[1-3]: ok"
@@ -132,3 +127,19 @@ def test_gpu_checks_turned_off_or_gpus_0_are_not_unknown(
     r = brctl("-i", cpu_only, "--json", "health")
     assert r.exit_code == 0, r.stdout
     assert _gpu_checks(r.json, "m1") == {("skip", "no GPUs on this machine (gpus: 0)")}
+
+
+def test_machines_that_do_not_answer_are_incomplete_over_a_fake_transport(
+        tmp_path: Path, brctl: Any) -> None:
+    """The real command, run in-process over a FakeTransport (``brctl(..., transport=)``)."""
+    from brctl.core.transport import NodeState
+    from brctl.remote.fake import FakeTransport, Reply
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [{"name": "m[1-3]", "address": "10.0.0.[1-3]"}]}))
+    fake = FakeTransport(lambda node, argv, stdin: Reply(stdout="", stderr="no route",
+                                                         state=NodeState.UNREACHABLE))
+    r = brctl("-i", inv, "health", transport=fake)
+    assert r.exit_code == 3, r.stderr
+    assert r.stdout.startswith("m[1-3]: unreachable")
+    assert sorted(c.node for c in fake.calls) == ["m1", "m2", "m3"]
