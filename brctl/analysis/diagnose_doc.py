@@ -1,6 +1,6 @@
 """The shapes of the diagnose ladder's probe answers, checked once where each arrives.
 
-Every document a node sends is untrusted (DESIGN.md, "Trust and safety"): each shape
+Every document a node sends is untrusted (README "Safe by default"): each shape
 lists the fields ``operations.diagnose`` and ``analysis.diagnose_stages`` read, with
 the JSON types they may have (``brctl.analysis.probe_doc``). An answer out of shape
 is that node's error (no verdict: the diagnosis is incomplete there), never an

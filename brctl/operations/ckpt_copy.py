@@ -12,7 +12,7 @@ complete on the peer only when every file landed with its sha256 checked and the
 node wrote the manifest, last and atomically; a partial copy never has one, so it is resumed
 (files already there with the right checksum are kept) and never restored.
 
-Trust (DESIGN.md, "Trust and safety"): every name in a node's answer is checked
+Trust (README "Safe by default"; brctl-inventory(5), SECURITY): every name in a node's answer is checked
 here before it is used (a step matches ``ckpt.glob`` and is one path component, a
 file path is normalised and inside its step, sizes and checksums well-formed) and
 again by the receiving node. A bad name, or a node-side refusal (an unsafe backup

@@ -1,4 +1,4 @@
-"""``brctl ckpt`` under attack, over real sshd machines (DESIGN.md "Trust and safety").
+"""``brctl ckpt`` under attack, over real sshd machines (README "Safe by default").
 
 The job runs as uid 65534 and owns ``/local/ckpt`` on every machine; brctl logs in
 as root. Attacks are planted by that user on the machine itself (``setpriv --reuid

@@ -1,6 +1,6 @@
 """Controller code against node answers of the wrong shape (``ckpt``, the daemon's log tails).
 
-Every byte a node sends is hostile (DESIGN.md, "Trust and safety"). A document that
+Every byte a node sends is hostile (README "Safe by default"). A document that
 is valid JSON but has the wrong types (a list of numbers where steps were expected,
 a number where a list of names was) must end that copy ``refused`` with the node
 named, never raise out of the operation: the daemon calls ``restore`` as a step it

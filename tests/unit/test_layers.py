@@ -217,3 +217,16 @@ def test_no_module_is_over_the_line_limit() -> None:
             if (n := len(path.read_text().splitlines())) > MAX_LINES
             and module not in LONG_ALLOWED]
     assert long == []
+
+
+def test_comments_cite_only_documents_in_the_repository() -> None:
+    """A comment that cites a Markdown file names one a reader can open (from the root)."""
+    import re
+
+    root = PACKAGE.parent
+    cited = {(path.relative_to(root), name)
+             for path in [*PACKAGE.rglob("*.py"), *(root / "tests").rglob("*.py")]
+             for name in re.findall(r"[\w./-]+\.md\b", path.read_text())}
+    missing = [f"{path}: {name}" for path, name in sorted(cited)
+               if not (root / name).exists()]
+    assert missing == []

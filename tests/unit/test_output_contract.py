@@ -1,4 +1,4 @@
-"""The output contract (DESIGN.md "Output and exit codes") against the real CLI.
+"""The output contract (README "Use"; brctl(1), EXIT STATUS) against the real CLI.
 
 JSON documents: one per run, errors included (brctl.error/1); shipped schemas,
 distinct names of one pattern, generated_at and status; global options anywhere.

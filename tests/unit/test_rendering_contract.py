@@ -1,4 +1,4 @@
-"""One rendering contract, against the real CLI process (DESIGN.md "Output and exit codes").
+"""One rendering contract, against the real CLI process (README "Use").
 
 Through a pipe nothing is cut or wrapped (one record per line, full text), whatever
 $COLUMNS says; through an 80-column pseudo-terminal everything fits, long reasons
