@@ -61,7 +61,10 @@ def nodes(
         render_sets(env.output, sets_report)
         return int(sets_report.exit_code)
     # a Slurm job that is not running still shows (its state, no machines)
-    report = describe(env.inventory(job_may_wait=True), select, exclude, kinds,
-                      probe=env.probes() if probe else None, timeout=timeout * env.timeout_scale())
+    inv = env.inventory(job_may_wait=True)
+    probed = [n.name for n in inv.select(select, exclude)] if probe else []
+    with env.output.progress("probe", len(probed), probed) as advance:
+        report = describe(inv, select, exclude, kinds, probe=env.probes() if probe else None,
+                          timeout=timeout * env.timeout_scale(), on_done=advance)
     render(env.output, report)
     return int(report.exit_code)

@@ -144,7 +144,10 @@ def apply(
         preview = preview_apply(uctx, if_due=if_due, restart=restart)
         render_preview(env.output, preview)
         return int(preview.exit_code)
-    report = do_apply(uctx, if_due=if_due, restart=restart)
+    targets = uctx.targets()
+    with env.output.progress("apply", 2 * len(targets), [n.name for n in targets]) as advance:
+        uctx.on_done = advance  # inspect, then switch, each machine
+        report = do_apply(uctx, if_due=if_due, restart=restart)
     render_switch(env.output, report)
     return int(report.exit_code)
 
@@ -177,7 +180,10 @@ def rollback(
         preview = preview_rollback(uctx, to=to, restart=restart)
         render_preview(env.output, preview)
         return int(preview.exit_code)
-    report = do_rollback(uctx, to=to, restart=restart)
+    targets = uctx.targets()
+    with env.output.progress("rollback", 2 * len(targets), [n.name for n in targets]) as advance:
+        uctx.on_done = advance  # inspect, then switch, each machine
+        report = do_rollback(uctx, to=to, restart=restart)
     render_switch(env.output, report)
     return int(report.exit_code)
 

@@ -12,7 +12,7 @@ from brctl.analysis.topology import KINDS, Topology
 from brctl.core import nodeset
 from brctl.core.errors import ExitCode, UsageError, exit_code_of
 from brctl.core.nodeset import fold
-from brctl.core.transport import NodeState
+from brctl.core.transport import NodeState, RunResult
 from brctl.remote.probes import ProbeResult, ProbeRunner
 
 _SYSINFO_TEXT = ("hostname", "python", "ssh_connection", "brctl_version")
@@ -123,6 +123,7 @@ def describe(
     *,
     probe: ProbeRunner | None = None,
     timeout: float | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
 ) -> NodesReport:
     """Resolve the selection and, when a job is defined, every group of every kind.
 
@@ -152,7 +153,7 @@ def describe(
     probes = None
     if probe is not None:
         answers = probe.run([inv.nodes[n] for n in selected], "brctl.diagnostics.sysinfo", {},
-                            timeout=timeout, concurrency=inv.ssh.fanout)
+                            timeout=timeout, concurrency=inv.ssh.fanout, on_done=on_done)
         probes = {name: SysInfo.from_probe(result) for name, result in answers.items()}
     return NodesReport(inv, selected, topo, groups, probes, tuple(wanted))
 

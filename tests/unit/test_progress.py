@@ -122,3 +122,45 @@ def test_diagnose_shows_each_stage_its_machines_the_slowest_and_the_time(
     piped = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "diagnose"],
                            capture_output=True, text=True, timeout=120, check=False)
     assert "waiting on" not in piped.stderr and "diagnose eud" not in piped.stderr
+
+
+def _slow_python(tmp_path: Path) -> str:
+    """A Python for one machine that takes 1.5 seconds to start (its probes are slow)."""
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 1.5\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    return str(slow)
+
+
+def test_nodes_probe_and_update_apply_rollback_show_the_machine_they_wait_on(
+        tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({
+        "nodes": [{"name": "fast[1-3]", "connection": "local", "gpus": 1,
+                   "python": sys.executable},
+                  {"name": "slow1", "connection": "local", "gpus": 1,
+                   "python": _slow_python(tmp_path)}],
+        "job": {"name": "j", "nodes": "fast[1-3],slow1"},
+        "update": {"root": str(tmp_path / "nodes" / "{node}")}}))
+    env = {**os.environ, "BRCTL_STATE": str(tmp_path / "state")}
+    os.environ["BRCTL_STATE"] = env["BRCTL_STATE"]  # run_with_tty_stderr passes os.environ
+    try:
+        code, _, tty = run_with_tty_stderr(["-i", str(inv), "nodes", "--probe"], tmp_path)
+        assert code == 0, tty
+        assert "probe: waiting on slow1" in tty and "3/4" in tty, tty
+        src = tmp_path / "src"
+        src.mkdir()
+        for version in ("v1", "v2"):
+            (src / "train.py").write_text(f"print({version!r})\n")
+            pushed = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "update",
+                                     "push", str(src), "--version", version], env=env,
+                                    capture_output=True, text=True, timeout=120, check=False)
+            assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+            code, _, tty = run_with_tty_stderr(["-i", str(inv), "update", "apply"], tmp_path)
+            assert code == 0, tty
+            assert "apply: waiting on slow1" in tty, tty
+        code, _, tty = run_with_tty_stderr(["-i", str(inv), "update", "rollback"], tmp_path)
+        assert code == 0, tty
+        assert "rollback: waiting on slow1" in tty, tty
+    finally:
+        del os.environ["BRCTL_STATE"]
