@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from brctl.analysis.daemon import StandbyOutcome
 from brctl.analysis.daemon_plan import PlanRecord
 from brctl.analysis.ettr import Interval
 from brctl.core.errors import RefusedError
@@ -460,7 +461,7 @@ class DaemonState:
 
     # standby pool -------------------------------------------------------------
     def mark_checked(self, node: str, ok: bool, detail: str, at: float,
-                     outcome: Optional[str] = None) -> None:
+                     outcome: Optional[StandbyOutcome] = None) -> None:
         """Record a self-check of a pool machine (``outcome``: checked | failed | untested)."""
         outcome = outcome or ("checked" if ok else "failed")
         with self.store.transaction() as db:
@@ -469,7 +470,7 @@ class DaemonState:
                        " at = excluded.at, detail = excluded.detail, outcome = excluded.outcome",
                        (node, int(ok), at, _text(detail), outcome))
 
-    def outcomes(self) -> dict[str, str]:
+    def outcomes(self) -> dict[str, StandbyOutcome]:
         """node → checked | failed | untested of its last self-check."""
         return {r["node"]: r["outcome"] or ("checked" if r["ok"] else "failed")
                 for r in self.store.query("SELECT node, ok, outcome FROM standby_checks")}

@@ -14,8 +14,9 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
+from brctl.analysis.daemon import StandbyOutcome
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.standby import (
     binomial_quantile,
@@ -97,12 +98,16 @@ def standby_size(machines: int, quantile: float, window_hours: float,
                       daily_rate, p, source, machines * p)
 
 
+# A pool machine's standing: its last self-check's outcome, or why it has none.
+Standing = Union[StandbyOutcome, Literal["unchecked", "quarantined", "in-job"]]
+
+
 @dataclass(frozen=True)
 class PoolMachine:
     """One standby machine's standing."""
 
     node: str
-    status: str  # checked | failed | untested | unchecked | quarantined | in-job
+    status: Standing
     detail: str
     checked_at: Optional[float]
 

@@ -28,3 +28,11 @@ def test_a_machine_without_a_health_verdict_says_which_transport_state() -> None
     stopped = {s.value for s in NodeState if not s.ran}
     assert set(get_args(NoVerdict)) == stopped | {"error"}
     assert not set(get_args(NoVerdict)) & set(get_args(Status))
+
+
+def test_a_pool_machines_standing_is_a_self_check_outcome_or_why_it_has_none() -> None:
+    from brctl.analysis.daemon import StandbyOutcome
+    from brctl.operations.fleet import Standing
+
+    flat = [a for arg in get_args(Standing) for a in (get_args(arg) or (arg,))]
+    assert flat == [*get_args(StandbyOutcome), "unchecked", "quarantined", "in-job"]
