@@ -17,8 +17,9 @@ from brctl.analysis.daemon import pick_standbys
 from brctl.analysis.inventory import Inventory
 from brctl.core.transport import Transport
 from brctl.operations.audit import event_log_path
-from brctl.operations.daemon import Daemon, DaemonReport, PollResult
+from brctl.operations.daemon import Daemon
 from brctl.operations.daemon_hooks import LiveHooks
+from brctl.operations.daemon_report import DaemonReport, PollResult
 from brctl.operations.daemon_state import DaemonState
 from brctl.operations.jobadapter import JobAdapter, Notifier
 from brctl.state import Store
