@@ -221,7 +221,7 @@ class Output:
         if not self._bars:
             yield lambda _stage, _names: _ignore
             return
-        with self._bar() as bar:
+        with self._bar(transient=False) as bar:  # each finished stage's line stays, timed
             yield lambda stage, names: _task(bar, f"{label} {stage}", len(names), names)
 
     @property
@@ -229,12 +229,12 @@ class Output:
         """Progress bars are drawn: stderr is a terminal and no JSON is asked for."""
         return not self.json and self.err.is_terminal
 
-    def _bar(self) -> Any:
+    def _bar(self, transient: bool = True) -> Any:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
         return Progress("[progress.description]{task.description}", BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=self.err,
-                        transient=True)
+                        transient=transient)
 
 
 def _task(bar: Any, label: str, total: int, names: Iterable[str]) -> Callable[[Any], None]:

@@ -164,3 +164,26 @@ def test_nodes_probe_and_update_apply_rollback_show_the_machine_they_wait_on(
         assert "rollback: waiting on slow1" in tty, tty
     finally:
         del os.environ["BRCTL_STATE"]
+
+
+def test_finished_stage_bars_stay_on_the_terminal_with_their_times() -> None:
+    """``Output.stages``: when the run ends, every stage's line is still on the terminal
+    (a transient bar would erase them all as the command finishes)."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from brctl.render import Output
+
+    buf = io.StringIO()
+    out = Output(stderr=buf)
+    out._err = Console(file=buf, force_terminal=True, width=100)
+    with out.stages("diagnose") as track:
+        for stage in ("evidence", "eud"):
+            advance = track(stage, ["m1", "m2"])
+            for node in ("m1", "m2"):
+                advance(SimpleNamespace(node=node))
+    last_screen = buf.getvalue().rsplit("\x1b[2K", 1)[-1]
+    assert "diagnose evidence" in last_screen and "diagnose eud" in last_screen, repr(last_screen)
+    assert "2/2" in last_screen and "0:00:0" in last_screen
