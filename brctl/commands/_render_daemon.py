@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from brctl.core.nodeset import fold
-from brctl.operations.daemon import DaemonReport, StatusReport
+from brctl.core.nodeset import fold, fold_in_order
+from brctl.operations.daemon_report import DaemonReport, StatusReport
 from brctl.operations.evict import EvictReport, RearmReport
 from brctl.operations.fleet import PoolReport, SizeReport
 from brctl.render import Output, escape
@@ -36,7 +36,7 @@ def render_run(out: Output, report: DaemonReport) -> None:
         return
     out.console.print(f"job {escape(report.job)}: {report.iterations} polls, "
                       f"{len(report.handled)} incidents, {len(report.refusals)} refusals; "
-                      f"machines now {escape(','.join(report.members))}; "
+                      f"machines now {escape(fold_in_order(report.members))}; "
                       f"ETTR {_pct(report.ettr)} (stopped by {report.stopped_by or 'error'})")
     for why in report.refusals:
         out.console.print(f"[red]refused:[/] {escape(why)}")
@@ -200,7 +200,7 @@ def render_pool(out: Output, report: PoolReport, schema: str, code: int | None =
         return
     for m in report.machines:
         out.record(f"{m.node}  {m.status}  checked {out.stamp(m.checked_at)}", m.detail)
-    out.console.print(f"{len(report.ready)} ready: {escape(','.join(report.ready) or 'none')}")
+    out.console.print(f"{len(report.ready)} ready: {escape(fold(report.ready) or 'none')}")
     if report.would_check is not None:
         out.console.print(f"dry run: would check {escape(fold(report.would_check) or 'nothing')} "
                           f"with {', '.join(report.stages)}; nothing contacted or marked")

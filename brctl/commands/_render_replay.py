@@ -5,7 +5,7 @@ from __future__ import annotations
 from brctl.analysis.replay import ReplayPlan
 from brctl.analysis.replay_judge import JudgedGroup
 from brctl.core.errors import ExitCode
-from brctl.core.nodeset import fold
+from brctl.core.nodeset import fold, fold_in_order
 from brctl.operations.replay import ReplayReport, plan_only_json
 from brctl.render import Output, escape, table
 
@@ -39,7 +39,8 @@ def render_plan(out: Output, p: ReplayPlan) -> None:
             out.console.print("round 2: adaptive, built from round 1's result")
             continue
         out.console.print(table(["group", "machines"],
-                                [(i, ",".join(g)) for i, g in enumerate(rnd)], title=title))
+                                [(i, fold_in_order(g)) for i, g in enumerate(rnd)],
+                                title=title))
 
 
 def _deviant_cell(g: JudgedGroup) -> str:
@@ -61,9 +62,9 @@ def render(out: Output, report: ReplayReport) -> None:
         rows = []
         for gi, g in enumerate(rnd.groups):
             label = (f"{gi} (control)" if rnd.kind == "confirm" and not g.suspects
-                     else f"{gi} (tests {','.join(g.suspects)})" if g.suspects else f"{gi}")
+                     else f"{gi} (tests {fold(g.suspects)})" if g.suspects else f"{gi}")
             note = g.runs[-1].error or "" if g.status == "incomplete" else ""
-            rows.append((label, ",".join(g.nodes), g.fingerprint or "-", _deviant_cell(g),
+            rows.append((label, fold_in_order(g.nodes), g.fingerprint or "-", _deviant_cell(g),
                          f"{max(r.seconds for r in g.runs):.1f}s", note))
         out.console.print(table(["group", "machines", "fingerprint", "deviant", "time", "note"],
                                 rows, title=f"round {i} ({rnd.kind})"))

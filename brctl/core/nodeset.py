@@ -218,6 +218,31 @@ def fold(names: Iterable[str]) -> str:
     return ",".join(sorted(folded, key=lambda f: _natural_key(f.replace("[", ""))))
 
 
+def fold_in_order(names: Iterable[str]) -> str:
+    """Fold names keeping their order (a rank layout, a group's machines): runs of
+    consecutive names fold, ``n[3-5],n1``; ``expand`` reads back the same order."""
+    runs: list[list[str]] = []
+    last: tuple[str, int, int] | None = None
+    for name in dict.fromkeys(names):
+        step = _last_number(name)
+        if runs and last and step and step == (last[0], last[1] + 1, last[2]):
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+        last = step
+    return ",".join(fold(run) for run in runs)
+
+
+def _last_number(name: str) -> tuple[str, int, int] | None:
+    """(the name around its last number, that number, its zero-padded width or 0)."""
+    parts = _TOKEN.split(name)
+    if len(parts) < 3:
+        return None
+    digits = parts[-2]
+    width = len(digits) if len(digits) > 1 and digits.startswith("0") else 0
+    return "".join(parts[:-2]) + "\0" + parts[-1], int(digits), width
+
+
 def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(t)) if t.isdigit() else (1, t) for t in _TOKEN.split(name) if t)
 

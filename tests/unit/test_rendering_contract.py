@@ -194,3 +194,28 @@ def test_exec_output_through_a_pipe_is_the_nodes_bytes(tmp_path: Path) -> None:
         assert r.stderr == "local1: e\tf\n", repr(r.stderr)
     assert cli(local, tmp_path / "state", "exec", "-L", "-w", "local1", cmd).stdout == \
         "local1: a\tb  c\\\n"
+
+
+def test_machine_lists_are_folded_through_a_pipe(tmp_path: Path) -> None:
+    import io
+
+    from brctl.commands._render_daemon import render_run
+    from brctl.core.nodeset import expand, fold_in_order
+    from brctl.operations.daemon_report import DaemonReport
+    from brctl.render import Output
+
+    # a rank layout keeps its order, folded by runs; expand reads it back alike
+    order = ["n3", "n4", "n5", "n1", "gpu009", "gpu010", "x"]
+    assert fold_in_order(order) == "n[3-5],n1,gpu[009-010],x"
+    assert expand(fold_in_order(order)) == order
+    names = [f"n{i}" for i in range(1, 41)]
+    out = Output(stdout=io.StringIO())
+    render_run(out, DaemonReport("llm", members=names, stopped_by="signal"))
+    assert "machines now n[1-40];" in out.stdout.getvalue()
+    inv = tmp_path / "inv.yaml"  # one replay group of 20 one-GPU machines per round
+    inv.write_text(yaml.safe_dump({
+        "nodes": [{"name": "n[1-40]", "connection": "local", "gpus": 1}],
+        "job": {"name": "llm", "nodes": "n[1-40]", "tp": 20}}))
+    r = cli(inv, tmp_path / "state", "replay", "--plan-only")
+    assert r.returncode == 0, r.stderr
+    assert "n[1-20]" in r.stdout and "n[21-40]" in r.stdout, r.stdout
