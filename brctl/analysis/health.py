@@ -411,22 +411,31 @@ def check_ib(doc: Mapping[str, Any], now: Mapping[str, int], before: Optional[Sa
     return _worst(found, "ib", f"{len(ports)} ports active")
 
 
-def check_net(doc: Mapping[str, Any]) -> Check:
-    """Each configured interface's operstate is ``up``."""
+def check_net(doc: Mapping[str, Any], cfg: HealthSection) -> Check:
+    """Each configured interface's operstate is ``up``; one the probe did not report
+    is unknown (nothing seen is never ok, nor skipped)."""
     states = doc.get("net") or {}
-    if not states:
+    if not states and not cfg.interfaces:
         return Check("net", SKIP, "no interfaces configured (health.interfaces)")
+    if not states:
+        return Check("net", UNKNOWN, f"the probe reported no interface state "
+                                     f"({', '.join(cfg.interfaces)} configured)")
     bad = [(i, s) for i, s in states.items() if s != "up"]
     found = [(FAIL, f"{i}: {'no such interface' if s is None else s}", True) for i, s in bad]
+    found += [(UNKNOWN, f"{i}: not reported", False) for i in cfg.interfaces if i not in states]
     return _worst(found, "net", f"{', '.join(states)} up")
 
 
 def check_disk(doc: Mapping[str, Any], cfg: HealthSection) -> Check:
     """Free space of each configured path against the warn/fail percentages."""
     disks = doc.get("disk") or {}
-    if not disks:
+    if not disks and not cfg.disk_paths:
         return Check("disk", SKIP, "no disk paths configured")
-    found = []
+    if not disks:  # configured, and the probe sent nothing back: not seen, not skipped
+        return Check("disk", UNKNOWN, f"the probe reported no free space "
+                                      f"({', '.join(cfg.disk_paths)} configured)")
+    found: list[tuple[str, str, bool]] = [(UNKNOWN, f"{p}: not reported", False)
+                                          for p in cfg.disk_paths if p not in disks]
     free = []
     for path, d in disks.items():
         if "error" in d:
@@ -493,7 +502,7 @@ def evaluate(doc: Mapping[str, Any], before: Optional[Sample], cfg: HealthSectio
         out["recovery_action"] = check_recovery_action(usable)
     out["xid"] = check_xid(doc, sample)
     out["ib"] = check_ib(doc, now, before, boot_id, cfg)
-    out["net"] = check_net(doc)
+    out["net"] = check_net(doc, cfg)
     out["disk"] = check_disk(doc, cfg)
     out["process"] = Check("process", SKIP, "pending")
     return [out[name] for name in CHECKS if name in enabled], sample

@@ -173,8 +173,8 @@ def test_net_and_disk() -> None:
     assert (c.status, c.message) == ("fail", "ens3: down; eth9: no such interface")
     assert checks_of(doc(disk={"/": {"total": 100, "free": 5}}))["disk"].status == "warn"
     assert checks_of(doc(disk={"/": {"total": 100, "free": 1}}))["disk"].status == "fail"
-    assert checks_of(doc(disk={"/x": {"error": "No such file"}}))["disk"].message == \
-        "/x: No such file"
+    assert checks_of(doc(disk={"/x": {"error": "No such file"}}),
+                     cfg=replace(CFG, disk_paths=["/x"]))["disk"].message == "/x: No such file"
 
 
 def xid_doc(*codes: int, boot: str = "b1") -> dict[str, Any]:
@@ -226,3 +226,17 @@ def test_process_rule() -> None:
     assert not out["b"].evict  # a dead process is a finding, not a hardware signal
     idle = apply_process_rule({"a": [], "b": []}, {}, job)
     assert {c.status for c in idle.values()} == {"warn"}
+
+
+def test_configured_net_and_disk_the_probe_did_not_report_are_unknown_not_skipped() -> None:
+    cfg = replace(CFG, interfaces=["eth0", "ens3"], disk_paths=["/", "/scratch"])
+    for d in (doc(disk={}), doc(disk=None, net=None)):  # the probe sent nothing back
+        c = checks_of(d, cfg=cfg)
+        assert (c["net"].status, c["disk"].status) == ("unknown", "unknown"), c
+        assert "eth0" in c["net"].message and "/scratch" in c["disk"].message
+        assert node_status(list(c.values())) == "unknown" and not c["disk"].evict
+    part = checks_of(doc(net={"eth0": "up"}, disk={"/": {"total": 100, "free": 50}}), cfg=cfg)
+    assert (part["net"].status, part["net"].message) == ("unknown", "ens3: not reported")
+    assert (part["disk"].status, part["disk"].message) == ("unknown", "/scratch: not reported")
+    none = checks_of(doc(net={}, disk={}), cfg=replace(CFG, disk_paths=[]))
+    assert (none["net"].status, none["disk"].status) == ("skip", "skip")  # nothing configured
