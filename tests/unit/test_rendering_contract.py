@@ -24,6 +24,8 @@ import yaml
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
 
+LOCAL = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
+
 LONG = ("NCCL watchdog timeout on rank 17 after 600 s in all-reduce of the data-parallel "
         "group while the job was saving checkpoint step 41200; the kernel log of n3 shows "
         "Xid 79 (GPU has fallen off the bus) three seconds earlier, so the machine is the cause")
@@ -56,8 +58,9 @@ def records(tmp_path: Path) -> tuple[Path, Path]:
     return inv, state
 
 
-def cli(inv: Path, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "BRCTL_STATE": str(state), "COLUMNS": "40"}
+def cli(inv: Path, state: Path, *args: str, columns: int = 40,
+        ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BRCTL_STATE": str(state), "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), *args],
                           capture_output=True, text=True, env=env, timeout=120)
 
@@ -185,7 +188,7 @@ def test_follow_json_is_one_compact_document_per_line_and_only_when_new(
 
 
 def test_exec_output_through_a_pipe_is_the_nodes_bytes(tmp_path: Path) -> None:
-    local = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
+    local = LOCAL
     cmd = r"printf 'a\tb  c\\\n' ; printf 'e\tf\n' >&2"
     for extra in ([], ["-L"]):
         r = cli(local, tmp_path / "state", "exec", *extra, "-w", "local1", cmd)
@@ -219,3 +222,42 @@ def test_machine_lists_are_folded_through_a_pipe(tmp_path: Path) -> None:
     r = cli(inv, tmp_path / "state", "replay", "--plan-only")
     assert r.returncode == 0, r.stderr
     assert "n[1-20]" in r.stdout and "n[21-40]" in r.stdout, r.stdout
+
+
+def test_update_history_through_a_pipe_keeps_every_date_whole(tmp_path: Path) -> None:
+    doc = yaml.safe_load(LOCAL.read_text())
+    doc["update"] = {"root": str(tmp_path / "nodes" / "{node}")}
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print(1)\n")
+    assert cli(inv, tmp_path / "state", "update", "push", str(tmp_path / "src"), "-V", "v1",
+               "--urgent").returncode == 0
+    r = cli(inv, tmp_path / "state", "update", "history")  # COLUMNS=40: ignored in a pipe
+    rows = [line for line in r.stdout.splitlines() if "local[1-4]" in line]
+    assert r.returncode == 0 and len(rows) == 2, r.stdout
+    assert all(STAMP.match(row) for row in rows) and "…" not in r.stdout, r.stdout
+
+
+def test_the_diagnose_tree_through_a_pipe_is_whole_even_with_columns_200(
+        tmp_path: Path) -> None:
+    r = cli(LOCAL, tmp_path / "state", "diagnose", columns=200)
+    assert r.returncode == 3, r.stderr  # no stage could run here: no verdict
+    lines = r.stdout.splitlines()
+    assert "…" not in r.stdout
+    verdicts = [line for line in lines if "no verdict local1:" in line]
+    assert len(verdicts) == 1 and len(verdicts[0]) > 200  # one line, not wrapped at 200
+    assert verdicts[0].endswith(")")  # the whole reason, to its closing parenthesis
+
+
+@pytest.mark.parametrize(("args", "whole"), [
+    (["health"], "no training process on any job machine (job not running?)"),
+    (["exec", "-w", "local[1-2]", "echo " + "word " * 40], " ".join(["word"] * 40)),
+    (["standby", "list"], "never checked"),
+])
+def test_health_exec_and_standby_fit_an_80_column_terminal(tmp_path: Path, args: list[str],
+                                                           whole: str) -> None:
+    lines = on_a_terminal(LOCAL, tmp_path / "state", *args)
+    assert lines and all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    text = re.sub(r"\s+", " ", " ".join(line.strip() for line in lines))
+    assert whole in text, lines  # wrapped to fit, never cut
