@@ -7,7 +7,7 @@ from typing import Any
 from brctl.analysis.stacks import TreeNode, fold_ranks, frame_label
 from brctl.core.nodeset import fold
 from brctl.operations.stacks import StacksReport
-from brctl.render import Output, escape, table
+from brctl.render import Output, escape
 
 _CHAIN_SHOWN = 6  # frames of one tree node shown before eliding its middle
 
@@ -43,18 +43,19 @@ def stack_tree(root: TreeNode, outliers: set[int]) -> Any:
 
 
 def render(out: Output, report: StacksReport) -> None:
-    """Tree, outlier table, suspect group and eviction list; or the JSON document."""
+    """Tree, outliers, suspect group and eviction list; or the JSON document."""
     if out.json:
         out.emit_json("stacks", report.to_json(), version=2, status=report.exit_code)
         return
     a = report.analysis
     outlier_ranks = {o.rank for o in a.outliers}
     out.console.print(stack_tree(a.tree, outlier_ranks))
-    if a.outliers:
-        rows = [(o.node, o.rank, o.pid if o.pid is not None else "-", o.reason,
-                 f"{o.rounds}/{a.rounds}", o.detail) for o in a.outliers]
-        out.console.print(table(["node", "rank", "pid", "reason", "rounds", "detail"], rows,
-                                title="outliers"))
+    if a.outliers:  # one record each: a long detail is a paragraph under it, not a column
+        out.record("outliers:")
+        for o in a.outliers:
+            pid = o.pid if o.pid is not None else "-"
+            out.record(f"  {o.node}  rank {o.rank}  pid {pid}  {o.reason}  "
+                       f"in {o.rounds}/{a.rounds} rounds", o.detail)
     if a.suspects:
         for s in a.suspects:
             noun = "group" if len(s.indices) == 1 else "groups"

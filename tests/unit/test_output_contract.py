@@ -156,7 +156,7 @@ def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Pat
     assert (r.exit_code, r.stdout) == (0, "") and (tmp_path / "made.yaml").exists()
 
 
-def _stacks_save(tmp_path: Path) -> Path:
+def stacks_save(tmp_path: Path, detail: str = "py-spy may not ptrace") -> Path:
     """A saved ``stacks --save`` directory whose rank 3 could not be dumped (exit 1)."""
     from brctl.operations import stacks_save
 
@@ -166,7 +166,7 @@ def _stacks_save(tmp_path: Path) -> Path:
         node = save / f"m{rank // 2}"
         node.mkdir(parents=True, exist_ok=True)
         if rank == 3:
-            (node / f"{rank}-{100 + rank}.error").write_text("py-spy may not ptrace\n")
+            (node / f"{rank}-{100 + rank}.error").write_text(detail + "\n")
         else:
             (node / f"{rank}-{100 + rank}.json").write_text(data.read_text())
     (save / "job.json").write_text(json.dumps({
@@ -191,7 +191,7 @@ def test_a_document_that_judges_says_its_exit_code_as_status(
         brctl: Any, state_dir: Path, tmp_path: Path, args: list[str], schema: str) -> None:
     from brctl.render import STATUS_WORDS
 
-    r = brctl("--json", *[str(_stacks_save(tmp_path)) if a == "SAVE" else a for a in args])
+    r = brctl("--json", *[str(stacks_save(tmp_path)) if a == "SAVE" else a for a in args])
     doc = r.json
     assert doc["schema"] == schema
     assert doc.get("status") == STATUS_WORDS[r.exit_code], (r.exit_code, r.stderr)

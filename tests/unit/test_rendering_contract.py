@@ -261,3 +261,17 @@ def test_health_exec_and_standby_fit_an_80_column_terminal(tmp_path: Path, args:
     assert lines and all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
     text = re.sub(r"\s+", " ", " ".join(line.strip() for line in lines))
     assert whole in text, lines  # wrapped to fit, never cut
+
+
+def test_a_long_outlier_detail_is_a_paragraph_under_its_row(tmp_path: Path) -> None:
+    from tests.unit.test_output_contract import stacks_save
+
+    save = stacks_save(tmp_path, detail=LONG)
+    lines = on_a_terminal(LOCAL, tmp_path / "state", "stacks", "--from", str(save))
+    assert lines and all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    at = next(i for i, line in enumerate(lines) if "m1  rank 3" in line)
+    assert "m1" in lines[at] and "undumpable" in lines[at]
+    under = re.sub(r"\s+", " ", " ".join(line.strip() for line in lines[at + 1:]))
+    assert LONG in under  # the whole reason, wrapped under its row
+    piped = cli(LOCAL, tmp_path / "state", "stacks", "--from", str(save))
+    assert any("undumpable" in line and line.endswith(LONG) for line in piped.stdout.splitlines())
