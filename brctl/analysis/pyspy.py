@@ -4,12 +4,14 @@ Two forms reach the controller, and both become the same ``Stack`` (the main
 thread's frames, outermost first, normalised by ``diagnostics.pyspy_frames``):
 
 - ``parse_dump``: py-spy's own ``dump --json`` text, as ``--save`` keeps it;
-- ``frame_table`` + ``reduced_stack``: what the stacks probe ships by default,
-  one frame table per machine (``name<TAB>file<TAB>line`` lines) and per rank
-  the frames it shares with the previous rank's stack (``prefix``) and indices
-  into the table. The probe's answer comes from a node and is hostile: every
-  row and index is checked, and anything else is a ``PySpyFormatError`` naming
-  where.
+- ``frame_table`` + ``packed_ints`` + ``packed_stacks``: what the stacks probe
+  ships by default (``pyspy_frames.PACKED``), one frame table per machine
+  (``name<TAB>file<TAB>line`` lines) and per rank the frames it shares with the
+  previous rank's stack (``prefix``) and indices into the table, all packed as
+  integers in a few strings. The probe's answer comes from a node and is
+  hostile: every row, count and index is checked (in bulk: bounds over whole
+  lists, not a Python step per field), and anything else is a
+  ``PySpyFormatError`` naming where.
 
 Frames are interned: identical stacks from many ranks share their frame objects,
 which keeps 10⁵ ranks cheap to hold and compare.
@@ -17,12 +19,17 @@ which keeps 10⁵ ranks cheap to hold and compare.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import Any
 
 from brctl.analysis.stacks import Frame, Stack
 from brctl.diagnostics.pyspy_frames import NATIVE, PySpyFormatError, main_frames
 
-__all__ = ["NATIVE", "PySpyFormatError", "frame_table", "parse_dump", "reduced_stack"]
+_LITTLE = sys.byteorder == "little"
+
+__all__ = ["NATIVE", "PySpyFormatError", "frame_table", "packed_ints", "packed_stacks",
+           "parse_dump"]
 
 
 def parse_dump(text: str, pid: int, intern: dict[Frame, Frame] | None = None) -> Stack:
@@ -75,22 +82,59 @@ def _row(row: str, i: int) -> Frame:
     return Frame(name, file, int(line))
 
 
-def reduced_stack(prefix: Any, indices: Any, table: list[Frame], previous: Stack) -> Stack:
-    """One rank's stack: ``prefix`` frames of the previous stack, then ``indices`` into the table.
+def packed_ints(text: Any, code: str, what: str) -> array[int]:
+    """A packed field: big-endian binary integers of ``array`` type ``code``, in hex.
 
     Raises:
-        PySpyFormatError: a prefix longer than the previous stack, or indices that
-            are not integers within the table.
+        PySpyFormatError: not such a text (names ``what``).
     """
-    if type(prefix) is not int or not 0 <= prefix <= len(previous):
-        raise PySpyFormatError(f"prefix must be an integer from 0 to {len(previous)}")
-    if type(indices) is not list:
-        raise PySpyFormatError("stack: expected a list of frame indices")
+    out = array(code)
     try:
-        if indices and min(indices) < 0:
-            raise IndexError
-        rest = tuple(map(table.__getitem__, indices))  # a non-integer is a TypeError
-    except (IndexError, TypeError):
-        raise PySpyFormatError(
-            f"stack: indices must be integers from 0 to {len(table) - 1}") from None
-    return previous[:prefix] + rest if prefix else rest
+        if type(text) is not str:
+            raise ValueError
+        out.frombytes(bytes.fromhex(text))  # C-level: no Python step per number
+    except ValueError:  # not hex, or not a whole number of integers
+        raise PySpyFormatError(f"{what}: expected hex of {out.itemsize}-byte integers") from None
+    if _LITTLE:
+        out.byteswap()
+    return out
+
+
+def packed_stacks(heads: array[int], indices: Any, table: list[Frame]) -> list[Stack | None]:
+    """Each rank's stack from ``heads`` (``prefix, count`` per rank; count -1: no stack).
+
+    A stack is ``prefix`` frames of the stack before it, then ``count`` frames
+    taken from ``indices`` (hex of uint16 into ``table``, uint32 when the text
+    is twice as long as that needs) in turn.
+
+    Raises:
+        PySpyFormatError: an index outside the table, counts that do not add up
+            to the indices, a prefix longer than the stack before it.
+    """
+    counts = heads[1::2]
+    if counts and min(counts) < -1:
+        raise PySpyFormatError("stacks: a frame count below -1")
+    total = sum(c for c in counts if c > 0)
+    if type(indices) is not str or len(indices) not in (4 * total, 8 * total):
+        raise PySpyFormatError(f"indices: expected hex of the stacks' {total} frame indices")
+    flat = packed_ints(indices, "H" if len(indices) == 4 * total else "I", "indices")
+    if flat and max(flat) >= len(table):
+        raise PySpyFormatError(f"indices must be from 0 to {len(table) - 1}")
+    frames = list(map(table.__getitem__, flat))
+    out: list[Stack | None] = []
+    previous: Stack = ()
+    at = 0
+    for prefix, count in zip(heads[::2], counts):
+        if count < 0:
+            if prefix:
+                raise PySpyFormatError(f"stacks[{len(out)}]: a prefix without a stack")
+            out.append(None)
+            continue
+        if not 0 <= prefix <= len(previous):
+            raise PySpyFormatError(
+                f"stacks[{len(out)}]: prefix must be from 0 to {len(previous)}")
+        end = at + count
+        previous = previous[:prefix] + tuple(frames[at:end]) if prefix else tuple(frames[at:end])
+        at = end
+        out.append(previous)
+    return out

@@ -17,11 +17,11 @@ Node-side; standard library only. Request::
    own timeout, several at once. A failure says why, and for ptrace failures
    which permission is missing.
 4. Each dump is reduced to what the analysis needs (``pyspy_frames``): the main
-   thread's normalised frames, as indices into one frame table per machine
-   (``frames``: ``name<TAB>file<TAB>line`` lines; per dump ``prefix``, the frames it
-   shares with the previous dump's stack, and ``stack``, the rest). A dump whose
-   output is not py-spy's JSON becomes an error. With ``raw`` (``brctl stacks
-   --save``) py-spy's JSON is shipped as it printed it (``output``) instead.
+   thread's normalised frames, as indices into one frame table per machine, and
+   the ranks packed into a few strings (``pyspy_frames.pack``: format
+   ``PACKED``). A dump whose output is not py-spy's JSON becomes an error. With
+   ``raw`` (``brctl stacks --save``) the answer is format ``RAW``: the process rows
+   and py-spy's JSON per dump as it printed it (``output``).
 
 py-spy comes from the request (the copy the controller shipped), else PATH, else
 next to this Python; when there is none the answer says ``py_spy_missing`` and
@@ -40,7 +40,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from brctl.diagnostics.protocol import serve
-from brctl.diagnostics.pyspy_frames import FrameTable, PySpyFormatError, main_frames
+from brctl.diagnostics.pyspy_frames import (
+    PACKED,
+    RAW,
+    PySpyFormatError,
+    RawFrame,
+    main_frames,
+    pack,
+)
 
 RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # the only environment values read
 _STATES = {"D": "uninterruptible sleep (D): stuck in the kernel, e.g. on a device or NFS",
@@ -219,28 +226,23 @@ def dump(py_spy: str, pid: int, timeout: float, retry: bool = True) -> dict[str,
     return {"pid": pid, "output": out, "seconds": seconds, "error": None}
 
 
-def reduce_dumps(dumps: list[dict[str, Any]]) -> str:
-    """Replace each dump's py-spy text by its main-thread stack (in place); the frame table.
+def main_stacks(dumps: list[dict[str, Any]]) -> dict[int, list[RawFrame] | str]:
+    """pid → its dump's main-thread frames, or why there are none.
 
-    Each stack becomes ``prefix`` (frames shared with the previous stack shipped)
-    and ``stack`` (indices of the rest into the returned table).
-
-    The text is dropped either way: it is what made a round of 131,072 ranks ship
-    gigabytes. A dump that is not py-spy's JSON keeps only the reason; ``error``
-    is left out when there is none.
+    py-spy's text is dropped: it is what made a round of 131,072 ranks ship
+    gigabytes. A dump that is not py-spy's JSON keeps only the reason.
     """
-    table = FrameTable()
+    out: dict[int, list[RawFrame] | str] = {}
     for d in dumps:
-        text = d.pop("output", None)
-        del d["seconds"]  # nothing reads it, and 131,072 of them cost the controller
-        if text is not None:
-            try:
-                d["prefix"], d["stack"] = table.delta(main_frames(text, d["pid"]))
-            except PySpyFormatError as exc:
-                d["error"] = f"unusable py-spy output: {exc}"
-        if d["error"] is None:
-            del d["error"]
-    return table.text()
+        pid, text = d["pid"], d["output"]
+        if text is None:
+            out[pid] = d["error"] or "py-spy gave no output"
+            continue
+        try:
+            out[pid] = main_frames(text, pid)
+        except PySpyFormatError as exc:
+            out[pid] = f"unusable py-spy output: {exc}"
+    return out
 
 
 def collect(request: dict[str, Any]) -> dict[str, Any]:
@@ -251,19 +253,18 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
     timeout = float(request.get("dump_timeout") or 10.0)
     procs = find_processes(pattern)
     py_spy = find_py_spy(request.get("py_spy"))
-    doc: dict[str, Any] = {"processes": procs, "py_spy": py_spy, "py_spy_missing": py_spy is None,
-                           "dumps": []}
+    doc: dict[str, Any] = {"py_spy": py_spy, "py_spy_missing": py_spy is None}
     only = request.get("only_ranks")  # machines sharing one kernel: dump only our own ranks
     ranks = [p["pid"] for p in procs if p["role"] == "rank"
              and (not isinstance(only, list) or p["rank"] in only)]
-    if py_spy is None or not ranks:
-        return doc
-    workers = max(1, min(int(request.get("concurrency") or 8), len(ranks)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        doc["dumps"] = list(pool.map(lambda pid: dump(py_spy, pid, timeout), ranks))
-    if not request.get("raw"):
-        doc["frames"] = reduce_dumps(doc["dumps"])
-    return doc
+    dumps: list[dict[str, Any]] = []
+    if py_spy is not None and ranks:
+        workers = max(1, min(int(request.get("concurrency") or 8), len(ranks)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            dumps = list(pool.map(lambda pid: dump(py_spy, pid, timeout), ranks))
+    if request.get("raw"):
+        return {**doc, "format": RAW, "processes": procs, "dumps": dumps}
+    return {**doc, "format": PACKED, **pack(procs, main_stacks(dumps))}
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 - ``collect`` runs the ``stacks_probe`` on every machine (shipping the
   controller's py-spy to machines that have none) and returns one ``Collection``.
   Each machine answers with its ranks' main-thread frames as indices into its
-  frame table (``analysis.pyspy``: checked, a malformed answer is that machine's error);
-  only ``raw`` collections (for ``save``) carry py-spy's JSON itself.
+  frame table, its ranks packed in a few strings (``diagnostics.pyspy_frames``,
+  read by ``analysis.pyspy``: checked, a malformed answer or one of another
+  format is that machine's error); only ``raw`` collections (for ``save``)
+  carry py-spy's JSON itself.
 - ``collect_rounds`` repeats it ``rounds`` times, ``interval`` seconds apart.
 - ``analyse`` turns collections into the pure analyser's input (live rank →
   machine mapping, parsed stacks, undumpable and missing ranks) and returns a
@@ -29,7 +31,13 @@ from typing import Any, NamedTuple
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
-from brctl.analysis.pyspy import PySpyFormatError, frame_table, parse_dump, reduced_stack
+from brctl.analysis.pyspy import (
+    PySpyFormatError,
+    frame_table,
+    packed_ints,
+    packed_stacks,
+    parse_dump,
+)
 from brctl.analysis.stacks import Frame, RankSample, Round, Stack, StackAnalysis
 from brctl.analysis.stacks import analyse as analyse_rounds
 from brctl.analysis.topology import Topology
@@ -41,6 +49,7 @@ from brctl.core.errors import (
     exit_code_of,
 )
 from brctl.core.transport import Node, NodeState, RunResult, Transport
+from brctl.diagnostics.pyspy_frames import PACKED, RAW
 from brctl.remote.probes import Bundle, ProbeResult, ProbeRunner
 
 PROBE = "brctl.diagnostics.stacks_probe"
@@ -161,13 +170,18 @@ def _no_cycle_collection() -> Iterator[None]:
 
     They are tuples, dicts and strings without cycles, yet each full collection
     walks all of them: a third of a 131,072-rank round's CPU. Reference counting
-    still frees everything; the collector resumes (as it was) afterwards.
+    still frees everything; the collector resumes (as it was) afterwards, with the
+    objects built meanwhile moved to its oldest generation (``freeze`` then
+    ``unfreeze``: a list splice) instead of walked at once by the first young
+    collection, another 0.2-0.5 s a round.
     """
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
+        gc.unfreeze()
         if was:
             gc.enable()
 
@@ -189,34 +203,29 @@ def _node_collection(name: str, doc: dict[str, Any] | None, error: str | None,
                               seconds=run.seconds)
 
 
-def _dumps_by_pid(dumps: list[Any], table: list[Frame]
-                  ) -> dict[int, tuple[dict[str, Any], Stack | None]]:
-    """pid → (its dump, its stack when reduced), each dump checked."""
-    out: dict[int, tuple[dict[str, Any], Stack | None]] = {}
-    previous: Stack = ()  # each reduced stack starts with frames of the one before it
-    for i, d in enumerate(dumps):
-        if type(d) is not dict or type(pid := d.get("pid")) is not int:
-            raise MalformedAnswer(f"dumps[{i}]: expected an object with an integer pid")
-        stack = None
-        if "stack" in d:
-            try:
-                stack = previous = reduced_stack(d.get("prefix", 0), d["stack"], table, previous)
-            except PySpyFormatError as exc:
-                raise MalformedAnswer(f"dumps[{i}].{exc}") from None
-        err, text = d.get("error"), d.get("output")
-        if not (err is None or type(err) is str) or not (text is None or type(text) is str):
-            raise MalformedAnswer(f"dumps[{i}]: error and output must be strings")
-        out[pid] = d, stack
-    return out
+_NO_PY_SPY = "py-spy is not available on this machine and none could be shipped"
 
 
 def _parse_answer(name: str, doc: dict[str, Any], run: RunResult,
                   known: dict[str, Frame]) -> NodeCollection:
     """The probe's document, checked field by field (it comes from a node: hostile)."""
+    form = doc.get("format")
+    if form == PACKED:
+        return _parse_packed(name, doc, run, known)
+    if form != RAW:
+        raise MalformedAnswer(f"format {form!r:.60} is not this brctl's stacks probe answer "
+                              f"({PACKED}); is the node running a probe of another version?")
     procs, dumps = doc.get("processes"), doc.get("dumps")
     if type(procs) is not list or type(dumps) is not list:
         raise MalformedAnswer("it lacks the processes/dumps lists")
-    by_pid = _dumps_by_pid(dumps, frame_table(doc["frames"], known) if "frames" in doc else [])
+    by_pid: dict[int, dict[str, Any]] = {}
+    for i, d in enumerate(dumps):
+        if type(d) is not dict or type(pid := d.get("pid")) is not int:
+            raise MalformedAnswer(f"dumps[{i}]: expected an object with an integer pid")
+        err, text = d.get("error"), d.get("output")
+        if not (err is None or type(err) is str) or not (text is None or type(text) is str):
+            raise MalformedAnswer(f"dumps[{i}]: error and output must be strings")
+        by_pid[pid] = d
     missing = bool(doc.get("py_spy_missing"))
     ranks, workers = [], 0
     for i, p in enumerate(procs):
@@ -229,16 +238,55 @@ def _parse_answer(name: str, doc: dict[str, Any], run: RunResult,
             continue
         if type(pid := p.get("pid")) is not int:
             raise MalformedAnswer(f"processes[{i}]: pid must be an integer")
-        d, stack = by_pid.get(pid, ({}, None))
+        d = by_pid.get(pid, {})
         err = d.get("error")
         if not d:
             if not missing:
                 continue  # left to the machine that owns it (machines sharing one kernel)
-            err = "py-spy is not available on this machine and none could be shipped"
+            err = _NO_PY_SPY
         local, size = p.get("local_rank"), p.get("world_size")
         ranks.append(RankDump(rank, pid, d.get("output"), err,
                               local if type(local) is int else None,
-                              size if type(size) is int else None, stack))
+                              size if type(size) is int else None))
+    return NodeCollection(name, "ok", None, tuple(ranks), workers, run.seconds)
+
+
+def _parse_packed(name: str, doc: dict[str, Any], run: RunResult,
+                  known: dict[str, Frame]) -> NodeCollection:
+    """A ``PACKED`` answer: bounds checked over whole lists, one Python step per rank."""
+    table = frame_table(doc.get("frames"), known)
+    nums = packed_ints(doc.get("ranks"), "i", "ranks")
+    heads = packed_ints(doc.get("stacks"), "i", "stacks")
+    n = len(nums) // 4
+    if len(nums) != 4 * n or len(heads) != 2 * n:
+        raise MalformedAnswer(f"ranks: 4 integers per rank and stacks: 2 per rank, not "
+                              f"{len(nums)} and {len(heads)}")
+    stacks = packed_stacks(heads, doc.get("indices"), table)
+    workers, errors = doc.get("workers"), doc.get("errors")
+    if type(workers) is not int or workers < 0:
+        raise MalformedAnswer("workers: expected a count")
+    if type(errors) is not list:
+        raise MalformedAnswer("errors: expected a list of [position, reason]")
+    why: dict[int, str] = {}
+    for e in errors:
+        if not (type(e) is list and len(e) == 2 and type(at := e[0]) is int and 0 <= at < n
+                and stacks[at] is None and type(e[1]) is str):
+            raise MalformedAnswer(f"errors: {str(e)[:60]} is not [position of a rank without "
+                                  f"a stack (0 to {n - 1}), reason]")
+        why[at] = e[1]
+    missing = bool(doc.get("py_spy_missing"))
+    ranks = []
+    for i, (stack, rank, pid, local, size) in enumerate(
+            zip(stacks, nums[::4], nums[1::4], nums[2::4], nums[3::4])):
+        err = None
+        if stack is None:
+            err = why.get(i)
+            if err is None:
+                if not missing:
+                    continue  # left to the machine that owns it (machines sharing one kernel)
+                err = _NO_PY_SPY
+        ranks.append(RankDump(rank, pid, None, err, local if local >= 0 else None,
+                              size if size >= 0 else None, stack))
     return NodeCollection(name, "ok", None, tuple(ranks), workers, run.seconds)
 
 
@@ -310,10 +358,13 @@ def collect(
 
 def _lacks_py_spy(doc: dict[str, Any] | None) -> bool:
     """The machine has ranks to dump and no py-spy. Read before the answer is checked
-    (``_parse_answer``): a processes list out of shape is left for it to refuse."""
-    procs = doc.get("processes") if doc is not None else None
-    return bool(doc is not None and doc.get("py_spy_missing")) and type(procs) is list and any(
-        type(p) is dict and p.get("role") == "rank" for p in procs)
+    (``_parse_answer``): fields out of shape are left for it to refuse."""
+    if doc is None or not doc.get("py_spy_missing"):
+        return False
+    ranks, procs = doc.get("ranks"), doc.get("processes")
+    if doc.get("format") == PACKED:
+        return type(ranks) is str and ranks != ""
+    return type(procs) is list and any(type(p) is dict and p.get("role") == "rank" for p in procs)
 
 
 def read_answers(results: Mapping[str, ProbeResult], known: dict[str, Frame] | None = None

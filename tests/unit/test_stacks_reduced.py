@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis.pyspy import frame_table, parse_dump, reduced_stack
+from brctl.analysis.pyspy import PySpyFormatError, frame_table, packed_ints, packed_stacks, parse_dump
 from brctl.analysis.stacks import Frame
 from brctl.core.errors import ExitCode
 from brctl.core.transport import NodeState, RunResult
-from brctl.diagnostics.pyspy_frames import main_frames
-from brctl.diagnostics.stacks_probe import reduce_dumps
+from brctl.diagnostics.pyspy_frames import PACKED, RAW, hex_ints, main_frames, pack
+from brctl.diagnostics.stacks_probe import main_stacks
 from brctl.operations import stacks as op
 from brctl.remote.probes import ProbeResult, parse_document
 
@@ -35,14 +35,11 @@ def _golden(pid: int = GOLDEN_PID, line: int | None = None) -> str:
 
 
 def _answer(dumps: list[dict[str, Any]], world: int = 4) -> dict[str, Any]:
-    """The probe's document for ranks 0.. with the given (unreduced) dumps, then reduced."""
-    procs = [{"pid": d["pid"], "ppid": 1, "role": "rank", "state": "S", "rank": i,
-              "local_rank": i, "world_size": world, "environ_readable": True,
-              "rank_pid": d["pid"]} for i, d in enumerate(dumps)]
-    doc = {"processes": procs, "py_spy": "/usr/bin/py-spy", "py_spy_missing": False,
-           "dumps": dumps, "schema": "brctl.probe/1"}
-    doc["frames"] = reduce_dumps(doc["dumps"])
-    return doc
+    """The probe's packed document for ranks 0.. with the given (unreduced) dumps."""
+    procs = [{"pid": d["pid"], "role": "rank", "rank": i, "local_rank": i, "world_size": world}
+             for i, d in enumerate(dumps)]
+    return {"format": PACKED, "py_spy": "/usr/bin/py-spy", "py_spy_missing": False,
+            "schema": "brctl.probe/1", **pack(procs, main_stacks(dumps))}
 
 
 def _read(docs: dict[str, Any]) -> dict[str, op.NodeCollection]:
@@ -61,11 +58,14 @@ def test_the_reduced_answer_reads_back_as_the_stacks_of_the_raw_dumps() -> None:
               "error": None if t is not None else "py-spy did not finish within 10s"}
              for i, t in enumerate(texts)]
     doc = _answer(copy.deepcopy(dumps), world=5)
-    assert all("output" not in d and "seconds" not in d for d in doc["dumps"])
-    assert doc["dumps"][1]["prefix"] == 4 and len(doc["dumps"][1]["stack"]) == 1  # one frame moved
-    assert doc["dumps"][3] == {"pid": 104, "error": "unusable py-spy output: not JSON: "
-                               "Expecting value: line 1 column 1 (char 0)"}
-    assert doc["dumps"][4] == {"pid": 105, "error": "py-spy did not finish within 10s"}
+    assert "output" not in doc and "dumps" not in doc and '"pid"' not in json.dumps(doc)
+    heads = list(packed_ints(doc["stacks"], "i", "stacks"))
+    assert heads[2:4] == [4, 1]  # rank 1 shares 4 frames with rank 0: one frame moved
+    assert heads[6:] == [0, -1, 0, -1]
+    assert doc["errors"] == [[3, "unusable py-spy output: not JSON: "
+                              "Expecting value: line 1 column 1 (char 0)"],
+                             [4, "py-spy did not finish within 10s"]]
+    assert list(packed_ints(doc["ranks"], "i", "ranks"))[:8] == [0, 101, 0, 5, 1, 102, 1, 5]
     [node] = _read({"m1": doc}).values()
     assert node.answered
     got = {r.rank: r.stack for r in node.ranks}
@@ -74,13 +74,37 @@ def test_the_reduced_answer_reads_back_as_the_stacks_of_the_raw_dumps() -> None:
     assert got[0] != got[1] and got[0] == got[2]
     assert got[0][0] is got[1][0]  # frames interned across ranks
     assert [(r.rank, r.error) for r in node.ranks if r.stack is None] == [
-        (3, doc["dumps"][3]["error"]), (4, "py-spy did not finish within 10s")]
+        (3, doc["errors"][0][1]), (4, "py-spy did not finish within 10s")]
+    assert [(r.local_rank, r.world_size) for r in node.ranks] == [(i, 5) for i in range(5)]
+
+
+def test_unknown_or_out_of_range_rank_fields_ship_as_minus_one() -> None:
+    procs = [{"pid": 7, "role": "rank", "rank": 1 << 40, "local_rank": None, "world_size": -3},
+             {"pid": 8, "role": "worker", "rank": 0, "local_rank": 0, "world_size": 2},
+             {"pid": 6, "role": "launcher", "rank": None, "local_rank": None, "world_size": None}]
+    doc = pack(procs, {})
+    assert list(packed_ints(doc["ranks"], "i", "ranks")) == [-1, 7, -1, -1]
+    assert doc["workers"] == 1 and doc["indices"] == "" and doc["errors"] == []
+    [node] = _read({"m1": {"format": PACKED, "py_spy_missing": True, **doc}}).values()
+    assert [(r.rank, r.local_rank, r.world_size, r.error) for r in node.ranks] == [
+        (-1, None, None, "py-spy is not available on this machine and none could be shipped")]
+    [node] = _read({"m1": {"format": PACKED, "py_spy_missing": False, **doc}}).values()
+    assert node.answered and node.ranks == () and node.workers == 1  # another machine's rank
+
+
+def test_a_table_past_65536_rows_ships_wide_indices() -> None:
+    frames = [(f"f{i}", "a.py", i) for i in range(70_000)]
+    doc = pack([{"pid": 5, "role": "rank", "rank": 0, "local_rank": 0, "world_size": 1}],
+               {5: frames})
+    assert len(doc["indices"]) == 8 * 70_000
+    [node] = _read({"m1": {"format": PACKED, "py_spy_missing": False, **doc}}).values()
+    assert [tuple(f) for f in node.ranks[0].stack or ()] == frames
 
 
 def test_a_reduced_answer_is_a_fraction_of_py_spys_json() -> None:
     texts = [_golden(200 + i, line=i % 3) for i in range(8)]
-    raw = {"dumps": [{"pid": 200 + i, "output": t, "seconds": 0.1, "error": None}
-                     for i, t in enumerate(texts)]}
+    raw = {"format": RAW, "dumps": [{"pid": 200 + i, "output": t, "seconds": 0.1, "error": None}
+                                    for i, t in enumerate(texts)]}
     reduced = _answer(copy.deepcopy(raw["dumps"]), world=8)
     assert len(json.dumps(reduced)) * 4 < len(json.dumps(raw))
 
@@ -114,27 +138,53 @@ def _set(path: str, value: Any) -> dict[str, Any]:
     return doc
 
 
+def _heads(*values: int) -> str:
+    return hex_ints("i", list(values))
+
+
 HOSTILE = [
     (_set("frames", ["<module>", "a.py", 1]), "frames: expected the frame table's text"),
     (_set("frames", "f\ta.py"), "frames row 0: expected name<TAB>file<TAB>line"),
     (_set("frames", "f\ta.py\t-1"), "frames row 0"),
     (_set("frames", "f\ta.py\t٣"), "frames row 0"),  # a digit, but not an ASCII one
-    (_set("dumps.0.stack", [0, 99]), "dumps[0].stack: indices must be integers from 0 to"),
-    (_set("dumps.0.stack", [-1]), "dumps[0].stack: indices must be integers"),
-    (_set("dumps.0.stack", ["0"]), "dumps[0].stack: indices must be integers"),
-    (_set("dumps.0.stack", [[0]]), "dumps[0].stack: indices must be integers"),
-    (_set("dumps.0.stack", "0 1 2"), "dumps[0].stack: expected a list of frame indices"),
-    (_set("dumps.1.prefix", 99), "dumps[1].prefix must be an integer from 0 to"),
-    (_set("dumps.1.prefix", -1), "dumps[1].prefix"),
-    (_set("dumps.1.prefix", "4"), "dumps[1].prefix"),
-    (_set("dumps.0.pid", "101"), "dumps[0]: expected an object with an integer pid"),
-    (_set("dumps.0", [101]), "dumps[0]: expected an object"),
-    (_set("dumps.1.error", {"x": 1}), "dumps[1]: error and output must be strings"),
-    (_set("dumps.1.output", 12), "dumps[1]: error and output must be strings"),
-    (_set("processes.0", "rank 0"), "processes[0]: expected an object"),
-    (_set("processes.0.pid", 1.5), "processes[0]: pid must be an integer"),
-    (_set("processes", {"0": 1}), "it lacks the processes/dumps lists"),
-    (_set("dumps", None), "it lacks the processes/dumps lists"),
+    (_set("indices", "0000ffff"), "indices: expected hex of the stacks' "),
+    (_set("indices", _good()["indices"][:-4] + "0063"), "indices must be from 0 to"),
+    (_set("indices", "zz" * (len(_good()["indices"]) // 2)), "indices: expected hex of 2-byte"),
+    (_set("indices", [0, 1]), "indices: expected hex of the stacks' "),
+    (_set("stacks", _heads(0, 99, 0, 0)), "indices: expected hex of the stacks' 99 frame indices"),
+    (_set("stacks", _heads(0, -2, 0, 0)), "stacks: a frame count below -1"),
+    (_set("stacks", _heads(0, 5)), "ranks: 4 integers per rank and stacks: 2 per rank"),
+    (_set("stacks", "0 5 4 1"), "stacks: expected hex of 4-byte integers"),
+    (_set("stacks", "0000000"), "stacks: expected hex of 4-byte integers"),  # half a byte
+    (_set("stacks", 12), "stacks: expected hex of 4-byte integers"),
+    (_set("ranks", _heads(0, 101, 0, 2)), "ranks: 4 integers per rank"),
+    (_set("ranks", None), "ranks: expected hex"),
+    (_set("workers", -1), "workers: expected a count"),
+    (_set("workers", "3"), "workers: expected a count"),
+    (_set("errors", [[0, "busy"]]), "errors: [0, 'busy'] is not [position of a rank without"),
+    (_set("errors", [[7, "busy"]]), "errors: "),
+    (_set("errors", [[True, "busy"]]), "errors: "),
+    (_set("errors", [["0", "busy"]]), "errors: "),
+    (_set("errors", [[0, {"x": 1}]]), "errors: "),
+    (_set("errors", {"0": "busy"}), "errors: expected a list of [position, reason]"),
+    (_set("format", "brctl.stacks-probe/1"), "format 'brctl.stacks-probe/1' is not this brctl"),
+    (_set("format", None), "format None is not this brctl's stacks probe answer"),
+    # the shape of an older probe (per-dump stacks, no format marker) is refused as such
+    ({"processes": [], "dumps": [{"pid": 1, "prefix": 0, "stack": [0]}], "frames": "f\ta.py\t1"},
+     "is not this brctl's stacks probe answer (brctl.stacks-probe/2); is the node running"),
+    # the raw (--save) form is checked as before
+    ({"format": RAW, "processes": [], "dumps": [{"pid": "101"}]},
+     "dumps[0]: expected an object with an integer pid"),
+    ({"format": RAW, "processes": [], "dumps": [[101]]}, "dumps[0]: expected an object"),
+    ({"format": RAW, "processes": [], "dumps": [{"pid": 1, "error": {"x": 1}}]},
+     "dumps[0]: error and output must be strings"),
+    ({"format": RAW, "processes": [], "dumps": [{"pid": 1, "output": 12}]},
+     "dumps[0]: error and output must be strings"),
+    ({"format": RAW, "processes": ["rank 0"], "dumps": []}, "processes[0]: expected an object"),
+    ({"format": RAW, "processes": [{"role": "rank", "rank": 0, "pid": 1.5}], "dumps": []},
+     "processes[0]: pid must be an integer"),
+    ({"format": RAW, "processes": {"0": 1}, "dumps": []}, "it lacks the processes/dumps lists"),
+    ({"format": RAW, "processes": [], "dumps": None}, "it lacks the processes/dumps lists"),
 ]
 
 
@@ -165,4 +215,19 @@ def test_frame_table_rows_are_shared_between_machines() -> None:
     two = frame_table("g\tb.py\t2\nh\tc.py\t3", known)
     assert one[1] is two[0] and two[1] == Frame("h", "c.py", 3)
     assert frame_table("", known) == []
-    assert reduced_stack(1, [1], two, tuple(one)) == (one[0], two[1])
+    heads = packed_ints(hex_ints("i", [0, 1, 1, 1, 0, -1, 0, 0]), "i", "stacks")
+    assert packed_stacks(heads, hex_ints("H", [0, 1]), two) == [
+        (two[0],), (two[0], two[1]), None, ()]
+    with pytest.raises(PySpyFormatError, match="a prefix without a stack"):
+        packed_stacks(packed_ints(hex_ints("i", [0, 1, 1, -1]), "i", "s"), "0000", two)
+    with pytest.raises(PySpyFormatError, match=r"stacks\[1\]: prefix must be from 0 to 1"):
+        packed_stacks(packed_ints(hex_ints("i", [0, 1, 2, 0]), "i", "s"), "0000", two)
+
+
+@pytest.mark.parametrize(("ranks", "asks"), [(hex_ints("i", [0, 9, 0, 1]), True), ("", False),
+                                             (5, False), (None, False), ([0, 9, 0, 1], False)])
+def test_py_spy_is_shipped_only_to_a_packed_answer_that_lists_ranks(ranks: Any, asks: bool) -> None:
+    """Read before the answer is checked: fields out of shape must not raise there."""
+    doc = {"format": PACKED, "py_spy_missing": True, "ranks": ranks}
+    assert op._lacks_py_spy(doc) is asks
+    assert op._lacks_py_spy({**doc, "py_spy_missing": False}) is False
