@@ -17,6 +17,7 @@ from brctl.analysis.daemon import Finding, ReplayOutcome, StandbyOutcome
 from brctl.analysis.daemon_plan import Release
 from brctl.analysis.diagnose_decide import PastConclusion
 from brctl.analysis.inventory import Inventory
+from brctl.analysis.probe_doc import finite
 from brctl.core.errors import BrctlError
 from brctl.core.transport import Node, Transport
 from brctl.remote.probes import ProbeRunner
@@ -96,7 +97,7 @@ def joined_tails(doc: Optional[Mapping[str, Any]]) -> str:
     every restart)."""
     files = (doc or {}).get("files")
     good = [f for f in files if isinstance(f, dict) and isinstance(f.get("tail", ""), str)
-            and isinstance(f.get("mtime", 0), (int, float))] if isinstance(files, list) else []
+            and finite(f.get("mtime", 0))] if isinstance(files, list) else []  # 10**400: no float
     return "\n".join(f.get("tail", "") for f in sorted(good, key=lambda f: float(f.get("mtime", 0))))
 
 
