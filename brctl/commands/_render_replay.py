@@ -59,15 +59,18 @@ def render(out: Output, report: ReplayReport) -> None:
     out.console.print(escape(_summary(report.plan)))
     out.console.print(escape(f"workload: {report.workload}"))
     for i, rnd in enumerate(report.rounds, 1):
-        rows = []
+        rows, notes = [], []
         for gi, g in enumerate(rnd.groups):
             label = (f"{gi} (control)" if rnd.kind == "confirm" and not g.suspects
                      else f"{gi} (tests {fold(g.suspects)})" if g.suspects else f"{gi}")
-            note = g.runs[-1].error or "" if g.status == "incomplete" else ""
             rows.append((label, fold_in_order(g.nodes), g.fingerprint or "-", _deviant_cell(g),
-                         f"{max(r.seconds for r in g.runs):.1f}s", note))
-        out.console.print(table(["group", "machines", "fingerprint", "deviant", "time", "note"],
+                         f"{max(r.seconds for r in g.runs):.1f}s"))
+            if g.status == "incomplete" and g.runs[-1].error:
+                notes.append((label, g.runs[-1].error))
+        out.console.print(table(["group", "machines", "fingerprint", "deviant", "time"],
                                 rows, title=f"round {i} ({rnd.kind})"))
+        for label, note in notes:  # a long reason: a paragraph under the table, not a column
+            out.record(f"group {label}:", note)
     colour = _COLOUR[v.verdict]
     line = f"[bold {colour}]{v.verdict}[/]"
     if v.faulty:

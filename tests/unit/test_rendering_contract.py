@@ -275,3 +275,17 @@ def test_a_long_outlier_detail_is_a_paragraph_under_its_row(tmp_path: Path) -> N
     assert LONG in under  # the whole reason, wrapped under its row
     piped = cli(LOCAL, tmp_path / "state", "stacks", "--from", str(save))
     assert any("undumpable" in line and line.endswith(LONG) for line in piped.stdout.splitlines())
+
+
+def test_a_long_replay_note_is_a_paragraph_under_its_group(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [{"name": "m[1-4]", "connection": "local",
+                                              "gpus": 2}], "job": {"nodes": "m[1-4]", "pp": 2}}))
+    failing = f"sh -c 'echo \"$0\" >&2; exit 1' '{LONG}'"  # each group fails: a long note
+    lines = on_a_terminal(inv, tmp_path / "state", "replay", "--command", failing,
+                          "--timeout", "60")
+    assert lines and all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    text = re.sub(r"\s+", " ", " ".join(line.strip() for line in lines))
+    assert f"m1: exit 1: {LONG}" in text, lines  # wrapped whole, not cut
+    piped = cli(inv, tmp_path / "state", "replay", "--command", failing, "--timeout", "60")
+    assert any(line.endswith(f"m1: exit 1: {LONG}") for line in piped.stdout.splitlines())
