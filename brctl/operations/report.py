@@ -150,7 +150,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
     except OSError as exc:
-        raise InputError(f"report: cannot write in {directory}: {exc.strerror}") from None
+        raise InputError(f"cannot write in {directory}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
@@ -158,7 +158,7 @@ def write_atomic(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         os.unlink(tmp)
-        raise InputError(f"report: cannot write {path}: {exc.strerror}") from None
+        raise InputError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def _umask() -> int:

@@ -130,9 +130,11 @@ def test_cli_mix_file_and_bad_inputs(brctl: Any, state_dir: Path, tmp_path: Path
     for args, what in ((["--sweep", "daemon.nope=1"], "unknown setting"),
                        (["--sweep", "standby.size"], "KEY=NUMBER"),
                        (["--mix", str(tmp_path / "missing.yaml")], "cannot read"),
-                       (["--ckpt-interval", "0"], "--ckpt-interval")):
+                       (["--ckpt-interval", "0"], "--ckpt-interval"),
+                       (["-o", str(tmp_path / "no" / "such" / "x.html")], "cannot write in")):
         r = brctl("simulate", "--machines", "50", "--standby", "1", *args)
         assert r.exit_code == 2 and what in r.stderr, (args, r.stderr)
+        assert "report:" not in r.stderr  # simulate's page is not brctl report's
 
 
 def test_replace_keeps_scenarios_frozen() -> None:
