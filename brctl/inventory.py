@@ -129,8 +129,41 @@ def parse_yaml(text: str, source: str) -> Any:
                              line=line) from None
         if mark is None:
             raise InputError(f"{source}: malformed YAML: {problem}", file=source) from None
+        key = _path_at(text, mark.line, mark.column) if "duplicate key" in problem else None
         raise InputError(f"{source}:{mark.line + 1}:{mark.column + 1}: malformed YAML: {problem}",
-                         file=source, line=mark.line + 1) from None
+                         file=source, key=key, line=mark.line + 1) from None
+
+
+def _path_at(text: str, line: int, column: int) -> str | None:
+    """The key path (``nodes[1].gpus``) of the key written at ``line``:``column`` (0-based)."""
+    try:
+        node: Any = yaml.compose(text, Loader=yaml.SafeLoader)  # keeps a repeated key
+    except yaml.YAMLError:
+        return None
+    path = ""
+    while node is not None:
+        if isinstance(node, yaml.MappingNode):
+            for key, _ in node.value:
+                if (key.start_mark.line, key.start_mark.column) == (line, column):
+                    return f"{path}.{key.value}".lstrip(".")
+            inside = [(k, v) for k, v in node.value if _holds(v, line, column)]
+            if not inside:
+                return None
+            path, node = f"{path}.{inside[-1][0].value}", inside[-1][1]
+        elif isinstance(node, yaml.SequenceNode):
+            items = [(i, v) for i, v in enumerate(node.value) if _holds(v, line, column)]
+            if not items:
+                return None
+            path, node = f"{path}[{items[-1][0]}]", items[-1][1]
+        else:
+            return None
+    return None
+
+
+def _holds(node: Any, line: int, column: int) -> bool:
+    """Whether ``node``'s text spans the place ``line``:``column``."""
+    start = (node.start_mark.line, node.start_mark.column)
+    return start <= (line, column) < (node.end_mark.line, node.end_mark.column)
 
 
 _STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")

@@ -206,3 +206,14 @@ def test_an_error_under_watch_json_is_one_compact_line(brctl: Any, state_dir: Pa
     assert r.exit_code == 2
     assert r.stdout.count("\n") == 1, r.stdout  # NDJSON: a reader takes it line by line
     assert validated(json.loads(r.stdout))["schema"] == "brctl.error/1"
+
+
+def test_a_duplicate_key_error_names_the_key(brctl: Any, state_dir: Path, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("ssh:\n  user: root\nnodes:\n  - name: a1\n  - name: a2\n    gpus: 8\n"
+                   "    gpus: 4\n")
+    doc = brctl("--json", "-i", inv, "nodes").json
+    assert (doc["exit"], doc["key"], doc["line"]) == (2, "nodes[1].gpus", 7), doc
+    top = tmp_path / "top.yaml"
+    top.write_text("nodes: []\nssh: {}\nnodes: []\n")
+    assert brctl("--json", "-i", top, "nodes").json["key"] == "nodes"
