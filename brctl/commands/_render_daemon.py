@@ -104,7 +104,7 @@ def _status_header(out: Output, report: StatusReport) -> None:
     who = f"running ({lease['owner']})" if report.alive and lease else "not running"
     s = report.summary
     out.record(f"job {report.job}: daemon {who}; last poll {out.stamp(report.last_poll)}; "
-               f"step {s.get('step')}; ETTR {_pct(s.get('ettr'))}")
+               f"step {s['step'] if s.get('step') is not None else '-'}; ETTR {_pct(s.get('ettr'))}")
     if s.get("halted"):
         out.record("halted", str(s["halted"]), style="red")
     if s.get("members"):

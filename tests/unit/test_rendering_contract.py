@@ -289,3 +289,9 @@ def test_a_long_replay_note_is_a_paragraph_under_its_group(tmp_path: Path) -> No
     assert f"m1: exit 1: {LONG}" in text, lines  # wrapped whole, not cut
     piped = cli(inv, tmp_path / "state", "replay", "--command", failing, "--timeout", "60")
     assert any(line.endswith(f"m1: exit 1: {LONG}") for line in piped.stdout.splitlines())
+
+
+def test_daemon_status_with_nothing_recorded_says_dash_not_none(tmp_path: Path) -> None:
+    r = cli(LOCAL, tmp_path / "state", "daemon", "status")
+    assert r.returncode == 1 and r.stdout.startswith("job demo: daemon not running"), r.stdout
+    assert "None" not in r.stdout and "step -;" in r.stdout, r.stdout
