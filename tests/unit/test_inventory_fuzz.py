@@ -4,7 +4,8 @@ Each mutation of a valid inventory is built to be invalid (a typo'd key, a wrong
 type, a value out of range, a key written twice, bytes that are not UTF-8, broken
 YAML, a bad node set, a job that does not fit its machines). Every one must exit 2,
 name the file and the line (``inv.yaml:12:``, but in an empty file), show no
-traceback: never 0, never 70.
+traceback: never 0, never 70. In-process through ``brctl.cli.run`` (the console
+script's entry), and one case of each kind through a real ``python -m brctl``.
 """
 
 from __future__ import annotations
@@ -199,3 +200,20 @@ def test_a_job_that_does_not_divide_names_file_line_and_key(
                 if text.strip().startswith(f"{key.split('.')[1]}:"))
     assert (err["key"], err["line"]) == (key, line), err
     assert re.search(rf"{re.escape(str(path))}:{line}: {re.escape(key)}: ", r.stderr), r.stderr
+
+
+def test_one_case_of_each_kind_through_the_real_process(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    kinds = ("value ", "typo ", "duplicate ", "non-UTF-8 ", "broken text ")
+    picked = [next(c for c in CASES if c[0].startswith(k)) for k in kinds]
+    for n, (what, data) in enumerate(picked):
+        path = tmp_path / f"inv{n}.yaml"
+        path.write_bytes(data)
+        r = subprocess.run([sys.executable, "-m", "brctl", "-i", str(path), "nodes"],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "BRCTL_STATE": str(tmp_path / "state")})
+        assert r.returncode == 2 and str(path) in r.stderr, (what, r.returncode, r.stderr)
+        assert "Traceback" not in r.stderr and r.stdout == "", what

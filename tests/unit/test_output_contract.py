@@ -1,4 +1,8 @@
-"""The output contract (README "Use"; brctl(1), EXIT STATUS) against the real CLI.
+"""The output contract (README "Use"; brctl(1), EXIT STATUS) against the CLI.
+
+Through ``brctl.cli.run`` in-process (the console script's own entry, its streams
+captured), and through a real process where the process is what is tested
+(``python -m brctl.schemas``; pipes and terminals are in test_rendering_contract.py).
 
 JSON documents: one per run, errors included (brctl.error/1); shipped schemas,
 distinct names of one pattern, generated_at and status; global options anywhere.
