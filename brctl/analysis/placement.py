@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import chain, combinations
 
 from brctl.analysis.conflicts import ConflictIndex
 from brctl.analysis.lossprob import MAX_K, loss_probability
@@ -158,7 +158,7 @@ def _flip_candidates(topo: Topology, index: ConflictIndex, a: int,
     if topo.pp % 2 and "pp" in where and "dp" in where:
         r = r0 + _cyclic_shift(where["dp"], topo.dp, where["pp"], topo.pp)
         if r != r0 and 0 <= r < len(machine_of):
-            yield machine_of[r]
+            yield -1 - machine_of[r]  # negative: the cyclic partner, taken in any domain
     for n in (2, 3):
         for combo in combinations(axes, n):
             r = r0 + sum(combo)
@@ -247,7 +247,13 @@ class _Planner:
             return score == (False, False)
 
         for b in _flip_candidates(self.topo, idx, a, self.machine_of):
-            if better(b):
+            if b < 0:
+                # The cyclic partner even in a's own domain: an XOR peer in another
+                # domain breaks the cycle and strands the last stage (racks by machine
+                # parity left 800 of 2,400 to augment); separate_domains fixes racks.
+                if better(-1 - b) or best is not None:
+                    return best
+            elif better(b):
                 return best
         for _ in range(_PROBES if pool.items else 0):
             if better(pool.sample()):
@@ -308,13 +314,24 @@ class _Planner:
                          ) -> list[int] | None:
         """Machines a, b, c, …, z: a~b, b=c paired, c~d, …, z free; or None within the budget."""
         checks = 0
-        for v in range(self.m):  # the short path a–b=c–d first: usually there is one
+        # The short path a–b=c–d first, usually there is one: b among a's structured
+        # and random peers, then every machine, all within the budget (unbounded it
+        # cost machines × free per search: quadratic with many stranded machines).
+        near = [abs(v) - (v < 0) for v in _flip_candidates(self.topo, self.index, a,
+                                                          self.machine_of)]
+        near += [self.rng.randrange(self.m) for _ in range(_PROBES)]
+        for v in chain(near, range(self.m)):
+            checks += 1
+            if checks > _AUGMENT_CHECKS:
+                return None
             if self.how[v] == "pair" and edge(a, v):
                 w = self.backup[v]
-                d = next((d for d in free if edge(w, d)), None)
-                if d is not None:
-                    return [a, v, w, d]
-                checks += len(free)
+                for d in free:
+                    checks += 1
+                    if edge(w, d):
+                        return [a, v, w, d]
+                    if checks > _AUGMENT_CHECKS:
+                        return None
         seen = {a}
         stack: list[tuple[int, int]] = [(a, 0)]  # (machine, next candidate to try)
         path = [a]
@@ -357,6 +374,7 @@ class _Planner:
         def across(u: int, v: int) -> bool:
             return self.apart(u, v) and self.index.compatible(u, v)
 
+        self._swap_pairs(across)
         for a in range(self.m):
             b = self.backup[a]
             if self.how[a] != "pair" or a > b or self.apart(a, b):
@@ -368,6 +386,30 @@ class _Planner:
                 u, v = path[i], path[i + 1]  # type: ignore[index]
                 self.backup[u], self.backup[v] = v, u
             self.how[a] = self.how[b] = "pair"
+
+    def _swap_pairs(self, across: Callable[[int, int], bool]) -> None:
+        """Two same-domain pairs of two domains swap partners (a–c, b–d): O(1) each.
+
+        The cyclic stage pairing can put every pair in one rack (racks by machine
+        parity); one path search per pair then scanned all machines (quadratic).
+        """
+        pairs = [(a, self.backup[a]) for a in range(self.m) if self.how[a] == "pair"
+                 and a < self.backup[a] and not self.apart(a, self.backup[a])]
+        pool = _Pool(len(pairs), self.rng)
+        for i, (a, b) in enumerate(pairs):
+            if i not in pool:
+                continue
+            pool.remove(i)
+            for _ in range(min(_PROBES, len(pool.items))):
+                j = pool.sample()
+                c, d = pairs[j]
+                if across(a, d) and across(b, c):
+                    c, d = d, c
+                elif not (across(a, c) and across(b, d)):
+                    continue
+                pool.remove(j)
+                self.backup[a], self.backup[c], self.backup[b], self.backup[d] = c, a, d, b
+                break
 
     def close_rings(self, left: list[int]) -> list[int]:
         """Turn an unmatched machine and a pair into a 3-ring a→b→c→a where all fit."""
