@@ -101,8 +101,9 @@ def canonical_order(order: str, sizes: dict[str, int]) -> str:
                                  "(orders that differ only in axes of size 1 are the same)")
     edp = sizes["cp"] * sizes["dp"] // sizes["ep"]
     # Megatron builds the expert generator even with EP = 1 (then CP > 1 trips this
-    # too); brctl checks it where expert layers exist, EP > 1.
-    if not found.endswith("pp") and sizes["pp"] > 1 and sizes["ep"] > 1 and edp != sizes["dp"]:
+    # too); brctl checks it where expert layers exist, EP > 1. Megatron tests the
+    # order as typed: tp-ep-dp-pp-cp (CP = 1) ranks as tp-cp-ep-dp-pp but is refused.
+    if names[-1] != "pp" and sizes["pp"] > 1 and sizes["ep"] > 1 and edp != sizes["dp"]:
         raise TopologyError(
             f"job.order: {order!r} with pp={sizes['pp']} needs the expert data-parallel size "
             f"cp×dp/ep = {edp} to equal dp = {sizes['dp']} (Megatron refuses it otherwise)",

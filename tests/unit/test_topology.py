@@ -130,3 +130,16 @@ def test_expert_layouts_megatron_refuses_are_refused() -> None:
         Topology.build(names, 4, tp=2, pp=2, ep=2, order="tp-cp-ep-pp-dp")
     ok = Topology.build(names, 4, tp=1, pp=2, cp=2, ep=2, order="tp-cp-ep-pp-dp")
     assert ok.edp == ok.dp
+
+
+def test_megatron_tests_the_order_as_typed() -> None:
+    """Megatron asserts ``order.endswith("pp")`` on the typed string: tp-ep-dp-pp-cp with
+    CP = 1 ranks like the default order, but Megatron refuses it (144 such layouts were
+    accepted: brctl tested the canonical order)."""
+    names = [f"m{i}" for i in range(8)]
+    for order in ("tp-ep-dp-pp-cp", "ep-dp-pp-tp-cp", "ep-dp-tp-pp-cp"):
+        with pytest.raises(TopologyError, match="expert data-parallel size"):
+            Topology.build(names, 4, tp=1, pp=2, ep=2, order=order)
+    assert Topology.build(names, 4, tp=1, pp=2, ep=2, order="tp-cp-ep-dp-pp").edp == 8
+    # without expert parallelism there is no expert generator to disagree
+    assert Topology.build(names, 4, pp=2, order="tp-dp-pp-cp").order == "tp-cp-ep-dp-pp"
