@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from brctl.analysis.stacks import Frame, Stack
@@ -28,7 +29,7 @@ from brctl.diagnostics.pyspy_frames import NATIVE, PySpyFormatError, main_frames
 
 _LITTLE = sys.byteorder == "little"
 
-__all__ = ["NATIVE", "PySpyFormatError", "frame_table", "packed_ints", "packed_stacks",
+__all__ = ["NATIVE", "FrameCache", "PySpyFormatError", "frame_table", "packed_ints", "packed_stacks",
            "parse_dump"]
 
 
@@ -51,27 +52,36 @@ def parse_dump(text: str, pid: int, intern: dict[Frame, Frame] | None = None) ->
     return tuple(out)
 
 
-def frame_table(text: Any, known: dict[str, Frame]) -> list[Frame]:
+FrameCache = dict[str, Any]
+"""Frame tables already read: each row's text → its ``Frame``, and each whole
+table's text, behind a newline (no row holds one) → its frames."""
+
+
+def frame_table(text: Any, known: FrameCache) -> tuple[Frame, ...]:
     """A machine's frame table (``name<TAB>file<TAB>line`` lines) as interned frames.
 
-    ``known`` maps rows already read to their frame: a row seen on an earlier
-    machine is one dictionary lookup, with no Python-level step per row, so
-    16,384 machines running the same code cost little more than one.
+    ``known`` holds the tables and rows already read: machines running the same
+    code ship the same table, one dictionary lookup of its text; a new table's
+    row seen on an earlier machine is one lookup too, with no Python-level step
+    per row, so 16,384 machines cost little more than one.
 
     Raises:
         PySpyFormatError: not a text of such rows (says which row).
     """
     if type(text) is not str:
         raise PySpyFormatError("frames: expected the frame table's text")
-    if not text:
-        return []
-    rows = text.split("\n")
+    whole = "\n" + text
+    done: tuple[Frame, ...] | None = known.get(whole)
+    if done is not None:
+        return done
+    rows = text.split("\n") if text else []
     out: list[Frame | None] = list(map(known.get, rows))
     if None in out:
         for i, row in enumerate(rows):
             if out[i] is None:
                 out[i] = known[row] = _row(row, i)
-    return out  # type: ignore[return-value]  # every None was replaced above
+    known[whole] = table = tuple(out)
+    return table  # type: ignore[return-value]  # every None was replaced above
 
 
 def _row(row: str, i: int) -> Frame:
@@ -100,7 +110,8 @@ def packed_ints(text: Any, code: str, what: str) -> array[int]:
     return out
 
 
-def packed_stacks(heads: array[int], indices: Any, table: list[Frame]) -> list[Stack | None]:
+def packed_stacks(heads: array[int], indices: Any, table: Sequence[Frame]
+                  ) -> list[Stack | None]:
     """Each rank's stack from ``heads`` (``prefix, count`` per rank; count -1: no stack).
 
     A stack is ``prefix`` frames of the stack before it, then ``count`` frames
@@ -120,7 +131,7 @@ def packed_stacks(heads: array[int], indices: Any, table: list[Frame]) -> list[S
     flat = packed_ints(indices, "H" if len(indices) == 4 * total else "I", "indices")
     if flat and max(flat) >= len(table):
         raise PySpyFormatError(f"indices must be from 0 to {len(table) - 1}")
-    frames = list(map(table.__getitem__, flat))
+    frames = tuple(map(table.__getitem__, flat))  # a slice of a tuple is the rank's tuple
     out: list[Stack | None] = []
     previous: Stack = ()
     at = 0
@@ -134,7 +145,7 @@ def packed_stacks(heads: array[int], indices: Any, table: list[Frame]) -> list[S
             raise PySpyFormatError(
                 f"stacks[{len(out)}]: prefix must be from 0 to {len(previous)}")
         end = at + count
-        previous = previous[:prefix] + tuple(frames[at:end]) if prefix else tuple(frames[at:end])
+        previous = previous[:prefix] + frames[at:end] if prefix else frames[at:end]
         at = end
         out.append(previous)
     return out

@@ -27,11 +27,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.pyspy import (
+    FrameCache,
     PySpyFormatError,
     frame_table,
     packed_ints,
@@ -191,7 +193,7 @@ class MalformedAnswer(ValueError):
 
 
 def _node_collection(name: str, doc: dict[str, Any] | None, error: str | None,
-                     run: RunResult, known: dict[str, Frame] | None = None) -> NodeCollection:
+                     run: RunResult, known: FrameCache | None = None) -> NodeCollection:
     """A machine's answer as a NodeCollection; a malformed answer is that machine's error."""
     if doc is None:
         state = run.state.value if not run.state.ran else "probe_error"
@@ -207,7 +209,7 @@ _NO_PY_SPY = "py-spy is not available on this machine and none could be shipped"
 
 
 def _parse_answer(name: str, doc: dict[str, Any], run: RunResult,
-                  known: dict[str, Frame]) -> NodeCollection:
+                  known: FrameCache) -> NodeCollection:
     """The probe's document, checked field by field (it comes from a node: hostile)."""
     form = doc.get("format")
     if form == PACKED:
@@ -252,7 +254,7 @@ def _parse_answer(name: str, doc: dict[str, Any], run: RunResult,
 
 
 def _parse_packed(name: str, doc: dict[str, Any], run: RunResult,
-                  known: dict[str, Frame]) -> NodeCollection:
+                  known: FrameCache) -> NodeCollection:
     """A ``PACKED`` answer: bounds checked over whole lists, one Python step per rank."""
     table = frame_table(doc.get("frames"), known)
     nums = packed_ints(doc.get("ranks"), "i", "ranks")
@@ -274,20 +276,26 @@ def _parse_packed(name: str, doc: dict[str, Any], run: RunResult,
             raise MalformedAnswer(f"errors: {str(e)[:60]} is not [position of a rank without "
                                   f"a stack (0 to {n - 1}), reason]")
         why[at] = e[1]
-    missing = bool(doc.get("py_spy_missing"))
-    ranks = []
-    for i, (stack, rank, pid, local, size) in enumerate(
-            zip(stacks, nums[::4], nums[1::4], nums[2::4], nums[3::4])):
-        err = None
-        if stack is None:
-            err = why.get(i)
-            if err is None:
-                if not missing:
-                    continue  # left to the machine that owns it (machines sharing one kernel)
-                err = _NO_PY_SPY
-        ranks.append(RankDump(rank, pid, None, err, local if local >= 0 else None,
-                              size if size >= 0 else None, stack))
-    return NodeCollection(name, "ok", None, tuple(ranks), workers, run.seconds)
+    errs: list[str | None] = [None] * n
+    for at, reason in why.items():
+        errs[at] = reason
+    gaps = [i for i, stack in enumerate(stacks) if stack is None and errs[i] is None]
+    if doc.get("py_spy_missing"):
+        for i in gaps:
+            errs[i] = _NO_PY_SPY
+        gaps = []
+    lr, ws = nums[2::4], nums[3::4]  # negative: unknown
+    local: list[int | None] = list(lr) if min(lr, default=0) >= 0 else [
+        v if v >= 0 else None for v in lr]
+    size: list[int | None] = list(ws) if min(ws, default=0) >= 0 else [
+        v if v >= 0 else None for v in ws]
+    # tuple.__new__ builds each NamedTuple in C (its own __new__ is a Python call per rank)
+    rows = list(map(tuple.__new__, repeat(RankDump), zip(
+        nums[::4], nums[1::4], repeat(None), errs, local, size, stacks)))
+    for i in reversed(gaps):
+        del rows[i]  # left to the machine that owns it (machines sharing one kernel)
+    ranks: tuple[RankDump, ...] = tuple(rows)
+    return NodeCollection(name, "ok", None, ranks, workers, run.seconds)
 
 
 def collect(
@@ -302,7 +310,7 @@ def collect(
     on_done: Callable[[RunResult], None] | None = None,
     expected: dict[str, list[int]] | None = None,
     raw: bool = False,
-    known: dict[str, Frame] | None = None,
+    known: FrameCache | None = None,
 ) -> Collection:
     """One round: find and dump every rank on ``nodes``.
 
@@ -367,7 +375,7 @@ def _lacks_py_spy(doc: dict[str, Any] | None) -> bool:
     return type(procs) is list and any(type(p) is dict and p.get("role") == "rank" for p in procs)
 
 
-def read_answers(results: Mapping[str, ProbeResult], known: dict[str, Frame] | None = None
+def read_answers(results: Mapping[str, ProbeResult], known: FrameCache | None = None
                  ) -> dict[str, NodeCollection]:
     """Every machine's stacks probe answer as its NodeCollection.
 
@@ -396,7 +404,7 @@ def collect_rounds(
     round finds no training process on any machine (the job is not running there: more
     rounds would only make the operator wait to be told so)."""
     paths: dict[str, str] = {}
-    known: dict[str, Frame] = {}
+    known: FrameCache = {}
     out: list[Collection] = []
     for i in range(rounds):
         began = time.monotonic()

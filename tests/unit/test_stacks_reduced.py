@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis.pyspy import PySpyFormatError, frame_table, packed_ints, packed_stacks, parse_dump
+from brctl.analysis.pyspy import (
+    FrameCache,
+    PySpyFormatError,
+    frame_table,
+    packed_ints,
+    packed_stacks,
+    parse_dump,
+)
 from brctl.analysis.stacks import Frame
 from brctl.core.errors import ExitCode
 from brctl.core.transport import NodeState, RunResult
@@ -210,11 +217,15 @@ def test_garbage_text_from_a_machine_is_its_error() -> None:
 
 
 def test_frame_table_rows_are_shared_between_machines() -> None:
-    known: dict[str, Frame] = {}
+    known: FrameCache = {}
     one = frame_table("f\ta.py\t1\ng\tb.py\t2", known)
     two = frame_table("g\tb.py\t2\nh\tc.py\t3", known)
     assert one[1] is two[0] and two[1] == Frame("h", "c.py", 3)
-    assert frame_table("", known) == []
+    assert frame_table("", known) == ()
+    assert frame_table("f\ta.py\t1\ng\tb.py\t2", known) is one  # the same table: one lookup
+    assert frame_table("f\ta.py\t1", known) == (one[0],)  # a table of one row is not a row
+    with pytest.raises(PySpyFormatError, match="frames row 1"):
+        frame_table("f\ta.py\t1\nbad", known)
     heads = packed_ints(hex_ints("i", [0, 1, 1, 1, 0, -1, 0, 0]), "i", "stacks")
     assert packed_stacks(heads, hex_ints("H", [0, 1]), two) == [
         (two[0],), (two[0], two[1]), None, ()]
