@@ -66,6 +66,11 @@ class CliResult:
         return validated(json.loads(self.stdout))
 
 
+# Every schema name a test validated a real document against (tests/unit/
+# test_schema_coverage.py checks that each shipped schema is among them).
+VALIDATED: set[str] = set()
+
+
 def validated(doc: Any) -> Any:
     """``doc`` after checking it against the JSON Schema its ``schema`` key names.
 
@@ -79,6 +84,7 @@ def validated(doc: Any) -> Any:
     assert isinstance(doc, dict) and "schema" in doc, f"not a brctl document: {doc!r:.200}"
     assert doc["schema"] in schemas.names(), f"{doc['schema']}: no shipped JSON Schema"
     jsonschema.validate(doc, schemas.get(doc["schema"]))
+    VALIDATED.add(doc["schema"])
     return doc
 
 
