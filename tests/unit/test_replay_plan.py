@@ -268,6 +268,14 @@ def test_dp_must_split_the_rows() -> None:
     assert shape_of(t, 4).k == 2
 
 
+def test_dp_is_never_silently_another_one() -> None:
+    """6 machines of 4 GPUs, PP=3, pipeline before DP: --dp 6 built a DP'=8 job and ran
+    it as if it were the 6 asked for."""
+    t = topo(6, 4, pp=3, order="tp-cp-ep-pp-dp")
+    with pytest.raises(UsageError, match="DP'=8, not 6"):
+        shape_of(t, 6)
+
+
 def test_split_jobs_uses_each_filler_once_and_keeps_roles() -> None:
     s = shape_of(topo(16, 8, tp=8, pp=2), 2)
     suspects = ["m04", "m05", "m12", "m13"]

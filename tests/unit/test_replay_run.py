@@ -167,7 +167,23 @@ def test_plan_only_runs_nothing(tmp_path: Path, brctl: Any) -> None:
     assert [g["members"] for g in doc["rounds"][0]["groups"]] == [
         ["m1", "m5"], ["m2", "m6"], ["m3", "m7"], ["m4", "m8"]]
     assert doc["rounds"][1]["kind"] == "vertical"
+    # the round bound for this shape, and --max-rounds' default (the bound plus two)
+    assert doc["plan"]["rounds_single_fault"] == 2 and doc["plan"]["max_rounds_default"] == 4
     assert not (tmp_path / "meet").exists()
+    text = brctl("-i", local_inventory(tmp_path, None), "replay", "--plan-only")
+    assert text.exit_code == 0
+    assert "at most 2 round(s) to name one faulty machine" in text.stdout
+
+
+def test_a_dp_that_builds_another_job_exits_2(tmp_path: Path, brctl: Any) -> None:
+    """--dp 6 on 6 machines of 4 GPUs, PP=3, pp before dp silently ran DP'=8."""
+    nodes = [{"name": f"m{i}", "connection": "local", "gpus": 4} for i in range(1, 7)]
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"nodes": nodes, "job": {
+        "nodes": "m[1-6]", "pp": 3, "order": "tp-cp-ep-pp-dp"}}))
+    r = brctl("-i", path, "replay", "--dp", "6", "--plan-only")
+    assert r.exit_code == 2
+    assert "DP'=8, not 6" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
