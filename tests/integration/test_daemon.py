@@ -41,6 +41,7 @@ import yaml
 
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
+from tests.conftest import validated
 from tests.healthkit import fake_nvml, healthy_gpus
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.trainjob import TAG
@@ -128,7 +129,7 @@ def _cli(inv: Path, env: dict[str, str], state: Path) -> Any:
                              capture_output=True, text=True, timeout=scaled(120),
                              env=dict(env, BRCTL_STATE=str(state)))
         assert res.returncode == 0, (args, res.stderr)
-        return json.loads(res.stdout)
+        return validated(json.loads(res.stdout))
 
     return run
 
@@ -249,7 +250,7 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
         second.send_signal(signal.SIGTERM)  # halted: the operator re-arms it
         halted, _ = second.communicate(timeout=scaled(60))
         assert second.returncode == 0, dlog.read_text()[-2000:]  # SIGTERM: a normal stop
-        assert any("abandoned" in r for r in json.loads(halted)["refusals"])
+        assert any("abandoned" in r for r in validated(json.loads(halted))["refusals"])
         assert brctl("daemon", "rearm", "--reason", "the orphaned restart ran")["rearmed"]
         third = _daemon_started(inv, state, dlog)
         # Phase 2: a code update is pushed lazily (it lands at the next restart), then
@@ -269,7 +270,7 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
         third.send_signal(signal.SIGTERM)
         out, _ = third.communicate(timeout=scaled(60))
         assert third.returncode == 0, dlog.read_text()[-2000:]  # SIGTERM: a normal stop
-        report = json.loads(out)
+        report = validated(json.loads(out))
         assert report["members"] == ["node01", "node04"]
         kinds = [(i["incident"]["kind"], i["plan"]["decision"]) for i in report["incidents"]]
         # The frozen rank stops every step: the stall is a hang, unless the step just
@@ -323,7 +324,7 @@ def test_gpu_fault_evict_swap_kill9_resume_ettr(make_cluster: Any, tmp_path: Pat
                            capture_output=True, text=True, timeout=scaled(60),
                            env=dict(env, BRCTL_STATE=str(state)))
     assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout)["job"]["members"] == ["node01", "node04"]
+    assert validated(json.loads(shown.stdout))["job"]["members"] == ["node01", "node04"]
     assert " ".join(shown.stderr.split()).count("the daemon swapped node04 in for node02") == 1
     # The daemon saw nothing while it was dead: compare over the spans it observed.
     sampler.stop.set()

@@ -45,6 +45,7 @@ import yaml
 
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
+from tests.conftest import validated
 from tests.integration.cluster import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,7 +175,7 @@ def test_kill_9_mid_hook_takeover_at_once_abandons_and_pages(tmp_path: Path, hoo
         second.send_signal(signal.SIGTERM)
         out, _ = second.communicate(timeout=scaled(60))
         assert second.returncode == 0, (tmp_path / "daemon.log").read_text()[-2000:]  # SIGTERM
-        assert any("abandoned" in r for r in json.loads(out)["refusals"])  # halted, reporting
+        assert any("abandoned" in r for r in validated(json.loads(out))["refusals"])  # halted, reporting
     finally:
         stop(first)
         stop(second)
@@ -204,11 +205,11 @@ def test_hand_eviction_then_kill_9_between_polls_is_finished_by_the_next_daemon(
         first = daemon(tmp_path)
         started(tmp_path, first, 0)
         wait("the first poll", lambda: brctl(tmp_path, "--json", "daemon", "status").returncode == 0
-             and json.loads(brctl(tmp_path, "--json", "daemon", "status").stdout)["last_poll"],
+             and validated(json.loads(brctl(tmp_path, "--json", "daemon", "status").stdout))["last_poll"],
              tmp_path)
         res = brctl(tmp_path, "--json", "evict", "n2", "--reason", "ECC storm")
         assert res.returncode == 0, res.stderr
-        assert "swaps a checked standby in" in json.loads(res.stdout)["nodes"]["n2"]["remains"]
+        assert "swaps a checked standby in" in validated(json.loads(res.stdout))["nodes"]["n2"]["remains"]
         first.send_signal(signal.SIGKILL)
         first.wait()
         assert [line.split()[0] for line in hooks(tmp_path)] == ["evict"]

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import validated
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.trainjob import TAG, start_trainjob
 
@@ -161,7 +162,7 @@ def test_live_training_processes_refuse_and_force_proceeds(brctl: Any, ssh_clust
         refused = brctl("-i", inv, "--json", "diagnose", "--playbooks", books,
                         "--symptom", "eud-only")
         assert refused.exit_code == 4, refused.stderr
-        error = json.loads(refused.stdout)  # refused before any verdict: the error document only
+        error = validated(json.loads(refused.stdout))  # refused before any verdict: the error document only
         assert error["schema"] == "brctl.error/1" and error["status"] == "refused", error
         assert "alive on node02" in error["message"] and "--force" in error["hint"]
         assert "alive on node02" in refused.stderr and "--force" in refused.stderr

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from tests.conftest import validated
 from tests.healthkit import fake_nvml, healthy_gpus, make_root
 from tests.integration.cluster import SshCluster, scaled
 
@@ -59,7 +60,7 @@ def test_health_on_a_local_node_ignores_modules_planted_in_the_operators_cwd(tmp
     }))
     res = _cli("-i", inv, "--json", "health", cwd=evil, state=tmp_path / "state")
     assert res.returncode == 0, res.stdout + res.stderr
-    checks = {c["name"]: c for c in json.loads(res.stdout)["nodes"]["here"]["checks"]}
+    checks = {c["name"]: c for c in validated(json.loads(res.stdout))["nodes"]["here"]["checks"]}
     assert checks["gpu_count"]["status"] == "ok"  # the fake pynvml, from the declared PYTHONPATH
     assert sorted(p.name for p in evil.iterdir()) == ["json.py", "pynvml.py", "sitecustomize.py"]
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from tests.conftest import validated
 from tests.healthkit import fake_nvml, healthy_gpus
 from tests.integration.cluster import scaled
 from tests.integration.slurm_cluster import SlurmCluster
@@ -86,7 +87,7 @@ def test_gpu_fault_drains_swaps_a_partition_standby_and_requeues_the_job_there(
         _wait("ranks on node03", lambda: cluster.node_pids("node03", TAG), 30, log, daemon)
         out = subprocess.run([sys.executable, "-m", "brctl", "-i", str(inv), "--json", "nodes"],
                              capture_output=True, text=True, env=env, timeout=scaled(60))
-        assert json.loads(out.stdout)["job"]["members"] == ["node01", "node03"], \
+        assert validated(json.loads(out.stdout))["job"]["members"] == ["node01", "node03"], \
             out.stderr + log.read_text()[-6000:]
         events = log.read_text()
         assert "action_evict" in events and "action_restart" in events

@@ -19,6 +19,7 @@ from typing import Callable
 
 import yaml
 
+from tests.conftest import validated
 from tests.integration.cluster import SshCluster, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def test_hostile_node_output_is_shown_escaped_and_exact_in_json(
     proc = _cli("-i", inv, "--json", "exec", "--", "sh", "-c", script)
     assert proc.returncode == 0
     assert b"\x1b" not in proc.stdout  # JSON escapes it: \u001b
-    doc = json.loads(proc.stdout)
+    doc = validated(json.loads(proc.stdout))
     for name in ("node01", "here"):
         assert doc["nodes"][name]["stdout"] == DECODED
         assert doc["nodes"][name]["stderr"] == DECODED

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import validated
 from tests.integration.cluster import SshCluster, scaled
 
 pytestmark = pytest.mark.integration
@@ -261,7 +262,7 @@ def test_a_push_cut_midway_resumes_on_rerun(state_dir, cluster: SshCluster, tmp_
                             "push", str(src), "-V", "v1"], env=env, capture_output=True,
                            text=True, timeout=scaled(120))
     assert rerun.returncode == 0, rerun.stderr
-    doc = json.loads(rerun.stdout)
+    doc = validated(json.loads(rerun.stdout))
     size = doc["size"]
     for name in ("node01", "node02", "node03"):  # finished before the cut: nothing resent
         assert doc["nodes"][name] == {"state": "present", "message": "", "bytes_sent": 0}
