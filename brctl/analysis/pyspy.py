@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from brctl.analysis.stacks import Frame, Stack
@@ -125,13 +126,15 @@ def packed_stacks(heads: array[int], indices: Any, table: Sequence[Frame]
     counts = heads[1::2]
     if counts and min(counts) < -1:
         raise PySpyFormatError("stacks: a frame count below -1")
-    total = sum(c for c in counts if c > 0)
+    total = sum(counts) + counts.count(-1)  # the -1s (no stack) take nothing
     if type(indices) is not str or len(indices) not in (4 * total, 8 * total):
         raise PySpyFormatError(f"indices: expected hex of the stacks' {total} frame indices")
     flat = packed_ints(indices, "H" if len(indices) == 4 * total else "I", "indices")
-    if flat and max(flat) >= len(table):
-        raise PySpyFormatError(f"indices must be from 0 to {len(table) - 1}")
-    frames = tuple(map(table.__getitem__, flat))  # a slice of a tuple is the rank's tuple
+    try:  # unsigned, so only an index past the table is out of bounds: an IndexError
+        # itemgetter looks them all up in C; a slice of the tuple is then a rank's stack
+        frames = itemgetter(*flat)(table) if total > 1 else tuple(table[i] for i in flat)
+    except IndexError:
+        raise PySpyFormatError(f"indices must be from 0 to {len(table) - 1}") from None
     out: list[Stack | None] = []
     previous: Stack = ()
     at = 0

@@ -279,7 +279,8 @@ def _parse_packed(name: str, doc: dict[str, Any], run: RunResult,
     errs: list[str | None] = [None] * n
     for at, reason in why.items():
         errs[at] = reason
-    gaps = [i for i, stack in enumerate(stacks) if stack is None and errs[i] is None]
+    gaps = [i for i, stack in enumerate(stacks) if stack is None and errs[i] is None
+            ] if None in stacks else []
     if doc.get("py_spy_missing"):
         for i in gaps:
             errs[i] = _NO_PY_SPY
