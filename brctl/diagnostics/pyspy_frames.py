@@ -26,7 +26,8 @@ shares with the stack shipped just before it, and how many frame indices follow,
 first: uint16, or uint32 when the table has more than 65,536 rows; the width
 follows from the counts). A handful of JSON values per machine instead of ~20
 per rank, decoded by ``bytes.fromhex`` and ``array`` without a Python step per
-number: the controller reads 16,384 machines' answers in well under a second.
+number (16,384 machines' answers were 3.3 s of the controller's CPU as ~20 JSON
+values per rank, checked one by one).
 The ranks of one machine share nearly all their frames (the training loop down
 to the collective they wait in), so a machine ships each frame once and each
 rank little more than where it differs, instead of py-spy's ~200 bytes per frame
