@@ -86,9 +86,10 @@ class ReplayPlan:
     @cached_property
     def _fault_bounds(self) -> dict[str, Optional[int]]:
         """Found by running the decoder itself against every position of one round-1
-        group (the groups are alike): 2 with a grid, 1 for one-machine jobs, about
-        1 + ceil(log_g S) when confirm jobs split S suspects g ways, one more to
-        confirm when only three groups vote."""
+        group (the groups are alike): 1 for one-machine jobs, 2 with a grid, at
+        most 1 + ceil(log_g S) when confirm jobs split S suspects g ways; with only
+        three groups 3 with a grid, 2 + ceil(log2 S) without (the documented bound,
+        held by tests/unit/test_replay_plan.py for every shape up to 64 machines)."""
         out: dict[str, Optional[int]] = {}
         for wrong in ("bad", "nan"):
             worst: Optional[int] = 0 if self.can_vote else None

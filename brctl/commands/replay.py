@@ -59,10 +59,11 @@ def replay_command(
     faulty machine is where the deviant groups meet: 2 rounds when each pipeline
     position has at least as many machines as there are positions per group.
     Otherwise later rounds split the suspects over as many jobs of known-good
-    machines as there are groups (g), about 1 + ceil(log_g S) rounds for S
-    suspects; --plan-only prints the bound for the job's shape. Two faulty
-    machines get a further round that replays each candidate with known-good
-    machines. With only 3 groups two machines corrupting alike can out-vote the
+    machines as there are groups (g), at most 1 + ceil(log_g S) rounds for S
+    suspects; with only 3 groups a lone candidate is confirmed, 3 rounds with a
+    grid and 2 + ceil(log2 S) without; --plan-only prints the bound for the job's
+    shape. Two faulty machines get a further round that replays each candidate
+    with known-good machines. With only 3 groups two machines corrupting alike can out-vote the
     healthy one: a lone candidate is found only after a control job without it,
     staffed by machines no such reading can blame, replays clean (with one machine
     of each position per group, one of another position takes its slot: that job

@@ -24,7 +24,7 @@ from brctl.analysis.replay import (
     split_jobs,
 )
 from brctl.analysis.replay_judge import GroupRun, judge_round
-from brctl.analysis.topology import Topology, stage_of_machine
+from brctl.analysis.topology import Topology, TopologyError, stage_of_machine
 from brctl.core.errors import UsageError
 
 HEALTHY = ("h0", "h1", "h2")
@@ -319,6 +319,46 @@ def test_few_machines_per_position_still_name_every_fault() -> None:
         verdict, rounds = simulate(p, faulty_oracle({bad}), max_rounds=p.default_max_rounds())
         assert (verdict.verdict, verdict.faulty) == ("found", (bad,)), bad
         assert rounds <= bound
+
+
+def documented_rounds(p: ReplayPlan) -> int:
+    """The single-fault round bound as README, ``brctl replay --help`` and benchmarks state it.
+
+    g groups per round, S positions per group (the suspects of a deviant group): one
+    machine, 1 round; with a grid (each position has at least as many machines as a group
+    has positions) 2 rounds; otherwise at most 1 + ceil(log_g S). With only 3 groups a lone
+    candidate is confirmed beside a control job and the confirm jobs split two ways: 3 rounds
+    with a grid, 2 + ceil(log2 S) without.
+    """
+    g, s = len(p.round1), p.shape.slots
+    if len(p.shape.machines) == 1:
+        return 1
+    if g == 3:
+        return 3 if p.grid else 2 + math.ceil(math.log2(s) - 1e-9)
+    return 2 if p.grid else 1 + math.ceil(math.log(s, g) - 1e-9)
+
+
+def test_the_documented_round_bound_holds_for_every_shape_up_to_64_machines() -> None:
+    """The docs said 2 rounds with a grid, about 1 + log_g S otherwise; with exactly 3
+    groups 9 machines pp3 (a grid) take 3, 48 machines tp8 pp16 take 6 (formula 4)."""
+    seen: set[tuple[int, int, int, bool]] = set()
+    checked = 0
+    for n in range(1, 65):
+        for tp, pp, cp in itertools.product((1, 2, 8), range(1, 17), (1, 2)):
+            try:
+                p = plan(shape_of(topo(n, 8, tp=tp, pp=pp, cp=cp)))
+            except (UsageError, TopologyError):
+                continue
+            key = (len(p.shape.machines), len(p.round1), p.shape.slots, p.grid)
+            if not p.can_vote or key in seen:
+                continue
+            seen.add(key)
+            bound = p.rounds_single_fault() or p.rounds_single_fault("nan")
+            assert bound is not None and bound <= documented_rounds(p), (n, tp, pp, cp, bound)
+            checked += 1
+    assert checked > 150
+    assert documented_rounds(plan(shape_of(topo(9, 8, pp=3)))) == 3
+    assert documented_rounds(plan(shape_of(topo(48, 8, tp=8, pp=16)))) == 6
 
 
 def test_round_bound_is_about_one_plus_log_g_of_the_suspects() -> None:
