@@ -217,6 +217,10 @@ class _Planner:
         pos = {name: i for i, name in enumerate(topo.machines)}
         self.machine_of = [pos[name] for name in topo.rank_machines]
         self.gradient = _gradient_groups(topo, self.machine_of) if topo.cp > 1 else None
+        if self.gradient and frozenset.intersection(*self.gradient):
+            # one dp-cp group spans every machine (PP = 1): nobody avoids it, and
+            # seeking a peer that does cost 32 vain probes per machine
+            self.gradient = None
 
     def spanning(self, a: int) -> str | None:
         """``ConflictIndex.spanning_kind``, cached."""

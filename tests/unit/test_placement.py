@@ -460,3 +460,13 @@ def test_odd_pp_with_racks_stays_linear_and_across_racks(tp: int, pp: int, dp: i
         assert sum(p.same_domain for p in plan.placements) == 0
         per.append(checks)
     assert per[1] < 8 and per[1] <= 1.2 * per[0] + 0.5, per
+
+
+def test_a_gradient_group_spanning_every_machine_costs_no_probes() -> None:
+    """tp8 pp1 cp2 ep4: with PP = 1 one dp-cp group spans every machine, so no peer avoids
+    it, yet each machine spent 32 random probes seeking one (2.5 s of a 100k-rank plan)."""
+    topo = Topology.build([f"g{i:04d}" for i in range(1000)], 8, tp=8, pp=1, cp=2, ep=4)
+    racks = {m: f"r{i // 32}" for i, m in enumerate(topo.machines)}
+    checks, plan = _checks_per_machine(topo, racks)
+    assert plan.ok and sum(p.same_domain for p in plan.placements) == 0
+    assert checks < 8, checks
