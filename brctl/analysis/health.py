@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Optional
 
+from brctl.analysis.health_doc import GpuSample, HealthDocument
 from brctl.config.health import CHECKS, HealthSection
 from brctl.diagnostics.xid import XidEvent, classify
 
@@ -95,7 +96,7 @@ class Sample:
 # ---------------------------------------------------------------- counters and deltas
 
 
-def counters_of(doc: Mapping[str, Any]) -> dict[str, int]:
+def counters_of(doc: HealthDocument) -> dict[str, int]:
     """Monotonic counters in a probe document, flattened to ``kind:where:counter`` keys."""
     out: dict[str, int] = {}
     for gpu in (doc.get("nvml") or {}).get("gpus") or []:
@@ -104,12 +105,14 @@ def counters_of(doc: Mapping[str, Any]) -> dict[str, int]:
             value = (gpu.get("nvlink") or {}).get(key)
             if isinstance(value, int):
                 out[f"nvlink:{where}:{key}"] = value
-        if isinstance(gpu.get("pcie_replay"), int):
-            out[f"pcie:{where}:replay"] = gpu["pcie_replay"]
+        replay = gpu.get("pcie_replay")
+        if isinstance(replay, int):
+            out[f"pcie:{where}:replay"] = replay
     for port in (doc.get("ib") or {}).get("ports") or []:
         for key in ("link_downed", "symbol_error"):
-            if isinstance(port.get(key), int):
-                out[f"ib:{port['device']}/{port['port']}:{key}"] = port[key]
+            count = port.get(key)
+            if isinstance(count, int):
+                out[f"ib:{port['device']}/{port['port']}:{key}"] = count
     return out
 
 
@@ -128,7 +131,7 @@ def delta(now: Mapping[str, int], before: Optional[Sample], boot_id: Optional[st
     return now[key] - old
 
 
-def merge_sample(doc: Mapping[str, Any], before: Optional[Sample]) -> Sample:
+def merge_sample(doc: HealthDocument, before: Optional[Sample]) -> Sample:
     """The state to keep after this poll: new counters, new cursor, this boot's Xids."""
     boot_id = doc.get("boot_id")
     kept = before.xids if before is not None and before.boot_id == boot_id else ()
@@ -142,7 +145,7 @@ def merge_sample(doc: Mapping[str, Any], before: Optional[Sample]) -> Sample:
 # ---------------------------------------------------------------- per-GPU checks
 
 
-def _gpu_label(gpu: Mapping[str, Any]) -> str:
+def _gpu_label(gpu: GpuSample) -> str:
     pci = gpu.get("pci")
     return f"GPU{gpu.get('index')} ({pci})" if pci else f"GPU{gpu.get('index')}"
 
@@ -157,11 +160,11 @@ def _worst(checks: Iterable[tuple[str, str, bool]], name: str, ok_message: str) 
                  evict=status == FAIL and any(e for s, _, e in found if s == FAIL))
 
 
-def _unsupported(gpus: Sequence[Mapping[str, Any]], key: str) -> bool:
+def _unsupported(gpus: Sequence[GpuSample], key: str) -> bool:
     return all(key in (g.get("errors") or {}) for g in gpus)
 
 
-def check_gpu_count(gpus: Sequence[Mapping[str, Any]], expected: int) -> Check:
+def check_gpu_count(gpus: Sequence[GpuSample], expected: int) -> Check:
     """Visible GPUs vs ``gpus`` in the inventory; a GPU NVML cannot open counts as missing."""
     usable = [g for g in gpus if "error" not in g]
     broken = [f"GPU{g.get('index')}: {g['error']}" for g in gpus if "error" in g]
@@ -174,7 +177,7 @@ def check_gpu_count(gpus: Sequence[Mapping[str, Any]], expected: int) -> Check:
     return Check("gpu_count", OK, f"{expected} GPUs")
 
 
-def check_ecc(gpus: Sequence[Mapping[str, Any]], cfg: HealthSection) -> Check:
+def check_ecc(gpus: Sequence[GpuSample], cfg: HealthSection) -> Check:
     """Volatile uncorrectable ECC fails (memory corrupt now); aggregate per config."""
     if _unsupported(gpus, "ecc"):
         return Check("ecc", SKIP, "ECC not supported or disabled on these GPUs")
@@ -189,7 +192,7 @@ def check_ecc(gpus: Sequence[Mapping[str, Any]], cfg: HealthSection) -> Check:
     return _worst(found, "ecc", "no uncorrectable ECC errors")
 
 
-def check_retired_pages(gpus: Sequence[Mapping[str, Any]]) -> Check:
+def check_retired_pages(gpus: Sequence[GpuSample]) -> Check:
     """Pages pending retirement fail (a reset is needed); retired DBE pages are history."""
     if _unsupported(gpus, "retired_pages"):
         return Check("retired_pages", SKIP, "page retirement not used on these GPUs "
@@ -205,7 +208,7 @@ def check_retired_pages(gpus: Sequence[Mapping[str, Any]]) -> Check:
     return _worst(found, "retired_pages", "no pages pending retirement")
 
 
-def check_remapped_rows(gpus: Sequence[Mapping[str, Any]]) -> Check:
+def check_remapped_rows(gpus: Sequence[GpuSample]) -> Check:
     """Remapping failure (replace the GPU) or pending (reset it) fail."""
     if _unsupported(gpus, "remapped_rows"):
         return Check("remapped_rows", SKIP, "row remapping not supported on these GPUs")
@@ -224,10 +227,10 @@ def check_remapped_rows(gpus: Sequence[Mapping[str, Any]]) -> Check:
     return _worst(found, "remapped_rows", "no pending or failed row remaps")
 
 
-def check_temperature(gpus: Sequence[Mapping[str, Any]], cfg: HealthSection) -> Check:
+def check_temperature(gpus: Sequence[GpuSample], cfg: HealthSection) -> Check:
     """At the GPU's slowdown threshold: fail; within the margin below it: warn."""
     found = []
-    seen = [g["temperature"] for g in gpus if isinstance(g.get("temperature"), int)]
+    seen = [t for t in (g.get("temperature") for g in gpus) if isinstance(t, int)]
     if not seen:
         return Check("temperature", SKIP, "no temperature readings")
     for g in gpus:
@@ -253,7 +256,7 @@ THROTTLE_BITS = {
 }
 
 
-def check_throttle(gpus: Sequence[Mapping[str, Any]], cfg: HealthSection) -> Check:
+def check_throttle(gpus: Sequence[GpuSample], cfg: HealthSection) -> Check:
     """Active hardware/thermal clock slowdowns (power capping under load is normal, ignored)."""
     if _unsupported(gpus, "throttle"):
         return Check("throttle", SKIP, "clock event reasons not supported")
@@ -268,34 +271,34 @@ def check_throttle(gpus: Sequence[Mapping[str, Any]], cfg: HealthSection) -> Che
     return _worst(found, "throttle", "no hardware or thermal slowdown")
 
 
-def check_power(gpus: Sequence[Mapping[str, Any]], cfg: HealthSection) -> Check:
+def check_power(gpus: Sequence[GpuSample], cfg: HealthSection) -> Check:
     """Drawing more than the enforced power limit (plus a margin) warns."""
-    readings = [g for g in gpus if isinstance(g.get("power_mw"), int)]
+    readings = [(g, mw) for g in gpus if isinstance(mw := g.get("power_mw"), int)]
     if not readings:
         return Check("power", SKIP, "no power readings")
     found = []
-    for g in readings:
+    for g, mw in readings:
         limit = g.get("power_limit_mw")
         if isinstance(limit, int) and limit > 0 and \
-                g["power_mw"] > limit * (1 + cfg.power_over_limit_percent / 100):
-            found.append((WARN, f"{_gpu_label(g)}: {g['power_mw'] / 1000:.0f} W over its "
+                mw > limit * (1 + cfg.power_over_limit_percent / 100):
+            found.append((WARN, f"{_gpu_label(g)}: {mw / 1000:.0f} W over its "
                           f"{limit / 1000:.0f} W limit", False))
-    total = sum(g["power_mw"] for g in readings) / 1000
+    total = sum(mw for _, mw in readings) / 1000
     return _worst(found, "power", f"{total:.0f} W total, within limits")
 
 
-def check_nvlink(gpus: Sequence[Mapping[str, Any]], now: Mapping[str, int],
+def check_nvlink(gpus: Sequence[GpuSample], now: Mapping[str, int],
                  before: Optional[Sample], boot_id: Optional[str], cfg: HealthSection) -> Check:
     """Inactive links (fewer than the node's best GPU) fail; error-counter deltas warn."""
-    linked = [g for g in gpus if g.get("nvlink")]
+    linked = [(g, link) for g in gpus if (link := g.get("nvlink"))]
     if not linked:
         return Check("nvlink", SKIP, "no NVLink on these GPUs")
-    best = max(g["nvlink"]["active"] for g in linked)
+    best = max(link["active"] for _, link in linked)
     found = []
     baseline = False
-    for g in linked:
-        if g["nvlink"]["active"] < best:
-            found.append((FAIL, f"{_gpu_label(g)}: {g['nvlink']['active']} of {best} NVLinks "
+    for g, link in linked:
+        if link["active"] < best:
+            found.append((FAIL, f"{_gpu_label(g)}: {link['active']} of {best} NVLinks "
                           "active", True))
         where = g.get("pci") or f"gpu{g.get('index')}"
         parts = []
@@ -312,7 +315,7 @@ def check_nvlink(gpus: Sequence[Mapping[str, Any]], now: Mapping[str, int],
     return _worst(found, "nvlink", f"{best} links active per GPU{note}")
 
 
-def check_pcie(gpus: Sequence[Mapping[str, Any]], now: Mapping[str, int],
+def check_pcie(gpus: Sequence[GpuSample], now: Mapping[str, int],
                before: Optional[Sample], boot_id: Optional[str], cfg: HealthSection) -> Check:
     """PCIe replay counter deltas above the threshold warn (a marginal link)."""
     if _unsupported(gpus, "pcie"):
@@ -336,21 +339,21 @@ RECOVERY_ACTIONS = {
 }
 
 
-def check_recovery_action(gpus: Sequence[Mapping[str, Any]]) -> Check:
+def check_recovery_action(gpus: Sequence[GpuSample]) -> Check:
     """Any recovery action the driver asks for fails: the GPU cannot be trusted until done."""
-    known = [g for g in gpus if isinstance(g.get("recovery_action"), int)]
+    known = [(g, act) for g in gpus if isinstance(act := g.get("recovery_action"), int)]
     if not known:
         return Check("recovery_action", SKIP, "recovery action not reported (driver < 570)")
     found = [(FAIL, f"{_gpu_label(g)}: driver requests "
-              f"{RECOVERY_ACTIONS.get(g['recovery_action'], str(g['recovery_action']))}", True)
-             for g in known if g["recovery_action"]]
+              f"{RECOVERY_ACTIONS.get(act, str(act))}", True)
+             for g, act in known if act]
     return _worst(found, "recovery_action", "no recovery action pending")
 
 
 # ---------------------------------------------------------------- node-level checks
 
 
-def check_xid(doc: Mapping[str, Any], sample: Sample) -> Check:
+def check_xid(doc: HealthDocument, sample: Sample) -> Check:
     """Evict-class Xids this boot fail; unknown ones warn; application ones are noted."""
     log = doc.get("kernel_log") or {}
     if log.get("error") and not sample.xids:
@@ -383,7 +386,7 @@ def _rate_gbps(rate: Optional[str]) -> Optional[float]:
         return None
 
 
-def check_ib(doc: Mapping[str, Any], now: Mapping[str, int], before: Optional[Sample],
+def check_ib(doc: HealthDocument, now: Mapping[str, int], before: Optional[Sample],
              boot_id: Optional[str], cfg: HealthSection) -> Check:
     """Every RDMA port ACTIVE and LinkUp, at rate, with no link_downed/symbol_error surge."""
     ports = (doc.get("ib") or {}).get("ports") or []
@@ -411,7 +414,7 @@ def check_ib(doc: Mapping[str, Any], now: Mapping[str, int], before: Optional[Sa
     return _worst(found, "ib", f"{len(ports)} ports active")
 
 
-def check_net(doc: Mapping[str, Any], cfg: HealthSection) -> Check:
+def check_net(doc: HealthDocument, cfg: HealthSection) -> Check:
     """Each configured interface's operstate is ``up``; one the probe did not report
     is unknown (nothing seen is never ok, nor skipped)."""
     states = doc.get("net") or {}
@@ -426,7 +429,7 @@ def check_net(doc: Mapping[str, Any], cfg: HealthSection) -> Check:
     return _worst(found, "net", f"{', '.join(states)} up")
 
 
-def check_disk(doc: Mapping[str, Any], cfg: HealthSection) -> Check:
+def check_disk(doc: HealthDocument, cfg: HealthSection) -> Check:
     """Free space of each configured path against the warn/fail percentages."""
     disks = doc.get("disk") or {}
     if not disks and not cfg.disk_paths:
@@ -454,7 +457,7 @@ def check_disk(doc: Mapping[str, Any], cfg: HealthSection) -> Check:
 # ---------------------------------------------------------------- one node
 
 
-def evaluate(doc: Mapping[str, Any], before: Optional[Sample], cfg: HealthSection,
+def evaluate(doc: HealthDocument, before: Optional[Sample], cfg: HealthSection,
              expected_gpus: int) -> tuple[list[Check], Sample]:
     """All enabled checks of one node's probe document, and the sample to keep.
 
@@ -508,7 +511,7 @@ def evaluate(doc: Mapping[str, Any], before: Optional[Sample], cfg: HealthSectio
     return [out[name] for name in CHECKS if name in enabled], sample
 
 
-def process_pids(doc: Mapping[str, Any]) -> Optional[list[int]]:
+def process_pids(doc: HealthDocument) -> Optional[list[int]]:
     """The training PIDs the probe found, or None when it could not look."""
     proc = doc.get("process") or {}
     pids = proc.get("pids")

@@ -46,7 +46,7 @@ from brctl.analysis.health import (
     node_status,
     process_pids,
 )
-from brctl.analysis.health_doc import malformed
+from brctl.analysis.health_doc import parse
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode, exit_code_of
 from brctl.core.transport import Node, NodeState, RunResult, Transport
@@ -253,17 +253,17 @@ def judge(inv: Inventory, nodes: Sequence[Node], results: Mapping[str, ProbeResu
     verdicts: dict[str, NodeHealth] = {}
     for node in nodes:
         res = results[node.name]
-        why = None if res.document is None else malformed(res.document)
-        if res.document is None or why is not None:
+        doc = None if res.document is None else parse(res.document)  # typed, or why not
+        if doc is None or isinstance(doc, str):
             status = "error" if res.run.state.ran else _NO_VERDICT[res.run.state.value]
-            error = res.error if why is None else f"malformed health document: {why}"
+            error = res.error if doc is None else f"malformed health document: {doc}"
             verdicts[node.name] = NodeHealth(node.name, status, (), error, res.run.seconds)
             continue
-        node_checks, samples[node.name] = evaluate(res.document, previous.get(node.name),
+        node_checks, samples[node.name] = evaluate(doc, previous.get(node.name),
                                                    inv.health, node.gpus)
         checks[node.name] = node_checks
-        pids[node.name] = process_pids(res.document)
-        err = (res.document.get("process") or {}).get("error")
+        pids[node.name] = process_pids(doc)
+        err = (doc.get("process") or {}).get("error")
         if err:
             pid_errors[node.name] = str(err)
     job_nodes = inv.job.nodes if inv.job is not None else ()
