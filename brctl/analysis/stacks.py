@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from math import comb
 from typing import NamedTuple
 
 from brctl.analysis.evictset import SuspectGroup, minimal_cover
@@ -409,7 +410,10 @@ def _vote(per_round: Sequence[set[int]], topo: Topology
     per member; ties: more outliers, fewer machines) is the degrader: a slow rank
     and the peers waiting on it return round after round, while noise lands on
     different ranks each time. Group sizes are arithmetic; machines are counted
-    only for the instances tied at the top.
+    only for the instances tied at the top. Instances whose every rank is an
+    outlier in most rounds, more than noise explains (``_persistent_ranks``: say
+    16 hung PP groups), get the smallest cover of them all instead, as one round
+    of the same job does; the densest instance alone evicted one of them.
     """
     kinds = _kinds(topo)
     everything = [r for o in per_round for r in o]
@@ -429,6 +433,9 @@ def _vote(per_round: Sequence[set[int]], topo: Topology
     steady = all(o == per_round[0] or same(o) for o in per_round[1:])
     if steady:
         return first, votes  # the same outliers' eviction every round: a steady hang
+    persistent = _persistent_ranks(per_round, topo, kinds)
+    if persistent:  # several hung groups: the smallest cover of them all, as one round gets
+        return minimal_cover(persistent, topo, kinds), votes
 
     def density(item: tuple[str, int]) -> tuple[float, int]:
         return -votes[item] / topo.size(item[0]), -votes[item]
@@ -442,6 +449,41 @@ def _vote(per_round: Sequence[set[int]], topo: Topology
     why = (f"most outliers over {len(per_round)} rounds: {votes[(kind, gid)]} in "
            f"{topo.size(kind)} ranks, in {rounds_with} of the rounds")
     return (SuspectGroup(kind, (gid,), members, why),), votes
+
+
+# Expected group instances that noise alone would make persistent, above which one is not
+NOISE_INSTANCES = 0.01
+
+
+def _persistent_ranks(per_round: Sequence[set[int]], topo: Topology, kinds: Sequence[str]
+                      ) -> set[int]:
+    """The ranks of group instances whose every rank is an outlier in most rounds.
+
+    Noise that moves between rounds fills a whole instance by chance: with q the
+    outlier fraction, an instance of s ranks is full in a round with odds q^s. An
+    instance full in c of R rounds counts only when all the kind's instances
+    together would reach c by chance fewer than ``NOISE_INSTANCES`` times (the
+    binomial tail), so scattered noise never does, while each hung group, full in
+    every round, does.
+    """
+    n_rounds = len(per_round)
+    need = n_rounds // 2 + 1
+    q = sum(len(o) for o in per_round) / (n_rounds * topo.world)
+    out: set[int] = set()
+    for kind in kinds:
+        size = topo.size(kind)
+        full: Counter[int] = Counter()
+        for o in per_round:
+            full.update(g for g, n in Counter(topo.group_ids(o, kind)).items() if n == size)
+        p = q ** size
+        for gid, c in full.items():
+            if c < need:
+                continue
+            tail = sum(comb(n_rounds, i) * p ** i * (1 - p) ** (n_rounds - i)
+                       for i in range(c, n_rounds + 1))
+            if topo.n_groups(kind) * tail < NOISE_INSTANCES:
+                out.update(topo.group_ranks(kind, gid))
+    return out
 
 
 def _ranks_of(group: SuspectGroup, topo: Topology) -> Iterable[int]:

@@ -12,6 +12,7 @@ from brctl.analysis.stacks import (
     RankSample,
     Round,
     Stack,
+    StackAnalysis,
     analyse,
     build_tree,
     classify,
@@ -294,3 +295,38 @@ def test_eviction_is_the_smallest_cover(topo: Topology) -> None:
         machines = topo.machines_of(covered)
         assert sorted({m for g in groups for m in g.members}) == sorted(machines)
         assert (len(machines), sum(len(g.indices) for g in groups)) == _oracle(outliers, topo)
+
+
+def _hung_groups_with_noise(topo: Topology, hung: list[int], noise: float, seed: int
+                            ) -> StackAnalysis:
+    rng = random.Random(seed)
+    peers = {r for gid in hung for r in topo.group_ranks("pp", gid)}
+    rounds = []
+    for _ in range(5):
+        stacks = dict.fromkeys(range(topo.world), HEALTHY)
+        stacks.update(dict.fromkeys(peers, STUCK))
+        for r in rng.sample(range(topo.world), int(topo.world * noise)):
+            stacks[r] = stack(("save_checkpoint", "ckpt.py"))  # different ranks each round
+        rounds.append(round_of(topo, stacks))
+    return analyse(rounds, topo)
+
+
+def test_several_hung_groups_over_rounds_evict_them_all() -> None:
+    """16 PP groups hung in every round plus noise: the vote named only the densest one
+    (8 machines of 120) where one round of the same job evicts them all."""
+    topo = Topology.build([f"m{i:03d}" for i in range(64)], 8, tp=8, pp=4)  # dp=16
+    hung = [topo.group_id(r, "pp") for r in (0, 24, 40)]  # three DP rows: 12 machines
+    a = _hung_groups_with_noise(topo, hung, 0.01, 1)
+    want = set(topo.machines_of(r for gid in hung for r in topo.group_ranks("pp", gid)))
+    assert set(a.evict) == want and len(want) == 12
+    one = analyse([round_of(topo, {r: STUCK if topo.group_id(r, "pp") in hung else HEALTHY
+                                   for r in range(topo.world)})], topo)
+    assert set(one.evict) == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_moving_noise_never_joins_the_persistent_group(seed: int) -> None:
+    topo = Topology.build([f"m{i:03d}" for i in range(32)], 8, tp=2, pp=4)  # dp=32
+    gid = topo.group_id(seed * 37 % topo.world, "pp")
+    a = _hung_groups_with_noise(topo, [gid], 0.05, seed)
+    assert set(a.evict) == set(topo.machines_of(topo.group_ranks("pp", gid)))
