@@ -47,9 +47,11 @@ def stacks(
     DP, PP) using the fewest machines, then the fewest groups: one group holding
     every outlier, or a union of smaller ones when that is smaller (two hung GPUs
     on two machines cost those two machines, not their DP group); those machines
-    are proposed for eviction (JSON: suspect_groups, evict). With several rounds
-    the group with the most outliers per rank wins (fail-slow), and a rank that
-    moves while its stage stands still (or the reverse) is an outlier too.
+    are proposed for eviction (JSON: suspect_groups, evict). With several rounds,
+    groups whose every rank is an outlier in most rounds (beyond what the rounds'
+    noise explains: several hung groups) are covered as one round would be;
+    otherwise the group with the most outliers per rank wins (fail-slow), and a
+    rank that moves while its stage stands still (or the reverse) is an outlier too.
 
     Exit 0 when no outlier, 1 when an eviction is proposed, 3 when machines did not
     answer (the verdict covers only those that did).
