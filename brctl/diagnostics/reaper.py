@@ -11,7 +11,7 @@ tree from its first instruction, and is removed when the reaper ends (what a
 command that exited left running is moved back out first). It ends the whole
 tree, found by a walk of ``/proc`` and in that cgroup (SIGTERM, SIGKILL ``GRACE_S``
 later, with ``cgroup.kill`` where the kernel has it, repeated until nothing is
-left) when:
+left: in the cgroup, until its ``cgroup.events`` says it is no longer populated) when:
 
 - the deadline passes: exit 124, whatever the command does with SIGTERM;
 - the channel goes away (stdout/stderr's reader closed: Ctrl-C on the
@@ -110,7 +110,20 @@ def members(cgroup: str | None) -> list[int]:
             pids = [int(p) for p in f.read().split()]
     except (OSError, ValueError):
         return []
-    return [pid for pid in pids if _state(pid) not in (b"Z", b"X", b"")]
+    return [pid for pid in pids if _live(pid, _state(pid))]
+
+
+def populated(cgroup: str) -> bool | None:
+    """Whether anything still runs in ``cgroup`` (``cgroup.events``), or None: unreadable."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.events")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "populated":
+                    return value.strip() != "0"
+    except OSError:
+        pass
+    return None
 
 
 def _state(pid: int) -> bytes:
@@ -120,6 +133,21 @@ def _state(pid: int) -> bytes:
     except OSError:
         return b""
     return stat[stat.rfind(b")") + 2:][:1]
+
+
+def _live(pid: int, state: bytes) -> bool:
+    """Whether ``pid``, in ``state`` (``/proc/PID/stat``'s field, b"" if gone), still runs.
+
+    A thread-group leader that called ``pthread_exit`` shows ``Z`` while its other
+    threads run on: alive. A real zombie has no thread left but itself in ``task``."""
+    if state == b"":
+        return False
+    if state not in (b"Z", b"X"):
+        return True
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 def _sweep(parent: str) -> None:
@@ -163,7 +191,7 @@ def descendants(root: int) -> list[int]:
             continue  # gone meanwhile
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
         fields = stat[stat.rfind(b")") + 2:].split()
-        if fields[0] in (b"Z", b"X"):
+        if not _live(int(entry), fields[0]):
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
     found: list[int] = []
@@ -199,28 +227,42 @@ def _tree(cgroup: str | None) -> list[int]:
     return sorted(set(descendants(me)) | set(members(cgroup)) - {me})
 
 
+def _anything_left(cgroup: str | None) -> bool:
+    """Whether any of the tree still runs: below us by the walk, or in ``cgroup`` as its
+    ``cgroup.events`` says (what the kernel counts, whatever /proc shows of each pid)."""
+    if descendants(os.getpid()):
+        return True
+    if cgroup is None:
+        return False
+    busy = populated(cgroup)
+    return bool(members(cgroup)) if busy is None else busy
+
+
 def kill_tree(leader: int, cgroup: str | None = None) -> None:
     """SIGTERM the whole tree below us (and ``leader``'s group, and ``cgroup``), SIGKILL
-    what is left after GRACE_S (``cgroup.kill``: all of it at once, forks in flight too)."""
+    what is left after GRACE_S (``cgroup.kill``: all of it at once, forks in flight too).
+
+    ``cgroup.kill`` is written at least once, and every pid found live SIGKILLed, even
+    when nothing seems left once the grace period ends: what neither the walk nor the
+    cgroup's pid list shows as live must not survive a kill that reports success."""
     with contextlib.suppress(OSError):
         os.killpg(leader, signal.SIGTERM)
     _signal_all(_tree(cgroup), signal.SIGTERM)
     give_up = time.monotonic() + GRACE_S
     while time.monotonic() < give_up:
         _reap()
-        if not _tree(cgroup):
-            return
+        if not _anything_left(cgroup):
+            break
         time.sleep(0.05)
     for _ in range(100):  # a tree that forks while it dies needs a few rounds
-        left = _tree(cgroup)
-        if not left:
-            return
         if cgroup is not None:
             with contextlib.suppress(OSError), open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
                 f.write("1")
-        _signal_all(left, signal.SIGKILL)
+        _signal_all(_tree(cgroup), signal.SIGKILL)
         time.sleep(0.01)
         _reap()
+        if not _anything_left(cgroup):
+            return
 
 
 def _exit_code(status: int) -> int:

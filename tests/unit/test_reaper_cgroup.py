@@ -114,3 +114,70 @@ def test_without_a_cgroup_the_walk_still_kills_the_tree() -> None:
     assert done.returncode == reaper.TIMEOUT_EXIT, done.stderr
     assert done.stderr.startswith("brctl: timeout"), done.stderr
     assert _gone(r"^sleep 117[12]")
+
+
+# A setsid'd child that ignores SIGTERM and whose main thread exits (pthread_exit) while
+# another thread runs on: /proc shows its leader as "Z", yet it is alive. The reaper once
+# took it for a zombie in both its walk and the cgroup's pid list, found nothing left,
+# never sent SIGKILL nor wrote cgroup.kill, reported a clean timeout and left it running
+# (and its cgroup behind). The parent waits until the child's leader is "Z" before it
+# says "ready", so the scenario is in place before the timeout.
+_ZOMBIE_LEADER = """
+import ctypes, os, signal, sys, threading, time
+child = os.fork()
+if child == 0:
+    os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.stdout.write(f"escapee {os.getpid()}\\n" + open("/proc/self/cgroup").read())
+    sys.stdout.flush()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    threading.Thread(target=time.sleep, args=(60,)).start()
+    ctypes.CDLL(None).pthread_exit(None)
+while open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    time.sleep(0.01)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _runs(pid: int) -> bool:
+    """Whether ``pid`` has a thread still running (a zombie leader with live threads does)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X") or len(os.listdir(f"/proc/{pid}/task")) > 1
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("way", ["cgroup", "walk"])
+def test_a_timeout_kills_a_process_whose_main_thread_exited(way: str) -> None:
+    prefix: tuple[str, ...] = ()
+    if way == "cgroup":
+        if _usable_cgroup() is None:
+            pytest.skip("no writable cgroup v2 here: the reaper uses its /proc walk")
+    elif os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to run the reaper without a cgroup as root")
+        prefix = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    elif _usable_cgroup() is not None:
+        pytest.skip("a cgroup can be made here and no way to refuse it: no fallback to test")
+    # "python3" as a node has it: the one on PATH that the reaper's user can run
+    done = _run(["python3", "-c", _ZOMBIE_LEADER], scaled(1), prefix=prefix)
+    (escapee,) = [int(ln.split()[1]) for ln in done.stdout.splitlines() if ln.startswith("escapee ")]
+    try:
+        assert "ready" in done.stdout.splitlines(), done.stdout
+        assert done.returncode == reaper.TIMEOUT_EXIT, done.stderr
+        assert done.stderr.startswith("brctl: timeout"), done.stderr
+        deadline = time.monotonic() + scaled(3)
+        while _runs(escapee) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _runs(escapee), Path(f"/proc/{escapee}/status").read_text()
+        if way == "cgroup":
+            path = _command_cgroup(done.stdout)
+            assert re.search(r"/brctl-[0-9a-f]{16}$", path), path
+            assert not os.path.exists(os.path.join(reaper.cgroup_root() or "/nonexistent", path.lstrip("/")))
+    finally:
+        if _runs(escapee):
+            os.kill(escapee, 9)
