@@ -50,7 +50,16 @@ from typing import Any
 from brctl.core.transport import Node
 from brctl.remote.known_hosts import host_names
 from brctl.remote.paramiko_lite import paramiko
-from brctl.remote.ssh_openssh import DeferredMatch, SshConfigError, defer_matches, ssh_g, unsupported
+from brctl.remote.ssh_openssh import (
+    DeferredMatch,
+    SshConfigError,
+    config_args,
+    config_line,
+    defer_matches,
+    quote_arg,
+    ssh_g,
+    unsupported,
+)
 
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 ACCEPTED_SUFFIX = ".brctl-accepted"
@@ -115,18 +124,17 @@ def _trust(
 INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 
 
-def _condition(keyword: str, rest: str) -> str | None:
-    """A Host/Match line's condition as ``Match`` criteria (None: every host).
+def _condition(keyword: str, args: list[str]) -> str | None:
+    """A Host/Match line's condition (its arguments, as ``config_args`` reads them) as ``Match`` criteria.
 
-    ``Host p1 p2`` matches the name as given, which is ``Match originalhost p1,p2``;
-    ``all`` is dropped so the criteria can be joined to others (paramiko stops at it).
+    None: every host. ``Host p1 p2`` matches the name as given, which is ``Match
+    originalhost p1,p2`` (no pattern: no host); ``all`` is dropped so the criteria
+    can be joined to others (paramiko stops at it).
     """
     if keyword == "host":
-        return "originalhost " + ",".join(rest.split())
-    words = rest.split()
-    if any(w.lower() == "all" for w in words):  # only alone or after canonical/final: no arguments
-        return " ".join(w for w in words if w.lower() != "all") or None
-    return rest.strip() or None
+        return "originalhost " + quote_arg(",".join(args) or "!*")
+    # ``all`` only alone or after canonical/final, which take no arguments
+    return " ".join(quote_arg(w) for w in args if w.lower() != "all") or None
 
 
 def _both(outer: str | None, inner: str | None) -> str | None:
@@ -154,22 +162,28 @@ def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -
     if depth > INCLUDE_DEPTH:
         raise ValueError(f"ssh config {path}: Include nested deeper than {INCLUDE_DEPTH}")
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
+        with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+            lines = fh.read().split("\n")  # ssh's lines end at a newline only
     except OSError as exc:
         raise ValueError(f"ssh config {path}: {exc.strerror}") from None
     current = guard  # the condition the lines at this point of the file apply under
     header = _header(guard)
     out = [header]  # a file starts in its includer's state, whatever block came last
     for line in lines:
-        keyword, _, rest = line.strip().replace("=", " ", 1).partition(" ")
-        keyword = keyword.lower()
+        try:  # as OpenSSH's readconf: any whitespace or "=" after the keyword, quoted arguments
+            keyword, rest = config_line(line) or ("", "")
+            args = config_args(rest) if keyword in ("host", "match", "include") else []
+        except ValueError as exc:
+            raise ValueError(f"ssh config {path}: cannot read {line.strip()!r}: {exc}") from None
         if keyword in ("host", "match"):
-            current = _both(guard, _condition(keyword, rest))
-            header = line if guard is None else _header(current)
-            out.append(header)
+            current = _both(guard, _condition(keyword, args))
+            if guard is None and keyword == "host":
+                header = "Host " + (" ".join(quote_arg(a) for a in args) or "!*")
+            else:
+                header = _header(current)
+            out.append(header)  # written anew: paramiko splits lines its own way
         elif keyword == "include":
-            for pattern in rest.split():
+            for pattern in args:
                 full = os.path.expanduser(pattern)
                 if not os.path.isabs(full):
                     full = os.path.join(base, full)
@@ -292,7 +306,7 @@ class EndpointResolver:
         self._wrapper = tempfile.TemporaryDirectory(prefix="brctl-ssh-config-")
         path = os.path.join(self._wrapper.name, "config")
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(f'Include "{self._config_path}"\nInclude "{self._system_path}"\n')
+            fh.write(f"Include {quote_arg(self._config_path)}\nInclude {quote_arg(self._system_path)}\n")
         return ("-F", path)
 
     def _ssh_config(self, user: str | None = None) -> paramiko.SSHConfig:

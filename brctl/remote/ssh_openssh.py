@@ -16,6 +16,10 @@ for ``Match localnetwork``, a ``Match exec`` that hangs) is ``SshConfigError``.
 
 ``unsupported`` names the effective settings brctl cannot honour (they would
 make it connect differently from ``ssh``): refused with exit 2, host by host.
+
+``config_line``/``config_args`` split a config line as OpenSSH's readconf does
+(a keyword ends at a space, a tab or one ``=``; arguments are quoted words up to
+a ``#`` word), for every line brctl reads itself (Host, Match, Include).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
@@ -53,6 +56,85 @@ TOKENISED = ("proxycommand", "identityfile", "certificatefile", "userknownhostsf
 
 class SshConfigError(InputError):
     """An ssh config setting brctl cannot honour or evaluate for a host (exit 2)."""
+
+
+# readconf's strdelim: the keyword ends at whitespace or ``=`` (one ``=``, with
+# whitespace around it, may separate it from its arguments).
+_KEYWORD = re.compile(r"[ \t\r]*([^ \t\r\"=]+)(?:[ \t\r]*=|[ \t\r])[ \t\r]*(.*)", re.DOTALL)
+_WORD = re.compile(r"\w+", re.ASCII)
+
+
+def config_line(line: str) -> tuple[str, str] | None:
+    """``(keyword, arguments)`` of an ssh config line, as OpenSSH reads it; None: blank or comment.
+
+    The keyword is lower-cased (OpenSSH's are case-insensitive); the arguments
+    are the rest of the line, for ``config_args``.
+
+    Raises:
+        ValueError: what ssh refuses too: a keyword without arguments, or one that
+            is no word (``Host\xa0*``, which paramiko would read as ``Host``).
+    """
+    line = line.rstrip(" \t\r\n\f")
+    match = _KEYWORD.match(line)
+    keyword = match.group(1) if match else line.strip(" \t\r")
+    if not keyword or keyword.startswith("#"):
+        return None
+    if not _WORD.fullmatch(keyword):
+        raise ValueError(f"unknown keyword {keyword!r}")
+    if match is None or not match.group(2):
+        raise ValueError(f"no argument after keyword {keyword!r}")
+    return keyword.lower(), match.group(2)
+
+
+def config_args(text: str) -> list[str]:
+    """An ssh config line's arguments, as OpenSSH's ``argv_split`` reads them.
+
+    Words are separated by spaces and tabs; ``"`` or ``'`` quote; a backslash
+    escapes a quote, a backslash or (unquoted) a space, and is kept before any
+    other character; a word starting with ``#`` ends the line.
+
+    Raises:
+        ValueError: a quote that is not closed.
+    """
+    args: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] in " \t":
+            i += 1
+            continue
+        if text[i] == "#":
+            break
+        quote = ""
+        word: list[str] = []
+        while i < n:
+            c = text[i]
+            if c == "\\" and i + 1 < n and (text[i + 1] in "'\"\\" or (not quote and text[i + 1] == " ")):
+                word.append(text[i + 1])
+                i += 2
+                continue
+            if not quote and c in " \t":
+                break
+            if not quote and c in "\"'":
+                quote = c
+            elif quote and c == quote:
+                quote = ""
+            else:
+                word.append(c)
+            i += 1
+        if quote:
+            raise ValueError("no closing quotation")
+        args.append("".join(word))
+    return args
+
+
+def quote_arg(word: str) -> str:
+    """``word`` written so that ``config_args`` and paramiko's ``shlex.split`` both read it back.
+
+    In double quotes both take ``\\\\`` and ``\\"`` as escapes and every other character as it is.
+    """
+    if word and not re.search(r"[\s\"'\\#]", word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @dataclass(frozen=True)
@@ -96,9 +178,11 @@ def defer_matches(text: str, source: str) -> tuple[str, tuple[DeferredMatch, ...
     out: list[str] = []
     deferred: list[DeferredMatch] = []
     pending: DeferredMatch | None = None  # the deferred block being read, until it sets a READ keyword
-    for line in text.splitlines():
-        keyword, _, rest = line.strip().replace("=", " ", 1).partition(" ")
-        keyword = keyword.lower()
+    for line in text.split("\n"):  # ssh's lines end at a newline only
+        try:
+            keyword, rest = config_line(line) or ("", "")
+        except ValueError as exc:
+            raise SshConfigError(f"ssh config {source}: cannot read {line.strip()!r}: {exc}") from None
         if keyword not in ("match", "host"):
             if pending is not None and (keyword in READ or keyword.startswith("canonical")):
                 deferred.append(pending)
@@ -110,7 +194,7 @@ def defer_matches(text: str, source: str) -> tuple[str, tuple[DeferredMatch, ...
             out.append(line)
             continue
         try:
-            criteria = _criteria(shlex.split(rest))
+            criteria = _criteria(config_args(rest))
         except ValueError as exc:
             raise SshConfigError(f"ssh config {source}: cannot read {line.strip()!r}: {exc}") from None
         if all(kind in PARAMIKO_CRITERIA for kind, _, _ in criteria):

@@ -267,3 +267,56 @@ def test_ssh_g_reads_the_same_files(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         fh.write("Match originalhost ex* exec true\n  HostName exec.example\n")
     EndpointResolver(system_config="/etc/ssh/ssh_config").endpoint(_node("ex1"))
     assert len(calls) == 1 and "-F" not in calls[0]  # ssh's own two files: nothing to name
+
+
+# -- keyword lines split as OpenSSH's readconf splits them ----------------------------------------
+
+# OpenSSH ends a keyword at any whitespace or one ``=`` (with whitespace around it),
+# in any case, reads the arguments with quotes and stops at a ``#`` word.
+SEPARATORS = {
+    # The reproducer: a tab-separated Host line in a file included under a block
+    # that does not match keeps that block's condition.
+    "tab Host in an included file": ("Host bastion-only\n  Include {d}/tab-host.conf\n", {}),
+    "= Host in an included file": ("Host bastion-only\n  Include {d}/eq-host.conf\n", {}),
+    "tab Host in a matching block's Include": ("Host target\n  Include {d}/tab-host.conf\n", {}),
+    "tab Match in an included file": ("Host bastion-only\n  Include {d}/tab-match.conf\n", {}),
+    "= Match in an included file": ("Host target\n  Include {d}/eq-match.conf\n", {}),
+    "tab Include": ("Host target\n  Include\t{d}/star.conf\n", {}),
+    "= Include": ("Host target\n  Include = {d}/star.conf\n", {}),
+    "=Include, upper case": ("Host target\n  INCLUDE={d}/star.conf\n", {}),
+    "quoted Include": ('Host target\n  Include "{d}/with space.conf"\n', {}),
+    "tab Host then tab Include": ("Host\tother\n\tInclude\t{d}/star.conf\nHost=target\n  Port 2444\n", {}),
+    "tab Match exec (left to ssh -G)": ("Match\texec false\n  Port 2555\nHost target\n  Port 2556\n", {}),
+    "= Match exec (left to ssh -G)": ("Match=exec false\n  Port 2557\n", {}),
+    "a comment after Host patterns": ("Host bastion-only # not *\n  Port 2666\n", {}),
+    "quoted Host patterns": ('Host "tar*" \'oth*\'\n  Port 2777\n', {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEPARATORS))
+@pytest.mark.parametrize("name", ["target", "other"])
+def test_keyword_separators_resolve_as_ssh_g(tmp_path: Path, case: str, name: str) -> None:
+    d = tmp_path
+    (d / "star.conf").write_text("Host *\n  Port 2222\n")
+    (d / "with space.conf").write_text("Port 2333\n")
+    evil = "\tUser admin\n\tHostName evil.example\n"
+    (d / "tab-host.conf").write_text("Host\t*\n" + evil)
+    (d / "eq-host.conf").write_text("Host=*\n" + evil)
+    (d / "tab-match.conf").write_text("Match\tall\n" + evil)
+    (d / "eq-match.conf").write_text("Match = originalhost other\n" + evil + "Match\toriginalhost target\n"
+                                     "  Port 2888\n")
+    cfg = d / "config"
+    cfg.write_text(SEPARATORS[case][0].format(d=d))
+    assert_as_ssh(EndpointResolver(str(cfg)), cfg, name)
+
+
+@pytest.mark.parametrize("line", ['Host\t"unclosed', "Host\xa0*"])
+def test_a_host_line_ssh_refuses_is_refused_in_an_included_file(tmp_path: Path, line: str) -> None:
+    """An unclosed quote, a keyword ended by no space or tab (paramiko would read ``Host *``)."""
+    (tmp_path / "bad.conf").write_text(f"{line}\n  User admin\n")
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host bastion-only\n  Include {tmp_path}/bad.conf\n")
+    assert subprocess.run(["ssh", "-G", "-F", str(cfg), "gpu1"], capture_output=True,
+                          stdin=subprocess.DEVNULL).returncode != 0
+    with pytest.raises(SshConfigError, match=r"bad\.conf: cannot read"):
+        EndpointResolver(str(cfg)).endpoint(_node("gpu1"))
