@@ -74,6 +74,10 @@ IDLE_POLL_S = 1.0  # reader-thread wake-up interval on an established connection
 RETRY_BASE_S = 0.1
 RETRY_CAP_S = 2.0
 _RSA_ALGS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
+# AES-GCM first (OpenSSH offers it by default too): an AEAD cipher needs no separate
+# HMAC per packet, and paramiko checks HMACs byte by byte in Python (util.
+# constant_time_bytes_eq), the costliest part of its packet handling on a short command.
+_AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 
 class ConnectError(Exception):
@@ -384,6 +388,7 @@ class Connector:
         t.auth_timeout = left
         known = self.known.load_all(ep.known_hosts)
         self._prefer_known_key_types(t, known.keytypes_for(ep.host, ep.port, names=ep.key_names))
+        self._prefer_aead(t)
         try:
             t.start_client(timeout=left)
         except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -424,6 +429,12 @@ class Connector:
         opts = t.get_security_options()
         current = list(opts.key_types)
         opts.key_types = [k for k in current if k in wanted] + [k for k in current if k not in wanted]
+
+    @staticmethod
+    def _prefer_aead(t: paramiko.Transport) -> None:
+        opts = t.get_security_options()
+        current = list(opts.ciphers)
+        opts.ciphers = [c for c in _AEAD_FIRST if c in current] + [c for c in current if c not in _AEAD_FIRST]
 
     def _check_host_key(self, t: paramiko.Transport, ep: Endpoint) -> None:
         key = t.get_remote_server_key()
