@@ -53,6 +53,14 @@ RawFrame = tuple[str, str, int]  # (function, file, line)
 PACKED = "brctl.stacks-probe/2"  # reduced frames, ranks packed (the default)
 RAW = "brctl.stacks-probe-raw/2"  # py-spy's JSON per rank, as printed (``--save``)
 
+# The most frames a stack may have. py-spy itself refuses a thread deeper than
+# 4,096 Python frames ("Max frame recursion depth reached", src/stack_trace.rs);
+# twice that leaves room for native frames. The probe refuses a deeper dump
+# (that rank's error), and the controller refuses an answer claiming one: a
+# stack is rebuilt from the one before it, so an unbounded depth would let a
+# small answer make the controller hold frames quadratic in its size.
+MAX_DEPTH = 8192
+
 
 class PySpyFormatError(ValueError):
     """The text is not py-spy's JSON (says what was expected)."""
@@ -102,6 +110,8 @@ def main_frames(text: str, pid: int) -> list[RawFrame]:
     frames = main_thread(data, pid).get("frames")
     if not isinstance(frames, list):
         raise PySpyFormatError("thread without a frames list")
+    if len(frames) > MAX_DEPTH:
+        raise PySpyFormatError(f"{len(frames)} frames: more than {MAX_DEPTH}")
     return [normalise(raw) for raw in reversed(frames)]  # py-spy lists innermost first
 
 

@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 from brctl.analysis.pyspy import (
+    FRAMES_PER_RANK,
+    FRAMES_SPARE,
+    MAX_DEPTH,
     FrameCache,
     PySpyFormatError,
     frame_table,
@@ -100,12 +103,13 @@ def test_unknown_or_out_of_range_rank_fields_ship_as_minus_one() -> None:
 
 
 def test_a_table_past_65536_rows_ships_wide_indices() -> None:
-    frames = [(f"f{i}", "a.py", i) for i in range(70_000)]
-    doc = pack([{"pid": 5, "role": "rank", "rank": 0, "local_rank": 0, "world_size": 1}],
-               {5: frames})
+    """10 ranks of 7,000 frames each (a stack is at most MAX_DEPTH), none shared."""
+    stacks = {5 + r: [(f"f{r}.{i}", "a.py", i) for i in range(7_000)] for r in range(10)}
+    doc = pack([{"pid": pid, "role": "rank", "rank": pid - 5, "local_rank": pid - 5,
+                 "world_size": 10} for pid in stacks], dict(stacks))
     assert len(doc["indices"]) == 8 * 70_000
     [node] = _read({"m1": {"format": PACKED, "py_spy_missing": False, **doc}}).values()
-    assert [tuple(f) for f in node.ranks[0].stack or ()] == frames
+    assert [[tuple(f) for f in r.stack or ()] for r in node.ranks] == list(stacks.values())
 
 
 def test_a_reduced_answer_is_a_fraction_of_py_spys_json() -> None:
@@ -149,7 +153,21 @@ def _heads(*values: int) -> str:
     return hex_ints("i", list(values))
 
 
+def _chained(depth: int, n: int) -> dict[str, Any]:
+    """A machine's answer: rank 0 ``depth`` frames deep, every other rank all of the
+    one before it but its innermost frame, then one more: a few bytes per rank, each
+    a new stack of ``depth`` frames (frames held quadratic in the answer, unchecked)."""
+    ranks = [v for i in range(n) for v in (i, 1000 + i, 0, n)]
+    return {"format": PACKED, "frames": "f\ta.py\t1", "workers": 0, "errors": [],
+            "py_spy_missing": False, "ranks": hex_ints("i", ranks),
+            "stacks": _heads(0, depth, *[depth - 1, 1] * (n - 1)),
+            "indices": hex_ints("H", [0] * (depth + n - 1))}
+
+
 HOSTILE = [
+    (_chained(MAX_DEPTH, 40), "stacks: 327680 frames held, more than "),
+    (_chained(MAX_DEPTH + 1, 2), f"stacks: a stack deeper than {MAX_DEPTH} frames"),
+    (_set("stacks", _heads(0, 3, -1, 1)), "stacks: a prefix below 0"),
     (_set("frames", ["<module>", "a.py", 1]), "frames: expected the frame table's text"),
     (_set("frames", "f\ta.py"), "frames row 0: expected name<TAB>file<TAB>line"),
     (_set("frames", "f\ta.py\t-1"), "frames row 0"),
@@ -242,3 +260,51 @@ def test_py_spy_is_shipped_only_to_a_packed_answer_that_lists_ranks(ranks: Any, 
     doc = {"format": PACKED, "py_spy_missing": True, "ranks": ranks}
     assert op._lacks_py_spy(doc) is asks
     assert op._lacks_py_spy({**doc, "py_spy_missing": False}) is False
+
+
+def test_a_small_answer_cannot_make_the_controller_hold_quadratic_frames() -> None:
+    """Each rank is rebuilt from the one before it: the frames held are bounded by
+    the answer (the indices shipped, FRAMES_PER_RANK a rank, FRAMES_SPARE), refused
+    before any is held, whatever the order of the ranks."""
+    one = (Frame("f", "a.py", 1),)
+    n = 2 + FRAMES_SPARE // (MAX_DEPTH - FRAMES_PER_RANK)  # just past the bound
+    doc = _chained(MAX_DEPTH, n)
+    heads = packed_ints(doc["stacks"], "i", "stacks")
+    with pytest.raises(PySpyFormatError, match=r"frames held, more than \d+ \(256 a rank"):
+        packed_stacks(heads, doc["indices"], one)
+    # a refused rank after them changes nothing: counted before the stacks are built
+    bad = packed_ints(_heads(*heads, 5, -1), "i", "stacks")  # a prefix without a stack
+    with pytest.raises(PySpyFormatError, match="frames held"):
+        packed_stacks(bad, doc["indices"], one)
+    # one rank fewer fits
+    fits = packed_stacks(heads[:-4], hex_ints("H", [0] * (MAX_DEPTH + n - 3)), one)
+    assert len(fits) == n - 2 and {len(s or ()) for s in fits} == {MAX_DEPTH}
+
+
+def test_deep_legal_stacks_are_accepted() -> None:
+    """py-spy's deepest stacks (MAX_DEPTH frames) on every rank of a machine are read
+    back, and ranks whose stack is the one before it share it (they cost nothing)."""
+    table = tuple(Frame(f"f{i}", "a.py", i) for i in range(MAX_DEPTH + 8))
+    # 8 ranks, each MAX_DEPTH deep, differing in the innermost frame
+    heads = packed_ints(_heads(0, MAX_DEPTH, *[MAX_DEPTH - 1, 1] * 7), "i", "stacks")
+    ids = list(range(MAX_DEPTH)) + [MAX_DEPTH + i for i in range(7)]
+    stacks = packed_stacks(heads, hex_ints("H", ids), table)
+    assert [len(s or ()) for s in stacks] == [MAX_DEPTH] * 8
+    assert stacks[7] == (*table[:MAX_DEPTH - 1], table[MAX_DEPTH + 6])
+    # 4,096 identical ranks, each the whole stack before it: one tuple, shared
+    heads = packed_ints(_heads(0, MAX_DEPTH, *[MAX_DEPTH, 0] * 4095), "i", "stacks")
+    stacks = packed_stacks(heads, hex_ints("H", list(range(MAX_DEPTH))), table)
+    assert len(stacks) == 4096 and all(s is stacks[0] for s in stacks)
+    assert stacks[0] == table[:MAX_DEPTH]
+
+
+def test_the_probe_ships_its_deepest_stack_and_refuses_a_deeper_dump() -> None:
+    def dump(depth: int) -> str:
+        return json.dumps([{"pid": 9, "os_thread_id": 9, "frames": [
+            {"name": f"f{i}", "short_filename": "a.py", "line": i} for i in range(depth)]}])
+    doc = _answer([{"pid": 9, "output": dump(MAX_DEPTH), "seconds": 0.1, "error": None},
+                   {"pid": 10, "output": dump(MAX_DEPTH + 1), "seconds": 0.1, "error": None}], 2)
+    [node] = _read({"m1": doc}).values()
+    assert node.state == "ok" and len(node.ranks[0].stack or ()) == MAX_DEPTH
+    assert node.ranks[1].stack is None
+    assert f"more than {MAX_DEPTH}" in (node.ranks[1].error or "")
