@@ -1,8 +1,10 @@
 """Probe: the evidence of a failed job on this machine.
 
-Tails of the job's logs (``log_paths`` globs), kernel log lines that mention an
-NVIDIA Xid, and the training processes still alive (``process_match`` on the
-command line; this probe and its ancestors excluded). Node-side, standard library.
+Tails of the job's logs (``log_paths`` globs; files of root, of their directory's
+owner or of ``job_user``, the inventory's ``job.user``), kernel log lines that
+mention an NVIDIA Xid, and the training processes still alive (``process_match``
+on the command line; this probe and its ancestors excluded). Node-side, standard
+library.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ _TAIL_BYTES_PER_LINE = 512  # read this much per wanted line from the end of a l
 _MAX_FILES = 64  # a glob that matches thousands of files is a configuration mistake
 
 
-def tail(path: str, lines: int) -> list[str]:
+def tail(path: str, lines: int, job_uid: int | None = None) -> list[str]:
     """The last ``lines`` lines of the job's file ``path`` (decoded leniently).
 
     Opened as ``safefs.open_job_file`` does: a symlink anywhere on the path, or a
-    file neither root's nor its directory owner's, raises ``OSError``: a job log
-    linked to a root-only file is reported, never shipped.
+    file neither root's nor its directory owner's nor ``job_uid``'s, raises
+    ``OSError``: a job log linked to a root-only file is reported, never shipped.
     """
-    with os.fdopen(safefs.open_job_file(os.path.abspath(path)), "rb") as fh:
+    with os.fdopen(safefs.open_job_file(os.path.abspath(path), job_uid), "rb") as fh:
         fh.seek(0, os.SEEK_END)
         size = fh.tell()
         start = max(0, size - lines * _TAIL_BYTES_PER_LINE)
@@ -36,14 +38,15 @@ def tail(path: str, lines: int) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()[-lines:]
 
 
-def _logs(patterns: list[str], lines: int) -> tuple[dict[str, list[str]], list[str]]:
+def _logs(patterns: list[str], lines: int, job_uid: int | None = None
+          ) -> tuple[dict[str, list[str]], list[str]]:
     found: dict[str, list[str]] = {}
     errors: list[str] = []
     for pattern in patterns:
         paths = sorted(glob.glob(os.path.expanduser(pattern)))[:_MAX_FILES]
         for path in paths:
             try:
-                found[path] = tail(path, lines)
+                found[path] = tail(path, lines, job_uid)
             except OSError as exc:
                 errors.append(f"{path}: {exc.strerror}")
     return found, errors
@@ -93,7 +96,8 @@ def kernel_xid_lines(timeout: float = 10.0) -> tuple[list[str], str | None]:
 
 def collect(request: dict[str, Any]) -> dict[str, Any]:
     """Logs, Xid lines and live training processes of this machine."""
-    logs, errors = _logs(list(request.get("log_paths", [])), int(request.get("tail_lines", 400)))
+    logs, errors = _logs(list(request.get("log_paths", [])), int(request.get("tail_lines", 400)),
+                         safefs.job_uid(request.get("job_user")))
     xid_lines, kernel_error = kernel_xid_lines()
     match = request.get("process_match")
     return {

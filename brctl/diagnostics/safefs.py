@@ -29,20 +29,30 @@ Rules this module enforces, so callers need not re-derive them:
   anything but a regular file is refused (``NotRegular``, errno ``EINVAL``).
   Creating a file always means ``O_CREAT|O_EXCL`` with an explicit mode: an
   existing name, link or not, is never reused.
+- Foreign files. A job user who may write a directory can put there a hard link
+  to a file it cannot read (where ``fs.protected_hardlinks`` is 0), or keep such
+  a link after the original name is gone (then the file has one link left).
+  ``foreign_file`` is the one rule for every file brctl reads as root: in a
+  directory only root can write (root-owned, not group/other writable) anything
+  goes; a file of the directory's owner (not root) is its own; otherwise a file
+  with more than one link, or a root file others may not read, is refused.
+  ``open_read``, ``walk_files`` and ``open_job_file`` apply it to the file
+  actually opened or listed and the directory it was found in.
 - Job files. ``open_job_file`` opens a file brctl only reads (a log) by absolute
   path: its directory reached as ``resolve_path`` does (only ``TRUSTED`` links),
-  the file never a link, and only if it belongs to root or to its directory's
-  owner (no hard link to a root-only file).
+  the file never a link, only if it belongs to root, to its directory's owner
+  or to the job user named by the caller, and only if ``foreign_file`` allows it.
 - Directories. ``make_dir`` is ``mkdir(name, mode, dir_fd=)`` followed by an
   ``O_NOFOLLOW`` open of what was made (``exist_ok``: an existing directory is
   opened the same way, an existing symlink is refused).
 - Walking. ``walk_files`` lists the regular files of a tree by fd, breadth
-  first, sorted; symlinks, FIFOs, sockets, devices and (given ``owner``) hard
-  links to files of another user are not listed but returned in ``skipped``
-  with a reason, so callers can report them. Nothing is ever read through them.
-- Removing. ``remove_tree`` empties and removes one directory entry by fd:
-  symlinks inside are unlinked, never followed; a subdirectory swapped for a
-  symlink mid-walk is unlinked as the link it now is.
+  first, sorted; symlinks, FIFOs, sockets, devices and files ``foreign_file``
+  refuses are not listed but returned in ``skipped`` with a reason, so callers
+  can report them. Nothing is ever read through them.
+- Removing. ``remove_tree`` empties and removes one directory entry by fd
+  (``empty_dir`` empties a directory fd already checked): symlinks inside are
+  unlinked, never followed; a subdirectory swapped for a symlink mid-walk is
+  unlinked as the link it now is.
 - Roots. ``resolve_path`` gives the real path of a configured root (``ckpt.dir``)
   following only symlinks owned by an allowed uid (an operator's ``/local ->
   /mnt/nvme0``), never one the job user planted; ``open_dir`` it afterwards.
@@ -90,6 +100,45 @@ class NotRegular(OSError):
     def __init__(self, path: str, kind: str) -> None:
         super().__init__(errno.EINVAL, f"{path!r} is a {kind}, not a regular file")
         self.path = path
+
+
+class ForeignFile(OSError):
+    """A file ``foreign_file`` refuses to read as root where it was found."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.EPERM, f"{path!r} is {why}; not read")
+        self.path, self.why = path, why
+
+
+def foreign_file(st: os.stat_result, dir_st: os.stat_result) -> str | None:
+    """Why root must not read file ``st`` found in directory ``dir_st``, or ``None``.
+
+    Whoever can write a directory can put a hard link there to a file it cannot read
+    (where ``fs.protected_hardlinks`` is 0), and keep it once the original name is
+    gone (log rotation, ``/etc/shadow-`` replaced): root reading it would hand a
+    root-only file to the job. So, the one rule for files brctl reads as root:
+
+    - a directory only root can write (root-owned, not group/other writable): any file;
+    - the directory owner's own file (owner not root): fine, however many links;
+    - otherwise (a job user's directory, a root directory others can write: a 0775
+      ``ckpt.dir``, a 1777 log dir) a file with more than one link is refused, and
+      so is a root file others may not read (such a link left with one name), and in
+      a user's directory so is a third user's file others may not read (the same
+      trick played on a colleague: root would copy it to the directory's owner).
+    """
+    if dir_st.st_uid == 0 and not dir_st.st_mode & 0o022:
+        return None
+    if st.st_uid == dir_st.st_uid != 0:
+        return None
+    whose = "a root file" if st.st_uid == 0 else f"a file of {_owner(st.st_uid)}"
+    where = (f"a directory of {_owner(dir_st.st_uid)}" if dir_st.st_uid != 0 else
+             f"a root directory others can write (mode {stat.S_IMODE(dir_st.st_mode):04o})")
+    if st.st_nlink > 1:
+        return f"{whose} with {st.st_nlink} links in {where}"
+    private = not st.st_mode & stat.S_IROTH
+    if private and (st.st_uid == 0 or dir_st.st_uid != 0):
+        return f"{whose} others cannot read (mode {stat.S_IMODE(st.st_mode):04o}) in {where}"
+    return None
 
 
 def check_component(name: str) -> str:
@@ -203,34 +252,71 @@ def open_path(dir_fd: int, relpath: str, flags: int = os.O_RDONLY, mode: int | N
         os.close(pfd)
 
 
-def open_job_file(path: str) -> int:
+def open_read(dir_fd: int, relpath: str) -> int:
+    """``open_path`` for reading, and only a file ``foreign_file`` allows in its directory.
+
+    The rule is judged on the file actually opened and the directory fd it was
+    opened from, so a name swapped after a listing cannot dodge it: ``ForeignFile``.
+    """
+    parent, name = posixpath.split(check_relpath(relpath))
+    pfd = open_dir(parent or ".", dir_fd)
+    try:
+        fd = open_file(pfd, name)
+        dir_st = os.fstat(pfd)
+    finally:
+        os.close(pfd)
+    why = foreign_file(os.fstat(fd), dir_st)
+    if why:
+        os.close(fd)
+        raise ForeignFile(relpath, why)
+    return fd
+
+
+def open_job_file(path: str, job_uid: int | None = None) -> int:
     """A read-only fd of the job's file at ``path`` (absolute), e.g. a log.
 
     Its directory is reached as ``resolve_path`` does (only links of ``TRUSTED``
     owners: an operator's ``/var/log -> /data/log``, never one the job planted) and
     opened with ``open_dir``; the file itself is never a link (``open_file``). It
-    must belong to root or to the owner of its directory; a root file with more
-    than one link in another user's directory is refused too (a hard link the job
-    user made to a root-only file). Refusals are ``OSError`` naming the path.
+    must belong to root, to the owner of its directory or to ``job_uid`` (the
+    inventory's ``job.user``: its logs in a root-owned 1777 directory), and pass
+    ``foreign_file`` (no hard link to a root-only file). Refusals are ``OSError``
+    naming the path.
     """
     path = posixpath.normpath(path)  # glob output: '//' and trailing '/'
     parent, name = posixpath.split(path)
     pfd = open_dir(resolve_path(parent, TRUSTED))
     try:
         fd = open_file(pfd, name)
-        dir_owner = os.fstat(pfd).st_uid
+        dir_st = os.fstat(pfd)
     finally:
         os.close(pfd)
     st = os.fstat(fd)
     why = None
-    if st.st_uid not in (0, dir_owner):
-        why = f"is owned by {_owner(st.st_uid)}, not by root or its directory's owner"
-    elif st.st_uid != dir_owner and st.st_nlink > 1:
-        why = f"is a root file with {st.st_nlink} links in a directory of {_owner(dir_owner)}"
+    owners = {0, dir_st.st_uid} | ({job_uid} if job_uid is not None else set())
+    if st.st_uid not in owners:
+        why = (f"owned by {_owner(st.st_uid)}, not by root or its directory's owner"
+               + (" or the job user" if job_uid is not None else ""))
+    else:
+        why = foreign_file(st, dir_st)
     if why:
         os.close(fd)
-        raise OSError(errno.EPERM, f"{path!r} {why}; not read")
+        raise ForeignFile(path, why)
     return fd
+
+
+def job_uid(user: object) -> int | None:
+    """The uid of ``job.user`` (a request's ``job_user``) on this machine; None when unset.
+
+    Raises:
+        OSError: there is no such user here (``ENOENT``, naming it).
+    """
+    if not user:
+        return None
+    try:
+        return pwd.getpwnam(str(user)).pw_uid
+    except KeyError:
+        raise OSError(errno.ENOENT, f"job.user {user!r}: no such user on this machine") from None
 
 
 def make_dir(dir_fd: int, name: str, mode: int = 0o700, *, exist_ok: bool = False) -> int:
@@ -266,10 +352,10 @@ class Walk:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def walk_files(dir_fd: int, *, owner: int | None = None, exclude: frozenset[str] = frozenset()) -> Walk:
+def walk_files(dir_fd: int, *, exclude: frozenset[str] = frozenset()) -> Walk:
     """The regular files below ``dir_fd``, found by fd; nothing is followed.
 
-    ``owner``: a file of another uid with more than one link (a hard link the job
+    A file ``foreign_file`` refuses in the directory it is in (a hard link the job
     user made to someone else's file) is skipped. Names in ``exclude`` are ignored
     at every level (brctl's own manifests).
     """
@@ -283,6 +369,7 @@ def walk_files(dir_fd: int, *, owner: int | None = None, exclude: frozenset[str]
             out.skipped.append((rel, str(exc.strerror)))
             continue
         try:
+            dir_st = os.fstat(fd)
             with os.scandir(fd) as it:
                 entries = sorted(it, key=lambda e: e.name)
             for entry in entries:
@@ -295,8 +382,8 @@ def walk_files(dir_fd: int, *, owner: int | None = None, exclude: frozenset[str]
                 elif not stat.S_ISREG(st.st_mode):
                     why = "symlink; not followed" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
                     out.skipped.append((path, why))
-                elif owner is not None and st.st_uid != owner and st.st_nlink > 1:
-                    out.skipped.append((path, f"hard link to a file of uid {st.st_uid}"))
+                elif (foreign := foreign_file(st, dir_st)) is not None:
+                    out.skipped.append((path, f"{foreign}; not read"))
                 else:
                     out.files.append(path)
         finally:
@@ -313,6 +400,11 @@ def remove_tree(dir_fd: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dir_fd)
+
+
+def empty_dir(fd: int) -> None:
+    """Remove everything below the directory ``fd`` (itself stays), following no link."""
+    _empty(fd)
 
 
 def _empty(fd: int) -> None:

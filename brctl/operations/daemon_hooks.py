@@ -147,7 +147,8 @@ class LiveHooks:
         assert self.inv.job is not None
         if not self.inv.job.log_paths:
             return {}
-        request = {"paths": list(self.inv.job.log_paths), "bytes": self.inv.daemon.log_tail_bytes}
+        request = {"paths": list(self.inv.job.log_paths), "bytes": self.inv.daemon.log_tail_bytes,
+                   "job_user": self.inv.job.user}  # its logs are read in a 1777 dir too
         results = self.runner.run(nodes, LOGTAIL, request, timeout=30 * self.scale,
                                   concurrency=self.inv.ssh.fanout)
         return {name: joined_tails(res.document) for name, res in results.items()}

@@ -96,3 +96,57 @@ def test_an_operators_link_above_the_log_is_followed(tmp_path: Path, logs: Path)
     (tmp_path / "varlog").symlink_to(logs)  # root's (or ours): /var/log -> /data/log
     doc = logtail.collect({"paths": [str(tmp_path / "varlog" / "*.log")], "bytes": 100})
     assert [f["tail"] for f in doc["files"]] == ["step 1\nstep 2\n"]
+
+
+@pytest.fixture
+def sticky(tmp_path: Path) -> Path:
+    """A root-owned 1777 log dir (``/tmp/train-logs``) beside the root-only canary."""
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700, exist_ok=True)
+    (secret / "shadow.log").write_text(SECRET * 3)
+    (secret / "shadow.log").chmod(0o600)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+@needs_root
+def test_a_hard_link_to_a_root_file_in_a_sticky_log_dir_is_not_shipped(sticky: Path) -> None:
+    """Audit R1: where fs.protected_hardlinks is 0 the job can link root's file into a
+    1777 directory of root's. Root owning both the file and the directory must not make
+    it the directory owner's own file."""
+    os.link(sticky.parent / "root-only" / "shadow.log", sticky / "rank0.log")
+    doc = logtail.collect({"paths": [str(sticky / "*.log")], "bytes": 4096})
+    assert SECRET not in repr(doc)
+    (entry,) = doc["files"]
+    assert "tail" not in entry
+    assert "a root file with 2 links in a root directory others can write (mode 1777)" in entry["error"]
+    found, errors = evidence._logs([str(sticky / "*.log")], 50)
+    assert found == {} and len(errors) == 1 and "with 2 links" in errors[0]
+
+
+@needs_root
+def test_job_users_logs_in_a_root_sticky_dir_are_read_when_job_user_is_set(sticky: Path) -> None:
+    """Audit R8: the job's own logs in a root-owned 1777 dir belong to neither root nor the
+    directory's owner; with job.user (``job_user`` in the request) they are the job's."""
+    log = sticky / "rank0.log"
+    log.write_text("step 7 loss 0.5\n")
+    os.chown(log, JOB, JOB)
+    other = sticky / "other.log"
+    other.write_text(SECRET)
+    os.chown(other, 1234, 1234)  # neither root's, the directory owner's nor the job's
+    plain = logtail.collect({"paths": [str(log)], "bytes": 100})
+    assert "owned by nobody (uid 65534), not by root or its directory's owner" in plain["files"][0]["error"]
+    doc = logtail.collect({"paths": [str(sticky / "*.log")], "bytes": 100, "files": 5,
+                           "job_user": "nobody"})
+    by_name = {Path(f["path"]).name: f for f in doc["files"]}
+    assert by_name["rank0.log"]["tail"] == "step 7 loss 0.5\n"
+    assert "owned by uid 1234, not by root or its directory's owner or the job user" in \
+        by_name["other.log"]["error"]
+    got = evidence.collect({"log_paths": [str(log)], "tail_lines": 5, "job_user": "nobody"})
+    assert got["logs"] == {str(log): ["step 7 loss 0.5"]}
+    # a hard link of the job's own in that directory is still refused (others could make it)
+    os.link(log, sticky / "again.log")
+    with pytest.raises(OSError, match=r"a file of nobody \(uid 65534\) with 2 links"):
+        safefs.open_job_file(str(sticky / "again.log"), JOB)

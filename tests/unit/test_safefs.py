@@ -199,17 +199,104 @@ def test_walk_lists_regular_files_and_reports_everything_else(tmp_path: Path, ca
     (tree / "optim" / "shadow").symlink_to(canary / "shadow")
     os.mkfifo(tree / "pipe")
     os.link(canary / "shadow", tree / "hard")  # root's file, hard-linked into a job tree
+    if os.geteuid() == 0:
+        for d in (tree, tree / "optim"):
+            os.chown(d, NOBODY, NOBODY)  # the job's tree
     fd = safefs.open_dir(str(tree))
     try:
-        walk = safefs.walk_files(fd, owner=NOBODY, exclude=frozenset({".brctl-manifest.json"}))
-        mine = safefs.walk_files(fd)  # no owner: a hard link is a plain file
+        walk = safefs.walk_files(fd, exclude=frozenset({".brctl-manifest.json"}))
     finally:
         os.close(fd)
-    assert walk.files == ["model.pt", "optim/rank0.bin"]
-    assert dict(walk.skipped) == {
-        "etc": "symlink; not followed", "optim/shadow": "symlink; not followed",
-        "pipe": "FIFO", "hard": "hard link to a file of uid 0"}
-    assert "hard" in mine.files
+    skipped = {"etc": "symlink; not followed", "optim/shadow": "symlink; not followed",
+               "pipe": "FIFO"}
+    if os.geteuid() == 0:  # root's file in the job's tree
+        skipped["hard"] = "a root file with 2 links in a directory of nobody (uid 65534); not read"
+    assert dict(walk.skipped) == skipped
+    assert walk.files == sorted(["model.pt", "optim/rank0.bin"] + (["hard"] if os.geteuid() else []))
+
+
+def _st(uid: int, mode: int, nlink: int = 1) -> os.stat_result:
+    """A stat result with just what ``foreign_file`` reads."""
+    return os.stat_result((mode, 1, 1, nlink, uid, uid, 0, 0, 0, 0))
+
+
+@pytest.mark.parametrize("file, directory, refused", [
+    # a directory only root can write: whatever is there, root put there
+    (_st(0, 0o100600, 2), _st(0, 0o40755), None),
+    (_st(NOBODY, 0o100600, 2), _st(0, 0o40700), None),
+    # the directory owner's own files, however many links
+    (_st(NOBODY, 0o100600, 3), _st(NOBODY, 0o40755), None),
+    (_st(NOBODY, 0o100600, 1), _st(NOBODY, 0o40777), None),
+    # the job's directory: a hard link to a root file or another user's; a root-only
+    # file left there with one link once its original name was removed
+    (_st(0, 0o100600, 2), _st(NOBODY, 0o40755), "a root file with 2 links in a directory of"),
+    (_st(1234, 0o100644, 2), _st(NOBODY, 0o40755), "a file of uid 1234 with 2 links"),
+    (_st(0, 0o100600, 1), _st(NOBODY, 0o40755), "a root file others cannot read (mode 0600)"),
+    (_st(0, 0o100644, 1), _st(NOBODY, 0o40755), None),  # readable by all anyway
+    # a colleague's private file linked into the job's directory and kept with one name
+    (_st(1234, 0o100600, 1), _st(NOBODY, 0o40755), "a file of uid 1234 others cannot read"),
+    (_st(1234, 0o100644, 1), _st(NOBODY, 0o40755), None),
+    # a root-owned directory others can write (a 0775 ckpt.dir, a 1777 log dir): root's
+    # file with links is refused, the job's own too (its owner is not the dir's)
+    (_st(0, 0o100600, 2), _st(0, 0o40775), "in a root directory others can write (mode 0775)"),
+    (_st(0, 0o100600, 2), _st(0, 0o41777), "in a root directory others can write (mode 1777)"),
+    (_st(NOBODY, 0o100600, 2), _st(0, 0o41777), "with 2 links in a root directory"),
+    (_st(NOBODY, 0o100600, 1), _st(0, 0o41777), None),
+    (_st(0, 0o100600, 1), _st(0, 0o41777), "a root file others cannot read"),
+])
+def test_foreign_file_is_the_one_rule_for_files_read_as_root(
+        file: os.stat_result, directory: os.stat_result, refused: str | None) -> None:
+    why = safefs.foreign_file(file, directory)
+    assert (why is None) if refused is None else (refused in (why or "")), why
+
+
+@pytest.fixture
+def root_canary() -> Iterator[Path]:
+    """A root-only file on the filesystem of ``/run`` or ``/var/lib`` (a hard link needs
+    one filesystem), with a private directory to plant links beside it."""
+    if os.geteuid() != 0:
+        pytest.skip("planting root files and hard links needs root")
+    base = next((p for p in ("/run", "/var/lib") if os.path.isdir(p)
+                 and safefs.unsafe_owner_chain(p) is None), None)
+    if base is None:
+        pytest.skip("no root-owned directory to work under")
+    path = Path(tempfile.mkdtemp(prefix="brctl-safefs-", dir=base))
+    (path / "shadow").write_text("root only")
+    (path / "shadow").chmod(0o600)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("mode", [0o775, 0o1777])
+def test_a_hard_link_in_a_root_directory_others_can_write_is_not_listed_nor_read(
+        root_canary: Path, mode: int) -> None:
+    """Audit R1: a root-owned 0775 ckpt.dir (the job's group may write it) or a 1777 dir
+    where fs.protected_hardlinks is 0: the job can link a root-only file there. Its owner
+    (root) being the directory's owner must not make it the directory's own file."""
+    shared = root_canary / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    os.link(root_canary / "shadow", shared / "a.pt")
+    (shared / "b.pt").write_text("the job's")
+    os.chown(shared / "b.pt", NOBODY, NOBODY)
+    fd = safefs.open_dir(str(shared))
+    try:
+        walk = safefs.walk_files(fd)
+        with pytest.raises(safefs.ForeignFile, match=f"with 2 links in a root directory others "
+                           f"can write \\(mode {mode:04o}\\)"):
+            safefs.open_read(fd, "a.pt")
+        os.close(safefs.open_read(fd, "b.pt"))
+    finally:
+        os.close(fd)
+    assert walk.files == ["b.pt"]
+    assert [p for p, _ in walk.skipped] == ["a.pt"]
+    with pytest.raises(OSError, match="a root file with 2 links"):
+        safefs.open_job_file(str(shared / "a.pt"))
+    # in a directory only root can write, the same link is root's own doing: read
+    shared.chmod(0o755)
+    os.close(safefs.open_job_file(str(shared / "a.pt")))
 
 
 def test_remove_tree_unlinks_links_and_never_follows_them(tmp_path: Path, canary: Path) -> None:
