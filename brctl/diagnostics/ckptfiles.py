@@ -12,35 +12,43 @@ Areas (``area`` in a request) — where a request's relative names live:
   way are followed, any other symlink is refused).
 - ``backup``: the backup root, ``backup_dir`` or by default ``<dir>.brctl-backup``
   beside ``dir``; every component from ``/`` must be owned by root (or the SSH user)
-  and not group/other writable, else refused. ``prepare`` creates it 0700. Copies
-  live in ``<root>/<source>/<step>/<path>``.
+  and not group/other writable, else refused. The default must be on ``dir``'s
+  filesystem: a ``dir`` that is a mount point is refused (set ``backup_dir``).
+  ``prepare`` creates it 0700. Copies live in ``<root>/<source>/<step>/<path>``.
 - ``legacy``: ``<dir>/.brctl-backup`` (the old default, inside the job's directory):
   read-only, for restores, by the same no-symlink rules.
 
 Ops (``op``):
 
 - ``scan``: the steps under ``dir`` matching ``glob`` (newest first, natural order);
-  the first ``hash_steps`` eligible ones (with ``marker`` when given) are hashed.
-  Symlinked steps/files, FIFOs, devices and foreign hard links are listed under
-  ``skipped`` with a reason, never hashed or sent.
+  the first ``hash_steps`` eligible ones (with ``marker`` when given) are hashed,
+  each file with its identity here (``dev``, ``ino``) for ``send`` to check again.
+  Symlinked steps/files, FIFOs, devices and files ``safefs.foreign_file`` refuses
+  (a hard link to someone else's file) are listed under ``skipped`` with a
+  reason, never hashed or sent.
 - ``scan_backup``: the backed-up steps of ``source``: committed (a manifest, written
   last) or partial, and the sha256 of files present (``deep``: committed ones too);
-  ``root`` is where the area is (or, not made yet, would be).
+  ``root`` is where the area is (or, not made yet, would be); ``skipped`` lists
+  what was not followed or read, with why (the legacy area is the job's to plant in).
 - ``prepare``: create ``<root>/<source>/<step>/`` and drop its stale manifest.
-- ``send`` (request in ``argv[1]``): write the ``files`` of an area to stdout, back to
-  back, exactly ``size`` bytes each; stops (exit 1) at a file it may not read.
+- ``send`` (request in ``argv[1]``, ``ckptmove``): write the ``files`` of an area to
+  stdout, back to back, exactly ``size`` bytes each; stops (exit 4) at a file it may
+  not read, (exit 1) at one that changed since the scan.
 - ``receive`` (request in ``argv[1]``): read those bytes from stdin into the backup
   step or a restore staging dir: each file under a new ``O_EXCL`` temp name, checked
   against its sha256, fsynced, then renamed over its name.
-- ``commit``: check a backed-up step is all there (every sha256 was checked as the
-  file landed or was listed, in this run, in a root only brctl writes); then write
-  the manifest atomically and prune older steps beyond ``keep``.
+- ``commit``: check every path lies inside ``step`` and the step is all there (every
+  sha256 was checked as the file landed or was listed, in this run, in a root only
+  brctl writes); then write the manifest atomically and prune older steps beyond
+  ``keep``.
 - ``verify``: re-hash a committed backup step against its manifest.
-- ``stage``: remove stale staging dirs brctl made in ``dir`` (owned by this uid) and
-  make a new one, ``.brctl-restore-<random>``, 0700.
-- ``finish_restore``: re-check the staged step, give it the owner and group of ``dir``
-  (files keep the source's permission bits, minus setuid/setgid/sticky and execute),
-  move an existing step aside, rename it into place and remove the staging dir.
+- ``stage`` (``ckptmove``): remove stale staging dirs brctl made in ``dir`` (owned by
+  this uid) and make a new one, ``.brctl-restore-<random>``, 0700; its [dev, ino]
+  (``staging_id``) must come with every later request on it.
+- ``finish_restore`` (``ckptmove``): re-check the staged step, give it to ``job_user``
+  (else the owner and group of ``dir``; files keep the source's permission bits,
+  minus setuid/setgid/sticky and execute), move an existing step aside, rename it
+  into place and remove the staging dir.
 - ``drop``: remove a staging dir (a failed restore).
 """
 
@@ -76,7 +84,7 @@ class Refused(Exception):
     """A safety rule stopped the request on this node (answered as ``refused``)."""
 
 
-REFUSALS = (Refused, UnsafeName, SymlinkRefused, safefs.NotRegular)
+REFUSALS = (Refused, UnsafeName, SymlinkRefused, safefs.NotRegular, safefs.ForeignFile)
 
 
 def why_refused(exc: BaseException) -> str:
@@ -138,7 +146,10 @@ def open_area(req: dict[str, Any], *, create: bool = False) -> tuple[int, str] |
     if area == "ckpt":
         return open_ckpt(req)
     if area == "legacy":
-        base, path = open_ckpt(req)
+        try:
+            base, path = open_ckpt(req)
+        except FileNotFoundError:  # no ckpt.dir here: no old backups either
+            return None
         try:
             return safefs.open_dir(LEGACY_BACKUP, base), posixpath.join(path, LEGACY_BACKUP)
         except FileNotFoundError:
@@ -148,6 +159,8 @@ def open_area(req: dict[str, Any], *, create: bool = False) -> tuple[int, str] |
     if area != "backup":
         raise UnsafeName(f"unknown area {area!r}")
     root = backup_root(req)
+    if create and not req.get("backup_dir"):
+        _check_same_filesystem(req, root)
     if not os.path.lexists(root):
         if not create:
             return None
@@ -166,6 +179,29 @@ def open_area(req: dict[str, Any], *, create: bool = False) -> tuple[int, str] |
     return safefs.open_dir(real), real
 
 
+def _check_same_filesystem(req: dict[str, Any], root: str) -> None:
+    """The default backup root sits beside ``dir``: refuse it when ``dir`` is a mount
+    point, where it would put checkpoint-sized copies on the parent's filesystem."""
+    try:
+        base, path = open_ckpt(req)
+    except FileNotFoundError:  # no checkpoints here (yet): nothing to compare with
+        return
+    try:
+        parent = posixpath.dirname(root)
+        pfd = safefs.open_dir(safefs.resolve_path(parent, TRUSTED))
+        try:
+            same = os.fstat(base).st_dev == os.fstat(pfd).st_dev
+        finally:
+            os.close(pfd)
+    finally:
+        os.close(base)
+    if not same:
+        raise Refused(f"ckpt.dir {path} is a mount point: the default backup root {root} would "
+                      f"be on another filesystem (that of {parent}); set ckpt.backup_dir to a "
+                      "directory on the filesystem you want the backups on (every component "
+                      "owned by root and not group/other writable)")
+
+
 def _check_chain(path: str) -> None:
     reason = safefs.unsafe_owner_chain(path, TRUSTED)
     if reason:
@@ -180,46 +216,46 @@ def open_step(req: dict[str, Any], root_fd: int) -> int:
 # -- reading --------------------------------------------------------------------------
 
 
-def _hash_at(base_fd: int, rel: str, owner: int | None = None) -> tuple[int, str, int]:
-    """(size, sha256, permission bits) of ``rel`` below ``base_fd``, opened without links.
+def _hash_at(base_fd: int, rel: str) -> tuple[int, str, int, os.stat_result]:
+    """(size, sha256, permission bits, stat) of ``rel`` below ``base_fd``, opened without links.
 
-    ``owner``: a file of another uid with more than one link (a hard link the job user
-    made to someone else's file) is refused, judged on the file actually opened.
+    ``safefs.open_read``: a file the job user may have hard linked there (someone
+    else's) is refused (``ForeignFile``), judged on the file actually opened.
     """
-    fd = safefs.open_path(base_fd, rel)
+    fd = safefs.open_read(base_fd, rel)
     try:
         st = os.fstat(fd)
-        if owner is not None and st.st_uid != owner and st.st_nlink > 1:
-            raise Refused(f"hard link to a file of uid {st.st_uid}")
-        return st.st_size, _digest(fd), stat.S_IMODE(st.st_mode)
+        return st.st_size, _digest(fd), stat.S_IMODE(st.st_mode), st
     finally:
         os.close(fd)
 
 
-def _describe(base_fd: int, rels: list[str], skipped: list[list[str]],
-              owner: int | None = None) -> list[dict[str, Any]]:
+def _describe(base_fd: int, rels: list[str], skipped: list[list[str]]) -> list[dict[str, Any]]:
+    """Each file's entry: path, size, sha256, permission bits and its identity (dev, ino)
+    on this node, which ``ckptmove send`` checks again; refused ones go to ``skipped``."""
     out = []
     for rel in rels:
         try:
-            size, sha, mode = _hash_at(base_fd, rel, owner)
-        except Refused as exc:
-            skipped.append([rel, str(exc)])
+            size, sha, mode, st = _hash_at(base_fd, rel)
+        except safefs.ForeignFile as exc:
+            skipped.append([rel, f"{exc.why}; not read"])
             continue
         except (SymlinkRefused, safefs.NotRegular) as exc:  # swapped since it was listed
             skipped.append([rel, str(exc.strerror)])
             continue
-        out.append({"path": rel, "size": size, "sha256": sha, "mode": mode})
+        out.append({"path": rel, "size": size, "sha256": sha, "mode": mode,
+                    "dev": st.st_dev, "ino": st.st_ino})
     return out
 
 
-def _step_files(base_fd: int, name: str, owner: int) -> tuple[list[str], list[list[str]]]:
+def _step_files(base_fd: int, name: str) -> tuple[list[str], list[list[str]]]:
     """Regular files of one step (a file or a tree), relative to ``base_fd``."""
     st = os.lstat(name, dir_fd=base_fd)
     if stat.S_ISREG(st.st_mode):
         return [name], []
     fd = safefs.open_dir(name, base_fd)
     try:
-        walk = safefs.walk_files(fd, owner=owner, exclude=frozenset({MANIFEST}))
+        walk = safefs.walk_files(fd, exclude=frozenset({MANIFEST}))
     finally:
         os.close(fd)
     return ([f"{name}/{p}" for p in walk.files],
@@ -234,7 +270,6 @@ def scan(req: dict[str, Any]) -> dict[str, Any]:
     except FileNotFoundError:
         return {"dir": resolve(req["dir"]), "exists": False, "steps": [], "skipped": []}
     try:
-        owner = os.fstat(base).st_uid
         steps, skipped = [], []
         names = sorted((n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern)
                         and not n.startswith(".")), key=_natural, reverse=True)
@@ -251,9 +286,9 @@ def scan(req: dict[str, Any]) -> dict[str, Any]:
             step: dict[str, Any] = {"name": name, "eligible": eligible}
             if eligible and want > 0:
                 try:
-                    rels, step["skipped"] = _step_files(base, name, owner)
+                    rels, step["skipped"] = _step_files(base, name)
                     # a file rotated away before it is hashed: the step is no longer whole
-                    step["files"] = _describe(base, rels, step["skipped"], owner)
+                    step["files"] = _describe(base, rels, step["skipped"])
                 except (SymlinkRefused, FileNotFoundError) as exc:  # swapped since listed
                     skipped.append([name, str(exc.strerror)])
                     continue
@@ -295,29 +330,39 @@ def scan_backup(req: dict[str, Any]) -> dict[str, Any]:
     source = safefs.check_component(req["source"])
     opened = open_area(req)
     if opened is None:  # not made yet: where the first backup would make it
-        return {"root": backup_root(req) if req.get("area") == "backup" else None, "steps": []}
+        return {"root": backup_root(req) if req.get("area") == "backup" else None, "steps": [],
+                "skipped": []}
     root_fd, root = opened
+    skipped: list[list[str]] = []
     try:
         try:
             src_fd = safefs.open_dir(source, root_fd)
         except FileNotFoundError:
-            return {"root": root, "steps": []}
+            return {"root": root, "steps": [], "skipped": []}
         try:
-            return {"root": root, "steps": _backup_steps(src_fd, deep, only)}
+            steps = _backup_steps(src_fd, deep, only, skipped)
         finally:
             os.close(src_fd)
     finally:
         os.close(root_fd)
+    return {"root": root, "steps": steps, "skipped": skipped}
 
 
-def _backup_steps(src_fd: int, deep: bool, only: str | None) -> list[dict[str, Any]]:
+def _backup_steps(src_fd: int, deep: bool, only: str | None,
+                  skipped: list[list[str]]) -> list[dict[str, Any]]:
+    """The steps of one source; what is not followed or read goes to ``skipped``
+    (``[step or step/path, why]``): in the legacy area, inside the job's directory,
+    that is what the job planted there."""
     steps = []
     for name in sorted(os.listdir(src_fd), key=_natural, reverse=True):
         if name.startswith(".") or (only and name != only):
             continue
         try:
             fd = safefs.open_dir(name, src_fd)
-        except SymlinkRefused:
+        except SymlinkRefused as exc:
+            skipped.append([name, str(exc.strerror)])
+            continue
+        except FileNotFoundError:  # removed since it was listed
             continue
         try:
             manifest = _read_manifest(fd)
@@ -326,14 +371,26 @@ def _backup_steps(src_fd: int, deep: bool, only: str | None) -> list[dict[str, A
                 entry["manifest"] = manifest["files"]
                 entry["committed_at"] = manifest.get("committed_at")
             if manifest is None or deep:
-                skipped: list[list[str]] = []
+                mine: list[list[str]] = []
                 walk = safefs.walk_files(fd, exclude=frozenset({MANIFEST}))
+                mine.extend([p, why] for p, why in walk.skipped)
                 entry["present"] = {d["path"]: d["sha256"]
-                                    for d in _describe(fd, walk.files, skipped)}
+                                    for d in _describe(fd, walk.files, mine)}
+                skipped.extend([f"{name}/{p}", why] for p, why in mine)
             steps.append(entry)
         finally:
             os.close(fd)
     return steps
+
+
+def check_in_step(step: Any, files: list[dict[str, Any]]) -> str:
+    """``step`` (one path component) if every file path is normalised and inside it."""
+    name: str = safefs.check_component(step)
+    for f in files:
+        rel = safefs.check_relpath(f["path"])
+        if rel != name and not rel.startswith(name + "/"):
+            raise UnsafeName(f"path {rel!r} is not inside step {name!r}")
+    return name
 
 
 def check_files(base_fd: int, files: list[dict[str, Any]], *, rehash: bool = True
@@ -351,9 +408,9 @@ def check_files(base_fd: int, files: list[dict[str, Any]], *, rehash: bool = Tru
         rel = safefs.check_relpath(f["path"])
         try:
             if rehash:
-                size, sha, _ = _hash_at(base_fd, rel)
+                size, sha, _, _ = _hash_at(base_fd, rel)
             else:
-                fd = safefs.open_path(base_fd, rel)
+                fd = safefs.open_read(base_fd, rel)
                 size, sha = os.fstat(fd).st_size, f["sha256"]
                 os.close(fd)
         except FileNotFoundError:
@@ -402,6 +459,7 @@ def _write_manifest(step_fd: int, doc: dict[str, Any]) -> None:
 
 def commit(req: dict[str, Any]) -> dict[str, Any]:
     """Check a backed-up step is all there and, only then, write its manifest."""
+    check_in_step(req["step"], req["files"])
     opened = open_area({**req, "area": "backup"})
     if opened is None:
         return {"ok": False, "missing": [f["path"] for f in req["files"]], "mismatched": [],

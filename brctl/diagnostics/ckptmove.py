@@ -7,11 +7,14 @@ source writes files back to back, ``receive`` on the destination reads them, so
 every write on the destination is done here, through directory fds, never by an
 SFTP server following whatever path the job left behind.
 
-Streaming ops (request JSON in ``argv[1]``):
+Streaming ops (request JSON in ``argv[1]``); every file path must lie inside the
+request's ``step`` (one path component), checked before anything is opened:
 
 - ``send``: write the ``files`` of an area (``ckpt``, ``backup``, ``legacy``) to
-  stdout, exactly ``size`` bytes each; stops (exit 1, reason on stderr) at a file it
-  may not read (a symlink, a FIFO, a size that changed).
+  stdout, exactly ``size`` bytes each; stops (exit 4, reason on stderr) at a file it
+  may not read (a symlink, a FIFO, what ``safefs.foreign_file`` refuses, judged on
+  the fd it sends from), or (exit 1) at one that changed: another size, or, where
+  the scan gave its ``dev``/``ino``, another file under that name.
 - ``receive``: read those bytes from stdin into a backup step (``area: backup``, made
   by ``ckptfiles prepare``) or a restore staging dir (``area: staging``): each file
   under a new ``O_EXCL`` temp name, checked against its sha256, fsynced, renamed over
@@ -19,17 +22,21 @@ Streaming ops (request JSON in ``argv[1]``):
 
 Restore ops (request on stdin, like every probe):
 
-- ``stage``: make ``dir`` if it is missing (0755, owned like its nearest existing
+- ``stage``: make ``dir`` if it is missing (0755, owned by ``job_user`` when the
+  request names one (the inventory's ``job.user``), else like its nearest existing
   ancestor), remove stale staging dirs brctl made in ``dir`` (owned by this uid, so
-  never the job's) and make a new one, ``.brctl-restore-<random>``, 0700; it is used
-  only if it is still this uid's and 0700 when reopened, so a job that renames or
-  replaces it cannot redirect a write.
+  never the job's) and make a new one, ``.brctl-restore-<random>``, 0700. The answer
+  gives its ``staging_id`` ([dev, ino]); ``receive``, ``finish_restore`` and ``drop``
+  must carry it and use the dir only if it is still that inode, this uid's and 0700
+  when reopened, so a job that renames or replaces it cannot redirect a write.
 - ``finish_restore``: check the staged step is all there (each file's sha256 was
-  checked as it landed), give it the owner and group of
-  ``dir`` (files keep the source's permission bits minus setuid/setgid/sticky and
-  execute; dirs get ``dir``'s bits), move an existing step aside to
-  ``.brctl-replaced-<step>-<ms>``, rename the step into place, remove the staging dir.
-- ``drop``: remove this restore's staging dir (after a failure).
+  checked as it landed), give it to ``job_user`` when set, else to the owner and
+  group of ``dir`` (files keep the source's permission bits minus
+  setuid/setgid/sticky and execute; dirs get ``dir``'s bits), move an existing step
+  aside to ``.brctl-replaced-<step>-<ms>``, rename the step into place, remove the
+  staging dir; ``owner_uid`` in the answer says whose the shards now are.
+- ``drop``: empty this restore's staging dir through the fd that was checked and
+  remove it if its name is still that directory (after a failure).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import hashlib
 import json
 import os
 import posixpath
+import pwd
 import secrets
 import stat
 import sys
@@ -52,6 +60,7 @@ from brctl.diagnostics.ckptfiles import (
     TRUSTED,
     Refused,
     check_files,
+    check_in_step,
     open_area,
     open_ckpt,
     open_step,
@@ -66,22 +75,50 @@ REFUSED_EXIT = 4  # send: a file it may not read (the controller reports the cop
 # -- restores ---------------------------------------------------------------------------
 
 
-def _open_staging(base_fd: int, name: str) -> int:
-    """The staging dir ``name`` in ``dir``, only if brctl made it (our uid, 0700)."""
-    if not safefs.check_component(name).startswith(STAGING_PREFIX):
+def _staging_id(req: dict[str, Any]) -> tuple[int, int]:
+    """The ``staging_id`` [dev, ino] that ``stage`` answered: required."""
+    ident = req.get("staging_id")
+    if (not isinstance(ident, list) or len(ident) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ident)):
+        raise UnsafeName(f"staging_id {ident!r}: expected the [dev, ino] stage answered")
+    return ident[0], ident[1]
+
+
+def _open_staging(base_fd: int, req: dict[str, Any]) -> int:
+    """The staging dir ``req["staging"]`` in ``dir``, only if it is the one ``stage`` made:
+    the same inode (``staging_id``), still our uid and 0700."""
+    name: str = safefs.check_component(req["staging"])
+    ident = _staging_id(req)
+    if not name.startswith(STAGING_PREFIX):
         raise UnsafeName(f"unsafe staging name {name!r}")
     fd = safefs.open_dir(name, base_fd)
     st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+    if ((st.st_dev, st.st_ino) != ident or st.st_uid != os.geteuid()
+            or stat.S_IMODE(st.st_mode) != 0o700):
         os.close(fd)
         raise Refused(f"staging dir {name} was replaced (owner uid {st.st_uid}, mode "
-                      f"{stat.S_IMODE(st.st_mode):04o}); not used")
+                      f"{stat.S_IMODE(st.st_mode):04o}"
+                      + (", another inode" if (st.st_dev, st.st_ino) != ident else "")
+                      + "); not used")
     return fd
 
 
+def _job_account(req: dict[str, Any]) -> tuple[int, int] | None:
+    """(uid, gid) of the request's ``job_user`` (the inventory's ``job.user``) here, or None."""
+    user = req.get("job_user")
+    if not user:
+        return None
+    try:
+        account = pwd.getpwnam(str(user))
+    except KeyError:
+        raise Refused(f"job.user {user!r}: no such user on this machine") from None
+    return account.pw_uid, account.pw_gid
+
+
 def _make_ckpt_dir(req: dict[str, Any]) -> None:
-    """A missing ``dir`` (a fresh standby): made 0755 and given its nearest existing
-    ancestor's owner, so the job user owns it when it owns the place it lives in."""
+    """A missing ``dir`` (a fresh standby), made 0755: owned by ``job_user`` when the
+    request names one, else by its nearest existing ancestor's owner (the job user
+    when it owns the place ``dir`` lives in). Directories made above it stay root's."""
     want = resolve(req["dir"])
     top = want
     while not os.path.lexists(top):
@@ -90,9 +127,10 @@ def _make_ckpt_dir(req: dict[str, Any]) -> None:
     afd = safefs.open_dir(real)
     try:
         st = os.fstat(afd)
+        owner = _job_account(req) or (st.st_uid, st.st_gid)
         fd = safefs.make_dirs(afd, posixpath.relpath(want, top), 0o755)
         try:
-            os.fchown(fd, st.st_uid, st.st_gid)
+            os.fchown(fd, *owner)
         finally:
             os.close(fd)
     finally:
@@ -100,7 +138,12 @@ def _make_ckpt_dir(req: dict[str, Any]) -> None:
 
 
 def stage(req: dict[str, Any]) -> dict[str, Any]:
-    """Remove stale staging dirs brctl made, then make a fresh one under a random name."""
+    """Remove stale staging dirs brctl made, then make a fresh one under a random name.
+
+    The answer names it and its identity (``staging_id``: [dev, ino]), which every
+    later request on it must carry.
+    """
+    _job_account(req)  # an unknown job.user is refused before anything is made
     try:
         base, path = open_ckpt(req)
     except FileNotFoundError:
@@ -115,10 +158,12 @@ def stage(req: dict[str, Any]) -> dict[str, Any]:
                     and stat.S_IMODE(st.st_mode) == 0o700):
                 safefs.remove_tree(base, name)  # a crashed restore's; never the job's
         name = STAGING_PREFIX + secrets.token_hex(8)
-        os.close(safefs.make_dir(base, name, 0o700))
+        fd = safefs.make_dir(base, name, 0o700)
+        st = os.fstat(fd)
+        os.close(fd)
     finally:
         os.close(base)
-    return {"staging": name, "dir": path}
+    return {"staging": name, "staging_id": [st.st_dev, st.st_ino], "dir": path}
 
 
 def _give(fd: int, uid: int, gid: int, mode: int) -> None:
@@ -126,15 +171,15 @@ def _give(fd: int, uid: int, gid: int, mode: int) -> None:
     os.fchmod(fd, mode)
 
 
-def _hand_over(staging_fd: int, step: str, files: list[dict[str, Any]], owner: os.stat_result) -> None:
-    """Files and dirs of the staged step: owner/group of ``dir``, safe permission bits."""
-    dir_mode = stat.S_IMODE(owner.st_mode) & 0o777
+def _hand_over(staging_fd: int, step: str, files: list[dict[str, Any]], owner: tuple[int, int],
+               dir_mode: int) -> None:
+    """Files and dirs of the staged step: to ``owner`` (uid, gid), safe permission bits."""
     dirs = set()
     for f in files:
         rel = safefs.check_relpath(f["path"])
         fd = safefs.open_path(staging_fd, rel)
         try:
-            _give(fd, owner.st_uid, owner.st_gid, int(f.get("mode", 0o644)) & 0o666)
+            _give(fd, *owner, int(f.get("mode", 0o644)) & 0o666)
         finally:
             os.close(fd)
         parent = posixpath.dirname(rel)
@@ -144,7 +189,7 @@ def _hand_over(staging_fd: int, step: str, files: list[dict[str, Any]], owner: o
     for rel in sorted(dirs):
         fd = safefs.open_dir(rel, staging_fd)
         try:
-            _give(fd, owner.st_uid, owner.st_gid, dir_mode)
+            _give(fd, *owner, dir_mode)
         finally:
             os.close(fd)
     if step not in dirs and not any(f["path"] == step for f in files):
@@ -152,16 +197,21 @@ def _hand_over(staging_fd: int, step: str, files: list[dict[str, Any]], owner: o
 
 
 def finish_restore(req: dict[str, Any]) -> dict[str, Any]:
-    """Check the staged files, hand them to ``dir``'s owner, rename the step into place."""
-    step, files = safefs.check_component(req["step"]), req["files"]
+    """Check the staged files, hand them to the job user (``job_user``, else ``dir``'s
+    owner), rename the step into place; ``owner_uid`` says whose they now are."""
+    files = req["files"]
+    step = check_in_step(req["step"], files)
+    job = _job_account(req)
     base, path = open_ckpt(req)
     try:
-        sfd = _open_staging(base, req["staging"])
+        sfd = _open_staging(base, req)
         try:
             missing, bad = check_files(sfd, files, rehash=False)
             if missing or bad:
                 return {"ok": False, "missing": missing, "mismatched": bad}
-            _hand_over(sfd, step, files, os.fstat(base))
+            dst = os.fstat(base)
+            owner = job or (dst.st_uid, dst.st_gid)
+            _hand_over(sfd, step, files, owner, stat.S_IMODE(dst.st_mode) & 0o777)
             moved_aside = None
             if _exists(base, step):
                 moved_aside = f".brctl-replaced-{step}-{int(time.time() * 1e3)}"
@@ -173,7 +223,8 @@ def finish_restore(req: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.close(base)
     return {"ok": True, "missing": [], "mismatched": [], "path": posixpath.join(path, step),
-            "moved_aside": moved_aside and posixpath.join(path, moved_aside)}
+            "moved_aside": moved_aside and posixpath.join(path, moved_aside),
+            "owner_uid": owner[0]}
 
 
 def _exists(base_fd: int, name: str) -> bool:
@@ -191,11 +242,16 @@ def _rmdir_if_same(base_fd: int, name: str, want: os.stat_result) -> None:
 
 
 def drop(req: dict[str, Any]) -> dict[str, Any]:
-    """Remove a staging dir this restore made (after a failure)."""
+    """Remove a staging dir this restore made (after a failure): emptied through the fd
+    that was checked, removed only if its name still is that directory."""
     base, _ = open_ckpt(req)
     try:
-        os.close(_open_staging(base, req["staging"]))
-        safefs.remove_tree(base, req["staging"])
+        sfd = _open_staging(base, req)
+        try:
+            safefs.empty_dir(sfd)
+            _rmdir_if_same(base, req["staging"], os.fstat(sfd))
+        finally:
+            os.close(sfd)
     finally:
         os.close(base)
     return {"ok": True}
@@ -210,7 +266,7 @@ def _stream_base(req: dict[str, Any], *, receiving: bool) -> int:
     if receiving and area == "staging":
         base, _ = open_ckpt(req)
         try:
-            return _open_staging(base, req["staging"])
+            return _open_staging(base, req)
         finally:
             os.close(base)
     if receiving and area != "backup":
@@ -228,16 +284,26 @@ def _stream_base(req: dict[str, Any], *, receiving: bool) -> int:
 
 
 def send(req: dict[str, Any], out: IO[bytes]) -> None:
-    """Write each file's bytes to ``out``; raise at the first one that may not be sent."""
+    """Write each file's bytes to ``out``; raise at the first one that may not be sent.
+
+    Each file is judged again on the fd opened for sending (``safefs.open_read``: no
+    link, nothing ``foreign_file`` refuses); with the ``dev``/``ino`` the scan reported,
+    it must still be that very file, and it must still have the size that was hashed.
+    """
+    if req.get("step") is not None:
+        check_in_step(req["step"], req["files"])
     base = _stream_base(req, receiving=False)
     try:
         for f in req["files"]:
-            fd = safefs.open_path(base, safefs.check_relpath(f["path"]))
+            fd = safefs.open_read(base, safefs.check_relpath(f["path"]))
             try:
-                size = os.fstat(fd).st_size
-                if size != int(f["size"]):
-                    raise ValueError(f"{f['path']}: {size} bytes now, {f['size']} when its sha256 "
-                                     "was taken (changed at the source)")
+                st = os.fstat(fd)
+                if "ino" in f and (st.st_dev, st.st_ino) != (f.get("dev"), f["ino"]):
+                    raise ValueError(f"{f['path']}: not the file whose sha256 was taken "
+                                     "(replaced at the source since the scan)")
+                if st.st_size != int(f["size"]):
+                    raise ValueError(f"{f['path']}: {st.st_size} bytes now, {f['size']} when its "
+                                     "sha256 was taken (changed at the source)")
                 _copy_out(fd, out, int(f["size"]))
             finally:
                 os.close(fd)
@@ -264,8 +330,7 @@ def _copy_out(fd: int, out: IO[bytes], size: int) -> None:
 def receive(req: dict[str, Any], data: IO[bytes]) -> dict[str, Any]:
     """Files from ``data`` into the area, each checked against its sha256 before its rename."""
     files = req["files"]
-    for f in files:
-        safefs.check_relpath(f["path"])
+    check_in_step(req.get("step"), files)
     base = _stream_base(req, receiving=True)
     written, bad, missing = 0, [], []  # type: ignore[var-annotated]
     try:

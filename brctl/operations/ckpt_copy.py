@@ -46,6 +46,7 @@ from brctl.remote.probes import ProbeResult, ProbeRunner, parse_document
 PROBE = "brctl.diagnostics.ckptfiles"
 MOVER = "brctl.diagnostics.ckptmove"
 MIN_RATE = 8 << 20  # bytes/s a stream is allowed at least, on top of the node's command timeout
+SENDER_GRACE_S = 10.0  # a sender whose receiver is done has this long to exit by itself
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -107,9 +108,20 @@ class ShardFile:
     size: int
     sha256: str
     mode: int = 0o644
+    # the file's identity on the node that hashed it (scan), checked again by its send
+    dev: int | None = field(default=None, compare=False)
+    ino: int | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
+        """The entry receivers check and manifests keep (no node-local identity)."""
         return {"path": self.rel, "size": self.size, "sha256": self.sha256, "mode": self.mode}
+
+    def send_json(self) -> dict[str, Any]:
+        """The entry for the node that sends it: with its identity there, when known."""
+        out = self.to_json()
+        if self.ino is not None:
+            out.update(dev=self.dev, ino=self.ino)
+        return out
 
 
 class NodeRefused(Exception):
@@ -145,10 +157,13 @@ def checked_files(node: str, step: str, raw: Any) -> list[ShardFile]:
         if path != step and not path.startswith(step + "/"):
             raise NodeRefused(f"{node} reported file {path!r} outside its step {step!r}")
         size, sha, mode = f.get("size"), f.get("sha256"), f.get("mode", 0o644)
+        dev, ino = f.get("dev"), f.get("ino")
         if (not isinstance(size, int) or size < 0 or not isinstance(sha, str)
-                or not _SHA256.fullmatch(sha) or not isinstance(mode, int) or not 0 <= mode <= 0o7777):
+                or not _SHA256.fullmatch(sha) or not isinstance(mode, int) or not 0 <= mode <= 0o7777
+                or (dev is None) != (ino is None)
+                or not all(x is None or (type(x) is int and x >= 0) for x in (dev, ino))):
             raise NodeRefused(f"{node} reported a malformed entry for {path!r}")
-        out.append(ShardFile(path, size, sha, mode))
+        out.append(ShardFile(path, size, sha, mode, dev, ino))
     return out
 
 
@@ -260,6 +275,7 @@ class Relay:
 
     def _one(self, lane: Lane) -> str | NodeRefused | None:
         files = [f.to_json() for f in lane.files]
+        send_files = [f.send_json() for f in lane.files]
         size = sum(f.size for f in lane.files)
         timeout = max(lane.src.command_timeout, lane.dst.command_timeout) + size / MIN_RATE
         r, w = os.pipe()
@@ -269,7 +285,7 @@ class Relay:
         def send() -> None:
             try:
                 sent.append(self.transport.stream(
-                    lane.src, self._argv(lane.src, {**lane.send, "op": "send", "files": files}),
+                    lane.src, self._argv(lane.src, {**lane.send, "op": "send", "files": send_files}),
                     timeout=timeout, stdout=writer))
             finally:
                 with contextlib.suppress(OSError):  # the receiver may be gone: nothing to flush to
@@ -282,7 +298,12 @@ class Relay:
                 lane.dst, self._argv(lane.dst, {**lane.receive, "op": "receive", "files": files}),
                 timeout=timeout, stdin=reader)
         finally:
-            reader.close()  # a sender still writing now gets EPIPE instead of waiting
+            # The receiver has read what it wanted: give the sender a moment to exit on its
+            # own first. Closing the pipe under it at once made its reaper take the closed
+            # pipe for a lost controller (exit 129) as it was exiting after its last byte.
+            # A sender still writing after that gets EPIPE instead of waiting forever.
+            sender.join(SENDER_GRACE_S)
+            reader.close()
         sender.join()
         return _lane_outcome(lane, sent[0] if sent else None, got)
 
@@ -296,7 +317,8 @@ def _lane_outcome(lane: Lane, sent: RunResult | None, got: RunResult) -> str | N
         why = sent.stderr.strip().splitlines()[-1:] or [sent.state.value]
         if sent.exit_code == REFUSED_EXIT:
             return NodeRefused(f"{src}: {why[0].removeprefix('brctl: send stopped: ')}")
-        return f"{src}: sending failed ({sent.state.value}): {why[0][:300]}"
+        return (f"{src}: sending failed ({sent.state.value}, exit {sent.exit_code}, "
+                f"{sent.seconds:.1f} s): {why[0][:300]}")
     if doc is None:
         return f"{dst}: receiving failed: {err}"
     try:
@@ -431,6 +453,8 @@ class _Backup:
             root = docs[p.owner].get("root")
             p.root = str(root) if root else None
             try:
+                p.skipped_at_source += [f"{p.peer}: {n}" for n in
+                                        skip_notes(p.peer, docs[p.owner].get("skipped"))]
                 steps = entries(p.peer, docs[p.owner].get("steps"), "backed-up steps")
                 entry = next((s for s in steps if s.get("name") == p.step), None)
                 present = entry.get("present") or {} if entry else {}
@@ -464,7 +488,7 @@ class _Backup:
         jobs, whose = [], []
         for p in pending:
             for group in lanes(p.todo, self.parallel):
-                jobs.append(Lane(self.inv.nodes[p.owner], {**self.area, "area": "ckpt"},
+                jobs.append(Lane(self.inv.nodes[p.owner], {**self.area, "area": "ckpt", "step": p.step},
                                   self.inv.nodes[p.peer], {**self.area, "area": "backup",
                                                            "source": p.owner, "step": p.step},
                                   tuple(group)))

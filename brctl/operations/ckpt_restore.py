@@ -3,8 +3,10 @@
 The copy model, the relay and the rules on node answers are ``ckpt_copy``'s (read
 its docstring). On the target, bytes land in a staging dir that the node-side
 ``ckptmove stage`` makes in ``ckpt.dir`` (0700, random name, reopened only if still
-brctl's), each file checked against its sha256 as it lands; the step is then handed
-to ``ckpt.dir``'s owner and renamed into place.
+the same inode and brctl's), each file checked against its sha256 as it lands; the
+step is then handed to ``job.user`` when the inventory sets it (a fresh standby's
+missing ``ckpt.dir`` is made for it too), else to ``ckpt.dir``'s owner, and renamed
+into place. Shards that end up root-owned without ``job.user`` are a warning.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from brctl.operations.ckpt_copy import (
     lanes,
     names,
     probe_state,
+    skip_notes,
 )
 from brctl.remote.probes import ProbeResult, ProbeRunner
 
@@ -66,23 +69,25 @@ def _newest_good_copy(runner: ProbeRunner, peer: Node, req: dict[str, Any], evic
     notes: list[str] = []
     doc = answer_of(listing)
     root = str(doc["root"]) if doc.get("root") else None
+    # what the peer did not follow or read (in the legacy area: what the job planted)
+    warnings = tuple(f"{peer.name}: {n}" for n in skip_notes(peer.name, doc.get("skipped")))
     for entry in entries(peer.name, doc.get("steps"), "backed-up steps"):
         if not entry.get("committed"):
             continue
         step = checked_step(peer.name, entry.get("name"), glob)
         res = runner.run([peer], PROBE, {**req, "op": "verify", "step": step})[peer.name]
         if res.document is None:
-            return _Found(req["area"], notes=tuple(notes), failed=res)
+            return _Found(req["area"], notes=tuple(notes), failed=res, warnings=warnings)
         verified = answer_of(res)
         if verified.get("ok"):
             return _Found(req["area"], step,
                           tuple(checked_files(peer.name, step, verified.get("files"))),
-                          tuple(notes), root=root)
+                          tuple(notes), warnings=warnings, root=root)
         bad = (names(peer.name, verified.get("mismatched"), "mismatched files")
                + names(peer.name, verified.get("missing"), "missing files"))
         notes.append(f"{peer.name}: backup {step} of {evicted} is corrupted or truncated "
                      f"({', '.join(bad)[:200]}); trying an older step")
-    return _Found(req["area"], notes=tuple(notes))
+    return _Found(req["area"], notes=tuple(notes), warnings=warnings)
 
 
 def _check_restore_args(inv: Inventory, backups: Mapping[str, str], target: str, evicted: str,
@@ -176,10 +181,10 @@ def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, ev
 
     def result(state: str, step: str | None = None, files: int = 0, copied: int = 0,
                size: int = 0, error: str | None = None, notes: Sequence[str] = (),
-               **where: Any) -> CopyReport:
+               warnings: Sequence[str] = (), **where: Any) -> CopyReport:
         return CopyReport((Copy(peer, target, evicted, state, step, files, copied, 0, size,
-                                time.monotonic() - start, error, tuple(notes), found.warnings,
-                                **where),))
+                                time.monotonic() - start, error, tuple(notes),
+                                found.warnings + tuple(warnings), **where),))
 
     found = _Found()
     verified = track(f"verify the backup on {peer}", [peer])
@@ -191,7 +196,11 @@ def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, ev
                 found = _Found(legacy.area, legacy.step, legacy.files, found.notes + legacy.notes,
                                warnings=(f"{peer}: restored from the old default backup root "
                                          f"{cfg.dir}/.brctl-backup (inside the job's directory); "
-                                         f"new backups go to {cfg.dir}.brctl-backup",))
+                                         f"new backups go to {cfg.dir}.brctl-backup",
+                                         *found.warnings, *legacy.warnings))
+            elif legacy.warnings:  # nothing restorable there, but the job planted things
+                found = _Found(found.area, notes=found.notes + legacy.notes,
+                               warnings=found.warnings + legacy.warnings)
     except NodeRefused as exc:
         return result("refused", error=str(exc))
     verified(Finished(peer))
@@ -246,17 +255,23 @@ def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: in
     """Stage on the target, relay the files into the staging dir, finish (or drop) it."""
     step, files, notes = job.found.step, list(job.found.files), list(job.found.notes)
     target, total = job.target.name, sum(f.size for f in job.found.files)
-    staged = runner.run([job.target], MOVER, {**job.area, "op": "stage"})[target]
+    user = job.target.job_user  # job.user: ckpt.dir (when made here) and the shards are its
+    on_target = {**job.area, "job_user": user} if user else dict(job.area)
+    staged = runner.run([job.target], MOVER, {**on_target, "op": "stage"})[target]
     if staged.document is None:
         return result(probe_state(staged), step, error=staged.error, notes=notes)
     try:
-        staging = str(answer_of(staged).get("staging"))
+        answer = answer_of(staged)
+        staging, ident = str(answer.get("staging")), answer.get("staging_id")
         if not staging.startswith(STAGING_PREFIX):
             raise NodeRefused(f"{target} named staging dir {staging!r}")
         check_component(staging)
+        if (not isinstance(ident, list) or len(ident) != 2
+                or not all(type(x) is int and x >= 0 for x in ident)):
+            raise NodeRefused(f"{target} gave staging dir {staging} a malformed identity {ident!r}")
     except (NodeRefused, UnsafeName) as exc:
         return result("refused", step, error=str(exc), notes=notes)
-    dst = {**job.area, "area": "staging", "staging": staging}
+    dst = {**on_target, "area": "staging", "staging": staging, "staging_id": ident, "step": step}
     copied = track(f"copy {step} {job.peer.name} -> {target}", [target])
     outcomes = Relay(transport, runner, parallel).run([
         Lane(job.peer, {**job.area, "area": job.found.area, "source": job.evicted, "step": step},
@@ -282,7 +297,12 @@ def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: in
         else:
             if doc.get("moved_aside"):
                 notes.append(f"{target}: an existing {step} was moved aside to {doc['moved_aside']}")
-            return result("ok", step, len(files), len(files), total, notes=notes)
+            warn = []
+            if doc.get("owner_uid") == 0 and not user:
+                warn.append(f"{target}: the restored shards of {step} are root-owned (as is "
+                            "ckpt.dir there): a job that does not run as root cannot rotate or "
+                            "delete them; set job.user to the job's user to hand them to it")
+            return result("ok", step, len(files), len(files), total, notes=notes, warnings=warn)
     runner.run([job.target], MOVER, {**dst, "op": "drop"})  # best effort: the next stage cleans too
     if refused:
         return result("refused", step, len(files), 0, total, refused, notes)

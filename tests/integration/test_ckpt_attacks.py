@@ -314,3 +314,32 @@ def test_forged_answers_never_steer_a_write_read_or_remove(rig: Rig, node: str, 
     assert not rig.cluster.node_path("node03", "/local/ckpt/step_100").exists()
     rig.assert_canaries_intact()
     assert json.dumps(res.json)  # one document, errors included
+
+
+def test_a_fresh_standby_gets_a_ckpt_dir_and_shards_of_job_user(rig: Rig) -> None:
+    """Audit R2: the standby has no ckpt.dir at all. With job.user, the restore makes it
+    for that user (uid 65534) with the shards, so the job can rotate them there; what
+    is made above it stays root's."""
+    fresh = "/local/tools/fresh/ckpt"
+    src = rig.cluster.node_path("node01", fresh)
+    (src / "step_100").mkdir(parents=True)
+    (src / "step_100" / "model.pt").write_bytes(os.urandom(4096))
+    for p in (src, src / "step_100", src / "step_100" / "model.pt"):
+        os.chown(p, JOB_UID, JOB_UID)
+    rig.write_inventory(dir=fresh)
+    inv_path = rig.tmp / "inventory.yaml"
+    inv = yaml.safe_load(inv_path.read_text())
+    inv["job"]["user"] = "nobody"
+    inv_path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    assert rig.backup().exit_code == 0
+    assert not rig.cluster.node_path("node03", "/local/tools/fresh").exists()
+    res = rig.restore()
+    assert res.exit_code == 0, res.stdout
+    copy = _copy(res)
+    assert copy["state"] == "ok" and copy["warnings"] == [], copy
+    made = rig.cluster.node_path("node03", fresh)
+    assert {p.stat().st_uid for p in [made, *made.rglob("*")]} == {JOB_UID}
+    assert made.parent.stat().st_uid == 0
+    rotated = rig.as_job("node03", f"cd {fresh} && mv step_100 step_100.old && rm -r step_100.old")
+    assert rotated.exit_code == 0, rotated.stdout
+    rig.assert_canaries_intact()

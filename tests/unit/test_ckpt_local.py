@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,7 @@ def test_marker_gates_incomplete_steps(tmp_path: Path) -> None:
     report = ops.backup(LocalTransport(), inv, ops.plan(inv).backups(), nodes=["n2"],
                         track=track)
     (copy,) = report.copies
-    assert copy.state == "ok" and copy.step == "step_100" and copy.files == 3
+    assert copy.state == "ok" and copy.step == "step_100" and copy.files == 3, (copy.error, copy.notes)
     # progress: the scan, then the copy, each hearing n2 finish (the copy when its last lane did)
     assert track.names() == ["scan and hash", "copy"] and track.complete()
     assert track.stages[1][1:] == (["n2"], ["n2"])
@@ -231,7 +232,8 @@ def test_restore_progress_names_each_stage(cluster: Any, tmp_path: Path) -> None
     _, inv = cluster
     want = make_step(tmp_path, "n2", "step_7")
     backups = ops.plan(inv).backups()
-    assert ops.backup(LocalTransport(), inv, backups, nodes=["n2"]).copies[0].state == "ok"
+    backed = ops.backup(LocalTransport(), inv, backups, nodes=["n2"]).copies[0]
+    assert backed.state == "ok", (backed.error, backed.notes)
     track = StageRecorder()
     report = ops.restore(LocalTransport(), inv, backups, target="spare", evicted="n2",
                          track=track)
@@ -325,3 +327,58 @@ def test_a_hand_restore_is_in_the_audit_trail(brctl: Any, cluster: Any, tmp_path
         "n2", "n3", "ok")
     log = (tmp_path / "state" / "daemon-events.jsonl").read_text()
     assert '"restore"' in log and "dave" in log
+
+
+def _with_job_user(inv_path: Path, user: str) -> Path:
+    doc = yaml.safe_load(inv_path.read_text())
+    doc["job"]["user"] = user
+    inv_path.write_text(yaml.safe_dump(doc))
+    return inv_path
+
+
+def test_restore_onto_a_fresh_standby_gives_ckpt_dir_and_shards_to_job_user(
+        brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    """R2: the standby has no ckpt.dir. With job.user the restore makes it for that user
+    and hands it the shards (the job can rotate them); without, they stay root's, said."""
+    inv_path, _inv = cluster
+    make_step(tmp_path, "n2", "step_7")
+    assert brctl("-i", inv_path, "ckpt", "backup", "-w", "n2").exit_code == 0
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n2")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    (copy,) = res.json["copies"]
+    assert (tmp_path / "spare" / "ckpt").stat().st_uid == 0
+    assert any("restored shards of step_7 are root-owned" in w and "set job.user" in w
+               for w in copy["warnings"]), copy
+    shutil.rmtree(tmp_path / "spare")
+    res = brctl("-i", _with_job_user(inv_path, "nobody"), "--json", "ckpt", "restore",
+                "--to", "spare", "--for", "n2")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert res.json["copies"][0]["warnings"] == []
+    ckpt = tmp_path / "spare" / "ckpt"
+    assert {p.stat().st_uid for p in [ckpt, *ckpt.rglob("*")]} == {65534}
+    assert (tmp_path / "spare").stat().st_uid == 0  # made above it: root's, as before
+
+
+def test_restore_from_the_legacy_area_warns_of_what_the_job_planted_there(
+        brctl: Any, cluster: Any, tmp_path: Path) -> None:
+    """R3: a copy under the old default backup root (inside the peer's ckpt.dir) is read by
+    the same rules; the symlinked step the job put beside it is a warning, not silence."""
+    inv_path, inv = cluster
+    peer = ops.plan(inv).backups()["n2"]
+    want = make_step(tmp_path, "n2", "step_7")
+    legacy = tmp_path / peer / "ckpt" / ".brctl-backup" / "n2" / "step_7"
+    entries = []
+    for rel, sha in want.items():
+        data = (tmp_path / "n2" / "ckpt" / rel).read_bytes()
+        (legacy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (legacy / rel).write_bytes(data)
+        entries.append({"path": rel, "size": len(data), "sha256": sha, "mode": 0o644})
+    (legacy / ".brctl-manifest.json").write_text(json.dumps(
+        {"source": "n2", "step": "step_7", "files": entries, "committed_at": 1.0}))
+    (legacy.parent / "step_9").symlink_to(tmp_path / "n2" / "ckpt" / "step_7")
+    res = brctl("-i", inv_path, "--json", "ckpt", "restore", "--to", "spare", "--for", "n2")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    (copy,) = res.json["copies"]
+    assert copy["step"] == "step_7" and tree(tmp_path / "spare" / "ckpt") == want
+    assert any("old default backup root" in w for w in copy["warnings"])
+    assert any(f"{peer}: 'step_9' skipped: " in w and "symlink" in w for w in copy["warnings"]), copy
