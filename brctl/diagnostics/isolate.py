@@ -16,7 +16,9 @@ Before any of that code runs, the interpreter (the path as configured, every
 symlink on the way and the resolved binary, each with every directory above it;
 its ``pyvenv.cfg``; its prefixes' ``lib/python3*`` and ``*-packages``) and every
 declared entry must pass OpenSSH's StrictModes rule (``safefs.unsafe_owner_chain``)
-for root and the invoking user. What fails runs as ``job.user`` when that is set
+for root and the invoking user, and so must the files Python runs by itself from
+each of those directories (``sitecustomize``, ``usercustomize``, ``*.pth``, their
+bytecode: ``startup_files``). What fails runs as ``job.user`` when that is set
 and the path passes for root, the invoking user and the job user; otherwise the
 node is refused: ``REFUSED_MARK`` and the reason on stdout, exit ``REFUSED_EXIT``.
 A declared entry that does not exist is left out (Python ignores it too); one that
@@ -29,6 +31,7 @@ home is not readable by it), copied for the run into a private temporary directo
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib
 import importlib.machinery
@@ -90,8 +93,44 @@ def interpreter_paths(python: str) -> list[str]:
     return out
 
 
+# What Python runs by itself from a directory on its path, before any probe code:
+# site imports sitecustomize/usercustomize (a module, a package or their bytecode)
+# and executes the import lines of a site directory's .pth files.
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
+_STARTUP_NAMES = frozenset(n + ext for n in STARTUP_MODULES for ext in (".py", ""))
+
+
+def startup_files(directory: str) -> list[str]:
+    """The files (and dirs) of ``directory`` that Python runs at startup, where present:
+    ``sitecustomize``/``usercustomize`` (``.py``, or a package's ``__init__.py``), every
+    ``*.pth``, and ``__pycache__`` with their bytecode. One listing per directory."""
+    try:
+        names = set(os.listdir(directory))
+    except OSError:
+        return []
+    out = [os.path.join(directory, n) for n in sorted(
+        n for n in names if n.endswith(".pth") or n in _STARTUP_NAMES)]
+    for package in STARTUP_MODULES:
+        init = os.path.join(directory, package, "__init__.py")
+        if package in names and os.path.lexists(init):
+            out.append(init)
+    if "__pycache__" in names:
+        cache = os.path.join(directory, "__pycache__")
+        out.append(cache)
+        with contextlib.suppress(OSError):  # not a directory: its own check says so
+            out.extend(os.path.join(cache, n) for n in sorted(os.listdir(cache))
+                       if n.split(".", 1)[0] in STARTUP_MODULES and n.endswith(".pyc"))
+    return out
+
+
 def check(python: str, paths: Sequence[str], allowed: tuple[int, ...]) -> str | None:
     """The first reason the interpreter or an import path may be written by others, or ``None``.
+
+    Each path with every directory above it (StrictModes); in each directory among
+    them (a ``PYTHONPATH`` entry, the interpreter's library and site directories)
+    also the files Python runs from it at startup (``startup_files``): a root-owned
+    0755 entry holding a job-writable ``sitecustomize.py`` is refused like a
+    job-writable entry.
 
     Raises:
         FileNotFoundError: there is no such interpreter.
@@ -102,6 +141,12 @@ def check(python: str, paths: Sequence[str], allowed: tuple[int, ...]) -> str | 
         reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
         if reason:
             return f"{what} {path}: {reason}"
+        if not os.path.isdir(path):
+            continue
+        for inside in startup_files(path):
+            reason = unsafe_owner_chain(inside, allowed, sticky_ok=True)
+            if reason:
+                return f"{what} {path}: {reason} (Python runs it at startup)"
     return None
 
 

@@ -121,3 +121,54 @@ def test_a_refused_machine_is_exit_4_in_diagnose_stacks_and_replay(tmp_path: Pat
     res = brctl("-i", path, "--json", "replay")  # the preflight: no round runs
     assert res.exit_code == 4, res.stdout + res.stderr
     assert res.json["verdict"] == "incomplete" and "not an absolute path" in res.json["preflight"]["bad"]
+
+
+def test_a_job_writable_startup_file_in_a_root_entry_is_refused(tmp_path: Path) -> None:
+    """Audit R5: the entry is root's 0755, but Python runs its sitecustomize.py (and
+    .pth, usercustomize, their bytecode) by itself: a job-owned or world-writable one is
+    refused like a job-writable entry, before it runs."""
+    site = tmp_path / "site"
+    site.mkdir()
+    startup = site / "sitecustomize.py"
+    startup.write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    startup.chmod(0o666)
+    os.chown(startup, NOBODY, NOBODY)
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)})
+    assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists()
+    assert res.error == (f"refused: PYTHONPATH entry {site}: {startup} is owned by nobody (uid 65534) "
+                         "(Python runs it at startup); not run as root (set job.user to run it "
+                         "as the job's user)")
+    os.chown(startup, 0, 0)
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)})
+    assert res.run.state is NodeState.REFUSED and "is group/other writable (mode 0666)" in (res.error or "")
+    startup.chmod(0o644)
+    pth = site / "evil.pth"
+    pth.write_text("import os\n")
+    pth.chmod(0o646)
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)})
+    assert res.run.state is NodeState.REFUSED and f"{pth} is group/other writable" in (res.error or "")
+    pth.unlink()
+    cache = site / "__pycache__"
+    cache.mkdir()
+    (cache / "sitecustomize.cpython-311.pyc").write_bytes(b"")
+    os.chown(cache / "sitecustomize.cpython-311.pyc", NOBODY, NOBODY)
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)})
+    assert res.run.state is NodeState.REFUSED and "sitecustomize.cpython-311.pyc is owned by nobody" in (
+        res.error or "")
+    (cache / "sitecustomize.cpython-311.pyc").unlink()
+    assert _run(tmp_path, env={"PYTHONPATH": str(site)}).ok and (tmp_path / "ran").exists()
+
+
+def test_startup_files_lists_what_python_runs_from_a_directory(tmp_path: Path) -> None:
+    from brctl.diagnostics.isolate import startup_files
+
+    for name in ("sitecustomize.py", "usercustomize.py", "a.pth", "b.pth", "train.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "sitecustomize").mkdir()
+    (tmp_path / "sitecustomize" / "__init__.py").write_text("")
+    (tmp_path / "__pycache__").mkdir()
+    for name in ("sitecustomize.cpython-311.pyc", "train.cpython-311.pyc"):
+        (tmp_path / "__pycache__" / name).write_bytes(b"")
+    assert [Path(p).name for p in startup_files(str(tmp_path))] == [
+        "a.pth", "b.pth", "sitecustomize", "sitecustomize.py", "usercustomize.py", "__init__.py",
+        "__pycache__", "sitecustomize.cpython-311.pyc"]
