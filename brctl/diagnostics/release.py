@@ -30,7 +30,9 @@ marker or artifact that is a symlink is never read, switched to or extracted.
 
 Requests are one JSON object: in ``sys.argv[1]`` (``receive``, whose stdin is the
 artifact) or on stdin.
-The answer is one JSON document on stdout (``probe_error`` on failure, exit 1).
+The answer is one JSON document on stdout (``probe_error`` on failure, exit 1); a
+planted link or special file is a refusal instead (``Refused``: the node state
+``refused``, exit 4 for the command, as for the same plant in ``ckpt.dir``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import time
 from typing import IO, Any, Callable, Optional
 
 from brctl.diagnostics import safefs, safetar
+from brctl.diagnostics.isolate import REFUSED_EXIT, REFUSED_MARK
 
 MARKER = ".brctl-release.json"
 CHUNK = 1 << 20  # 1 MiB reads keep memory flat for multi-GB artifacts
@@ -60,6 +63,13 @@ _MARKER_MAX = 1 << 16  # a marker is a few hundred bytes; never read a planted g
 
 class ReleaseError(Exception):
     """A request this machine cannot honour; the message names what and where."""
+
+
+class Refused(ReleaseError):
+    """A safety rule stopped the request here: something planted in the update root (a
+    symlink, a special file, a hard link) where brctl would write or read. Answered as
+    the node state ``refused`` (``isolate.refuse``'s mark, exit ``REFUSED_EXIT``), as the
+    same plant in ``ckpt.dir`` is, so the command exits 4."""
 
 
 def _root(request: dict[str, Any]) -> str:
@@ -81,7 +91,7 @@ def _open_root(root: str, create: bool) -> Optional[int]:
     except FileNotFoundError:
         return None
     except safefs.SymlinkRefused as exc:
-        raise ReleaseError(f"update root {root}: {exc.strerror}") from None
+        raise Refused(f"update root {root}: {exc.strerror}") from None
     if top == root:
         return fd
     try:
@@ -209,9 +219,12 @@ def _extract(artifact_fd: int, dest_fd: int) -> int:
 
 def _existing(releases_fd: int, where: str, version: str, sha256: str) -> bool:
     """True when ``version`` is already complete with this checksum; refuse a different one."""
-    if _lstat(releases_fd, version) is None:
+    st = _lstat(releases_fd, version)
+    if st is None:
         return False
     path = f"{where}/{version}"
+    if stat.S_ISLNK(st.st_mode):
+        raise Refused(f"{path} is a symlink; not followed: remove it (brctl makes releases)")
     marker = _read_marker(releases_fd, version)
     if marker is None:
         raise ReleaseError(f"{path} exists but is not a brctl release (no {MARKER}); move it away")
@@ -260,14 +273,14 @@ def _make_dir(root_fd: int, name: str, mode: int, root: str) -> int:
         return safefs.make_dir(root_fd, name, mode, exist_ok=True)
     except safefs.SymlinkRefused as exc:
         what = str(exc.strerror).split(" ", 1)[1]  # "'releases' is a symlink; ..." less the name
-        raise ReleaseError(f"{root}/{name} {what}; remove it (brctl makes it)") from None
+        raise Refused(f"{root}/{name} {what}; remove it (brctl makes it)") from None
 
 
 def _open_plain(dir_fd: int, name: str, shown: str) -> int:
     """Open (or create, 0600) a file of brctl's own in ``dir_fd``: a link, a FIFO or a hard
     link planted under that name is refused, never truncated or written through."""
-    refused = ReleaseError(f"{shown} is not a plain file brctl made (a link or special file); "
-                           "not used: remove it")
+    refused = Refused(f"{shown} is not a plain file brctl made (a link or special file); "
+                      "not used: remove it")
     try:
         fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=dir_fd)
@@ -475,6 +488,12 @@ def main(argv: list[str], stdin: IO[bytes], stdout: IO[str]) -> int:
             raise ReleaseError("request must be a JSON object")
         document = handle(request, stdin)
         code = 0
+    except Refused as exc:
+        with contextlib.suppress(OSError, ValueError):
+            _drain(stdin)
+        stdout.write(f"{REFUSED_MARK} {json.dumps(str(exc))}\n")
+        stdout.flush()
+        return REFUSED_EXIT
     except (ReleaseError, OSError, ValueError, tarfile.TarError) as exc:
         message = str(exc) if isinstance(exc, ReleaseError) else f"{type(exc).__name__}: {exc}"
         document = {"probe_error": message}

@@ -62,7 +62,7 @@ from brctl.operations.update_state import (
     write_job,
 )
 from brctl.remote.fanout import run_all
-from brctl.remote.probes import ProbeRunner, parse_document
+from brctl.remote.probes import ProbeRunner, parse_document, refused
 from brctl.state import Store
 
 PROBE = "brctl.diagnostics.release"
@@ -222,7 +222,7 @@ def transfer(ctx: UpdateContext, nodes: Sequence[Node], art: update_pack.Artifac
                       concurrency=ctx.concurrency, on_done=ctx.on_done)
     out: dict[str, NodeOutcome] = {}
     for node in todo:
-        res = results[node.name]
+        res = refused(results[node.name])  # a link planted in the root: refused, as in ckpt.dir
         doc, error = parse_document(res)
         sent = art.size - plan.send[node.name]
         if doc is not None and doc.get("staged"):

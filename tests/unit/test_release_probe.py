@@ -16,12 +16,16 @@ from brctl.operations.update_pack import pack_directory
 
 
 def call(request: dict, data: bytes = b"", via_argv: bool = True) -> tuple[int, dict]:
+    """(exit code, answer); a refusal (``isolate.refuse``'s mark) as ``{"refused": why}``."""
     out = io.StringIO()
     if via_argv:
         code = release.main([json.dumps(request)], io.BytesIO(data), out)
     else:
         code = release.main([], io.BytesIO(json.dumps(request).encode()), out)
-    return code, json.loads(out.getvalue())
+    text = out.getvalue()
+    if text.startswith(release.REFUSED_MARK + " "):
+        return code, {"refused": json.loads(text[len(release.REFUSED_MARK) + 1:])}
+    return code, json.loads(text)
 
 
 @pytest.fixture
@@ -204,7 +208,8 @@ def test_links_planted_in_the_update_root_are_never_followed(
             (root / ".incoming" / name).symlink_to(canary / "passwd")
     before = _snapshot(canary)
     code, doc = receive(root, artifact)
-    assert code == 1 and why in doc["probe_error"], doc
+    # refused, as the same plant in ckpt.dir is: the command exits 4, not 1
+    assert code == release.REFUSED_EXIT and why in doc["refused"], doc
     assert _snapshot(canary) == before
     assert not (root / "releases" / "v1").exists()
 
@@ -216,8 +221,8 @@ def test_a_job_users_link_on_the_way_to_the_update_root_is_refused(
     os.lchown(tmp_path / "apps", 65534, 65534)
     before = _snapshot(canary)
     code, doc = receive(tmp_path / "apps" / "train", artifact)
-    assert code == 1 and "apps is a symlink owned by" in doc["probe_error"], doc
-    assert "uid 65534" in doc["probe_error"] and _snapshot(canary) == before
+    assert code == release.REFUSED_EXIT and "apps is a symlink owned by" in doc["refused"], doc
+    assert "uid 65534" in doc["refused"] and _snapshot(canary) == before
 
 
 def test_an_operators_link_on_the_way_to_the_update_root_is_followed(
@@ -248,3 +253,16 @@ def test_a_symlinked_release_is_never_listed_switched_to_or_pruned_through(
     call({"action": "switch", "root": str(root), "version": "v3"}, via_argv=False)
     code, doc = call({"action": "prune", "root": str(root), "keep": []}, via_argv=False)
     assert code == 0 and doc["removed"] == ["v1"] and _snapshot(canary) == before
+
+
+def test_a_symlink_under_the_version_being_received_is_refused(
+        tmp_path: Path, artifact: bytes, canary: Path) -> None:
+    """R10: <root>/releases/<version> planted as a link (to a forged release of root's
+    files) is a refusal, as any plant in the update root is, and nothing is read there."""
+    root = tmp_path / "root"
+    (root / "releases").mkdir(parents=True)
+    (root / "releases" / "v1").symlink_to(canary)
+    before = _snapshot(canary)
+    code, doc = receive(root, artifact)
+    assert code == release.REFUSED_EXIT and "releases/v1 is a symlink; not followed" in doc["refused"]
+    assert _snapshot(canary) == before

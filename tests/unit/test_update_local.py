@@ -134,7 +134,7 @@ def test_not_a_tarball(brctl, state_dir, local_inv, tmp_path: Path) -> None:
 
 def _evil_tar(path: Path) -> Path:
     """The issue's link chain: each link passes a lexical check, together they reach /etc."""
-    with tarfile.open(path, "w:gz") as tar:
+    with tarfile.open(path, "w:gz" if path.suffix == ".tgz" else "w") as tar:
         for name, target in [("x/a/b/c/d/e", "../../../.."), ("x/a/b/c/d/e/l2", "../../../../../etc")]:
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
@@ -144,11 +144,12 @@ def _evil_tar(path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("name", ["evil.tgz", "chain.tar"])
 def test_hostile_tarball_is_refused_before_any_node_sees_it(
-        brctl, state_dir, local_inv: Path, tmp_path: Path) -> None:
-    res = brctl("-i", local_inv, "update", "push", _evil_tar(tmp_path / "evil.tgz"), "-V", "v1")
+        brctl, state_dir, local_inv: Path, tmp_path: Path, name: str) -> None:
+    res = brctl("-i", local_inv, "update", "push", _evil_tar(tmp_path / name), "-V", "v1")
     assert res.exit_code == 2 and "Traceback" not in res.stderr
-    assert "evil.tgz: entry 'x/a/b/c/d/e/l2'" in res.stderr and "symlink" in res.stderr
+    assert f"{name}: entry 'x/a/b/c/d/e/l2'" in res.stderr and "symlink" in res.stderr
     assert not (tmp_path / "nodes").exists()  # no machine was contacted
 
 

@@ -403,3 +403,39 @@ def test_a_kill_after_the_rollback_is_recorded_leaves_version_and_history_consis
     assert job_state(world.store, "demo").version == "v2"
     assert [e.version for e in up.history(world.store, "demo", limit=10)
             if e.action == "rollback"] == ["v2", "v2"]
+
+
+def test_a_tar_artifact_with_the_link_chain_is_refused_before_any_machine_is_asked(
+        world, tmp_path: Path) -> None:
+    """The issue's chain (each link passes a lexical check; together they reach /etc) in
+    a plain ``chain.tar``: exit 2 naming the member, and not one machine contacted."""
+    import io
+    import tarfile
+
+    chain = tmp_path / "chain.tar"
+    with tarfile.open(chain, "w") as tar:
+        for name, target in (("x/a/b/c/d/e", "../../../.."), ("x/a/b/c/d/e/l2", "../../../../../etc")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        tar.addfile(tarfile.TarInfo("x/a/b/c/d/e/l2/cron.d/evil"), io.BytesIO(b""))
+    with pytest.raises(InputError, match=r"chain\.tar: entry 'x/a/b/c/d/e/l2'") as exc:
+        up.push(world.ctx(), str(chain), "v1")
+    assert exc.value.code is ExitCode.USAGE  # exit 2
+    assert world.machines.requests == [] and not world.root.exists()
+
+
+def test_a_link_planted_in_the_update_root_refuses_that_machine_like_ckpt_dir(
+        world, tmp_path: Path) -> None:
+    """R10: a symlink the job planted at <root>/releases is the node state ``refused``
+    (exit 4), as the same plant in ckpt.dir is, not a mere failure (exit 1)."""
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (world.root / "m2").mkdir(parents=True)
+    (world.root / "m2" / "releases").symlink_to(canary)
+    world.write("v1")
+    rep = up.push(world.ctx(), str(world.src), "v1")
+    assert rep.nodes["m2"].state == "refused" and rep.exit_code is ExitCode.REFUSED
+    assert "/m2/releases is a symlink; not followed" in rep.nodes["m2"].message
+    assert {rep.nodes[n].state for n in NODES if n != "m2"} == {"staged"}
+    assert list(canary.iterdir()) == []
