@@ -17,7 +17,11 @@ node01 → node02 through the controller (cold: the peer has nothing; node01 has
 streams into node02's receiver, which checks each sha256 as it lands, commits),
 the same again (resume: nothing to send), and ``scp -3`` of the same files node01 →
 node02 (OpenSSH's own remote-to-remote copy through the local host, no checksums)
-as the baseline.
+as the baseline. Then the way back: ``brctl ckpt restore --to node01 --for node01``
+(node02 re-hashes its copy against the manifest, streams it into a staging dir on
+node01 checked as it lands, hands it over and renames it into place; the step
+already there is moved aside, and deleted before the next run) beside ``scp -3``
+of the backed-up files node02 → node01.
 """
 
 from __future__ import annotations
@@ -108,7 +112,11 @@ def bench_copies(mib: int, runs: int) -> dict[str, float]:
         copy = cluster.node_path("node02", "/local/ckpt.brctl-backup/node01")
         devnull = open(os.devnull, "w")  # noqa: SIM115 - brctl's JSON is not needed here
         saved = sys.stdout
-        times: dict[str, list[float]] = {"brctl_cold": [], "brctl_resume": [], "scp3": []}
+        times: dict[str, list[float]] = {"brctl_cold": [], "brctl_resume": [], "scp3": [],
+                                         "brctl_restore": [], "scp3_restore": []}
+        subprocess.run(["ssh", *[x if x != "-P" else "-p" for x in _ssh_base(cluster)],
+                        f"root@{a}", "mkdir -p /local/ckpt/scp-back"], check=True)
+        ckpt_a = cluster.node_path("node01", "/local/ckpt")
         try:
             sys.stdout = devnull
             run(["-i", str(path), "ckpt", "plan"])
@@ -124,6 +132,17 @@ def bench_copies(mib: int, runs: int) -> dict[str, float]:
                 subprocess.run([*scp, f"root@{a}:/local/ckpt/step_1", f"root@{b}:/local/ckpt/scp/"],
                                check=True)
                 times["scp3"].append(time.perf_counter() - t0)
+                for old in ckpt_a.glob(".brctl-replaced-*"):  # the previous run's moved-aside step
+                    shutil.rmtree(old)
+                t0 = time.perf_counter()
+                code = run(["-i", str(path), "ckpt", "restore", "--to", "node01", "--for", "node01"])
+                times["brctl_restore"].append(time.perf_counter() - t0)
+                if code != 0:
+                    raise SystemExit(f"brctl ckpt restore exited {code}")
+                t0 = time.perf_counter()
+                subprocess.run([*scp, f"root@{b}:/local/ckpt.brctl-backup/node01/step_1/step_1",
+                                f"root@{a}:/local/ckpt/scp-back/"], check=True)
+                times["scp3_restore"].append(time.perf_counter() - t0)
         finally:
             sys.stdout = saved
             devnull.close()
@@ -158,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
                             ("scp3", "scp -3 (through this host, no checksums)")):
             print(f"| {name} | {c[label]:.2f} | {args.mib / c[label]:.0f} |")
         print(f"\nbrctl / scp -3 time ratio: {c['brctl_cold'] / c['scp3']:.2f}")
+        print()
+        print(f"| restore of {args.mib} MiB node02 → node01 | seconds | MiB/s |")
+        print("|---|---|---|")
+        for label, name in (("brctl_restore", "brctl ckpt restore (verified, staged, renamed)"),
+                            ("scp3_restore", "scp -3 (through this host, no checksums)")):
+            print(f"| {name} | {c[label]:.2f} | {args.mib / c[label]:.0f} |")
+        print(f"\nbrctl restore / scp -3 time ratio: {c['brctl_restore'] / c['scp3_restore']:.2f}")
     return 0
 
 
