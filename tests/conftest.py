@@ -153,3 +153,18 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 PYTHON = sys.executable
+
+
+def local_release_world(tmp_path: Path) -> tuple[Path, Path]:
+    """``examples/local.yaml`` with each machine's ``update.root`` under ``tmp_path``, and a
+    one-file release directory to push: (inventory, release dir)."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+    doc["update"] = {"root": str(tmp_path / "nodes" / "{node}")}
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print(1)\n")
+    return inv, src

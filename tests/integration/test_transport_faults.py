@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import resource
 import shutil
 import signal
@@ -26,6 +25,7 @@ from brctl.remote.ssh import SshTransport
 from brctl.remote.wrap import GRACE_S
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
+from tests.procs import local_pids
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -235,20 +235,6 @@ def test_a_node_with_python3_runs_the_reaper_with_it_whatever_python_says(
     assert (res.state, res.stdout) == (NodeState.OK, "fine\n"), res
 
 
-def _local_pids(pattern: str) -> list[int]:
-    """PIDs on this host whose command line matches regex ``pattern``."""
-    rx, found = re.compile(pattern), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if rx.search(cmdline.decode(errors="replace")):
-                found.append(int(entry))
-    return found
-
-
 def _local_inventory(tmp_path: Path) -> Path:
     path = tmp_path / "inv.yaml"
     path.write_text("nodes:\n  - {name: here, connection: local}\n")
@@ -286,7 +272,7 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=scaled(10))
         assert proc.returncode == 130, err
         assert time.monotonic() - t1 <= scaled(1)  # at once: no wait for the reports
-        assert _wait_for(lambda: not _local_pids(r"^sleep 1061"), scaled(5))  # the reaper finished
+        assert _wait_for(lambda: not local_pids(r"^sleep 1061"), scaled(5))  # the reaper finished
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -318,12 +304,12 @@ def test_ctrl_c_on_a_sharded_fan_out_kills_the_commands_and_says_so(tmp_path: Pa
         out, err = proc.communicate(timeout=scaled(15))
         assert "commands still running were killed" in out.decode(), (out, err)
         assert b"Traceback" not in err, err
-        assert not _local_pids(r"^sleep 1071")  # killed before it returned: the cancel path
+        assert not local_pids(r"^sleep 1071")  # killed before it returned: the cancel path
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in _local_pids(r"^sleep 1071"):
+        for pid in local_pids(r"^sleep 1071"):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -337,17 +323,17 @@ def test_a_local_stream_is_bounded_reaped_and_cancelled(tmp_path: Path) -> None:
         res = transport.stream(node, ["sh", "-c", "setsid sleep 1091 & sleep 1092"],
                                timeout=scaled(1), stdout=sink)
     assert res.state is NodeState.TIMEOUT, res
-    assert _wait_for(lambda: not _local_pids(r"^sleep 109[12]"), scaled(3))
+    assert _wait_for(lambda: not local_pids(r"^sleep 109[12]"), scaled(3))
     # cancel (Ctrl-C) reaches a running stream
     box: dict[str, RunResult] = {}
     runner = threading.Thread(target=lambda: box.setdefault("r", transport.stream(
         node, ["sh", "-c", "setsid sleep 1093 & sleep 1094"], timeout=scaled(60))))
     runner.start()
-    assert _wait_for(lambda: len(_local_pids(r"^sleep 109[34]")) == 2, scaled(10))
+    assert _wait_for(lambda: len(local_pids(r"^sleep 109[34]")) == 2, scaled(10))
     transport.cancel()
     runner.join(scaled(5))
     assert not runner.is_alive() and box["r"].state is NodeState.TIMEOUT, box
-    assert _wait_for(lambda: not _local_pids(r"^sleep 109[34]"), scaled(3))
+    assert _wait_for(lambda: not local_pids(r"^sleep 109[34]"), scaled(3))
 
 
 def test_cancel_reaches_an_ssh_stream(ssh_cluster: SshCluster, tmp_path: Path) -> None:
@@ -415,4 +401,4 @@ def test_a_double_forked_setsid_process_is_killed_with_the_timeout() -> None:
     script = "(setsid sh -c 'sleep 1121 & exit' &); sleep 1122"
     res = LocalTransport().run(node, ["sh", "-c", script], timeout=scaled(1))
     assert res.state is NodeState.TIMEOUT, res
-    assert _wait_for(lambda: not _local_pids(r"^sleep 112[12]"), scaled(3))
+    assert _wait_for(lambda: not local_pids(r"^sleep 112[12]"), scaled(3))

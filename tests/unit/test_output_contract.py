@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from brctl import schemas
-from tests.conftest import validated
+from tests.conftest import local_release_world, validated
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "examples" / "local.yaml"
@@ -147,12 +147,7 @@ def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Pat
     for args in (["nodes", "-f", "a[1-3]"], ["nodes", "-e", "a[1-3]"], ["nodes", "-c", "a[1-3]"]):
         r = brctl(*args, "-q")
         assert (r.exit_code, r.stdout) == (0, ""), args
-    doc = yaml.safe_load(LOCAL.read_text())
-    doc["update"] = {"root": str(tmp_path / "nodes" / "{node}")}
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump(doc))
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "train.py").write_text("print(1)\n")
+    inv, _ = local_release_world(tmp_path)
     r = brctl("-i", inv, "-q", "update", "push", tmp_path / "src", "-V", "v1", "--dry-run")
     assert (r.exit_code, r.stdout) == (0, "")
     monkeypatch.chdir(tmp_path)

@@ -22,6 +22,7 @@ import pytest
 from brctl.diagnostics import reaper
 from brctl.remote.wrap import wrapped
 from tests.integration.cluster import scaled
+from tests.procs import local_pids
 
 
 def _usable_cgroup() -> str | None:
@@ -43,23 +44,11 @@ def _run(argv: list[str], timeout: float, prefix: tuple[str, ...] = ()) -> subpr
                           text=True, timeout=scaled(30))
 
 
-def _alive(pattern: str) -> list[int]:
-    rx, found = re.compile(pattern), []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if rx.search(cmdline.decode(errors="replace")):
-            found.append(int(entry))
-    return found
-
-
 def _gone(pattern: str) -> bool:
     deadline = time.monotonic() + scaled(3)
-    while _alive(pattern) and time.monotonic() < deadline:
+    while local_pids(pattern) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pattern)
+    return not local_pids(pattern)
 
 
 def _command_cgroup(stdout: str) -> str:
@@ -97,11 +86,11 @@ def test_what_a_command_leaves_running_is_kept_and_its_cgroup_still_removed() ->
                           capture_output=True, text=True, timeout=scaled(30))
     try:
         assert done.returncode == 0, done.stderr
-        assert _alive(r"^sleep 1161")  # its business, as under plain ssh
+        assert local_pids(r"^sleep 1161")  # its business, as under plain ssh
         path = _command_cgroup(done.stdout)
         assert not os.path.exists(os.path.join(reaper.cgroup_root() or "/nonexistent", path.lstrip("/")))
     finally:
-        for pid in _alive(r"^sleep 1161"):
+        for pid in local_pids(r"^sleep 1161"):
             os.kill(pid, 9)
 
 

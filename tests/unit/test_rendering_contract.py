@@ -23,6 +23,7 @@ import yaml
 
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
+from tests.conftest import local_release_world
 
 LOCAL = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
 
@@ -225,12 +226,7 @@ def test_machine_lists_are_folded_through_a_pipe(tmp_path: Path) -> None:
 
 
 def test_update_history_through_a_pipe_keeps_every_date_whole(tmp_path: Path) -> None:
-    doc = yaml.safe_load(LOCAL.read_text())
-    doc["update"] = {"root": str(tmp_path / "nodes" / "{node}")}
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump(doc))
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "train.py").write_text("print(1)\n")
+    inv, _ = local_release_world(tmp_path)
     assert cli(inv, tmp_path / "state", "update", "push", str(tmp_path / "src"), "-V", "v1",
                "--urgent").returncode == 0
     r = cli(inv, tmp_path / "state", "update", "history")  # COLUMNS=40: ignored in a pipe

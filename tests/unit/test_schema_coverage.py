@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from brctl import schemas
-from tests.conftest import VALIDATED
+from tests.conftest import VALIDATED, local_release_world
 from tests.unit.test_output_contract import stacks_save
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +24,7 @@ def test_every_shipped_schema_is_validated_against_a_real_document(
         brctl: Any, state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
-    doc = yaml.safe_load(LOCAL.read_text())
-    doc["update"] = {"root": str(tmp_path / "nodes" / "{node}")}
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump(doc))
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "train.py").write_text("print(1)\n")
+    inv, _ = local_release_world(tmp_path)
     src = str(tmp_path / "src")
     runs: list[list[Any]] = [
         ["nodes", "--no-such-option"], ["nodes"], ["nodes", "-f", "a[1-2]"],
