@@ -164,8 +164,13 @@ def _keepalive_with_replies(t: paramiko.Transport, interval: int, count_max: int
     """
     missed = [0]
     private: Any = t  # paramiko has no public hook for replies to global requests
-    table = private._handler_table  # per transport: wrapping its two reply handlers touches no other
-    for ptype in (paramiko.common.MSG_REQUEST_SUCCESS, paramiko.common.MSG_REQUEST_FAILURE):
+    table = getattr(private, "_handler_table", None)  # per transport: wrapping touches no other
+    replies = (paramiko.common.MSG_REQUEST_SUCCESS, paramiko.common.MSG_REQUEST_FAILURE)
+    if (not isinstance(table, dict) or not all(p in table for p in replies)
+            or not callable(getattr(private, "_send_user_message", None))):
+        t.set_keepalive(interval)  # a paramiko without those internals: its own, reply-less kind
+        return
+    for ptype in replies:
         def answered(m: paramiko.Message, original: Any = table[ptype]) -> None:
             missed[0] = 0
             original(m)
