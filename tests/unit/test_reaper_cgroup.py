@@ -170,3 +170,33 @@ def test_a_timeout_kills_a_process_whose_main_thread_exited(way: str) -> None:
     finally:
         if _runs(escapee):
             os.kill(escapee, 9)
+
+
+def _imported(prefix: tuple[str, ...] = ()) -> set[str]:
+    """The modules the reaper imports around a ``true`` (``-X importtime``'s lines)."""
+    argv = wrapped(sys.executable, ["true"], 10)
+    done = subprocess.run([*prefix, argv[0], "-X", "importtime", *argv[1:]], capture_output=True,
+                          text=True, timeout=scaled(30))
+    assert done.returncode == 0, done.stderr
+    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+# It runs before every command a node is given: each of these costs ~4-7 ms of node CPU
+# a command (enum by way of `signal`, typing, contextlib's functools, ctypes).
+_HEAVY = {"enum", "typing", "contextlib", "functools", "signal"}
+
+
+def test_the_reaper_starts_lean_and_loads_ctypes_only_without_a_cgroup() -> None:
+    if _usable_cgroup() is None:
+        pytest.skip("no writable cgroup v2 here: the fallback's own test below covers the reaper")
+    seen = _imported()
+    assert "os" in seen or "select" in seen, seen  # -X importtime was read
+    assert not seen & (_HEAVY | {"ctypes"}), sorted(seen)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_without_a_cgroup_the_reaper_loads_ctypes_for_the_subreaper_and_nothing_heavier() -> None:
+    seen = _imported(("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
+    assert "ctypes" in seen, sorted(seen)
+    assert not seen & _HEAVY, sorted(seen)
