@@ -51,6 +51,7 @@ from brctl.core.transport import Node
 from brctl.remote.known_hosts import host_names
 from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_openssh import (
+    COMMAND_KEYWORDS,
     DeferredMatch,
     SshConfigError,
     config_args,
@@ -58,6 +59,7 @@ from brctl.remote.ssh_openssh import (
     defer_matches,
     quote_arg,
     ssh_g,
+    uncommented,
     unsupported,
 )
 
@@ -132,7 +134,9 @@ def _condition(keyword: str, args: list[str]) -> str | None:
     can be joined to others (paramiko stops at it).
     """
     if keyword == "host":
-        return "originalhost " + quote_arg(",".join(args) or "!*")
+        # A Host pattern is one word, a comma in it a literal one: no host name matches it
+        # (``Host a,b`` is neither a nor b), where Match's lists would split it.
+        return "originalhost " + quote_arg(",".join(a for a in args if "," not in a) or "!*")
     # ``all`` only alone or after canonical/final, which take no arguments
     return " ".join(quote_arg(w) for w in args if w.lower() != "all") or None
 
@@ -143,6 +147,26 @@ def _both(outer: str | None, inner: str | None) -> str | None:
 
 def _header(condition: str | None) -> str:
     return "Host *" if condition is None else f"Match {condition}"
+
+
+def _read_line(line: str) -> tuple[str, list[str], str]:
+    """(keyword, its arguments for Host/Match/Include, the line as paramiko should see it).
+
+    As OpenSSH's readconf: any whitespace or "=" after the keyword, quoted arguments, a
+    "#" word ending every line but a command's (paramiko would keep it in the value).
+
+    Raises:
+        ValueError: a line ssh refuses.
+    """
+    keyword, rest = config_line(line) or ("", "")
+    args = config_args(rest) if keyword in ("host", "match", "include") else []
+    if keyword and keyword not in COMMAND_KEYWORDS:
+        kept = uncommented(rest)
+        if not kept:
+            raise ValueError(f"no argument after keyword {keyword!r}")
+        if kept != rest:
+            line = f"{keyword} {kept}"
+    return keyword, args, line
 
 
 def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -> str:
@@ -170,9 +194,8 @@ def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -
     header = _header(guard)
     out = [header]  # a file starts in its includer's state, whatever block came last
     for line in lines:
-        try:  # as OpenSSH's readconf: any whitespace or "=" after the keyword, quoted arguments
-            keyword, rest = config_line(line) or ("", "")
-            args = config_args(rest) if keyword in ("host", "match", "include") else []
+        try:
+            keyword, args, line = _read_line(line)
         except ValueError as exc:
             raise ValueError(f"ssh config {path}: cannot read {line.strip()!r}: {exc}") from None
         if keyword in ("host", "match"):

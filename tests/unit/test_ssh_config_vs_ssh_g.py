@@ -85,6 +85,7 @@ INCLUDES = {
 def test_include_placements_resolve_as_ssh_g(tmp_path: Path, case: str, name: str) -> None:
     d = tmp_path
     (d / "star.conf").write_text("Host *\n  Port 2222\n")
+    (d / "comma-host.conf").write_text("Host target,other\n  Port 2131\n")
     (d / "hosts.conf").write_text("Port 3333\nHost target\n  User fromfile\nHost other\n  Port 3334\n")
     (d / "g").mkdir()
     (d / "g" / "1.conf").write_text("Host other\n  Port 5001\n")
@@ -290,6 +291,14 @@ SEPARATORS = {
     "= Match exec (left to ssh -G)": ("Match=exec false\n  Port 2557\n", {}),
     "a comment after Host patterns": ("Host bastion-only # not *\n  Port 2666\n", {}),
     "quoted Host patterns": ('Host "tar*" \'oth*\'\n  Port 2777\n', {}),
+    # A "#" word ends every line but a command's: paramiko would keep it in the value.
+    "a comment after a value": ("Host target\n  User ops # the team\n  Port 2999 #c\n"
+                                "  HostName real.example\t# c\n", {}),
+    "a # inside a word is no comment": ("Host target\n  User o#ps\n", {}),
+    "a comment after a quoted value": ('Host target\n  HostName "h.example" # c\n', {}),
+    # A Host pattern is one word: "target,other" names neither (Match's lists would split it).
+    "a comma in a Host pattern": ("Host target,other\n  Port 2121\n", {}),
+    "a comma in an included Host pattern": ("Host *\n  Include {d}/comma-host.conf\n", {}),
 }
 
 
@@ -298,6 +307,7 @@ SEPARATORS = {
 def test_keyword_separators_resolve_as_ssh_g(tmp_path: Path, case: str, name: str) -> None:
     d = tmp_path
     (d / "star.conf").write_text("Host *\n  Port 2222\n")
+    (d / "comma-host.conf").write_text("Host target,other\n  Port 2131\n")
     (d / "with space.conf").write_text("Port 2333\n")
     evil = "\tUser admin\n\tHostName evil.example\n"
     (d / "tab-host.conf").write_text("Host\t*\n" + evil)
@@ -308,6 +318,24 @@ def test_keyword_separators_resolve_as_ssh_g(tmp_path: Path, case: str, name: st
     cfg = d / "config"
     cfg.write_text(SEPARATORS[case][0].format(d=d))
     assert_as_ssh(EndpointResolver(str(cfg)), cfg, name)
+
+
+def test_a_proxy_command_keeps_its_hash_as_ssh_does(tmp_path: Path) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text("Host target\n  ProxyCommand nc %h %p # not a comment here\n")
+    ep = EndpointResolver(str(cfg)).endpoint(_node("target"))
+    assert ssh_g(cfg, "target")["proxycommand"] == ["nc %h %p # not a comment here"]
+    assert ep.proxy_command == "nc target 22 # not a comment here"  # %h %p expanded
+
+
+@pytest.mark.parametrize("line", ["User #only a comment", 'User "unclosed'])
+def test_a_value_line_ssh_refuses_is_refused(tmp_path: Path, line: str) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host target\n  {line}\n")
+    assert subprocess.run(["ssh", "-G", "-F", str(cfg), "target"], capture_output=True,
+                          stdin=subprocess.DEVNULL).returncode != 0
+    with pytest.raises(SshConfigError, match="cannot read"):
+        EndpointResolver(str(cfg)).endpoint(_node("target"))
 
 
 @pytest.mark.parametrize("line", ['Host\t"unclosed', "Host\xa0*"])
