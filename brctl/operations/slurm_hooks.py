@@ -99,7 +99,8 @@ class SlurmHooks:
         job = self._job()
         if job is None or not job.required or set(expand(job.required)) != set(members):
             return False
-        return job.state in ("RUNNING", "PENDING", "CONFIGURING") and \
+        # COMPLETING and REQUEUED: the old run's tasks still end; the job then pends for members
+        return job.state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED") and \
             "held" not in job.reason.lower()
 
     # the hooks --------------------------------------------------------------------------

@@ -157,7 +157,9 @@ def _processes_of(marker: str) -> list[int]:
 
 def test_a_stage_past_its_limit_is_stopped_with_all_it_started(tmp_path: Path, venv: Path) -> None:
     gpu_check(tmp_path / "warm", venv, "--stage", "5")  # the venv is built outside the limit
-    run = gpu_check(tmp_path, venv, "--stage", "2", env={"BRCTL_TIMEOUT_SCALE": "0.05"})
+    # 90 s x 0.01: a 1 s limit, far below what two replay rounds of torch processes take
+    # (0.05 gave 5 s, which a fast machine's replay once finished within)
+    run = gpu_check(tmp_path, venv, "--stage", "2", env={"BRCTL_TIMEOUT_SCALE": "0.01"})
     assert run.rc == 1
     assert run.line(2).startswith("[2] replay: fail: ") and "timed out after" in run.line(2)
     assert run.stage(2)["verdict"] == "fail"

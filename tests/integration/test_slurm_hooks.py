@@ -74,7 +74,7 @@ def test_restart_requeues_the_job_onto_exactly_the_planned_machines(
     assert run is not None and run.ok, run
     assert f"job {job}: " in run.stdout and "ReqNodeList node[01,03]" in run.stdout
     assert "ExcNodeList node02" in run.stdout
-    assert adapter.restarted_on(["node01", "node03"]) is True
+    assert adapter.restarted_on(["node01", "node03"]) is True, run.stdout  # the state it was left in
     slurm.wait_job(job, {"RUNNING"}, timeout=60)
     again, sjob = resolve(listed, Slurm(listed.slurm))  # asked afresh
     assert again.job is not None and list(again.job.nodes) == ["node01", "node03"]
