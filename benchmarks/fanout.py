@@ -19,6 +19,15 @@ with paramiko's ``HostKeys.load`` (quadratic: measured up to ``--paramiko-max``
 entries and extrapolated as c·n², unless ``--paramiko-max 12000``).
 
 Run: ``python benchmarks/fanout.py [--nodes 64] [--runs 3] [--json]`` (as root).
+
+``--whole ROUNDS`` races the whole ``brctl exec true`` process against ``pdsh`` with
+curve25519 pinned instead, interleaved round by round on the same machines (the load
+of a shared machine moves too much between one tool's runs and the next's), and adds
+node CPU per host: what the sshds and everything they started used (each listener's
+own and its reaped children's CPU, from ``/proc``), since here the "nodes" share the
+controller's cores. ``--before DIR`` adds a second brctl checkout (e.g. a ``git
+worktree`` of the previous main) to the race. A calibration loop is timed each round
+so runs on differently loaded machines can be compared.
 """
 
 from __future__ import annotations
@@ -169,6 +178,70 @@ def bench_fanout(cluster: SshCluster, runs: int, work: Path) -> list[dict[str, A
     return rows
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def node_cpu(cluster: SshCluster) -> float:
+    """CPU seconds the cluster's sshds used so far, with every session they reaped."""
+    total = 0
+    for name in cluster.names:
+        for pid in cluster.node_pids(name, r"sshd -D"):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / _TICK
+
+
+def _calibration() -> float:
+    t0 = time.process_time()
+    sum(range(10**7))
+    return time.process_time() - t0
+
+
+def bench_whole(cluster: SshCluster, rounds: int, work: Path, before: Path | None) -> list[dict[str, Any]]:
+    """The whole ``brctl exec true`` against pdsh pinned, interleaved: medians of ``rounds``."""
+    n = len(cluster.names)
+    inv = work / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(cluster.inventory(), sort_keys=False))
+    cfg = ssh_config(cluster, work / "ssh_config_pinned", CURVE)
+    base_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    contenders: list[tuple[str, list[str], dict[str, str]]] = []
+    for label, tree in (("brctl exec true", ROOT), ("brctl exec true, before", before)):
+        if tree is not None:
+            env = {**base_env, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(work / f"pycache-{len(contenders)}")}
+            contenders.append((label, [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "true"], env))
+    if shutil.which("pdsh"):
+        contenders.append(("pdsh, curve25519 pinned", ["pdsh", "-S", "-w", f"127.0.0.[2-{n + 1}]", "true"],
+                           {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}))
+    for _, argv, env in contenders:  # warm-up: .pyc files written, pages cached
+        run_cli(argv, env)
+    figures: dict[str, dict[str, list[float]]] = {c[0]: {"wall": [], "cpu": [], "node": []} for c in contenders}
+    calibration = []
+    for _ in range(rounds):
+        calibration.append(_calibration())
+        for label, argv, env in contenders:
+            k0, c0, w0 = _children_cpu(), node_cpu(cluster), time.perf_counter()
+            if not run_cli(argv, env):
+                raise SystemExit(f"{label}: a run did not succeed on every node; see above")
+            wall = time.perf_counter() - w0
+            time.sleep(0.5)  # the last sessions' sshds exit and are reaped
+            figures[label]["wall"].append(wall)
+            figures[label]["cpu"].append(_children_cpu() - k0)
+            figures[label]["node"].append(node_cpu(cluster) - c0)
+    rows = []
+    for label, fig in figures.items():
+        row = {"tool": label, "wall_s": statistics.median(fig["wall"]),
+               "cpu_ms_per_host": statistics.median(fig["cpu"]) / n * 1000,
+               "node_cpu_ms_per_host": statistics.median(fig["node"]) / n * 1000,
+               "calibration_s": statistics.median(calibration)}
+        rows.append(row)
+        print(f"  {label:<32} wall {row['wall_s']:6.2f} s   client CPU/host {row['cpu_ms_per_host']:6.1f} ms"
+              f"   node CPU/host {row['node_cpu_ms_per_host']:6.1f} ms", file=sys.stderr)
+    return rows
+
+
 def bench_known_hosts(work: Path, entries: int, paramiko_max: int) -> dict[str, Any]:
     import paramiko
     from cryptography.hazmat.primitives import serialization
@@ -218,14 +291,35 @@ def main() -> int:
     ap.add_argument("--paramiko-max", type=int, default=3000, help="largest file paramiko loads")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--known-hosts-only", action="store_true", help="skip the fan-out part")
+    ap.add_argument("--whole", type=int, metavar="ROUNDS", default=0,
+                    help="only the whole brctl exec against pdsh pinned, interleaved ROUNDS times")
+    ap.add_argument("--before", type=Path, help="with --whole: another brctl checkout to race too")
     args = ap.parse_args()
     why = missing_requirements()
     if why and not args.known_hosts_only:
         print(f"fanout benchmark: {why}", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="brctl-bench-"))
+    if args.whole:
+        try:
+            print(f"starting {args.nodes} sshd nodes...", file=sys.stderr)
+            with running_cluster(args.nodes) as cluster:
+                rows = bench_whole(cluster, args.whole, work, args.before)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            print(json.dumps({"nodes": args.nodes, "rounds": args.whole, "whole": rows}, indent=2))
+            return 0
+        print(f"\n{args.nodes} nodes, `true`, interleaved, median of {args.whole} rounds "
+              f"(calibration {rows[0]['calibration_s']:.2f} s)\n")
+        print("| client | wall | client CPU / host | node CPU / host |")
+        print("|---|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['tool']} | {r['wall_s']:.2f} s | {r['cpu_ms_per_host']:.1f} ms | "
+                  f"{r['node_cpu_ms_per_host']:.1f} ms |")
+        return 0
     try:
-        rows: list[dict[str, Any]] = []
+        rows = []
         if not args.known_hosts_only:
             print(f"starting {args.nodes} sshd nodes...", file=sys.stderr)
             with running_cluster(args.nodes) as cluster:

@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from brctl.analysis.daemon import recorded_membership
 from brctl.analysis.inventory import Inventory
 from brctl.state import read_existing
 
@@ -41,8 +40,13 @@ def current_inventory(inv: Inventory, state_dir: Path) -> tuple[Inventory, Optio
         return inv, (f"job {inv.job.name}: the state DB lists {', '.join(recorded)}; "
                      f"{inv.job.source} runs on {', '.join(inv.job.nodes) or 'no machine'}, "
                      "and the scheduler's allocation wins")
-    nodes, note = recorded_membership(inv.job.name, inv.job.nodes,
-                                      recorded_members(state_dir, inv.job.name), inv.nodes)
+    recorded = recorded_members(state_dir, inv.job.name)
+    if recorded is None:
+        return inv, None
+    # here, not at the top: analysis.daemon costs every job-aware command ~12 ms to import
+    from brctl.analysis.daemon import recorded_membership
+
+    nodes, note = recorded_membership(inv.job.name, inv.job.nodes, recorded, inv.nodes)
     if list(nodes) == list(inv.job.nodes):
         return inv, note
     standby = tuple(n for n in inv.standby if n not in set(nodes))

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from brctl.core.transport import Node, Results, RunResult, Transport
-from brctl.remote.shard import picklable, run_sharded, worth_processes
 from brctl.remote.threads import ArgvFor, StdinFor, run_threads
 
 
@@ -66,6 +65,9 @@ def run_all(
             return Results(done.values())
     make = getattr(transport, "process_factory", None)
     if processes > 1 and make is not None:
+        # here, not at the top: multiprocessing and pickle cost every command ~5 ms to import
+        from brctl.remote.shard import picklable, run_sharded, worth_processes
+
         processes = worth_processes(processes, len(todo))
         factory = make(processes)
         if processes > 1 and picklable(factory, argv, stdin):
