@@ -15,7 +15,9 @@ stdout and stderr, and prints nothing but one record::
 ``srun --label`` prefixes every line a task writes with that task's rank, so a node
 (or whatever runs there) can garble only its own record, never forge another's. The
 answer: ``{"node", "exit", "seconds", "out": [head, tail, total], "err": [...]}``
-(head and tail base64). Standard library only; Python >= 3.9.
+(head and tail base64). ARGV's first word ``python3`` (the reaper's interpreter) is
+this task's own: the transport chose it by the same rule (``python3`` where the PATH
+has one, else the node's configured ``python``). Standard library only; Python >= 3.9.
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ def record(nonce: str, answer: dict[str, object]) -> str:
 
 def main(args: list[str]) -> int:
     nonce, keep, argv = args[0], int(args[1]), args[2:]
+    if argv and argv[0] == "python3":  # wrap.SYSTEM_PYTHON: the reaper runs where we run
+        argv = [sys.executable or "python3", *argv[1:]]
     node = os.environ.get("SLURMD_NODENAME", "")
     start = time.monotonic()
     answer: dict[str, object] = {"node": node}

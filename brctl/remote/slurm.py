@@ -18,6 +18,11 @@ code, ``timeout`` when the reaper killed the command or no answer came in time,
 back (a retry without the nodes Slurm named first: their failure aborts the step).
 ``stream`` (checkpoint shards) is one single-task srun whose stdin and stdout are the
 bytes themselves.
+
+The interpreter, as over ssh (``brctl.remote.wrap.shell_line``): the system ``python3``
+on the task's PATH, else (a conda-only machine) the node's configured ``python``; the
+task and the reaper below it run under the same one. Output is bounded as over ssh:
+``output_keep`` bytes at each end of each stream, with the total beside the text.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Optional
 
@@ -46,9 +51,10 @@ from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.children import Children
 from brctl.remote.slurm_frame import Frames, payload
 from brctl.remote.threads import CANCEL_WAIT_S, ArgvFor, StdinFor, interrupted
-from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
+from brctl.remote.wrap import GRACE_S, SLACK_S, SYSTEM_PYTHON, exit_state, wrapped
 
-NODE_PYTHON = "python3"
+# Runs "$@" under python3 where the task's PATH has one, else under $0 (the node's python).
+_FALLBACK = f'p={SYSTEM_PYTHON}; command -v {SYSTEM_PYTHON} >/dev/null 2>&1 || p="$0"; exec "$p" "$@"'
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what sshd gives a root login
 PAYLOAD_CAP = 256 << 10  # distinct stdins per srun (each task receives all of them)
 PARALLEL_SRUNS = 8  # sruns of one fan-out in flight at once
@@ -72,6 +78,7 @@ class Batch:
     """Nodes one ``srun`` reaches with one command (``stdins`` in ``--nodelist`` order)."""
 
     job: Optional[str]  # a step in this job's allocation; None: an allocation of its own
+    python: str  # the node's configured interpreter (used where it has no python3)
     argv: tuple[str, ...]  # the command under the reaper
     timeout: float
     keep: int
@@ -83,31 +90,37 @@ def batches(nodes: Sequence[Node], argv: ArgvFor, stdin: StdinFor, timeout: Opti
             job: Optional[str], allocated: frozenset[str]) -> list[Batch]:
     """The fan-out as sruns: nodes with the same command and place together, each srun's
     distinct stdins at most ``PAYLOAD_CAP`` bytes (every task receives all of them)."""
-    grouped: dict[tuple[Optional[str], tuple[str, ...], float, int, float], dict[str, Optional[bytes]]] = {}
+    grouped: dict[tuple[Optional[str], str, tuple[str, ...], float, int, float],
+                  dict[str, Optional[bytes]]] = {}
     for node in nodes:
         limit = node.command_timeout if timeout is None else timeout
         cmd = argv(node) if callable(argv) else argv
         data = stdin(node) if callable(stdin) else stdin
         where = job if node.name in allocated else None
-        key = (where, tuple(wrapped(NODE_PYTHON, with_env(cmd, node.env), limit)), limit,
-               node.output_keep, max(LAUNCH_MIN_S, 2 * node.connect_timeout))
+        key = (where, node.python, tuple(wrapped(SYSTEM_PYTHON, with_env(cmd, node.env), limit)),
+               limit, node.output_keep, max(LAUNCH_MIN_S, 2 * node.connect_timeout))
         grouped.setdefault(key, {})[node.name] = data
     out = []
-    for (where, cmd, limit, keep, launch), stdins in grouped.items():
+    for (where, python, cmd, limit, keep, launch), stdins in grouped.items():
         block: dict[str, Optional[bytes]] = {}
         seen: set[bytes] = set()
         size = 0
         for name, data in stdins.items():
             extra = len(data) if data is not None and data not in seen else 0
             if block and size + extra > PAYLOAD_CAP:
-                out.append(Batch(where, cmd, limit, keep, launch, block))
+                out.append(Batch(where, python, cmd, limit, keep, launch, block))
                 block, seen, size, extra = {}, set(), 0, len(data or b"")
             block[name] = data
             if data is not None:
                 seen.add(data)
             size += extra
-        out.append(Batch(where, cmd, limit, keep, launch, block))
+        out.append(Batch(where, python, cmd, limit, keep, launch, block))
     return out
+
+
+def interpreter(python: str) -> list[str]:
+    """The argv prefix that runs a node-side script under ``python3``, else ``python``."""
+    return [SYSTEM_PYTHON] if python == SYSTEM_PYTHON else ["sh", "-c", _FALLBACK, python]
 
 
 def _result(node: str, state: NodeState, t0: float, why: str) -> RunResult:
@@ -252,16 +265,20 @@ class SlurmTransport:
         return {n.name: results[n.name] for n in todo}
 
     def _command(self, batch: Batch, nodelist: str, nonce: str) -> list[str]:
+        """The srun of a batch: every task runs ``srun_task``, which runs the reaper."""
+        return [*self._srun(batch, nodelist), "--label", "--verbose", *interpreter(batch.python),
+                "-I", "-S", "-c", _task_source(), nonce, str(batch.keep), *batch.argv]
+
+    def _srun(self, batch: Batch, nodelist: str) -> list[str]:
         count = len(batch.stdins)
         minutes = math.ceil((batch.timeout + GRACE_S + SLACK_S + batch.launch) / 60) + 1
         where = (["--overlap", f"--jobid={batch.job}"] if batch.job is not None else
                  [f"--immediate={max(1, math.ceil(batch.launch))}",
                   *([f"--partition={self._partition}"] if self._partition else [])])
         return ["srun", *where, f"--nodelist={nodelist}", f"--nodes={count}", f"--ntasks={count}",
-                "--ntasks-per-node=1", "--distribution=arbitrary", "--label", "--verbose",
+                "--ntasks-per-node=1", "--distribution=arbitrary",
                 "--kill-on-bad-exit=0", f"--time={minutes}", "--job-name=brctl",
-                f"--export=PATH={NODE_PATH}", NODE_PYTHON, "-I", "-S", "-c", _task_source(),
-                nonce, str(batch.keep), *batch.argv]
+                f"--export=PATH={NODE_PATH}"]
 
     def _run(self, batch: Batch, report: Callable[[RunResult], None], *, retry: bool) -> None:
         """One srun; every node of ``batch`` reported once. Nodes Slurm could not start
@@ -282,7 +299,9 @@ class SlurmTransport:
             state = exit_state(got.exit_code, got.seconds, batch.timeout)
             answered.add(name)
             report(RunResult(name, state, None if state is NodeState.TIMEOUT else got.exit_code,
-                             got.stdout, got.stderr, time.monotonic() - t0))
+                             got.stdout.text, got.stderr.text, time.monotonic() - t0,
+                             got.stdout.cut_total, got.stderr.cut_total,
+                             got.stdout.exact, got.stderr.exact))
 
         with _nodelist(names) as nodelist:
             try:
@@ -315,8 +334,7 @@ class SlurmTransport:
                 why, state = _why_unreachable(frames.why_not(name), reading, name), NodeState.UNREACHABLE
             report(_result(name, state, t0, why))
         if again:
-            self._run(Batch(batch.job, batch.argv, batch.timeout, batch.keep, batch.launch,
-                            {n: batch.stdins[n] for n in again}), report, retry=False)
+            self._run(replace(batch, stdins={n: batch.stdins[n] for n in again}), report, retry=False)
 
     # -- the rest of the Transport protocol -------------------------------------------
 
@@ -333,9 +351,8 @@ class SlurmTransport:
         t0 = time.monotonic()
         job, allocated = self.allocation()
         [batch] = batches([node], argv, None, timeout, job, allocated)
-        cmd = self._command(batch, node.name, "-")
-        cmd = [a for a in cmd if a not in ("--label", "--verbose")]
-        cmd[cmd.index(NODE_PYTHON):] = list(batch.argv)  # the reaper alone: no record
+        # the reaper alone (its argv after the interpreter): no record
+        cmd = [*self._srun(batch, node.name), *interpreter(batch.python), *batch.argv[1:]]
         try:
             proc = subprocess.Popen(cmd, stdin=stdin or subprocess.DEVNULL,
                                     stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,

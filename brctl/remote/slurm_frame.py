@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from brctl.core.capture import kept_text
+from brctl.core.capture import kept_bytes, not_utf8
 
 _LABELLED = re.compile(rb"^ *(\d+): ?(.*)$", re.S)
 NOISE_KEEP = 2048  # bytes of a task's stray output kept to say what went wrong
@@ -36,12 +36,21 @@ def payload(stdins: Mapping[str, Optional[bytes]]) -> bytes:
 
 
 @dataclass(frozen=True)
+class Stream:
+    """One stream as a record kept it, in ``RunResult``'s terms."""
+
+    text: str  # the kept bytes decoded, the cut marked
+    cut_total: Optional[int]  # its byte count when it was cut (``RunResult.stdout_total``)
+    exact: Optional[bytes]  # the kept bytes where they are not UTF-8 (``RunResult.stdout_bytes``)
+
+
+@dataclass(frozen=True)
 class Answer:
     """One node's answer as its record says: exit code, kept output, node-side seconds."""
 
     exit_code: int
-    stdout: str
-    stderr: str
+    stdout: Stream
+    stderr: Stream
     seconds: float
 
 
@@ -154,10 +163,13 @@ def _decode(node: str, text: bytes, length: int, digest: str,
         return None, f"a record that does not hold an answer ({exc})"
 
 
-def _stream(parts: object, keep: int) -> str:
-    if not isinstance(parts, list) or len(parts) != 3 or not isinstance(parts[2], int):
+def _stream(parts: object, keep: int) -> Stream:
+    if not isinstance(parts, list) or len(parts) != 3 or type(parts[2]) is not int:
         raise TypeError("stream parts")
     head, tail = base64.b64decode(parts[0]), base64.b64decode(parts[1])
     if len(head) > keep or len(tail) > keep:
         raise ValueError("more output than the node was told to keep")
-    return kept_text(head, tail, max(parts[2], len(head) + len(tail)), keep)
+    total = max(parts[2], len(head) + len(tail))  # a node saying fewer bytes than it sent is wrong
+    data = kept_bytes(head, tail, total, keep)
+    return Stream(data.decode(errors="replace"), total if total > len(head) + len(tail) else None,
+                  not_utf8(data))

@@ -68,6 +68,24 @@ def test_exec_runs_in_the_job_and_on_a_standby_with_per_node_states(
     assert slurm_cluster.job_state(job) == "RUNNING"  # the job never noticed
 
 
+def test_huge_output_is_kept_head_and_tail_with_its_total_as_over_ssh(
+        slurm_cluster: SlurmCluster, job: str, tmp_path: Path, brctl: Callable[..., Any]) -> None:
+    inv = write_inventory(slurm_cluster, tmp_path, job)
+    doc = yaml.safe_load(inv.read_text())
+    doc.setdefault("ssh", {})["output_keep"] = 1000
+    inv.write_text(yaml.safe_dump(doc))
+    env = slurm_cluster.slurm_env()
+    res = brctl("-i", inv, "--json", "exec", "-w", "node01", "--", "sh", "-c",
+                "head -c 50000 /dev/zero | tr '\\0' x; printf '\\377 end'",
+                env={"SLURM_CONF": env["SLURM_CONF"]})
+    assert res.exit_code == 0, res.stderr
+    got = res.json["nodes"]["node01"]
+    assert got["stdout_total"] == 50005 and "stderr_total" not in got
+    assert got["stdout"].startswith("x" * 1000) and got["stdout"].endswith("\ufffd end")
+    assert "50005 bytes in all" in got["stdout"]
+    assert "stdout_b64" in got  # the kept bytes exactly: they are not UTF-8
+
+
 def test_a_hung_node_times_out_and_the_reaper_ends_its_command(
         slurm_cluster: SlurmCluster, job: str, tmp_path: Path, brctl: Callable[..., Any]) -> None:
     inv = write_inventory(slurm_cluster, tmp_path, job)

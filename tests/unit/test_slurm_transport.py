@@ -7,6 +7,7 @@ The real-Slurm tests are in tests/integration/test_slurm_transport.py.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zlib
@@ -19,6 +20,7 @@ from brctl.core.transport import Node
 from brctl.diagnostics import srun_task
 from brctl.remote import slurm
 from brctl.remote.slurm_frame import Frames, payload
+from brctl.remote.wrap import SYSTEM_PYTHON, wrapped
 
 NONCE = "0123456789abcdef"
 TASK = Path(srun_task.__file__)
@@ -56,11 +58,11 @@ def test_a_task_runs_its_own_nodes_request_and_answers_one_record() -> None:
     frames = Frames(NONCE, ["n01", "n02"], 1 << 20)
     assert feed(frames, labelled(1, done.stdout.decode())) == ["n02"]
     got = frames.answers()["n02"]
-    assert (got.exit_code, got.stdout, got.stderr) == (3, "for n02\n", "oops\n")
+    assert (got.exit_code, got.stdout.text, got.stderr.text) == (3, "for n02\n", "oops\n")
     none = run_task("n03", stdins, ["sh", "-c", "cat; echo eof"])
     frames = Frames(NONCE, ["n03"], 1 << 20)
     feed(frames, labelled(0, none.stdout.decode()))
-    assert frames.answers()["n03"].stdout == "eof\n"
+    assert frames.answers()["n03"].stdout.text == "eof\n"
 
 
 def test_a_task_keeps_head_and_tail_like_every_transport() -> None:
@@ -70,7 +72,36 @@ def test_a_task_keeps_head_and_tail_like_every_transport() -> None:
     feed(frames, labelled(0, done.stdout.decode()))
     local = Capture(keep)
     local.add(("x" * 5000 + "END\n").encode())
-    assert frames.answers()["n01"].stdout == local.text()  # the same marker as ssh and local
+    got = frames.answers()["n01"].stdout
+    assert got.text == local.text()  # the same marker as ssh and local
+    assert got.cut_total == local.cut_total == 5004  # and the count beside it, as RunResult has it
+    assert frames.answers()["n01"].stderr.cut_total is None  # kept whole
+
+
+def test_a_task_s_bytes_that_are_not_utf8_travel_exactly() -> None:
+    raw = b"ok \xff\xfe bad\n"
+    done = run_task("n01", {"n01": raw}, ["cat"])
+    frames = Frames(NONCE, ["n01"], 1 << 20)
+    feed(frames, labelled(0, done.stdout.decode()))
+    got = frames.answers()["n01"].stdout
+    assert got.exact == raw and got.text == raw.decode(errors="replace")
+
+
+def test_a_node_without_python3_runs_task_and_reaper_under_its_own_python(tmp_path: Path) -> None:
+    # a conda-only machine: the PATH has a shell and coreutils, no python3
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "echo"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+    argv = [*slurm.interpreter(sys.executable), "-I", "-S", "-c", slurm._task_source(), NONCE,
+            "1000", *wrapped(SYSTEM_PYTHON, ["sh", "-c", "echo $0 ran", "it"], 10)]
+    done = subprocess.run(argv, input=payload({"n01": None}), capture_output=True, timeout=60,
+                          env={"PATH": str(bin_dir), "SLURMD_NODENAME": "n01"}, check=False)
+    frames = Frames(NONCE, ["n01"], 1000)
+    feed(frames, labelled(0, done.stdout.decode()))
+    got = frames.answers()["n01"]
+    assert (got.exit_code, got.stdout.text) == (0, "it ran\n"), (done.stderr, frames.why_not("n01"))
+    assert slurm.interpreter(SYSTEM_PYTHON) == [SYSTEM_PYTHON]  # where it has one: no shell
 
 
 def test_a_task_without_a_request_for_its_node_runs_nothing() -> None:
@@ -105,7 +136,7 @@ def test_one_node_cannot_forge_another_nodes_answer() -> None:
     assert frames.why_not("good") == "no answer"
     # the real answer of "good" still counts; evil garbled only its own
     assert feed(frames, labelled(0, answer("good", 0, b"real"))) == ["good"]
-    assert frames.answers()["good"].stdout == "real"
+    assert frames.answers()["good"].stdout.text == "real"
 
 
 def test_a_changed_cut_or_oversized_record_is_no_answer() -> None:
