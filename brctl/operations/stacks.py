@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, NamedTuple
 
@@ -448,41 +448,87 @@ def collect_job(
     return collections, shape
 
 
+def screen_ranks(collections: Sequence[Collection], shape: JobShape) -> list[Collection]:
+    """The collections without the answers of machines that lie about their ranks.
+
+    A machine whose process claims a RANK outside the job's world, or a rank that the
+    machine the inventory expects for it holds under another pid, answered something
+    impossible: that machine's answer is dropped in every round (``probe_error``, saying
+    what it claimed), so it shows as a machine that gave no stacks and one hostile or
+    confused machine cannot stop the analysis of the others.
+
+    Raises:
+        RemoteDataError: one rank in two processes neither of which is on the machine
+            the inventory expects (two jobs match ``job.process_match``: ambiguous).
+    """
+    base = shape.topology()
+    lies = _outside_the_world(collections, base.world)
+    if collections:
+        lies.update(_claimed_twice(collections[0], base.rank_machines, set(lies)))
+    if not lies:
+        return list(collections)
+    return [replace(col, nodes={
+        node: (NodeCollection(node, "probe_error", f"an impossible answer: {lies[node]}", (),
+                              seconds=nc.seconds) if node in lies else nc)
+        for node, nc in col.nodes.items()}) for col in collections]
+
+
+def _outside_the_world(collections: Sequence[Collection], world: int) -> dict[str, str]:
+    """Machine → what it claimed, for machines with a process whose RANK is not in the world."""
+    lies: dict[str, str] = {}
+    for col in collections:
+        for node, nc in col.nodes.items():
+            for rd in nc.ranks:
+                if not 0 <= rd.rank < world and node not in lies:
+                    lies[node] = (f"process {rd.pid} has RANK={rd.rank}, outside the job's world of "
+                                  f"{world} (machines × gpus in the inventory)")
+    return lies
+
+
+def _claimed_twice(first: Collection, expected: Sequence[str], skip: set[str]) -> dict[str, str]:
+    """Machine → what it claimed, for machines holding a rank that another pid holds on the
+    machine the inventory expects for it (``skip``: machines already refused)."""
+    holders: dict[int, dict[int, str]] = {}  # rank → pid → the first machine with it
+    for node, nc in first.nodes.items():
+        if node not in skip:
+            for rd in nc.ranks:
+                holders.setdefault(rd.rank, {}).setdefault(rd.pid, node)
+    lies: dict[str, str] = {}
+    for rank, pids in holders.items():
+        if len(pids) < 2:
+            continue  # one process (several machines on one kernel see the same pid)
+        owner = [pid for pid, node in pids.items() if node == expected[rank]]
+        if len(owner) != 1 or len(set(pids.values())) < len(pids):
+            (pid_a, node_a), (pid_b, node_b) = list(pids.items())[:2]
+            raise RemoteDataError(
+                f"RANK={rank} is held by two processes: pid {pid_a} on {node_a} and pid "
+                f"{pid_b} on {node_b}", hint="two jobs match job.process_match; make the regex stricter")
+        for pid, node in pids.items():
+            if pid != owner[0]:
+                lies.setdefault(node, f"process {pid} claims RANK={rank}, which pid {owner[0]} "
+                                      f"holds on {expected[rank]}, where the inventory puts it")
+    return lies
+
+
 def live_rank_machines(collections: Sequence[Collection], shape: JobShape) -> list[str]:
     """Rank → machine: the inventory's order, overridden by each rank's live RANK.
 
     Machines that share one kernel (``connection: local``, or a test cluster
     without PID namespaces) all see the same process: the same RANK with the same
     pid on several machines is that one process, kept on the machine the
-    inventory's order expects (else the first that saw it).
-
-    Raises:
-        RemoteDataError: a rank outside the world, or one rank in two processes.
+    inventory's order expects (else the first that saw it). ``collections`` went
+    through ``screen_ranks``: every rank is inside the world.
     """
-    base = shape.topology()
-    expected, world = base.rank_machines, base.world
-    held: dict[int, tuple[int, str]] = {}  # rank → (pid, the first machine that saw it)
+    expected = shape.topology().rank_machines
     elsewhere: dict[int, str] = {}  # rank → the first unexpected machine that saw it
     confirmed: set[int] = set()  # ranks seen on the machine the inventory expects
     for col in collections:
         for node, nc in col.nodes.items():
             for rd in nc.ranks:
-                rank = rd.rank
-                if not 0 <= rank < world:
-                    raise RemoteDataError(
-                        f"{node}: process {rd.pid} has RANK={rank}, outside the job's world "
-                        f"of {world} (machines × gpus in the inventory)",
-                        hint="check job.nodes, each node's gpus and job.process_match")
-                pid, first = held.setdefault(rank, (rd.pid, node))
-                if pid != rd.pid and col is collections[0]:
-                    raise RemoteDataError(
-                        f"RANK={rank} is held by two processes: pid {pid} on "
-                        f"{first} and pid {rd.pid} on {node}",
-                        hint="two jobs match job.process_match; make the regex stricter")
-                if expected[rank] == node:
-                    confirmed.add(rank)
+                if expected[rd.rank] == node:
+                    confirmed.add(rd.rank)
                 else:
-                    elsewhere.setdefault(rank, node)
+                    elsewhere.setdefault(rd.rank, node)
     mapping = list(expected)
     for rank, node in elsewhere.items():
         if rank not in confirmed:
@@ -541,10 +587,11 @@ def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
     Raises:
         IncompleteError: no machine answered, or no rank process was found anywhere.
         RefusedError: the same, where brctl refused a machine (a safety rule there).
-        RemoteDataError: inconsistent live ranks.
+        RemoteDataError: one rank in two processes, neither where the inventory expects it.
     """
     if not collections:
         raise IncompleteError("stacks: nothing was collected")
+    collections = screen_ranks(collections, shape)
     last = collections[-1]
     errors = {n: _why(nc) for n, nc in last.nodes.items() if not nc.answered}
     if not any(nc.ranks for col in collections for nc in col.nodes.values()):
