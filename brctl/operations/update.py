@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.update import (
+    VERSION_RE,
     NodeView,
     Pending,
     TransferPlan,
@@ -66,6 +67,7 @@ from brctl.remote.probes import ProbeRunner, parse_document, refused
 from brctl.state import Store
 
 PROBE = "brctl.diagnostics.release"
+MAX_PRUNED = 10_000  # releases one machine may say it removed in one prune
 
 @dataclass
 class UpdateContext:
@@ -374,9 +376,15 @@ def prune(ctx: UpdateContext, protect: Sequence[Optional[str]]) -> dict[str, Any
                                                               "root": ctx.root(n),
                                                               "keep": sorted(keep)},
                              timeout=ctx.timeout, concurrency=ctx.concurrency)
-    removed = {n: r.document["removed"] for n, r in results.items()
-               if r.document is not None and r.document.get("removed")}
+    removed: dict[str, list[str]] = {}
     errors = {n: r.error or "" for n, r in results.items() if r.document is None}
+    for n, r in results.items():
+        if r.document is not None:
+            said = _pruned(r.document.get("removed"), keep)
+            if said is None:
+                errors[n] = "an answer that does not say which releases it removed"
+            elif said:
+                removed[n] = said
     kept_sha = {r["sha256"] for r in rows if r["version"] in keep}
     dropped = 0
     for row in rows:
@@ -385,6 +393,15 @@ def prune(ctx: UpdateContext, protect: Sequence[Optional[str]]) -> dict[str, Any
             path.unlink()
             dropped += 1
     return {"removed": removed, "errors": errors, "artifacts": dropped}
+
+
+def _pruned(said: object, keep: set[str]) -> Optional[list[str]]:
+    """A machine's list of the releases it removed, if it is one (release names, none it
+    was told to keep, each once, at most ``MAX_PRUNED``), else None: it is kept in history."""
+    if not isinstance(said, list) or len(said) > MAX_PRUNED:
+        return None
+    names = [v for v in said if isinstance(v, str) and VERSION_RE.match(v) and v not in keep]
+    return names if len(names) == len(said) == len(set(names)) else None
 
 
 # ---------------------------------------------------------------- operations

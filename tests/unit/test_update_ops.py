@@ -308,6 +308,35 @@ def test_old_releases_are_pruned_after_a_switch(world, tmp_path: Path) -> None:
         up.rollback(ctx(), to="v1")  # pruned everywhere, artifact gone too
 
 
+@pytest.mark.parametrize("said", [
+    {"deep": [[[[1]]]]},  # not a list
+    ["v9" * 200],  # no release name
+    ["v2"],  # the one it was told to keep
+    ["../../etc"],
+    ["old"] * 2,
+    ["x"] * (up.MAX_PRUNED + 1),
+])
+def test_a_machine_s_prune_answer_is_kept_only_when_it_names_releases(world, said: object) -> None:
+    import json as json_mod
+
+    def lie(node: str, request: dict) -> Reply | None:
+        if node == "m2" and request.get("action") == "prune":
+            return Reply(stdout=json_mod.dumps({"schema": "brctl.probe/1", "removed": said}) + "\n")
+        return None
+
+    world.write("v1")
+    up.push(world.ctx(), str(world.src), "v1")
+    up.apply(world.ctx())
+    world.write("v2")
+    up.push(world.ctx(), str(world.src), "v2")
+    world.machines.fault = lie
+    up.apply(world.ctx())
+    last = up.history(world.store, "demo")[-1].detail["pruned"]
+    assert "m2" not in last["removed"]
+    assert last["errors"]["m2"] == "an answer that does not say which releases it removed"
+    assert set(last["errors"]) == {"m2"}  # the others answered as the probe does
+
+
 def test_a_second_changer_of_the_same_job_is_refused(world) -> None:
     from brctl.core.errors import RefusedError
 
