@@ -233,8 +233,10 @@ class Daemon:
 
     def _refresh_counters(self) -> None:
         """The restart cap and the escalation ladder, read back from the records (they
-        survive a kill -9 and count only what was carried out)."""
-        since = self.state.last_progress()
+        survive a kill -9 and count only what was carried out) since the job last made
+        progress, or since a human re-armed the daemon (the halt they lifted was theirs,
+        and so is what they did about it: the count starts again)."""
+        since = max(self.state.last_progress(), self.state.last_rearm())
         self.restarts_without_progress = self.state.restarts_since(since)
         self.crash_history = self.state.crash_history(since)
 
@@ -308,6 +310,7 @@ class Daemon:
             self.halted = self.state.halt()  # brctl daemon rearm lifts it
             if self.halted is None:  # re-armed: what it sees now is news again
                 self.last_signature = None
+                self._refresh_counters()
         self._read_scheduler()
         members = self.members()
         if not self.dry_run:

@@ -347,6 +347,12 @@ class DaemonState:
                                 "AND productive = 1", (self.job,))
         return float(rows[0]["t"] or 0.0) if rows else 0.0
 
+    def last_rearm(self) -> float:
+        """When ``brctl daemon rearm`` last lifted a halt of the job (its event's time), or 0."""
+        rows = self.store.query("SELECT MAX(at) AS t FROM daemon_events WHERE job = ? AND "
+                                "kind = 'rearmed'", (self.job,))
+        return float(rows[0]["t"] or 0.0) if rows else 0.0
+
     def restarts_since(self, since: float) -> int:
         """Restarts begun since ``since`` (done, failed, or unknown after a kill): the
         no-progress count."""

@@ -91,3 +91,32 @@ def test_daemon_rearm_through_the_cli(brctl: Any, tmp_path: Path, state_dir: Pat
     again = brctl("-i", path, "daemon", "rearm", "--reason", "fixed")
     assert again.exit_code == 0 and "not halted" in again.stdout
     assert brctl("-i", path, "daemon", "rearm", "--reason", " ").exit_code == 2
+
+
+def test_rearm_starts_the_restart_count_again(tmp_path: Path) -> None:
+    """The cap on restarts without progress halted the daemon; the human fixed the job
+    and re-armed: the next crash is restarted again, not refused on the old count."""
+    from tests.unit.test_daemon_loop import hooks_log, make
+
+    script, clock = Script(), Clock()
+    inv = inventory(tmp_path, max_restarts_without_progress=2)
+    daemon, store = make(tmp_path, script, clock, inv=inv)
+    daemon.start()
+    tick(daemon, clock, script)
+    for _ in range(3):  # crash after crash without a new step: two restarts, then the cap
+        script.running = False
+        tick(daemon, clock, script, steps=0, dt=2)
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart"]
+    assert daemon.halted and "restarts without a new step" in daemon.halted
+    state = DaemonState(store, "llm")
+    assert rearm(Audit.of(inv, state, tmp_path / "state", "alice"), "fixed the data loader",
+                 now=clock.now).was
+    script.running = False
+    tick(daemon, clock, script, steps=0, dt=2)
+    assert daemon.halted is None
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart", "restart"]
+    # and a daemon started afresh after the rearm counts from it too (records, not memory)
+    daemon2, _ = make(tmp_path, script, clock, inv=inv, owner="again")
+    daemon2._refresh_counters()
+    assert daemon2.restarts_without_progress == 1
+    store.close()
