@@ -379,6 +379,15 @@ class Daemon:
 
     def _handle(self, incident: Incident, nodes: Sequence[Node], result: PollResult) -> None:
         event_id = self.event(incident.kind, incident.nodes, {"reason": incident.reason})
+        if self.halted is not None:
+            # A human owns the job: no diagnose ladder or replay on its machines behind their
+            # back (minutes of dcgmi and collectives), no plan; the new incident is paged.
+            why = f"the daemon is halted ({self.halted}): no analysis or action until brctl daemon rearm"
+            result.refused = why
+            self.report.refusals.append(why)
+            self.event("refused", incident.nodes, {"reason": why, "incident": event_id})
+            self.notify("refused", "refused", None, why, {"incident": incident.to_json()})
+            return
         finding = self._analyse(incident, nodes)
         if incident.kind not in ("gpu_fault", "hand_evict"):
             self.event("analysis", finding.faulty, {"decision": finding.decision,

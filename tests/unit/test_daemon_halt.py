@@ -108,6 +108,14 @@ def test_rearm_starts_the_restart_count_again(tmp_path: Path) -> None:
         tick(daemon, clock, script, steps=0, dt=2)
     assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart"]
     assert daemon.halted and "restarts without a new step" in daemon.halted
+    # halted, a new incident (a hang now) is paged and left alone: no ladder on the machines
+    analysed = [c for c in script.calls if c[0] in ("diagnose", "stacks", "replay")]
+    script.running = True
+    for _ in range(8):
+        tick(daemon, clock, script, steps=0, dt=2)
+    assert [c for c in script.calls if c[0] in ("diagnose", "stacks", "replay")] == analysed
+    assert any("the daemon is halted" in r for r in daemon.report.refusals[-1:])
+    assert [e[0] for e in hooks_log(tmp_path)] == ["restart", "restart"]
     state = DaemonState(store, "llm")
     assert rearm(Audit.of(inv, state, tmp_path / "state", "alice"), "fixed the data loader",
                  now=clock.now).was
