@@ -285,9 +285,9 @@ class Daemon:
         if not todo:
             return
         results = self.hooks.check(todo)
-        self.state.fence(self.generation)  # minutes passed: a successor's pool is not ours
-        for name, (outcome, detail) in results.items():
-            self.state.mark_checked(name, outcome == "checked", detail, self.clock(), outcome)
+        for name, (outcome, detail) in results.items():  # minutes passed: fenced, each write
+            self.state.mark_checked(name, outcome == "checked", detail, self.clock(), outcome,
+                                    generation=self.generation)
         self.event("standby_check", list(results), {
             n: {"ok": outcome == "checked", "outcome": outcome, "detail": d}
             for n, (outcome, d) in results.items()})
@@ -324,7 +324,7 @@ class Daemon:
         now = self.clock()
         self.progress, moved = observe(self.progress, step, now, self.cfg.fail_slow_window)
         if self.last_poll is not None and not self.dry_run:
-            self.state.add_interval(self.last_poll, now, moved)
+            self.state.add_interval(self.last_poll, now, moved, generation=self.generation)
         self.last_poll = self.polled = now
         running = None if self._queued(now) else status if status is not None else health.running
         if moved:
@@ -346,7 +346,7 @@ class Daemon:
         if restarted and not result.refused and not self.dry_run:
             self.last_signature = None  # a restarted job starts a fresh story (a replay ends in one)
         if not self.dry_run:
-            self.state.save_status(self.status_doc(step, running), now)
+            self.state.save_status(self.status_doc(step, running), now, generation=self.generation)
         self.report.iterations += 1
         return result
 
@@ -382,11 +382,11 @@ class Daemon:
         if self.halted is not None:
             # A human owns the job: no diagnose ladder or replay on its machines behind their
             # back (minutes of dcgmi and collectives), no plan; the new incident is paged.
-            why = f"the daemon is halted ({self.halted}): no analysis or action until brctl daemon rearm"
-            result.refused = why
-            self.report.refusals.append(why)
-            self.event("refused", incident.nodes, {"reason": why, "incident": event_id})
-            self.notify("refused", "refused", None, why, {"incident": incident.to_json()})
+            held = f"the daemon is halted ({self.halted}): no analysis or action until brctl daemon rearm"
+            result.refused = held
+            self.report.refusals.append(held)
+            self.event("refused", incident.nodes, {"reason": held, "incident": event_id})
+            self.notify("refused", "refused", None, held, {"incident": incident.to_json()})
             return
         finding = self._analyse(incident, nodes)
         if incident.kind not in ("gpu_fault", "hand_evict"):
@@ -454,7 +454,8 @@ class Daemon:
     def _after_plan(self, outcome: PlanOutcome) -> None:
         if self.last_poll is not None:  # the plan's time is repair time, not training time
             end = self.clock()
-            self.state.add_interval(self.last_poll, end, False)
+            if not self.dry_run:
+                self.state.add_interval(self.last_poll, end, False, generation=self.generation)
             self.last_poll = end
         self._refresh_counters()
         if outcome.restarted:

@@ -467,10 +467,15 @@ class DaemonState:
 
     # standby pool -------------------------------------------------------------
     def mark_checked(self, node: str, ok: bool, detail: str, at: float,
-                     outcome: Optional[StandbyOutcome] = None) -> None:
-        """Record a self-check of a pool machine (``outcome``: checked | failed | untested)."""
+                     outcome: Optional[StandbyOutcome] = None, generation: Optional[int] = None) -> None:
+        """Record a self-check of a pool machine (``outcome``: checked | failed | untested).
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+        """
         outcome = outcome or ("checked" if ok else "failed")
         with self.store.transaction() as db:
+            self._fence(db, generation)
             db.execute("INSERT INTO standby_checks(node, ok, at, detail, outcome) "
                        "VALUES(?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET ok = excluded.ok,"
                        " at = excluded.at, detail = excluded.detail, outcome = excluded.outcome",
@@ -536,11 +541,18 @@ class DaemonState:
             return True
 
     # ETTR -------------------------------------------------------------------
-    def add_interval(self, start: float, end: float, productive: bool) -> None:
-        """Record observed time; extends the previous interval when it continues it."""
+    def add_interval(self, start: float, end: float, productive: bool,
+                     generation: Optional[int] = None) -> None:
+        """Record observed time; extends the previous interval when it continues it.
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written: a
+                deposed daemon's time would be counted twice beside its successor's).
+        """
         if end <= start:
             return
         with self.store.transaction() as db:
+            self._fence(db, generation)
             row = db.execute("SELECT rowid, end, productive FROM ettr_intervals WHERE job = ? "
                              "ORDER BY start DESC LIMIT 1", (self.job,)).fetchone()
             if row is not None and abs(row["end"] - start) < 1e-6 and bool(row["productive"]) == productive:
@@ -556,9 +568,14 @@ class DaemonState:
         return [Interval(r["start"], r["end"], bool(r["productive"])) for r in rows]
 
     # status -------------------------------------------------------------------
-    def save_status(self, doc: dict[str, Any], at: float) -> None:
-        """Keep the last poll's summary for ``brctl daemon status``."""
+    def save_status(self, doc: dict[str, Any], at: float, generation: Optional[int] = None) -> None:
+        """Keep the last poll's summary for ``brctl daemon status``.
+
+        Raises:
+            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
+        """
         with self.store.transaction() as db:
+            self._fence(db, generation)
             db.execute("INSERT INTO daemon_status(job, at, doc) VALUES(?, ?, ?) "
                        "ON CONFLICT(job) DO UPDATE SET at = excluded.at, doc = excluded.doc",
                        (self.job, at, json.dumps(doc, default=str)))

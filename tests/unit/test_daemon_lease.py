@@ -207,3 +207,31 @@ def test_a_standby_check_that_outlasts_the_lease_marks_nothing(tmp_path: Path) -
     assert report.lease_lost and int(report.exit_code) == 4
     assert state.checks() == {}
     store.close()
+
+
+def test_a_poll_that_outlasts_the_lease_records_no_time_and_no_status(tmp_path: Path) -> None:
+    """A poll's health sweep and log tails take their time: a daemon deposed meanwhile
+    records neither its ETTR interval (the successor counts that time: it would count
+    twice) nor its status summary (``brctl daemon status`` would show the wrong daemon)."""
+    from brctl.operations.daemon_state import LeaseLost
+
+    script, clock = Script(), Clock()
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+    first = daemon(tmp_path, script, clock, state, "first")
+    first.start()
+    tick(first, clock, script)
+    intervals, status = state.intervals(), state.status()
+    health = script.health
+
+    def health_then_lose(nodes: Sequence[Node]) -> Any:
+        state.acquire_lease("thief", None, clock.now, TTL, lambda _holder: "presumed dead")
+        return health(nodes)
+
+    script.health = health_then_lose  # type: ignore[method-assign]
+    with pytest.raises(LeaseLost, match="thief"):
+        tick(first, clock, script)
+    assert state.intervals() == intervals and state.status() == status
+    assert first.heartbeat is not None
+    first.heartbeat.stop()
+    store.close()
