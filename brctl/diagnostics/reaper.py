@@ -164,17 +164,24 @@ def _live(pid: int, state: bytes) -> bool:
         return False
 
 
+SWEEP_AGE_S = 60.0  # a cgroup younger than this may be another reaper's, made but not entered
+
+
 def _sweep(parent: str) -> None:
-    """Remove the empty cgroups that reapers killed with SIGKILL left behind (a busy one
-    refuses; one just made, not yet entered, makes its reaper fall back to the walk)."""
+    """Remove the empty cgroups that reapers killed with SIGKILL left behind: a busy one
+    refuses, and one made in the last ``SWEEP_AGE_S`` is left alone, since a concurrent
+    reaper may not have entered it yet (removing it made that reaper fall back to the walk)."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
+    stale = time.time() - SWEEP_AGE_S
     for name in names:
         if name.startswith(CGROUP_PREFIX) and len(name) == len(CGROUP_PREFIX) + 16:
+            path = os.path.join(parent, name)
             try:
-                os.rmdir(os.path.join(parent, name))
+                if os.stat(path).st_mtime < stale:
+                    os.rmdir(path)
             except OSError:
                 pass
 

@@ -200,3 +200,37 @@ def test_without_a_cgroup_the_reaper_loads_ctypes_for_the_subreaper_and_nothing_
     seen = _imported(("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
     assert "ctypes" in seen, sorted(seen)
     assert not seen & _HEAVY, sorted(seen)
+
+
+def test_concurrent_reapers_each_keep_their_own_cgroup() -> None:
+    """A reaper sweeps the empty cgroups SIGKILLed reapers left; it once also removed a
+    concurrent reaper's cgroup in the instant between its mkdir and its move in, and that
+    reaper fell back to the walk (1 of 48 here, more under a 64-wide fan-out)."""
+    if _usable_cgroup() is None:
+        pytest.skip("no writable cgroup v2 here: the reaper uses its /proc walk")
+    for _ in range(3):
+        procs = [subprocess.Popen(wrapped(sys.executable, ["cat", "/proc/self/cgroup"], 10),
+                                  stdout=subprocess.PIPE, text=True) for _ in range(48)]
+        outs = [p.communicate(timeout=scaled(60))[0] for p in procs]
+        assert all(re.search(r"^0::.*/brctl-[0-9a-f]{16}$", o, re.M) for o in outs), \
+            [o for o in outs if "brctl-" not in o]
+
+
+def test_a_stale_cgroup_a_killed_reaper_left_is_swept_and_a_fresh_one_kept() -> None:
+    where = _usable_cgroup()
+    if where is None:
+        pytest.skip("no writable cgroup v2 here: the reaper uses its /proc walk")
+    stale = os.path.join(where, reaper.CGROUP_PREFIX + "0" * 16)
+    fresh = os.path.join(where, reaper.CGROUP_PREFIX + "1" * 16)
+    os.mkdir(stale)
+    os.mkdir(fresh)
+    try:
+        old = time.time() - reaper.SWEEP_AGE_S - 5
+        os.utime(stale, (old, old))
+        assert _run(["true"], 10).returncode == 0
+        assert not os.path.exists(stale)  # left by a reaper killed with SIGKILL: removed
+        assert os.path.isdir(fresh)  # may be a concurrent reaper's, not yet entered: kept
+    finally:
+        for path in (stale, fresh):
+            if os.path.isdir(path):
+                os.rmdir(path)
