@@ -96,8 +96,9 @@ def ssh_config(cluster: SshCluster, path: Path, kex: str | None) -> Path:
     return path
 
 
-def run_cli(argv: list[str], env: dict[str, str] | None = None, expect_lines: int = 0) -> bool:
-    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+def run_cli(argv: list[str], env: dict[str, str] | None = None, expect_lines: int = 0,
+            cwd: Path | None = None) -> bool:
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=cwd)
     if r.returncode != 0:
         print(f"  {argv[0]} exited {r.returncode}: {r.stderr.strip()[:400]}", file=sys.stderr)
         return False
@@ -169,8 +170,11 @@ def bench_fanout(cluster: SshCluster, runs: int, work: Path) -> list[dict[str, A
     for kex in (None, CURVE):
         cfg = ssh_config(cluster, work / f"ssh_config_{kex or 'default'}", kex)
         label = "pinned curve25519" if kex else "defaults"
-        add(f"clush -b ({label})",
-            measure(lambda cfg=cfg: run_cli([clush, "-b", "-w", hosts, "-o", f"-F {cfg}", "true"]), runs))  # fmt: skip
+        if Path(clush).exists():
+            add(f"clush -b ({label})",
+                measure(lambda cfg=cfg: run_cli([clush, "-b", "-w", hosts, "-o", f"-F {cfg}", "true"]), runs))  # fmt: skip
+        else:
+            print("  clush: not installed (pip install clustershell): skipped", file=sys.stderr)
         pdsh_env = {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}
         if shutil.which("pdsh"):
             add(f"pdsh ({label})",
@@ -194,6 +198,14 @@ def node_cpu(cluster: SshCluster) -> float:
     return total / _TICK
 
 
+def _settle(cluster: SshCluster, seconds: float = 10.0) -> None:
+    """Wait until no node has a session left (``sshd: ...``), so its listener reaped them all."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(cluster.node_pids(n, r"^sshd: ") for n in cluster.names):
+        time.sleep(0.05)
+    time.sleep(0.1)
+
+
 def _calibration() -> float:
     t0 = time.process_time()
     sum(range(10**7))
@@ -207,26 +219,28 @@ def bench_whole(cluster: SshCluster, rounds: int, work: Path, before: Path | Non
     inv.write_text(yaml.safe_dump(cluster.inventory(), sort_keys=False))
     cfg = ssh_config(cluster, work / "ssh_config_pinned", CURVE)
     base_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    contenders: list[tuple[str, list[str], dict[str, str]]] = []
+    # (label, argv, env, cwd): each brctl runs from its own tree (``-m`` puts the cwd first)
+    contenders: list[tuple[str, list[str], dict[str, str], Path | None]] = []
     for label, tree in (("brctl exec true", ROOT), ("brctl exec true, before", before)):
         if tree is not None:
             env = {**base_env, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(work / f"pycache-{len(contenders)}")}
-            contenders.append((label, [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "true"], env))
+            contenders.append((label, [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "true"],
+                               env, tree))
     if shutil.which("pdsh"):
         contenders.append(("pdsh, curve25519 pinned", ["pdsh", "-S", "-w", f"127.0.0.[2-{n + 1}]", "true"],
-                           {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}))
-    for _, argv, env in contenders:  # warm-up: .pyc files written, pages cached
-        run_cli(argv, env)
+                           {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}, None))
+    for _, argv, env, cwd in contenders:  # warm-up: .pyc files written, pages cached
+        run_cli(argv, env, cwd=cwd)
     figures: dict[str, dict[str, list[float]]] = {c[0]: {"wall": [], "cpu": [], "node": []} for c in contenders}
     calibration = []
     for _ in range(rounds):
         calibration.append(_calibration())
-        for label, argv, env in contenders:
+        for label, argv, env, cwd in contenders:
             k0, c0, w0 = _children_cpu(), node_cpu(cluster), time.perf_counter()
-            if not run_cli(argv, env):
+            if not run_cli(argv, env, cwd=cwd):
                 raise SystemExit(f"{label}: a run did not succeed on every node; see above")
             wall = time.perf_counter() - w0
-            time.sleep(0.5)  # the last sessions' sshds exit and are reaped
+            _settle(cluster)  # every session reaped: its CPU is this contender's, not the next's
             figures[label]["wall"].append(wall)
             figures[label]["cpu"].append(_children_cpu() - k0)
             figures[label]["node"].append(node_cpu(cluster) - c0)
