@@ -28,14 +28,13 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Optional, Union, get_args
+from typing import Literal, Optional, get_args
 
-from brctl.analysis.diagnose_decide import DecisionName, next_rung
+from brctl.analysis.diagnose_decide import Decision, next_rung
 from brctl.analysis.replay import VerdictName
 from brctl.config.daemon import DaemonSection
 
 IncidentKind = Literal["gpu_fault", "hand_evict", "crash", "hang", "fail_slow"]
-Decision = Union[DecisionName, Literal["notify"]]  # diagnose's, and the daemon's own: tell a person
 HOUR = 3600.0
 
 

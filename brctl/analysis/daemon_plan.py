@@ -36,7 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, get_args
 
-from brctl.analysis.daemon import Decision, Plan, swap_members
+from brctl.analysis.daemon import Plan, swap_members
+from brctl.analysis.diagnose_decide import Decision
 
 StepKind = Literal["evict", "stop", "restore", "swap", "apply", "rollback", "replay", "restart"]
 STEP_KINDS: tuple[StepKind, ...] = ("evict", "stop", "restore", "swap", "apply", "rollback",

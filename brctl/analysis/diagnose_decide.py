@@ -21,13 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Union, get_args
 
 from brctl.analysis.playbook import Classification
 from brctl.core.nodeset import fold
 
 DecisionName = Literal["evict", "reattempt", "rollback", "replay"]
 DECISIONS: tuple[DecisionName, ...] = get_args(DecisionName)
+Decision = Union[DecisionName, Literal["notify"]]  # diagnose's, and the daemon's own: tell a person
+
+
+def as_decision(value: object) -> Decision | None:
+    """``value`` when it is a decision (read back from a database row), else None."""
+    return value if value in (*DECISIONS, "notify") else None  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,7 @@ class PastConclusion:
     """An earlier diagnosis of the same job."""
 
     symptom: str  # the playbook name
-    decision: str  # as recorded: a DecisionName, or a daemon's "notify"; next_rung reads it
+    decision: Decision  # as recorded; next_rung reads it
     at: float  # seconds since the epoch
 
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode, UsageError, exit_code_of
@@ -50,6 +50,10 @@ SENDER_GRACE_S = 10.0  # a sender whose receiver is done has this long to exit b
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+# ok | failed | incomplete | nothing (no step to copy) | refused (a safety rule) | planned (a dry run)
+CopyState = Literal["ok", "failed", "incomplete", "nothing", "refused", "planned"]
+
+
 @dataclass(frozen=True)
 class Copy:
     """One machine's shards copied between two nodes (a backup or a restore)."""
@@ -57,7 +61,7 @@ class Copy:
     source: str  # where the bytes came from
     dest: str  # where they went
     owner: str  # whose shards they are
-    state: str  # ok | failed | incomplete | nothing | refused | planned (a dry run)
+    state: CopyState
     step: str | None = None
     files: int = 0
     copied: int = 0
@@ -209,7 +213,7 @@ def answer_of(res: ProbeResult, doc: Mapping[str, Any] | None = None) -> Mapping
     return doc
 
 
-def probe_state(res: ProbeResult) -> str:
+def probe_state(res: ProbeResult) -> CopyState:
     return "failed" if res.run.state.ran else "incomplete"
 
 
@@ -364,7 +368,7 @@ class _Backup:
         self.start = time.monotonic()
         self.done: dict[str, Copy] = {}
 
-    def finish(self, p: _Pending, state: str, error: str | None = None,
+    def finish(self, p: _Pending, state: CopyState, error: str | None = None,
                notes: tuple[str, ...] = (), copied: int | None = None) -> None:
         sent = len(p.todo) if copied is None else copied
         planned = state == "planned"

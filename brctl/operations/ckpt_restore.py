@@ -28,6 +28,7 @@ from brctl.operations.ckpt_copy import (
     PROBE,
     Copy,
     CopyReport,
+    CopyState,
     Lane,
     NodeRefused,
     Relay,
@@ -179,7 +180,7 @@ def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, ev
     peer_node, target_node = inv.nodes[peer], inv.nodes[target]
     area = {"dir": cfg.dir, "backup_dir": cfg.backup_dir}
 
-    def result(state: str, step: str | None = None, files: int = 0, copied: int = 0,
+    def result(state: CopyState, step: str | None = None, files: int = 0, copied: int = 0,
                size: int = 0, error: str | None = None, notes: Sequence[str] = (),
                warnings: Sequence[str] = (), **where: Any) -> CopyReport:
         return CopyReport((Copy(peer, target, evicted, state, step, files, copied, 0, size,

@@ -61,7 +61,7 @@ from brctl.analysis.daemon import (
     shortfall,
 )
 from brctl.analysis.daemon_plan import Holder, PlanRecord, Release, resume_refusal, steps_for
-from brctl.analysis.diagnose_decide import PastConclusion
+from brctl.analysis.diagnose_decide import Decision, PastConclusion
 from brctl.analysis.ettr import ratio
 from brctl.analysis.inventory import Inventory
 from brctl.core.transport import Node
@@ -111,7 +111,7 @@ class Daemon:
         self.last_poll: Optional[float] = None  # the ETTR baseline: the start, then each poll
         self.polled: Optional[float] = None  # when the loop last polled (for /metrics)
         self.last_signature: Optional[tuple[str, tuple[str, ...]]] = None
-        self.crash_history: list[tuple[str, str, float]] = []  # carried out since the last step
+        self.crash_history: list[tuple[Decision, str, float]] = []  # carried out since the last step
         self.restarts_without_progress = 0
         self.halted: Optional[str] = None
         self.health_status: dict[str, str] = {}

@@ -37,6 +37,7 @@ from typing import Any, Optional
 
 from brctl.analysis.daemon import StandbyOutcome
 from brctl.analysis.daemon_plan import PlanRecord
+from brctl.analysis.diagnose_decide import Decision
 from brctl.analysis.ettr import Interval
 from brctl.core.errors import RefusedError
 from brctl.state import Component, Store
@@ -361,7 +362,7 @@ class DaemonState:
                                 (self.job, DONE, FAILED, UNKNOWN, INTENT, since))
         return int(rows[0]["n"])
 
-    def crash_history(self, since: float) -> list[tuple[str, str, float]]:
+    def crash_history(self, since: float) -> list[tuple[Decision, str, float]]:
         """(decision, symptom, when) of the crash plans carried out since ``since``, oldest first.
 
         Only plans that finished ``done`` count: the escalation ladder is fed what
@@ -372,7 +373,7 @@ class DaemonState:
         rows = self.store.query("SELECT payload, created FROM daemon_actions WHERE job = ? AND "
                                 "kind = 'plan' AND state = ? AND created > ? ORDER BY id",
                                 (self.job, DONE, since))
-        out: list[tuple[str, str, float]] = []
+        out: list[tuple[Decision, str, float]] = []
         for row in rows:
             try:
                 doc = PlanRecord.from_json(json.loads(row["payload"]))

@@ -26,7 +26,13 @@ from typing import Any
 
 from brctl.analysis import diagnose_doc as dd
 from brctl.analysis import diagnose_stages as st
-from brctl.analysis.diagnose_decide import DecisionName, PastConclusion, StageOutcome, decide
+from brctl.analysis.diagnose_decide import (
+    DecisionName,
+    PastConclusion,
+    StageOutcome,
+    as_decision,
+    decide,
+)
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.playbook import (
     Classification,
@@ -549,7 +555,8 @@ def _history(store: Store | None, job: str) -> list[PastConclusion]:
     store.migrate(COMPONENT)
     rows = store.query("SELECT symptom, decision, at FROM diagnose_verdicts WHERE job = ? "
                        "ORDER BY at DESC LIMIT 20", (job,))
-    return [PastConclusion(r["symptom"], r["decision"], r["at"]) for r in rows]
+    return [PastConclusion(r["symptom"], decision, r["at"]) for r in rows
+            if (decision := as_decision(r["decision"])) is not None]
 
 
 def _record(store: Store, job: str, symptom: str, decision: str, faulty: Sequence[str],

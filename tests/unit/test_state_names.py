@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import get_args
 
-from brctl.analysis.daemon import Decision, ReplayOutcome
-from brctl.analysis.diagnose_decide import DECISIONS, DecisionName
+from brctl.analysis.daemon import ReplayOutcome
+from brctl.analysis.diagnose_decide import DECISIONS, Decision, DecisionName
 from brctl.analysis.health import Status
 from brctl.analysis.replay import VerdictName
 from brctl.core.transport import NodeState
@@ -36,3 +36,10 @@ def test_a_pool_machines_standing_is_a_self_check_outcome_or_why_it_has_none() -
 
     flat = [a for arg in get_args(Standing) for a in (get_args(arg) or (arg,))]
     assert flat == [*get_args(StandbyOutcome), "unchecked", "quarantined", "in-job"]
+
+
+def test_a_decision_read_back_is_one_of_the_named_ones_or_nothing() -> None:
+    from brctl.analysis.diagnose_decide import as_decision
+
+    assert [as_decision(d) for d in (*get_args(DecisionName), "notify")] == [*DECISIONS, "notify"]
+    assert as_decision("rm -rf") is None and as_decision(None) is None and as_decision(3) is None
