@@ -9,30 +9,21 @@ holder is where the inventory puts it stays an error (two jobs match process_mat
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 
 from brctl.core.errors import ExitCode, RemoteDataError
 from brctl.operations import stacks as op
+from tests.unit.test_stacks_reduced import golden_dump
 
-DATA = Path(__file__).parent / "data"
 MACHINES = ("m1", "m2", "m3", "m4")
 GPUS = 2
 
 
 def _dump(pid: int, wait: str | None = None) -> str:
-    """The real py-spy dump (tests/unit/data), as process ``pid``, its innermost function renamed."""
-    threads = json.loads((DATA / "pyspy_dump.json").read_text())
-    for t in threads:
-        t["pid"] = pid
-        if t["thread_name"] == "MainThread":
-            t["os_thread_id"] = pid
-            if wait is not None:
-                t["frames"][0]["name"] = wait
-    return json.dumps(threads)
+    """The real py-spy dump (tests/unit/data) as process ``pid``, its innermost function ``wait``."""
+    return golden_dump(pid, function=wait)
 
 
 def _round(extra: dict[str, list[op.RankDump]], hung: int | None = None) -> op.Collection:

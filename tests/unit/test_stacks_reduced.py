@@ -32,8 +32,8 @@ DATA = Path(__file__).parent / "data"
 GOLDEN_PID = 27080  # the process tests/unit/data/pyspy_dump.json was taken from
 
 
-def _golden(pid: int = GOLDEN_PID, line: int | None = None) -> str:
-    """The real py-spy dump, with its main thread's innermost line changed when asked."""
+def golden_dump(pid: int = GOLDEN_PID, line: int | None = None, function: str | None = None) -> str:
+    """The real py-spy dump, with its main thread's innermost line or function changed when asked."""
     threads = json.loads((DATA / "pyspy_dump.json").read_text())
     for t in threads:
         t["pid"] = pid
@@ -41,6 +41,8 @@ def _golden(pid: int = GOLDEN_PID, line: int | None = None) -> str:
             t["os_thread_id"] = pid
             if line is not None:
                 t["frames"][0]["line"] = line
+            if function is not None:
+                t["frames"][0]["name"] = function
     return json.dumps(threads, indent=2)
 
 
@@ -63,7 +65,7 @@ def _read(docs: dict[str, Any]) -> dict[str, op.NodeCollection]:
 
 
 def test_the_reduced_answer_reads_back_as_the_stacks_of_the_raw_dumps() -> None:
-    texts = [_golden(101), _golden(102, line=7), _golden(103), "garbage", None]
+    texts = [golden_dump(101), golden_dump(102, line=7), golden_dump(103), "garbage", None]
     dumps = [{"pid": 101 + i, "output": t, "seconds": 0.1,
               "error": None if t is not None else "py-spy did not finish within 10s"}
              for i, t in enumerate(texts)]
@@ -113,7 +115,7 @@ def test_a_table_past_65536_rows_ships_wide_indices() -> None:
 
 
 def test_a_reduced_answer_is_a_fraction_of_py_spys_json() -> None:
-    texts = [_golden(200 + i, line=i % 3) for i in range(8)]
+    texts = [golden_dump(200 + i, line=i % 3) for i in range(8)]
     raw = {"format": RAW, "dumps": [{"pid": 200 + i, "output": t, "seconds": 0.1, "error": None}
                                     for i, t in enumerate(texts)]}
     reduced = _answer(copy.deepcopy(raw["dumps"]), world=8)
@@ -132,7 +134,7 @@ def test_control_characters_in_a_frame_cannot_break_the_table() -> None:
 
 
 def _good() -> dict[str, Any]:
-    return _answer([{"pid": 101 + i, "output": _golden(101 + i, line=i), "seconds": 0.1,
+    return _answer([{"pid": 101 + i, "output": golden_dump(101 + i, line=i), "seconds": 0.1,
                      "error": None} for i in range(2)], world=2)
 
 

@@ -33,8 +33,8 @@ FRAGMENTS = [
 ]
 
 
-def _fast(text: str) -> tuple[str, Any]:
-    loader = inventory._FastStrictLoader(text)  # type: ignore[misc]
+def _read(loader_class: Any, text: str) -> tuple[str, Any]:
+    loader = loader_class(text)
     try:
         root = loader.get_single_node()
         return "ok", loader.construct_document(root) if root is not None else None
@@ -42,17 +42,14 @@ def _fast(text: str) -> tuple[str, Any]:
         return "error", None
     finally:
         loader.dispose()
+
+
+def _fast(text: str) -> tuple[str, Any]:
+    return _read(inventory._FastStrictLoader, text)
 
 
 def _pure(text: str) -> tuple[str, Any]:
-    loader = inventory._StrictLoader(text)
-    try:
-        root = loader.get_single_node()
-        return "ok", loader.construct_document(root) if root is not None else None
-    except yaml.YAMLError:
-        return "error", None
-    finally:
-        loader.dispose()
+    return _read(inventory._StrictLoader, text)
 
 
 def _texts(seed: int, count: int) -> list[str]:
