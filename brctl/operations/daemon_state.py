@@ -469,11 +469,8 @@ class DaemonState:
     # standby pool -------------------------------------------------------------
     def mark_checked(self, node: str, ok: bool, detail: str, at: float,
                      outcome: Optional[StandbyOutcome] = None, generation: Optional[int] = None) -> None:
-        """Record a self-check of a pool machine (``outcome``: checked | failed | untested).
-
-        Raises:
-            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
-        """
+        """Record a self-check of a pool machine (``outcome``: checked | failed | untested);
+        LeaseLost, nothing written, when ``generation`` no longer holds the job's lease."""
         outcome = outcome or ("checked" if ok else "failed")
         with self.store.transaction() as db:
             self._fence(db, generation)
@@ -545,11 +542,8 @@ class DaemonState:
     def add_interval(self, start: float, end: float, productive: bool,
                      generation: Optional[int] = None) -> None:
         """Record observed time; extends the previous interval when it continues it.
-
-        Raises:
-            LeaseLost: ``generation`` no longer holds the job's lease (nothing written: a
-                deposed daemon's time would be counted twice beside its successor's).
-        """
+        LeaseLost, nothing written, when ``generation`` no longer holds the job's lease (a
+        deposed daemon's time would be counted twice beside its successor's)."""
         if end <= start:
             return
         with self.store.transaction() as db:
@@ -570,11 +564,8 @@ class DaemonState:
 
     # status -------------------------------------------------------------------
     def save_status(self, doc: dict[str, Any], at: float, generation: Optional[int] = None) -> None:
-        """Keep the last poll's summary for ``brctl daemon status``.
-
-        Raises:
-            LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
-        """
+        """Keep the last poll's summary for ``brctl daemon status``; LeaseLost, nothing
+        written, when ``generation`` no longer holds the job's lease."""
         with self.store.transaction() as db:
             self._fence(db, generation)
             db.execute("INSERT INTO daemon_status(job, at, doc) VALUES(?, ?, ?) "

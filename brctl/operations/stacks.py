@@ -8,11 +8,9 @@
   format is that machine's error); only ``raw`` collections (for ``save``)
   carry py-spy's JSON itself.
 - ``collect_rounds`` repeats it ``rounds`` times, ``interval`` seconds apart.
-- ``analyse`` turns collections into the pure analyser's input (live rank →
-  machine mapping, parsed stacks, undumpable and missing ranks) and returns a
-  ``StacksReport``: the ``StackAnalysis`` plus what the exit code needs.
-- ``save`` / ``load`` (in ``brctl/operations/stacks_save.py``) write and read a
-  collection on disk.
+- ``analyse`` drops the answers of machines that lie about their ranks, turns the rest
+  into the pure analyser's input (live rank → machine, parsed stacks, missing ranks)
+  and returns a ``StacksReport``. ``save``/``load``: ``stacks_save.py``.
 
 The daemon calls ``collect_rounds`` and ``analyse`` directly.
 """
@@ -449,17 +447,13 @@ def collect_job(
 
 
 def screen_ranks(collections: Sequence[Collection], shape: JobShape) -> list[Collection]:
-    """The collections without the answers of machines that lie about their ranks.
-
-    A machine whose process claims a RANK outside the job's world, or a rank that the
-    machine the inventory expects for it holds under another pid, answered something
-    impossible: that machine's answer is dropped in every round (``probe_error``, saying
-    what it claimed), so it shows as a machine that gave no stacks and one hostile or
-    confused machine cannot stop the analysis of the others.
+    """The collections without the answers of machines that lie about their ranks: a
+    RANK outside the world, or one the machine the inventory expects for it holds under
+    another pid. Such a machine's answer is dropped in every round (``probe_error``, what
+    it claimed): one hostile or confused machine cannot stop the analysis of the others.
 
     Raises:
-        RemoteDataError: one rank in two processes neither of which is on the machine
-            the inventory expects (two jobs match ``job.process_match``: ambiguous).
+        RemoteDataError: one rank in two processes, neither where the inventory expects it.
     """
     base = shape.topology()
     lies = _outside_the_world(collections, base.world)
@@ -486,8 +480,7 @@ def _outside_the_world(collections: Sequence[Collection], world: int) -> dict[st
 
 
 def _claimed_twice(first: Collection, expected: Sequence[str], skip: set[str]) -> dict[str, str]:
-    """Machine → what it claimed, for machines holding a rank that another pid holds on the
-    machine the inventory expects for it (``skip``: machines already refused)."""
+    """Machine → its claim, for machines holding a rank another pid holds where expected."""
     holders: dict[int, dict[int, str]] = {}  # rank → pid → the first machine with it
     for node, nc in first.nodes.items():
         if node not in skip:
@@ -513,11 +506,9 @@ def _claimed_twice(first: Collection, expected: Sequence[str], skip: set[str]) -
 def live_rank_machines(collections: Sequence[Collection], shape: JobShape) -> list[str]:
     """Rank → machine: the inventory's order, overridden by each rank's live RANK.
 
-    Machines that share one kernel (``connection: local``, or a test cluster
-    without PID namespaces) all see the same process: the same RANK with the same
-    pid on several machines is that one process, kept on the machine the
-    inventory's order expects (else the first that saw it). ``collections`` went
-    through ``screen_ranks``: every rank is inside the world.
+    Machines that share one kernel (``connection: local``) all see the same process:
+    the same RANK and pid on several machines is one process, kept where the inventory
+    expects it (else on the first that saw it). Ranks are in the world (``screen_ranks``).
     """
     expected = shape.topology().rank_machines
     elsewhere: dict[int, str] = {}  # rank → the first unexpected machine that saw it
