@@ -382,11 +382,9 @@ class Daemon:
         if self.halted is not None:
             # A human owns the job: no diagnose ladder or replay on its machines behind their
             # back (minutes of dcgmi and collectives), no plan; the new incident is paged.
-            held = f"the daemon is halted ({self.halted}): no analysis or action until brctl daemon rearm"
-            result.refused = held
-            self.report.refusals.append(held)
-            self.event("refused", incident.nodes, {"reason": held, "incident": event_id})
-            self.notify("refused", "refused", None, held, {"incident": incident.to_json()})
+            result.refused = (f"the daemon is halted ({self.halted}): no analysis or action until "
+                              "brctl daemon rearm")
+            self._refused(result.refused, incident.nodes, {"incident": incident.to_json()})
             return
         finding = self._analyse(incident, nodes)
         if incident.kind not in ("gpu_fault", "hand_evict"):
@@ -433,16 +431,17 @@ class Daemon:
                                    source="daemon", operator=None, caps=caps,
                                    generation=self.generation)
         if why is not None:
-            self._refused(plan, why)
+            self._refused(why, plan.evict, {"plan": plan.to_json()})
             return why
         if not self.dry_run:
             self._after_plan(self.executor.run(key, doc))
         return None
 
-    def _refused(self, plan: Plan, why: str) -> None:
+    def _refused(self, why: str, nodes: Sequence[str], detail: Mapping[str, Any]) -> None:
+        """Record, page and halt on a refusal (``detail``: the plan, or the incident)."""
         self.report.refusals.append(why)
-        self.event("refused", plan.evict, {"reason": why, "plan": plan.to_json()})
-        self.notify("refused", "refused", None, why, {"plan": plan.to_json()})
+        self.event("refused", nodes, {"reason": why, **detail})
+        self.notify("refused", "refused", None, why, detail)
         self._halt(why)
 
     def _halt(self, why: str) -> None:
@@ -454,8 +453,7 @@ class Daemon:
     def _after_plan(self, outcome: PlanOutcome) -> None:
         if self.last_poll is not None:  # the plan's time is repair time, not training time
             end = self.clock()
-            if not self.dry_run:
-                self.state.add_interval(self.last_poll, end, False, generation=self.generation)
+            self.state.add_interval(self.last_poll, end, False, generation=self.generation)
             self.last_poll = end
         self._refresh_counters()
         if outcome.restarted:
