@@ -29,11 +29,12 @@ from brctl.core.nodeset import fold
 DecisionName = Literal["evict", "reattempt", "rollback", "replay"]
 DECISIONS: tuple[DecisionName, ...] = get_args(DecisionName)
 Decision = Union[DecisionName, Literal["notify"]]  # diagnose's, and the daemon's own: tell a person
+_DECISION_VALUES: tuple[Decision, ...] = (*DECISIONS, "notify")
 
 
 def as_decision(value: object) -> Decision | None:
     """``value`` when it is a decision (read back from a database row), else None."""
-    return value if value in (*DECISIONS, "notify") else None  # type: ignore[return-value]
+    return next((d for d in _DECISION_VALUES if d == value), None)
 
 
 @dataclass(frozen=True)

@@ -54,12 +54,11 @@ from brctl.remote.ssh_openssh import (
     COMMAND_KEYWORDS,
     DeferredMatch,
     SshConfigError,
-    config_args,
     config_line,
     defer_matches,
     quote_arg,
+    split_args,
     ssh_g,
-    uncommented,
     unsupported,
 )
 
@@ -159,14 +158,15 @@ def _read_line(line: str) -> tuple[str, list[str], str]:
         ValueError: a line ssh refuses.
     """
     keyword, rest = config_line(line) or ("", "")
-    args = config_args(rest) if keyword in ("host", "match", "include") else []
-    if keyword and keyword not in COMMAND_KEYWORDS:
-        kept = uncommented(rest)
-        if not kept:
-            raise ValueError(f"no argument after keyword {keyword!r}")
-        if kept != rest:
-            line = f"{keyword} {kept}"
-    return keyword, args, line
+    if not keyword or keyword in COMMAND_KEYWORDS:
+        return keyword, [], line
+    args, end = split_args(rest)
+    kept = rest[:end].rstrip(" \t")
+    if not kept:
+        raise ValueError(f"no argument after keyword {keyword!r}")
+    if kept != rest:
+        line = f"{keyword} {kept}"
+    return keyword, args if keyword in ("host", "match", "include") else [], line
 
 
 def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -> str:

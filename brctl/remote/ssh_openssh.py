@@ -96,26 +96,20 @@ def config_args(text: str) -> list[str]:
     Raises:
         ValueError: a quote that is not closed.
     """
-    return _split(text)[0]
-
-
-def uncommented(text: str) -> str:
-    """An ssh config line's arguments as written, without the comment that ends them
-    (``User ops  # the team``): what ssh keeps of a line for every keyword but the
-    ones that take the rest of the line as a command (``COMMAND_KEYWORDS``).
-
-    Raises:
-        ValueError: a quote that is not closed (ssh refuses such a line whatever its keyword).
-    """
-    return text[:_split(text)[1]].rstrip(" \t")
+    return split_args(text)[0]
 
 
 # Keywords whose value is the raw rest of the line, "#" and all (OpenSSH's readconf).
 COMMAND_KEYWORDS = frozenset({"proxycommand", "localcommand", "remotecommand", "knownhostscommand"})
 
 
-def _split(text: str) -> tuple[list[str], int]:
-    """``config_args``'s words, and where they end in ``text`` (a comment's "#", or its end)."""
+def split_args(text: str) -> tuple[list[str], int]:
+    """``config_args``'s words, and where they end in ``text``: a comment's "#" (``User ops
+    # the team``: what ssh keeps of the line is ``text[:end]``), or the end of the text.
+
+    Raises:
+        ValueError: a quote that is not closed (ssh refuses such a line whatever its keyword).
+    """
     args: list[str] = []
     i, n = 0, len(text)
     while i < n:
