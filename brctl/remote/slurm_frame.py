@@ -166,6 +166,8 @@ def _decode(node: str, text: bytes, length: int, digest: str,
 def _stream(parts: object, keep: int) -> Stream:
     if not isinstance(parts, list) or len(parts) != 3 or type(parts[2]) is not int:
         raise TypeError("stream parts")
+    if not 0 <= parts[2] < 1 << 63:  # it becomes RunResult.stdout_total, in every JSON document
+        raise ValueError(f"an impossible byte count {str(parts[2])[:24]}")
     head, tail = base64.b64decode(parts[0]), base64.b64decode(parts[1])
     if len(head) > keep or len(tail) > keep:
         raise ValueError("more output than the node was told to keep")

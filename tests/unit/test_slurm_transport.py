@@ -156,6 +156,15 @@ def test_a_changed_cut_or_oversized_record_is_no_answer() -> None:
     assert after.answers() == {} and "output after its record" in after.why_not("n01")
 
 
+@pytest.mark.parametrize("total", [10 ** 400, -1, 1 << 63])
+def test_a_record_with_an_impossible_byte_count_is_no_answer(total: int) -> None:
+    forged = srun_task.record(NONCE, {"node": "n01", "exit": 0, "seconds": 0.1,
+                                      "out": ["", "", total], "err": ["", "", 0]})
+    frames = Frames(NONCE, ["n01"], 1 << 20)
+    feed(frames, labelled(0, forged))
+    assert frames.answers() == {} and "impossible byte count" in frames.why_not("n01")
+
+
 def test_stray_lines_are_kept_to_say_why_a_node_did_not_answer() -> None:
     frames = Frames(NONCE, ["n01"], 1 << 20)
     feed(frames, [b"srun: error: something", *labelled(0, "Traceback: boom")])
