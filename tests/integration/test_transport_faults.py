@@ -149,7 +149,15 @@ def test_ctrl_c_on_brctl_exec_leaves_no_remote_process(
             proc.wait()
 
 
-_PEAK_RSS = """
+# In the child scripts: this process's own peak RSS in MiB. VmHWM, not getrusage's
+# ru_maxrss: Linux carries ru_maxrss across execve, so a child of a big pytest worker
+# reported the worker's 479 MiB.
+_PEAK_MIB = """
+def peak_mib():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) >> 10
+"""
+
+_PEAK_RSS = _PEAK_MIB + """
 import os, sys, tracemalloc
 from brctl.core.transport import Node
 from brctl.remote.ssh import SshTransport
@@ -160,8 +168,7 @@ tracemalloc.start()
 r = t.run(node, ["sh", "-c", "head -c 200000000 /dev/zero | tr '\\\\0' x; echo; echo end"],
           timeout=float(sys.argv[6]))
 print(r.state.value, len(r.stdout), r.stdout[-4:] == "end\\n", "200000005 bytes in all" in r.stdout,
-      tracemalloc.get_traced_memory()[1] >> 20,
-      next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) >> 10)
+      tracemalloc.get_traced_memory()[1] >> 20, peak_mib())
 """
 
 
@@ -180,9 +187,8 @@ def test_200_mb_of_output_is_kept_head_and_tail_in_bounded_memory(ssh_cluster: S
     # The most Python held at once (paramiko's buffers included): 2 x 2 MiB kept, the channel
     # window, chunks in flight. Keeping every chunk was 647 MiB of RSS.
     assert peak_mib <= 32, (peak_mib, rss_mib)
-    # And the process's own peak RSS: 53 MiB measured (interpreter, paramiko, the kept text), far
-    # below keeping every chunk (647 MiB). VmHWM, not getrusage's ru_maxrss: Linux carries
-    # ru_maxrss across execve, so a child of a big pytest worker reported the worker's 479 MiB.
+    # And the process's own peak RSS (_PEAK_MIB): 53 MiB measured (interpreter, paramiko, the
+    # kept text), far below keeping every chunk (647 MiB).
     assert int(rss_mib) <= 128, (peak_mib, rss_mib)
 
 
@@ -357,7 +363,7 @@ def test_cancel_reaches_an_ssh_stream(ssh_cluster: SshCluster, tmp_path: Path) -
         transport.close()
 
 
-_FANOUT_RSS = """
+_FANOUT_RSS = _PEAK_MIB + """
 import sys
 from brctl.core.transport import Node
 from brctl.remote.fanout import run_all
@@ -365,8 +371,6 @@ from brctl.remote.local import LocalTransport
 keep, size, fanout = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 nodes = [Node(name=f"n{i:02d}", address="x", connection="local", output_keep=keep) for i in range(fanout)]
 transport = LocalTransport()
-def peak_mib():  # VmHWM: this process's own peak (ru_maxrss would carry pytest's across execve)
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) >> 10
 run_all(transport, nodes, ["true"], concurrency=fanout, timeout=60)
 base = peak_mib()
 spew = f"head -c {size} /dev/zero | tr '\\\\0' x; head -c {size} /dev/zero >&2"
