@@ -25,8 +25,9 @@ curve25519 pinned instead, interleaved round by round on the same machines (the 
 of a shared machine moves too much between one tool's runs and the next's), and adds
 node CPU per host: what the sshds and everything they started used (each listener's
 own and its reaped children's CPU, from ``/proc``), since here the "nodes" share the
-controller's cores. ``--before DIR`` adds a second brctl checkout (e.g. a ``git
-worktree`` of the previous main) to the race. A calibration loop is timed each round
+controller's cores. ``--before DIR`` (repeatable) adds another brctl checkout (e.g. a
+``git worktree`` of the previous main, or of an experiment) to the race, labelled by
+its folder's name. A calibration loop is timed each round
 so runs on differently loaded machines can be compared.
 """
 
@@ -212,7 +213,7 @@ def _calibration() -> float:
     return time.process_time() - t0
 
 
-def bench_whole(cluster: SshCluster, rounds: int, work: Path, before: Path | None) -> list[dict[str, Any]]:
+def bench_whole(cluster: SshCluster, rounds: int, work: Path, before: list[Path]) -> list[dict[str, Any]]:
     """The whole ``brctl exec true`` against pdsh pinned, interleaved: medians of ``rounds``."""
     n = len(cluster.names)
     inv = work / "inventory.yaml"
@@ -221,11 +222,10 @@ def bench_whole(cluster: SshCluster, rounds: int, work: Path, before: Path | Non
     base_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     # (label, argv, env, cwd): each brctl runs from its own tree (``-m`` puts the cwd first)
     contenders: list[tuple[str, list[str], dict[str, str], Path | None]] = []
-    for label, tree in (("brctl exec true", ROOT), ("brctl exec true, before", before)):
-        if tree is not None:
-            env = {**base_env, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(work / f"pycache-{len(contenders)}")}
-            contenders.append((label, [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "true"],
-                               env, tree))
+    for label, tree in (("brctl exec true", ROOT), *((f"brctl exec true, {b.name}", b) for b in before)):
+        env = {**base_env, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(work / f"pycache-{len(contenders)}")}
+        contenders.append((label, [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "true"],
+                           env, tree))
     if shutil.which("pdsh"):
         contenders.append(("pdsh, curve25519 pinned", ["pdsh", "-S", "-w", f"127.0.0.[2-{n + 1}]", "true"],
                            {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}, None))
@@ -307,7 +307,8 @@ def main() -> int:
     ap.add_argument("--known-hosts-only", action="store_true", help="skip the fan-out part")
     ap.add_argument("--whole", type=int, metavar="ROUNDS", default=0,
                     help="only the whole brctl exec against pdsh pinned, interleaved ROUNDS times")
-    ap.add_argument("--before", type=Path, help="with --whole: another brctl checkout to race too")
+    ap.add_argument("--before", type=Path, action="append", default=[],
+                    help="with --whole: another brctl checkout to race too (repeatable)")
     args = ap.parse_args()
     why = missing_requirements()
     if why and not args.known_hosts_only:
