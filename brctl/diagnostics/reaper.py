@@ -3,11 +3,15 @@
 ``python3 -I -S -c <this file> SECONDS ARGV...`` (the transports send the source
 itself, so no file has to exist on the node). The command runs in its own session.
 Where the machine allows one (cgroup v2, writable: root), it runs in a cgroup of its
-own, ``brctl-<random>`` below this process's: the reaper moves itself in, spawns the
-command and moves back, so the cgroup holds the whole tree from its first
+own, ``brctl-<deadline>-<random>`` below this process's: the reaper moves itself in,
+spawns the command and moves back, so the cgroup holds the whole tree from its first
 instruction, whatever it does to its parentage (``setsid``, double forks), and is
 removed when the reaper ends (what a command that exited left running is moved back
-out first). Where none can be made, this process is a child subreaper
+out first). The deadline in the name is on the clock every process on the machine
+shares and nothing sets (``CLOCK_BOOTTIME``): a reaper killed with SIGKILL (the OOM
+killer, ``pkill -9 python3``) can end nothing, so every reaper's start ends what a
+cgroup ``ORPHAN_S`` past its deadline still holds and removes it (a live reaper has
+ended its tree and removed its cgroup long before). Where none can be made, this process is a child subreaper
 (``PR_SET_CHILD_SUBREAPER``) instead, so whatever the command starts stays below it
 even when it ``setsid``s or loses its parent. It ends the whole tree, found by a walk
 of ``/proc`` and in that cgroup (SIGTERM, SIGKILL ``GRACE_S`` later, with
@@ -95,13 +99,16 @@ def _move(pid: int, cgroup: str) -> bool:
     return True
 
 
-def _enter_cgroup() -> tuple[str, str] | None:
-    """A new cgroup with this process in it: (the one it came from, the new one), or None."""
+def _enter_cgroup(seconds: float) -> tuple[str, str] | None:
+    """A new cgroup with this process in it: (the one it came from, the new one), or None.
+
+    Its name says when the command must be over, ``seconds`` from now on the shared clock."""
     parent = own_cgroup()
     if parent is None:
         return None
     _sweep(parent)
-    mine = os.path.join(parent, CGROUP_PREFIX + os.urandom(8).hex())
+    due = int(_boottime() + seconds) + 1
+    mine = os.path.join(parent, f"{CGROUP_PREFIX}{due}-{os.urandom(8).hex()}")
     try:
         os.mkdir(mine)
     except OSError:
@@ -164,26 +171,56 @@ def _live(pid: int, state: bytes) -> bool:
         return False
 
 
-SWEEP_AGE_S = 60.0  # a cgroup younger than this may be another reaper's, made but not entered
+ORPHAN_S = 30.0  # past its deadline by this much, a cgroup has outlived its reaper
+SWEEP_AGE_S = 60.0  # a cgroup named without a deadline (older brctl) and younger: kept
+
+
+def _boottime() -> float:
+    """Seconds on the one clock all processes here share, immune to clock steps."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _due(name: str) -> int | None:
+    """The deadline a reaper's cgroup ``name`` carries, 0 for an older reaper's name
+    without one (``brctl-<16 hex>``), None for a name that is not a reaper's."""
+    if not name.startswith(CGROUP_PREFIX):
+        return None
+    head, _, tag = name[len(CGROUP_PREFIX):].rpartition("-")
+    if len(tag) != 16 or tag.strip("0123456789abcdef"):
+        return None
+    if not head:
+        return 0
+    return int(head) if head.isdigit() else None
 
 
 def _sweep(parent: str) -> None:
-    """Remove the empty cgroups that reapers killed with SIGKILL left behind: a busy one
-    refuses, and one made in the last ``SWEEP_AGE_S`` is left alone, since a concurrent
-    reaper may not have entered it yet (removing it made that reaper fall back to the walk)."""
+    """End what reapers killed with SIGKILL left behind, without ever waiting on it.
+
+    A cgroup ``ORPHAN_S`` past its deadline has outlived its reaper: what it holds is
+    killed (a live reaper kills at the deadline and removes its cgroup within seconds)
+    and it is removed, by this sweep or, while its dead are still exiting, the next
+    one. One not yet due is a live reaper's, entered or about to be: left alone. A name
+    without a deadline (an older brctl's) is removed only when empty and ``SWEEP_AGE_S``
+    old, since its reaper may be alive."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
-    stale = time.time() - SWEEP_AGE_S
+    now, stale = _boottime(), time.time() - SWEEP_AGE_S
     for name in names:
-        if name.startswith(CGROUP_PREFIX) and len(name) == len(CGROUP_PREFIX) + 16:
-            path = os.path.join(parent, name)
-            try:
-                if os.stat(path).st_mtime < stale:
-                    os.rmdir(path)
-            except OSError:
-                pass
+        due = _due(name)
+        if due is None or (due > 0 and now < due + ORPHAN_S):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            if due:
+                _kill_cgroup(path)
+                _signal_all(members(path), signal.SIGKILL)
+            elif os.stat(path).st_mtime >= stale:
+                continue
+            os.rmdir(path)
+        except OSError:
+            pass
 
 
 def _leave_cgroup(cgroup: tuple[str, str]) -> None:
@@ -283,16 +320,22 @@ def kill_tree(leader: int, cgroup: str | None = None) -> None:
         time.sleep(0.05)
     for _ in range(100):  # a tree that forks while it dies needs a few rounds
         if cgroup is not None:
-            try:
-                with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
-                    f.write("1")
-            except OSError:
-                pass
+            _kill_cgroup(cgroup)
         _signal_all(_tree(cgroup), signal.SIGKILL)
         time.sleep(0.01)
         _reap()
         if not _anything_left(cgroup):
             return
+
+
+def _kill_cgroup(cgroup: str) -> None:
+    """SIGKILL all ``cgroup`` holds at once, forks in flight too (``cgroup.kill``, Linux
+    5.14+; callers also SIGKILL each member they find, for older kernels)."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        pass
 
 
 def _become_subreaper() -> None:
@@ -319,7 +362,7 @@ def main(argv: list[str]) -> int:
     signal.set_wakeup_fd(wake_w)
     for sig in (signal.SIGCHLD, *_STOP_SIGNALS):
         signal.signal(sig, lambda *_: None)
-    cgroup = _enter_cgroup()
+    cgroup = _enter_cgroup(seconds)
     if cgroup is None:
         _become_subreaper()  # the cgroup holds the tree where there is one; else the walk must
     try:

@@ -63,7 +63,7 @@ def test_a_command_runs_in_its_own_cgroup_which_is_removed_after() -> None:
     done = _run(["cat", "/proc/self/cgroup"], 10)
     assert done.returncode == 0, done.stderr
     path = _command_cgroup(done.stdout)
-    assert re.search(r"/brctl-[0-9a-f]{16}$", path), path
+    assert re.search(r"/brctl-[0-9]+-[0-9a-f]{16}$", path), path
     assert not os.path.exists(os.path.join(reaper.cgroup_root() or "/nonexistent", path.lstrip("/")))
 
 
@@ -165,7 +165,7 @@ def test_a_timeout_kills_a_process_whose_main_thread_exited(way: str) -> None:
         assert not _runs(escapee), Path(f"/proc/{escapee}/status").read_text()
         if way == "cgroup":
             path = _command_cgroup(done.stdout)
-            assert re.search(r"/brctl-[0-9a-f]{16}$", path), path
+            assert re.search(r"/brctl-[0-9]+-[0-9a-f]{16}$", path), path
             assert not os.path.exists(os.path.join(reaper.cgroup_root() or "/nonexistent", path.lstrip("/")))
     finally:
         if _runs(escapee):
@@ -212,11 +212,12 @@ def test_concurrent_reapers_each_keep_their_own_cgroup() -> None:
         procs = [subprocess.Popen(wrapped(sys.executable, ["cat", "/proc/self/cgroup"], 10),
                                   stdout=subprocess.PIPE, text=True) for _ in range(48)]
         outs = [p.communicate(timeout=scaled(60))[0] for p in procs]
-        assert all(re.search(r"^0::.*/brctl-[0-9a-f]{16}$", o, re.M) for o in outs), \
+        assert all(re.search(r"^0::.*/brctl-[0-9]+-[0-9a-f]{16}$", o, re.M) for o in outs), \
             [o for o in outs if "brctl-" not in o]
 
 
-def test_a_stale_cgroup_a_killed_reaper_left_is_swept_and_a_fresh_one_kept() -> None:
+def test_a_stale_cgroup_an_older_reaper_left_is_swept_and_a_fresh_one_kept() -> None:
+    """Names without a deadline (brctl before this one) keep the age rule: empty and old."""
     where = _usable_cgroup()
     if where is None:
         pytest.skip("no writable cgroup v2 here: the reaper uses its /proc walk")
@@ -234,3 +235,104 @@ def test_a_stale_cgroup_a_killed_reaper_left_is_swept_and_a_fresh_one_kept() -> 
         for path in (stale, fresh):
             if os.path.isdir(path):
                 os.rmdir(path)
+
+
+def _in_cgroup(path: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    """``argv`` started inside cgroup ``path`` (it moves itself in before it execs)."""
+    def enter() -> None:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    return subprocess.Popen(argv, preexec_fn=enter, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _cgroup_of(pid: int) -> str:
+    return os.path.join(reaper.cgroup_root() or "/nonexistent",
+                        _command_cgroup(Path(f"/proc/{pid}/cgroup").read_text()).lstrip("/"))
+
+
+def test_a_command_whose_reaper_was_killed_is_ended_by_a_later_reaper_once_overdue() -> None:
+    """kill -9 of a reaper (OOM, ``pkill -9 python3``) left its command running past its
+    deadline for ever. Its cgroup's name carries that deadline on the clock every process
+    shares (CLOCK_BOOTTIME): the next reaper that sees it ``ORPHAN_S`` overdue ends it."""
+    where = _usable_cgroup()
+    if where is None:
+        pytest.skip("no writable cgroup v2 here: the reaper uses its /proc walk")
+    victim = subprocess.Popen(wrapped(sys.executable, ["sh", "-c", "setsid sleep 1181 & sleep 1182"], 600),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cgroup = overdue = ""
+    try:
+        deadline = time.monotonic() + scaled(5)
+        while not (local_pids(r"^sleep 1181") and local_pids(r"^sleep 1182")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (sleeper,) = local_pids(r"^sleep 1182")
+        cgroup = _cgroup_of(sleeper)
+        due = int(os.path.basename(cgroup).split("-")[1])
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert now + 590 < due <= now + 601  # the name says when the command must be over
+        victim.kill()  # SIGKILL: no reaper is left to end the tree
+        victim.wait()
+        assert _run(["true"], 10).returncode == 0  # a later command: not yet due, kept
+        assert local_pids(r"^sleep 1181") and local_pids(r"^sleep 1182") and os.path.isdir(cgroup)
+        # time passes: the same orphans in a cgroup named overdue by more than ORPHAN_S
+        # (cgroup v2 refuses renames, so they move house)
+        overdue = os.path.join(where, f"{reaper.CGROUP_PREFIX}{int(now - reaper.ORPHAN_S - 5)}-{'e' * 16}")
+        os.mkdir(overdue)
+        for pid in Path(cgroup, "cgroup.procs").read_text().split():
+            with open(os.path.join(overdue, "cgroup.procs"), "w") as f:
+                f.write(pid)
+        _rmdir(cgroup)
+        assert _run(["true"], 10).returncode == 0
+        assert _gone(r"^sleep 118[12]")  # the setsid escapee too: the cgroup held it
+        for _ in range(3):  # removed by that sweep, or the next once the dead are gone
+            if not os.path.exists(overdue):
+                break
+            time.sleep(0.2)
+            _run(["true"], 10)
+        assert not os.path.exists(overdue)
+    finally:
+        for pid in local_pids(r"^sleep 118[12]"):
+            os.kill(pid, 9)
+        victim.kill()
+        for path in (cgroup, overdue):
+            if path and os.path.isdir(path):
+                Path(path, "cgroup.kill").write_text("1")
+                _rmdir(path)
+
+
+def test_a_cgroup_not_yet_overdue_is_left_alone_whatever_it_holds() -> None:
+    """A live reaper's cgroup (deadline ahead, or passed by less than ``ORPHAN_S``: it is
+    still ending its tree) is never touched by another reaper's sweep."""
+    where = _usable_cgroup()
+    if where is None:
+        pytest.skip("no writable cgroup v2 here: the reaper uses its /proc walk")
+    now = int(time.clock_gettime(time.CLOCK_BOOTTIME))
+    ahead = os.path.join(where, f"{reaper.CGROUP_PREFIX}{now + 300}-{'a' * 16}")
+    ending = os.path.join(where, f"{reaper.CGROUP_PREFIX}{int(now - reaper.ORPHAN_S / 2)}-{'b' * 16}")
+    procs = []
+    try:
+        for path, tag in ((ahead, "1191"), (ending, "1192")):
+            os.mkdir(path)
+            procs.append(_in_cgroup(path, ["sleep", tag]))
+        time.sleep(0.2)
+        assert _run(["true"], 10).returncode == 0
+        assert all(p.poll() is None for p in procs)
+        assert os.path.isdir(ahead) and os.path.isdir(ending)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for path in (ahead, ending):
+            _rmdir(path)
+
+
+def _rmdir(cgroup: str) -> None:
+    """Remove ``cgroup`` once what left or was killed in it is gone (it lingers a moment)."""
+    for _ in range(100):
+        try:
+            os.rmdir(cgroup)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+    os.rmdir(cgroup)
