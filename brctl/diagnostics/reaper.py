@@ -11,9 +11,11 @@ out first). The deadline in the name is on the clock every process on the machin
 shares and nothing sets (``CLOCK_BOOTTIME``): a reaper killed with SIGKILL (the OOM
 killer, ``pkill -9 python3``) can end nothing, so every reaper's start ends what a
 cgroup ``ORPHAN_S`` past its deadline still holds and removes it (a live reaper has
-ended its tree and removed its cgroup long before). Where none can be made, this process is a child subreaper
-(``PR_SET_CHILD_SUBREAPER``) instead, so whatever the command starts stays below it
-even when it ``setsid``s or loses its parent. It ends the whole tree, found by a walk
+ended its tree and removed its cgroup long before), beside its own or, on a systemd
+machine, in the user's other session scopes. Where none can be made, this process
+is a child subreaper (``PR_SET_CHILD_SUBREAPER``) instead, so whatever the command
+starts stays below it even when it ``setsid``s or loses its parent. It ends the
+whole tree, found by a walk
 of ``/proc`` and in that cgroup (SIGTERM, SIGKILL ``GRACE_S`` later, with
 ``cgroup.kill`` where the kernel has it, repeated until nothing is left: in the
 cgroup, until its ``cgroup.events`` says it is no longer populated) when:
@@ -202,25 +204,42 @@ def _sweep(parent: str) -> None:
     one. One not yet due is a live reaper's, entered or about to be: left alone. A name
     without a deadline (an older brctl's) is removed only when empty and ``SWEEP_AGE_S``
     old, since its reaper may be alive."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
     now, stale = _boottime(), time.time() - SWEEP_AGE_S
-    for name in names:
-        due = _due(name)
-        if due is None or (due > 0 and now < due + ORPHAN_S):
-            continue
-        path = os.path.join(parent, name)
+    for place in _sweep_places(parent):
         try:
-            if due:
-                _kill_cgroup(path)
-                _signal_all(members(path), signal.SIGKILL)
-            elif os.stat(path).st_mtime >= stale:
-                continue
-            os.rmdir(path)
+            names = os.listdir(place)
         except OSError:
-            pass
+            continue
+        for name in names:
+            due = _due(name)
+            if due is None or (due > 0 and now < due + ORPHAN_S):
+                continue
+            path = os.path.join(place, name)
+            try:
+                if due:
+                    _kill_cgroup(path)
+                    _signal_all(members(path), signal.SIGKILL)
+                elif os.stat(path).st_mtime >= stale:
+                    continue
+                os.rmdir(path)
+            except OSError:
+                pass
+
+
+def _sweep_places(parent: str) -> list[str]:
+    """Where dead reapers' cgroups may be: ``parent``, and, where it is a logind session
+    (``session-N.scope``), every session scope beside it: on systemd machines each ssh
+    connection is a session of its own, so a later command never shares the parent of
+    one whose reaper was killed (the scope lingers while its orphans run)."""
+    name = os.path.basename(parent)
+    if not (name.startswith("session-") and name.endswith(".scope")):
+        return [parent]
+    user = os.path.dirname(parent)
+    try:
+        return [parent, *(os.path.join(user, n) for n in os.listdir(user)
+                          if n != name and n.startswith("session-") and n.endswith(".scope"))]
+    except OSError:
+        return [parent]
 
 
 def _leave_cgroup(cgroup: tuple[str, str]) -> None:

@@ -336,3 +336,40 @@ def _rmdir(cgroup: str) -> None:
         except OSError:
             time.sleep(0.02)
     os.rmdir(cgroup)
+
+
+def test_on_a_systemd_machine_the_user_s_other_session_scopes_are_swept_too() -> None:
+    """Each ssh connection is a logind session scope of its own there: the next command's
+    reaper never shares a parent with a dead one's, so it looks in the sessions beside its
+    own (and nowhere else: a service beside them is not brctl's to sweep)."""
+    where = _usable_cgroup()
+    if where is None:
+        pytest.skip("no writable cgroup v2 here: the reaper uses its /proc walk")
+    user = os.path.join(where, f"brctl-test-user-{os.getpid()}.slice")
+    mine, dead_one, service = (os.path.join(user, n) for n in ("session-7.scope", "session-3.scope", "x.service"))
+    overdue = f"{reaper.CGROUP_PREFIX}{int(time.clock_gettime(time.CLOCK_BOOTTIME) - reaper.ORPHAN_S - 5)}-{'c' * 16}"
+    procs = []
+    try:
+        for path in (user, mine, dead_one, service, os.path.join(dead_one, overdue), os.path.join(service, overdue)):
+            os.mkdir(path)
+        orphan = _in_cgroup(os.path.join(dead_one, overdue), ["sleep", "1201"])
+        kept = _in_cgroup(os.path.join(service, overdue), ["sleep", "1202"])
+        procs = [orphan, kept]
+        time.sleep(0.2)
+
+        def in_session() -> None:  # this reaper is the next command of the same user
+            with open(os.path.join(mine, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
+        done = subprocess.run(wrapped(sys.executable, ["true"], 10), preexec_fn=in_session,
+                              capture_output=True, text=True, timeout=scaled(30))
+        assert done.returncode == 0, done.stderr
+        assert orphan.wait(timeout=scaled(5)) == -9
+        assert kept.poll() is None and os.path.isdir(os.path.join(service, overdue))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for path in (os.path.join(dead_one, overdue), os.path.join(service, overdue), mine, dead_one, service, user):
+            if os.path.isdir(path):
+                _rmdir(path)
