@@ -21,6 +21,7 @@ import typer
 
 import brctl
 from brctl.cliargs import hoist
+from brctl.cliparams import install as light_coercion
 from brctl.core.errors import BrctlError, ExitCode
 from brctl.env import Env
 from brctl.render import Output, json_document, visible
@@ -136,6 +137,7 @@ def run(argv: list[str], env: Env | None = None) -> int:
 
     env = env if env is not None else Env()  # built here: errors go to its streams too
     out = env.output
+    light_coercion()  # --timeout 30 read without importing pydantic
     command = typer.main.get_command(build_app(env))
     front, rest = hoist(argv, command)
     debug = "--debug" in front

@@ -38,6 +38,7 @@ LAYER_OF = {
     "brctl.commands": "face",
     "brctl.cli": "face",
     "brctl.cliargs": "face",
+    "brctl.cliparams": "face",
     "brctl.manpages": "face",
     "brctl.__main__": "face",
 }
