@@ -1,14 +1,15 @@
 """Option values read without pydantic: ``--timeout 30`` costs no 100 ms import.
 
-typer 0.29 coerces every non-flag parameter it parses through a pydantic
-``TypeAdapter`` built on first use (``_TyperParameter.get_runtime_param``): a
-``brctl exec`` imports pydantic and builds adapters (~0.15 s of CPU on a small
-machine) before its first connection. ``install`` has typer give each parameter
-of the annotations brctl uses (str, bool, int, float, Path, an Enum, lists of
-those) a light coercion that answers only where its answer is certainly typer's (``30``, ``2.5``, ``gpu[1-4]``); any other value (``abc``, ``1e3``,
-``+5``) goes to typer's own coercion, built then, so every error message and
-every odd accepted form stay typer's. tests/unit/test_cliparams.py holds the two
-equal on a corpus of values.
+typer 0.29 coerces every parameter it parses through a pydantic ``TypeAdapter``
+built on first use (``_TyperParameter.get_runtime_param``): a ``brctl exec``
+imported pydantic and built adapters (~0.17 s of CPU on a small machine) before
+its first connection. ``install`` has typer give each parameter of the
+annotations brctl uses (str, bool, int, float, Path, an Enum, lists of those) a
+light coercion that answers only where its answer is certainly typer's (``30``,
+``2.5``, ``gpu[1-4]``); any other value (``abc``, ``1e3``, ``+5``) and any error
+go to typer's own coercion, built then, so every error message and every odd
+accepted form stay typer's. tests/unit/test_cliparams.py holds the two equal on
+a corpus of values.
 
 This leans on typer internals (pyproject pins typer to the tested minor): when
 they are not there, ``install`` does nothing and typer's normal path runs.
