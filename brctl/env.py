@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from brctl.analysis.inventory import Inventory
     from brctl.core.transport import Transport
     from brctl.remote.probes import ProbeRunner
+    from brctl.remote.slurm import JobRef
     from brctl.state import Store
 
 
@@ -112,14 +113,17 @@ class Env:
             self._transport = self.transport_given
         if self._transport is None:
             from brctl.remote.factory import RoutingTransport
-            from brctl.remote.slurm import JobRef
 
             inv = self.inventory(as_listed=True)  # every machine either way; no warning here
             ref = inv.job.slurm if inv.job else None
+            job: JobRef | None = None
+            if ref:  # only then: brctl.remote.slurm costs a run without Slurm ~10 ms to import
+                from brctl.remote.slurm import JobRef
+
+                job = JobRef(ref.job, ref.name, ref.user, ref.cluster)
             transport = RoutingTransport(
                 connect_rate=inv.ssh.connect_rate, slurm_partition=inv.slurm.partition,
-                slurm_job=JobRef(ref.job, ref.name, ref.user, ref.cluster) if ref else None,
-                environ=self.environ)
+                slurm_job=job, environ=self.environ)
             transport.preload(inv.nodes.values())
             self._transport = transport
         return self._transport
