@@ -1,4 +1,5 @@
-"""The options several commands share: ``-w/--nodes``, ``-x/--exclude``, ``-t/--timeout``, ``--by``.
+"""The options several commands share: ``-w/--nodes``, ``-x/--exclude``, ``-t/--timeout``, ``--by``,
+and the callbacks every duration (``seconds``) and other float option (``finite``) is read by.
 
 Declared once so the flags, metavars and wording cannot drift apart; each command
 says only what its selection or timeout means. As with pdsh and clush, ``-w ^FILE``
@@ -8,6 +9,7 @@ from standard input; the inventory resolves ``@groups`` and refuses unknown name
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from typing import Any, Optional
@@ -77,13 +79,24 @@ BY: Any = typer.Option(
 
 def timeout(default: Optional[float], meaning: str, **extra: Any) -> Any:
     """``-t/--timeout SECONDS``; ``meaning`` says what it bounds (and its default)."""
-    return typer.Option(default, "-t", "--timeout", metavar="SECONDS", help=meaning, **extra)
+    return typer.Option(default, "-t", "--timeout", metavar="SECONDS", help=meaning,
+                        callback=seconds, **extra)
 
 
-def check_seconds(flag: str, value: Optional[float]) -> None:
-    """Refuse a duration option that is not above zero (exit 2, naming the flag)."""
-    if value is not None and value <= 0:
-        raise UsageError(f"{flag} {value:g}: expected seconds greater than 0")
+def seconds(ctx: typer.Context, param: Any, value: Optional[float]) -> Optional[float]:
+    """A duration option's callback: a finite number of seconds above zero, else exit 2
+    naming the flag (typer reads ``nan``, ``inf`` and ``1e400`` as floats)."""
+    if value is not None and not 0 < value < math.inf:  # NaN fails both
+        raise UsageError(f"{param.opts[-1]} {value:g}: expected a finite number of seconds greater than 0")
+    return value
+
+
+def finite(ctx: typer.Context, param: Any, value: Optional[float]) -> Optional[float]:
+    """Any other float option's callback: a finite number, else exit 2 naming the flag
+    (no option of brctl means ``nan`` or ``inf``)."""
+    if value is not None and not math.isfinite(value):
+        raise UsageError(f"{param.opts[-1]} {value:g}: expected a finite number")
+    return value
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 app = typer.Typer(help="Run the unattended loop (run) or read its records (status).",
@@ -27,7 +28,7 @@ def run(
                                                  help="Stop after N polls."),
     until_step: Optional[int] = typer.Option(None, "--until-step", metavar="STEP",
                                              help="Stop once the job logs this step."),
-    duration: Optional[float] = typer.Option(None, "--for", metavar="SECONDS",
+    duration: Optional[float] = typer.Option(None, "--for", metavar="SECONDS", callback=opt.seconds,
                                              help="Stop after this long."),
     no_metrics: bool = typer.Option(False, "--no-metrics", help="Do not serve /metrics."),
 ) -> int:

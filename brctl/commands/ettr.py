@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -14,7 +15,7 @@ def register(app: typer.Typer) -> None:
 
 def ettr(
     ctx: typer.Context,
-    window: float = typer.Option(3600.0, "--window", metavar="SECONDS",
+    window: float = typer.Option(3600.0, "--window", metavar="SECONDS", callback=opt.seconds,
                                  help="Sliding window for the windowed ratio."),
     points: int = typer.Option(40, "--points", metavar="N",
                                help="Columns of the chart (samples of the windowed ratio)."),

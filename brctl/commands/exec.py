@@ -70,7 +70,6 @@ def exec_command(
 
     env: Env = ctx.obj
     argv = command_argv(command, shell=not argv_only)
-    opt.check_seconds("--timeout", timeout)
     if stdin and opt.STDIN_TAKEN in ctx.meta:
         raise UsageError(f"exec: -s/--stdin and {ctx.meta[opt.STDIN_TAKEN]} - both want standard input",
                          hint="give the node set with -w NODESET when sending stdin")

@@ -19,7 +19,7 @@ def health_command(
     ctx: typer.Context,
     select: Optional[str] = opt.nodes("every machine"),
     exclude: Optional[str] = opt.EXCLUDE,
-    watch: Optional[float] = typer.Option(None, "--watch", metavar="SECONDS",
+    watch: Optional[float] = typer.Option(None, "--watch", metavar="SECONDS", callback=opt.seconds,
                                           help="Repeat every SECONDS; after the first report "
                                                "print only the checks whose status changed "
                                                "(with --json: one document per line, NDJSON)."),
@@ -45,10 +45,8 @@ def health_command(
     from brctl.operations.health import HealthReport, sweep, sweeps
 
     env: Env = ctx.obj
-    opt.check_seconds("--watch", watch)
     if count is not None and count < 1:
         raise UsageError(f"--count {count}: expected a whole number >= 1")
-    opt.check_seconds("--timeout", timeout)
     inv = env.inventory()
     nodes = inv.select(select, exclude)
     if not nodes:

@@ -90,7 +90,6 @@ def replay_command(
     for name, value in (("--steps", steps), ("--repeat", repeat), ("--max-rounds", max_rounds)):
         if value is not None and value < 1:
             raise UsageError(f"{name} {value}: expected a whole number >= 1")
-    opt.check_seconds("--timeout", timeout)
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device {device!r}: expected auto, cpu or cuda")
     inv = env.inventory()

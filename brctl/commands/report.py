@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -22,7 +23,7 @@ def report(
                                                "brctl-report-JOB.html here)."),
     png: bool = typer.Option(False, "--png", help="Also write a picture of the page "
                                                   "(FILE with .png) for chat; needs Chromium."),
-    window: float = typer.Option(3600.0, "--window", metavar="SECONDS",
+    window: float = typer.Option(3600.0, "--window", metavar="SECONDS", callback=opt.seconds,
                                  help="Sliding window of the ETTR line."),
     points: int = typer.Option(200, "--points", metavar="N", help="Samples of the ETTR line."),
 ) -> int:

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from brctl.commands import _options as opt
 from brctl.env import Env
 
 
@@ -29,7 +30,8 @@ def simulate(
                                           help="Warm standby pool size (default: the inventory's "
                                                "standby: count; 0 with --machines and no "
                                                "inventory)."),
-    days: float = typer.Option(90.0, "--days", metavar="D", help="Simulated job length in days."),
+    days: float = typer.Option(90.0, "--days", metavar="D", callback=opt.finite,
+                               help="Simulated job length in days."),
     ckpt_interval: str = typer.Option("30m", "--ckpt-interval", metavar="DURATION",
                                       help="Checkpoint every DURATION of training (90s, 30m, 2h)."),
     runs: int = typer.Option(1, "--runs", metavar="N",

@@ -20,7 +20,7 @@ def stacks(
     rounds: int = typer.Option(5, "--rounds", metavar="N", min=1,
                                help="Collections to take (fail-slow votes over them); a round "
                                "that finds no training process anywhere is the last."),
-    interval: float = typer.Option(10.0, "--interval", metavar="SECONDS", min=0.0,
+    interval: float = typer.Option(10.0, "--interval", metavar="SECONDS", min=0.0, callback=opt.finite,
                                    help="Seconds between the starts of two rounds."),
     save: Optional[str] = typer.Option(None, "--save", metavar="DIR",
                                        help="Keep the dumps: DIR/<node>/<rank>-<pid>.json "
@@ -29,6 +29,7 @@ def stacks(
                                            help="Analyse a --save directory offline (no inventory "
                                                 "or nodes needed)."),
     dump_timeout: float = typer.Option(10.0, "--dump-timeout", metavar="SECONDS", min=0.1,
+                                       callback=opt.finite,
                                        help="Seconds for one py-spy dump (× $BRCTL_TIMEOUT_SCALE)."),
     timeout: float = opt.timeout(120.0, "Seconds for the whole probe on one machine.",
                                    min=1.0),

@@ -22,11 +22,12 @@ def size(
     ctx: typer.Context,
     machines: Optional[int] = typer.Option(None, "--machines", metavar="N",
                                            help="Machines in the job (default: the job's count)."),
-    quantile: float = typer.Option(0.99, "--quantile", metavar="Q", help="Coverage probability."),
-    window: Optional[float] = typer.Option(None, "--window", metavar="HOURS",
+    quantile: float = typer.Option(0.99, "--quantile", metavar="Q", callback=opt.finite,
+                                   help="Coverage probability."),
+    window: Optional[float] = typer.Option(None, "--window", metavar="HOURS", callback=opt.finite,
                                            help="Replenish window (default daemon.replenish_window)."),
     daily_rate: Optional[float] = typer.Option(
-        None, "--daily-failure-rate", metavar="P",
+        None, "--daily-failure-rate", metavar="P", callback=opt.finite,
         help="Per-machine failure probability per day (default: from the recorded history)."),
 ) -> int:
     """Size the pool: the QUANTILE of Binomial(machines, p) failures in the window.

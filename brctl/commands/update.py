@@ -49,7 +49,6 @@ def _context(env: Env, select: Optional[str], exclude: Optional[str],
     from brctl.operations.daemon_state import DaemonState
     from brctl.operations.update import UpdateContext, who
 
-    opt.check_seconds("--timeout", timeout)
     inv = env.inventory()
     nodes = inv.select(select, exclude) if select or exclude else None
     if nodes is not None and not nodes:

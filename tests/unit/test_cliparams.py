@@ -138,3 +138,27 @@ def test_bad_values_are_typers_usage_errors(brctl: Any, argv: list[str], message
     res = brctl("-i", LOCAL, *argv)
     assert res.exit_code == 2 and res.stderr == (
         f"brctl: error: {message}\nhint: run 'brctl --help' (or 'brctl COMMAND --help')\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["exec", "-t", "nan", "true"], "--timeout nan: expected a finite number of seconds greater than 0"),
+    (["exec", "-t", "inf", "true"], "--timeout inf: expected a finite number of seconds greater than 0"),
+    (["exec", "-t", "1e400", "true"], "--timeout inf: expected a finite number of seconds greater than 0"),
+    (["nodes", "--probe", "-t", "-1"], "--timeout -1: expected a finite number of seconds greater than 0"),
+    (["stacks", "-t", "inf"], "--timeout inf: expected a finite number of seconds greater than 0"),
+    (["health", "--watch", "inf"], "--watch inf: expected a finite number of seconds greater than 0"),
+    (["daemon", "run", "--for", "nan"], "--for nan: expected a finite number of seconds greater than 0"),
+    (["stacks", "--dump-timeout", "inf"], "--dump-timeout inf: expected a finite number"),
+    (["stacks", "--interval", "inf"], "--interval inf: expected a finite number"),
+    (["simulate", "--days", "nan"], "--days nan: expected a finite number"),
+    (["ettr", "--window", "nan"], "--window nan: expected a finite number of seconds greater than 0"),
+    (["report", "--window", "-inf"], "--window -inf: expected a finite number of seconds greater than 0"),
+    (["standby", "size", "--quantile", "nan"], "--quantile nan: expected a finite number"),
+    (["standby", "size", "--daily-failure-rate", "inf"], "--daily-failure-rate inf: expected a finite number"),
+])
+def test_a_number_option_is_a_finite_number(brctl: Any, argv: list[str], message: str) -> None:
+    """typer reads 'nan', 'inf' and '1e400' as floats; no brctl option means one: `exec -t nan`
+    was an internal error (exit 70), `-t inf` an OverflowError per machine, `simulate --days
+    inf` ran for ever, and `nodes --probe -t -1` was taken."""
+    res = brctl("-i", LOCAL, *argv)
+    assert res.exit_code == 2 and res.stderr == f"brctl: error: {message}\n", res.stderr
