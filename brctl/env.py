@@ -41,10 +41,10 @@ def timeout_scale(environ: Mapping[str, str]) -> float:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if value <= 0:
+    if not 0 < value < float("inf"):  # NaN fails both
         from brctl.core.errors import UsageError
 
-        raise UsageError(f"$BRCTL_TIMEOUT_SCALE={raw!r}: expected a number greater than 0")
+        raise UsageError(f"$BRCTL_TIMEOUT_SCALE={raw!r}: expected a finite number greater than 0")
     return value
 
 

@@ -11,6 +11,7 @@ for value rules beyond the type.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 import types
@@ -119,6 +120,8 @@ def _convert(value: Any, tp: Any, source: str, path: str) -> Any:  # noqa: C901 
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SchemaError(source, path, f"got {value!r}, expected a number")
+        if not math.isfinite(value):  # YAML's .nan and .inf: no setting means one
+            raise SchemaError(source, path, f"got {value!r}, expected a finite number")
         return float(value)
     if tp is str:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):

@@ -162,3 +162,10 @@ def test_a_number_option_is_a_finite_number(brctl: Any, argv: list[str], message
     inf` ran for ever, and `nodes --probe -t -1` was taken."""
     res = brctl("-i", LOCAL, *argv)
     assert res.exit_code == 2 and res.stderr == f"brctl: error: {message}\n", res.stderr
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf", "0", "x"])
+def test_the_timeout_scale_is_a_finite_number_above_zero(brctl: Any, scale: str) -> None:
+    res = brctl("-i", LOCAL, "nodes", "--probe", env={"BRCTL_TIMEOUT_SCALE": scale})
+    assert res.exit_code == 2 and res.stderr == (
+        f"brctl: error: $BRCTL_TIMEOUT_SCALE={scale!r}: expected a finite number greater than 0\n")

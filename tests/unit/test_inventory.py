@@ -105,6 +105,11 @@ def test_per_entry_ssh_overrides_win() -> None:
         ({"nodes": [{"name": "a1"}], "update": {"rooot": "/x"}}, "update.rooot: unknown key"),
         ([1, 2], "expected a mapping at the top level"),
         ({}, "nodes: required key is missing"),
+        # YAML's .nan and .inf are floats; no key means one (a NaN timeout was exit 70)
+        ({"nodes": [{"name": "a1"}], "ssh": {"command_timeout": float("nan")}},
+         "x.yaml: ssh.command_timeout: got nan, expected a finite number"),
+        ({"nodes": [{"name": "a1"}], "ssh": {"connect_timeout": float("inf")}},
+         "x.yaml: ssh.connect_timeout: got inf, expected a finite number"),
     ],
 )
 def test_errors_name_file_key_and_form(doc: object, message: str) -> None:
