@@ -11,7 +11,8 @@ out first). The deadline in the name is on the clock every process on the machin
 shares and nothing sets (``CLOCK_BOOTTIME``): a reaper killed with SIGKILL (the OOM
 killer, ``pkill -9 python3``) can end nothing, so every reaper's start ends what a
 cgroup ``ORPHAN_S`` past its deadline still holds and removes it (a live reaper has
-ended its tree and removed its cgroup long before), beside its own or, on a systemd
+ended its tree and removed its cgroup long before: its deadline is on the same clock,
+looked at every ``WAKE_S`` even across a suspend), beside its own or, on a systemd
 machine, in the user's other session scopes. Where none can be made, this process
 is a child subreaper (``PR_SET_CHILD_SUBREAPER``) instead, so whatever the command
 starts stays below it even when it ``setsid``s or loses its parent. It ends the
@@ -109,7 +110,7 @@ def _enter_cgroup(seconds: float) -> tuple[str, str] | None:
     if parent is None:
         return None
     _sweep(parent)
-    due = int(_boottime() + seconds) + 1
+    due = int(now() + seconds) + 1
     mine = os.path.join(parent, f"{CGROUP_PREFIX}{due}-{os.urandom(8).hex()}")
     try:
         os.mkdir(mine)
@@ -175,11 +176,16 @@ def _live(pid: int, state: bytes) -> bool:
 
 ORPHAN_S = 30.0  # past its deadline by this much, a cgroup has outlived its reaper
 SWEEP_AGE_S = 60.0  # a cgroup named without a deadline (older brctl) and younger: kept
+WAKE_S = 10.0  # the longest wait between two looks at the clock (it may jump: a suspend)
+MAX_S = 10 * 365 * 86400.0  # a longer (or no number) timeout is this: poll() takes ~24 days
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
-def _boottime() -> float:
-    """Seconds on the one clock all processes here share, immune to clock steps."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
+def now() -> float:
+    """The reaper's one clock: CLOCK_BOOTTIME on Linux, shared by every process, set by
+    nothing, and counting through a suspend (CLOCK_MONOTONIC, which Python's monotonic
+    reads, stops then), so a cgroup's name and its reaper agree when it is overdue."""
+    return time.clock_gettime(_CLOCK)
 
 
 def _due(name: str) -> int | None:
@@ -192,7 +198,7 @@ def _due(name: str) -> int | None:
         return None
     if not head:
         return 0
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isascii() and head.isdigit() else None  # not '٣', '²'
 
 
 def _sweep(parent: str) -> None:
@@ -204,7 +210,7 @@ def _sweep(parent: str) -> None:
     one. One not yet due is a live reaper's, entered or about to be: left alone. A name
     without a deadline (an older brctl's) is removed only when empty and ``SWEEP_AGE_S``
     old, since its reaper may be alive."""
-    now, stale = _boottime(), time.time() - SWEEP_AGE_S
+    at, stale = now(), time.time() - SWEEP_AGE_S
     for place in _sweep_places(parent):
         try:
             names = os.listdir(place)
@@ -212,7 +218,7 @@ def _sweep(parent: str) -> None:
             continue
         for name in names:
             due = _due(name)
-            if due is None or (due > 0 and now < due + ORPHAN_S):
+            if due is None or (due > 0 and at < due + ORPHAN_S):
                 continue
             path = os.path.join(place, name)
             try:
@@ -331,8 +337,8 @@ def kill_tree(leader: int, cgroup: str | None = None) -> None:
     except OSError:
         pass
     _signal_all(_tree(cgroup), signal.SIGTERM)
-    give_up = time.monotonic() + GRACE_S
-    while time.monotonic() < give_up:
+    give_up = now() + GRACE_S
+    while now() < give_up:
         _reap()
         if not _anything_left(cgroup):
             break
@@ -375,7 +381,9 @@ def _exit_code(status: int) -> int:
 
 def main(argv: list[str]) -> int:
     seconds, cmd = float(argv[0]), argv[1:]
-    deadline = time.monotonic() + seconds
+    if not seconds < MAX_S:  # inf, nan, 1e300: no arithmetic on it may overflow
+        seconds = MAX_S
+    deadline = now() + seconds
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -412,11 +420,11 @@ def _supervise(leader: int, deadline: float, seconds: float, wake_r: int, cgroup
         poller.register(fd, 0)  # only POLLERR/POLLHUP: the reader went away
     reason: int | None = None
     while reason is None:
-        left = deadline - time.monotonic()
+        left = deadline - now()
         if left <= 0:
             reason = TIMEOUT_EXIT
             break
-        for fd, events in poller.poll(left * 1000 + 1):
+        for fd, events in poller.poll(min(left, WAKE_S) * 1000 + 1):
             if fd == wake_r:
                 for signum in os.read(wake_r, 512):
                     if signum in _STOP_SIGNALS:

@@ -30,7 +30,7 @@ def _source() -> str:
 
 def wrapped(python: str, argv: Sequence[str], timeout: float) -> list[str]:
     """``argv`` under the reaper with ``timeout`` seconds, run by ``python``."""
-    return [python, "-I", "-S", "-c", _source(), f"{timeout:.3f}", *argv]
+    return [python, "-I", "-S", "-c", _source(), repr(float(timeout)), *argv]  # 0.0004 is not 0
 
 
 def shell_line(python: str, argv: Sequence[str], timeout: float) -> str:

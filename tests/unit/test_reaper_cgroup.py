@@ -373,3 +373,24 @@ def test_on_a_systemd_machine_the_user_s_other_session_scopes_are_swept_too() ->
         for path in (os.path.join(dead_one, overdue), os.path.join(service, overdue), mine, dead_one, service, user):
             if os.path.isdir(path):
                 _rmdir(path)
+
+
+@pytest.mark.parametrize("seconds", [3_000_000.0, 1e300, float("inf")])
+def test_a_timeout_of_months_or_no_number_still_supervises(seconds: float) -> None:
+    """poll() takes at most ~24 days: a longer timeout crashed the reaper after the spawn
+    and its command ran on unsupervised, moved out of its cgroup."""
+    done = _run(["sh", "-c", "echo ran"], seconds)
+    assert (done.returncode, done.stdout.splitlines()[-1:], done.stderr) == (0, ["ran"], "")
+
+
+def test_a_timeout_under_a_millisecond_is_not_zero() -> None:
+    assert wrapped("python3", ["true"], 0.0004)[5] == "0.0004"
+
+
+def test_only_a_reaper_s_name_is_read_as_a_deadline() -> None:
+    tag = "0123456789abcdef"
+    assert reaper._due(f"brctl-1234-{tag}") == 1234
+    assert reaper._due(f"brctl-{tag}") == 0  # an older reaper's: the age rule
+    for name in (f"brctl-²-{tag}", f"brctl-٣-{tag}", f"brctl-12-{tag[:-1]}", f"brctl-1-{tag.upper()}",
+                 "brctl-test-user-1.slice", f"other-1-{tag}", f"brctl-1x-{tag}"):
+        assert reaper._due(name) is None, name  # '²'.isdigit() and int() refused it: every reaper crashed
