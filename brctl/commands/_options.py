@@ -108,8 +108,8 @@ def parse_duration(text: str, what: str) -> float:
     Raises:
         UsageError: not a positive duration (the message names ``what``).
     """
-    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", text)
+    match = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$", text)  # not \d: '٣'
     seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else 0.0
-    if seconds <= 0:
+    if not 0 < seconds < math.inf:  # 400 nines is inf
         raise UsageError(f"{what} {text!r}: expected a duration like 90s, 45m, 24h or 2d")
     return seconds

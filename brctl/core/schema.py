@@ -120,9 +120,14 @@ def _convert(value: Any, tp: Any, source: str, path: str) -> Any:  # noqa: C901 
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SchemaError(source, path, f"got {value!r}, expected a number")
-        if not math.isfinite(value):  # YAML's .nan and .inf: no setting means one
+        try:
+            number = float(value)  # a YAML integer of 400 digits is too large for one
+        except OverflowError:
+            raise SchemaError(source, path, f"got a {len(str(abs(value)))}-digit number, "
+                                            "expected a finite number") from None
+        if not math.isfinite(number):  # YAML's .nan and .inf: no setting means one
             raise SchemaError(source, path, f"got {value!r}, expected a finite number")
-        return float(value)
+        return number
     if tp is str:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise SchemaError(source, path, f"got {_typename(value)}, expected a string")

@@ -110,6 +110,8 @@ def test_per_entry_ssh_overrides_win() -> None:
          "x.yaml: ssh.command_timeout: got nan, expected a finite number"),
         ({"nodes": [{"name": "a1"}], "ssh": {"connect_timeout": float("inf")}},
          "x.yaml: ssh.connect_timeout: got inf, expected a finite number"),
+        ({"nodes": [{"name": "a1"}], "ssh": {"connect_timeout": 10 ** 400}},
+         "x.yaml: ssh.connect_timeout: got a 401-digit number, expected a finite number"),
     ],
 )
 def test_errors_name_file_key_and_form(doc: object, message: str) -> None:
