@@ -73,9 +73,8 @@ def run(
     from brctl.operations.daemon_serve import RunOptions, serve
 
     env: Env = ctx.obj
-    for name, value in (("--max-iterations", max_iterations), ("--for", duration)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{name} {value}: expected a number greater than 0")
+    if max_iterations is not None and max_iterations <= 0:  # --for: its callback
+        raise UsageError(f"--max-iterations {max_iterations}: expected a number greater than 0")
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) \
         if threading.current_thread() is threading.main_thread() else None
