@@ -16,10 +16,10 @@ looked at every ``WAKE_S`` even across a suspend), beside its own or, on a syste
 machine, in the user's other session scopes. Where none can be made, this process
 is a child subreaper (``PR_SET_CHILD_SUBREAPER``) instead, so whatever the command
 starts stays below it even when it ``setsid``s or loses its parent. It ends the
-whole tree, found by a walk
-of ``/proc`` and in that cgroup (SIGTERM, SIGKILL ``GRACE_S`` later, with
-``cgroup.kill`` where the kernel has it, repeated until nothing is left: in the
-cgroup, until its ``cgroup.events`` says it is no longer populated) when:
+whole tree, found by a walk of ``/proc`` and in that cgroup (SIGTERM, SIGKILL
+``GRACE_S`` later, with ``cgroup.kill`` where the kernel has it, repeated until
+nothing is left: in the cgroup, until its ``cgroup.events`` says it is no longer
+populated) when:
 
 - the deadline passes: exit 124, whatever the command does with SIGTERM;
 - the channel goes away (stdout/stderr's reader closed: Ctrl-C on the
@@ -224,7 +224,6 @@ def _sweep(parent: str) -> None:
             try:
                 if due:
                     _kill_cgroup(path)
-                    _signal_all(members(path), signal.SIGKILL)
                 elif os.stat(path).st_mtime >= stale:
                     continue
                 os.rmdir(path)
@@ -346,7 +345,7 @@ def kill_tree(leader: int, cgroup: str | None = None) -> None:
     for _ in range(100):  # a tree that forks while it dies needs a few rounds
         if cgroup is not None:
             _kill_cgroup(cgroup)
-        _signal_all(_tree(cgroup), signal.SIGKILL)
+        _signal_all(descendants(os.getpid()), signal.SIGKILL)
         time.sleep(0.01)
         _reap()
         if not _anything_left(cgroup):
@@ -354,13 +353,14 @@ def kill_tree(leader: int, cgroup: str | None = None) -> None:
 
 
 def _kill_cgroup(cgroup: str) -> None:
-    """SIGKILL all ``cgroup`` holds at once, forks in flight too (``cgroup.kill``, Linux
-    5.14+; callers also SIGKILL each member they find, for older kernels)."""
+    """SIGKILL all ``cgroup`` holds: at once, forks in flight too, with ``cgroup.kill``
+    (Linux 5.14+), and each member it lists, for older kernels."""
     try:
         with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
             f.write("1")
     except OSError:
         pass
+    _signal_all(members(cgroup), signal.SIGKILL)
 
 
 def _become_subreaper() -> None:
