@@ -59,6 +59,7 @@ import hashlib
 import json
 import os
 import posixpath
+import pwd
 import re
 import secrets
 import stat
@@ -213,16 +214,36 @@ def open_step(req: dict[str, Any], root_fd: int) -> int:
                            f"{safefs.check_component(req['step'])}", root_fd)
 
 
+def job_account(req: dict[str, Any]) -> tuple[int, int] | None:
+    """(uid, gid) of the request's ``job_user`` (the inventory's ``job.user``) here, or None."""
+    user = req.get("job_user")
+    if not user:
+        return None
+    try:
+        account = pwd.getpwnam(str(user))
+    except KeyError:
+        raise Refused(f"job.user {user!r}: no such user on this machine") from None
+    return account.pw_uid, account.pw_gid
+
+
+def job_uid(req: dict[str, Any]) -> int | None:
+    """The uid of the request's ``job_user`` here, or None: whose private files a root
+    directory others can write may hold (``safefs.foreign_file``)."""
+    account = job_account(req)
+    return None if account is None else account[0]
+
+
 # -- reading --------------------------------------------------------------------------
 
 
-def _hash_at(base_fd: int, rel: str) -> tuple[int, str, int, os.stat_result]:
+def _hash_at(base_fd: int, rel: str, job_uid: int | None = None
+             ) -> tuple[int, str, int, os.stat_result]:
     """(size, sha256, permission bits, stat) of ``rel`` below ``base_fd``, opened without links.
 
     ``safefs.open_read``: a file the job user may have hard linked there (someone
     else's) is refused (``ForeignFile``), judged on the file actually opened.
     """
-    fd = safefs.open_read(base_fd, rel)
+    fd = safefs.open_read(base_fd, rel, job_uid)
     try:
         st = os.fstat(fd)
         return st.st_size, _digest(fd), stat.S_IMODE(st.st_mode), st
@@ -230,13 +251,14 @@ def _hash_at(base_fd: int, rel: str) -> tuple[int, str, int, os.stat_result]:
         os.close(fd)
 
 
-def _describe(base_fd: int, rels: list[str], skipped: list[list[str]]) -> list[dict[str, Any]]:
+def _describe(base_fd: int, rels: list[str], skipped: list[list[str]],
+              job_uid: int | None) -> list[dict[str, Any]]:
     """Each file's entry: path, size, sha256, permission bits and its identity (dev, ino)
     on this node, which ``ckptmove send`` checks again; refused ones go to ``skipped``."""
     out = []
     for rel in rels:
         try:
-            size, sha, mode, st = _hash_at(base_fd, rel)
+            size, sha, mode, st = _hash_at(base_fd, rel, job_uid)
         except safefs.ForeignFile as exc:
             skipped.append([rel, f"{exc.why}; not read"])
             continue
@@ -248,14 +270,15 @@ def _describe(base_fd: int, rels: list[str], skipped: list[list[str]]) -> list[d
     return out
 
 
-def _step_files(base_fd: int, name: str) -> tuple[list[str], list[list[str]]]:
+def _step_files(base_fd: int, name: str, job_uid: int | None
+                ) -> tuple[list[str], list[list[str]]]:
     """Regular files of one step (a file or a tree), relative to ``base_fd``."""
     st = os.lstat(name, dir_fd=base_fd)
     if stat.S_ISREG(st.st_mode):
         return [name], []
     fd = safefs.open_dir(name, base_fd)
     try:
-        walk = safefs.walk_files(fd, exclude=frozenset({MANIFEST}))
+        walk = safefs.walk_files(fd, exclude=frozenset({MANIFEST}), job_uid=job_uid)
     finally:
         os.close(fd)
     return ([f"{name}/{p}" for p in walk.files],
@@ -263,8 +286,10 @@ def _step_files(base_fd: int, name: str) -> tuple[list[str], list[list[str]]]:
 
 
 def scan(req: dict[str, Any]) -> dict[str, Any]:
-    """The node's own steps, newest first; the newest ``hash_steps`` eligible ones hashed."""
+    """The node's own steps, newest first; the newest ``hash_steps`` eligible ones hashed
+    (``job_user``: whose private files a root directory others can write may hold)."""
     pattern, marker, want = req.get("glob", "*"), req.get("marker"), int(req.get("hash_steps", 1))
+    uid = job_uid(req)
     try:
         base, path = open_ckpt(req)
     except FileNotFoundError:
@@ -286,9 +311,9 @@ def scan(req: dict[str, Any]) -> dict[str, Any]:
             step: dict[str, Any] = {"name": name, "eligible": eligible}
             if eligible and want > 0:
                 try:
-                    rels, step["skipped"] = _step_files(base, name)
+                    rels, step["skipped"] = _step_files(base, name, uid)
                     # a file rotated away before it is hashed: the step is no longer whole
-                    step["files"] = _describe(base, rels, step["skipped"])
+                    step["files"] = _describe(base, rels, step["skipped"], uid)
                 except (SymlinkRefused, FileNotFoundError) as exc:  # swapped since listed
                     skipped.append([name, str(exc.strerror)])
                     continue
@@ -340,7 +365,7 @@ def scan_backup(req: dict[str, Any]) -> dict[str, Any]:
         except FileNotFoundError:
             return {"root": root, "steps": [], "skipped": []}
         try:
-            steps = _backup_steps(src_fd, deep, only, skipped)
+            steps = _backup_steps(src_fd, deep, only, skipped, job_uid(req))
         finally:
             os.close(src_fd)
     finally:
@@ -348,8 +373,8 @@ def scan_backup(req: dict[str, Any]) -> dict[str, Any]:
     return {"root": root, "steps": steps, "skipped": skipped}
 
 
-def _backup_steps(src_fd: int, deep: bool, only: str | None,
-                  skipped: list[list[str]]) -> list[dict[str, Any]]:
+def _backup_steps(src_fd: int, deep: bool, only: str | None, skipped: list[list[str]],
+                  job_uid: int | None) -> list[dict[str, Any]]:
     """The steps of one source; what is not followed or read goes to ``skipped``
     (``[step or step/path, why]``): in the legacy area, inside the job's directory,
     that is what the job planted there."""
@@ -372,10 +397,10 @@ def _backup_steps(src_fd: int, deep: bool, only: str | None,
                 entry["committed_at"] = manifest.get("committed_at")
             if manifest is None or deep:
                 mine: list[list[str]] = []
-                walk = safefs.walk_files(fd, exclude=frozenset({MANIFEST}))
+                walk = safefs.walk_files(fd, exclude=frozenset({MANIFEST}), job_uid=job_uid)
                 mine.extend([p, why] for p, why in walk.skipped)
                 entry["present"] = {d["path"]: d["sha256"]
-                                    for d in _describe(fd, walk.files, mine)}
+                                    for d in _describe(fd, walk.files, mine, job_uid)}
                 skipped.extend([f"{name}/{p}", why] for p, why in mine)
             steps.append(entry)
         finally:

@@ -45,7 +45,6 @@ import hashlib
 import json
 import os
 import posixpath
-import pwd
 import secrets
 import stat
 import sys
@@ -61,6 +60,8 @@ from brctl.diagnostics.ckptfiles import (
     Refused,
     check_files,
     check_in_step,
+    job_account,
+    job_uid,
     open_area,
     open_ckpt,
     open_step,
@@ -103,18 +104,6 @@ def _open_staging(base_fd: int, req: dict[str, Any]) -> int:
     return fd
 
 
-def _job_account(req: dict[str, Any]) -> tuple[int, int] | None:
-    """(uid, gid) of the request's ``job_user`` (the inventory's ``job.user``) here, or None."""
-    user = req.get("job_user")
-    if not user:
-        return None
-    try:
-        account = pwd.getpwnam(str(user))
-    except KeyError:
-        raise Refused(f"job.user {user!r}: no such user on this machine") from None
-    return account.pw_uid, account.pw_gid
-
-
 def _make_ckpt_dir(req: dict[str, Any]) -> None:
     """A missing ``dir`` (a fresh standby), made 0755: owned by ``job_user`` when the
     request names one, else by its nearest existing ancestor's owner (the job user
@@ -127,7 +116,7 @@ def _make_ckpt_dir(req: dict[str, Any]) -> None:
     afd = safefs.open_dir(real)
     try:
         st = os.fstat(afd)
-        owner = _job_account(req) or (st.st_uid, st.st_gid)
+        owner = job_account(req) or (st.st_uid, st.st_gid)
         fd = safefs.make_dirs(afd, posixpath.relpath(want, top), 0o755)
         try:
             os.fchown(fd, *owner)
@@ -143,7 +132,7 @@ def stage(req: dict[str, Any]) -> dict[str, Any]:
     The answer names it and its identity (``staging_id``: [dev, ino]), which every
     later request on it must carry.
     """
-    _job_account(req)  # an unknown job.user is refused before anything is made
+    job_account(req)  # an unknown job.user is refused before anything is made
     try:
         base, path = open_ckpt(req)
     except FileNotFoundError:
@@ -201,7 +190,7 @@ def finish_restore(req: dict[str, Any]) -> dict[str, Any]:
     owner), rename the step into place; ``owner_uid`` says whose they now are."""
     files = req["files"]
     step = check_in_step(req["step"], files)
-    job = _job_account(req)
+    job = job_account(req)
     base, path = open_ckpt(req)
     try:
         sfd = _open_staging(base, req)
@@ -292,10 +281,11 @@ def send(req: dict[str, Any], out: IO[bytes]) -> None:
     """
     if req.get("step") is not None:
         check_in_step(req["step"], req["files"])
+    uid = job_uid(req)
     base = _stream_base(req, receiving=False)
     try:
         for f in req["files"]:
-            fd = safefs.open_read(base, safefs.check_relpath(f["path"]))
+            fd = safefs.open_read(base, safefs.check_relpath(f["path"]), uid)
             try:
                 st = os.fstat(fd)
                 if "ino" in f and (st.st_dev, st.st_ino) != (f.get("dev"), f["ino"]):

@@ -35,7 +35,8 @@ Rules this module enforces, so callers need not re-derive them:
   ``foreign_file`` is the one rule for every file brctl reads as root: in a
   directory only root can write (root-owned, not group/other writable) anything
   goes; a file of the directory's owner (not root) is its own; otherwise a file
-  with more than one link, or a root file others may not read, is refused.
+  with more than one link is refused, and so is a file others may not read unless
+  it is the job user's (``job_uid``) in a root directory others can write.
   ``open_read``, ``walk_files`` and ``open_job_file`` apply it to the file
   actually opened or listed and the directory it was found in.
 - Job files. ``open_job_file`` opens a file brctl only reads (a log) by absolute
@@ -110,7 +111,8 @@ class ForeignFile(OSError):
         self.path, self.why = path, why
 
 
-def foreign_file(st: os.stat_result, dir_st: os.stat_result) -> str | None:
+def foreign_file(st: os.stat_result, dir_st: os.stat_result,
+                 job_uid: int | None = None) -> str | None:
     """Why root must not read file ``st`` found in directory ``dir_st``, or ``None``.
 
     Whoever can write a directory can put a hard link there to a file it cannot read
@@ -122,9 +124,11 @@ def foreign_file(st: os.stat_result, dir_st: os.stat_result) -> str | None:
     - the directory owner's own file (owner not root): fine, however many links;
     - otherwise (a job user's directory, a root directory others can write: a 0775
       ``ckpt.dir``, a 1777 log dir) a file with more than one link is refused, and
-      so is a root file others may not read (such a link left with one name), and in
-      a user's directory so is a third user's file others may not read (the same
-      trick played on a colleague: root would copy it to the directory's owner).
+      so is a file others may not read (such a link left with one name): root's, or
+      a colleague's (root would copy it to the job: the directory's owner or
+      ``job_uid``, the inventory's ``job.user``). The one exception is the job user's
+      own in a root directory others can write: its checkpoints in a shared 0775
+      ``ckpt.dir``, its logs in a 1777 one.
     """
     if dir_st.st_uid == 0 and not dir_st.st_mode & 0o022:
         return None
@@ -135,10 +139,11 @@ def foreign_file(st: os.stat_result, dir_st: os.stat_result) -> str | None:
              f"a root directory others can write (mode {stat.S_IMODE(dir_st.st_mode):04o})")
     if st.st_nlink > 1:
         return f"{whose} with {st.st_nlink} links in {where}"
-    private = not st.st_mode & stat.S_IROTH
-    if private and (st.st_uid == 0 or dir_st.st_uid != 0):
-        return f"{whose} others cannot read (mode {stat.S_IMODE(st.st_mode):04o}) in {where}"
-    return None
+    if st.st_mode & stat.S_IROTH or (dir_st.st_uid == 0 and st.st_uid == job_uid != 0):
+        return None
+    mode = stat.S_IMODE(st.st_mode)
+    return (f"{whose} others cannot read (mode {mode:04o}) in {where}"
+            + (", not the job user's" if dir_st.st_uid == 0 and st.st_uid != 0 else ""))
 
 
 def check_component(name: str) -> str:
@@ -252,8 +257,9 @@ def open_path(dir_fd: int, relpath: str, flags: int = os.O_RDONLY, mode: int | N
         os.close(pfd)
 
 
-def open_read(dir_fd: int, relpath: str) -> int:
-    """``open_path`` for reading, and only a file ``foreign_file`` allows in its directory.
+def open_read(dir_fd: int, relpath: str, job_uid: int | None = None) -> int:
+    """``open_path`` for reading, and only a file ``foreign_file`` allows in its directory
+    (``job_uid``: the job user's, see there).
 
     The rule is judged on the file actually opened and the directory fd it was
     opened from, so a name swapped after a listing cannot dodge it: ``ForeignFile``.
@@ -265,7 +271,7 @@ def open_read(dir_fd: int, relpath: str) -> int:
         dir_st = os.fstat(pfd)
     finally:
         os.close(pfd)
-    why = foreign_file(os.fstat(fd), dir_st)
+    why = foreign_file(os.fstat(fd), dir_st, job_uid)
     if why:
         os.close(fd)
         raise ForeignFile(relpath, why)
@@ -298,7 +304,7 @@ def open_job_file(path: str, job_uid: int | None = None) -> int:
         why = (f"owned by {_owner(st.st_uid)}, not by root or its directory's owner"
                + (" or the job user" if job_uid is not None else ""))
     else:
-        why = foreign_file(st, dir_st)
+        why = foreign_file(st, dir_st, job_uid)
     if why:
         os.close(fd)
         raise ForeignFile(path, why)
@@ -352,12 +358,13 @@ class Walk:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def walk_files(dir_fd: int, *, exclude: frozenset[str] = frozenset()) -> Walk:
+def walk_files(dir_fd: int, *, exclude: frozenset[str] = frozenset(),
+               job_uid: int | None = None) -> Walk:
     """The regular files below ``dir_fd``, found by fd; nothing is followed.
 
     A file ``foreign_file`` refuses in the directory it is in (a hard link the job
-    user made to someone else's file) is skipped. Names in ``exclude`` are ignored
-    at every level (brctl's own manifests).
+    user made to someone else's file; ``job_uid``: see there) is skipped. Names in
+    ``exclude`` are ignored at every level (brctl's own manifests).
     """
     out = Walk()
     pending = ["."]
@@ -382,7 +389,7 @@ def walk_files(dir_fd: int, *, exclude: frozenset[str] = frozenset()) -> Walk:
                 elif not stat.S_ISREG(st.st_mode):
                     why = "symlink; not followed" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
                     out.skipped.append((path, why))
-                elif (foreign := foreign_file(st, dir_st)) is not None:
+                elif (foreign := foreign_file(st, dir_st, job_uid)) is not None:
                     out.skipped.append((path, f"{foreign}; not read"))
                 else:
                     out.files.append(path)

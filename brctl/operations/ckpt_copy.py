@@ -364,7 +364,9 @@ class _Backup:
         self.transport, self.inv, self.backups = transport, inv, backups
         self.parallel, self.runner, self.track = parallel, runner, track
         self.cfg = inv.ckpt
-        self.area = {"dir": self.cfg.dir, "backup_dir": self.cfg.backup_dir}
+        # job_user: whose private files a root-owned ckpt.dir others can write may hold
+        self.area = {"dir": self.cfg.dir, "backup_dir": self.cfg.backup_dir,
+                     "job_user": inv.job.user if inv.job else None}
         self.start = time.monotonic()
         self.done: dict[str, Copy] = {}
 
@@ -385,7 +387,7 @@ class _Backup:
         """The newest complete step of every owner, hashed on its node."""
         cfg = self.cfg
         scans = self.runner.run([self.inv.nodes[o] for o in owners], PROBE, {
-            "op": "scan", "dir": cfg.dir, "glob": cfg.glob, "marker": cfg.complete_marker,
+            **self.area, "op": "scan", "glob": cfg.glob, "marker": cfg.complete_marker,
             "hash_steps": 1}, on_done=self.track("scan and hash", owners))
         out = []
         for o in owners:

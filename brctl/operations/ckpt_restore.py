@@ -178,7 +178,8 @@ def _restore(transport: Transport, inv: Inventory, peer: str, *, target: str, ev
     cfg = inv.ckpt
     start = time.monotonic()
     peer_node, target_node = inv.nodes[peer], inv.nodes[target]
-    area = {"dir": cfg.dir, "backup_dir": cfg.backup_dir}
+    # job_user: the step is its; and whose private files a 0775 root ckpt.dir may hold
+    area = {"dir": cfg.dir, "backup_dir": cfg.backup_dir, "job_user": inv.job.user if inv.job else None}
 
     def result(state: CopyState, step: str | None = None, files: int = 0, copied: int = 0,
                size: int = 0, error: str | None = None, notes: Sequence[str] = (),
@@ -256,9 +257,7 @@ def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: in
     """Stage on the target, relay the files into the staging dir, finish (or drop) it."""
     step, files, notes = job.found.step, list(job.found.files), list(job.found.notes)
     target, total = job.target.name, sum(f.size for f in job.found.files)
-    user = job.target.job_user  # job.user: ckpt.dir (when made here) and the shards are its
-    on_target = {**job.area, "job_user": user} if user else dict(job.area)
-    staged = runner.run([job.target], MOVER, {**on_target, "op": "stage"})[target]
+    staged = runner.run([job.target], MOVER, {**job.area, "op": "stage"})[target]
     if staged.document is None:
         return result(probe_state(staged), step, error=staged.error, notes=notes)
     try:
@@ -272,7 +271,7 @@ def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: in
             raise NodeRefused(f"{target} gave staging dir {staging} a malformed identity {ident!r}")
     except (NodeRefused, UnsafeName) as exc:
         return result("refused", step, error=str(exc), notes=notes)
-    dst = {**on_target, "area": "staging", "staging": staging, "staging_id": ident, "step": step}
+    dst = {**job.area, "area": "staging", "staging": staging, "staging_id": ident, "step": step}
     copied = track(f"copy {step} {job.peer.name} -> {target}", [target])
     outcomes = Relay(transport, runner, parallel).run([
         Lane(job.peer, {**job.area, "area": job.found.area, "source": job.evicted, "step": step},
@@ -299,7 +298,7 @@ def _land(transport: Transport, runner: ProbeRunner, job: _Landing, parallel: in
             if doc.get("moved_aside"):
                 notes.append(f"{target}: an existing {step} was moved aside to {doc['moved_aside']}")
             warn = []
-            if doc.get("owner_uid") == 0 and not user:
+            if doc.get("owner_uid") == 0 and not job.area.get("job_user"):
                 warn.append(f"{target}: the restored shards of {step} are root-owned (as is "
                             "ckpt.dir there): a job that does not run as root cannot rotate or "
                             "delete them; set job.user to the job's user to hand them to it")

@@ -228,6 +228,36 @@ def test_scan_never_hashes_a_hard_link_in_a_root_ckpt_dir_the_jobs_group_can_wri
                for why in skipped.values()), skipped
 
 
+def test_a_root_ckpt_dir_the_jobs_group_can_write_gives_up_only_the_job_users_private_files(
+        ckpt: Path) -> None:
+    """A shared 0775 root ckpt.dir: a colleague's private shard (theirs, or a link the job
+    kept once the original went) would be restored to the job elsewhere: never hashed or
+    sent. The job user's own private shard is its; without job.user, no one's is."""
+    ckpt.chmod(0o775)
+    (ckpt / "step_4").mkdir()
+    (ckpt / "step_4").chmod(0o775)
+    for name, uid, mode in (("mine.pt", NOBODY, 0o600), ("theirs.pt", 1234, 0o600),
+                            ("open.pt", 1234, 0o644)):
+        (ckpt / "step_4" / name).write_bytes(name.encode())
+        os.chown(ckpt / "step_4" / name, uid, uid)
+        (ckpt / "step_4" / name).chmod(mode)
+    req = {"op": "scan", "dir": str(ckpt), "glob": "step_*"}
+    doc = ckptfiles.handle({**req, "job_user": "nobody"})
+    assert _hashed(doc) == ["step_4/mine.pt", "step_4/open.pt"]
+    assert _skipped(doc) == {"step_4/theirs.pt": (
+        "a file of uid 1234 others cannot read (mode 0600) in a root directory others can "
+        "write (mode 0775), not the job user's; not read")}
+    alone = ckptfiles.handle(req)
+    assert _hashed(alone) == ["step_4/open.pt"]
+    assert "a file of nobody (uid 65534) others cannot read" in _skipped(alone)["step_4/mine.pt"]
+    theirs = [_entry("step_4/theirs.pt", b"theirs.pt")]
+    assert _send(ckpt, theirs, job_user="nobody") == (ckptmove.REFUSED_EXIT, b"")
+    mine = [_entry("step_4/mine.pt", b"mine.pt")]
+    assert _send(ckpt, mine, job_user="nobody") == (0, b"mine.pt")
+    assert ckptfiles.handle({**req, "job_user": "no-such-user-here"}) == {
+        "refused": "job.user 'no-such-user-here': no such user on this machine"}
+
+
 def test_scan_never_hashes_a_root_only_file_left_in_the_jobs_dir(ckpt: Path, secret: Path) -> None:
     """A hard link kept after the original name went (log rotation, /etc/shadow- replaced)
     has one link: a root file in the job's directory that others cannot read is not read."""

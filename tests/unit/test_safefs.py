@@ -241,12 +241,34 @@ def _st(uid: int, mode: int, nlink: int = 1) -> os.stat_result:
     (_st(0, 0o100600, 2), _st(0, 0o40775), "in a root directory others can write (mode 0775)"),
     (_st(0, 0o100600, 2), _st(0, 0o41777), "in a root directory others can write (mode 1777)"),
     (_st(NOBODY, 0o100600, 2), _st(0, 0o41777), "with 2 links in a root directory"),
-    (_st(NOBODY, 0o100600, 1), _st(0, 0o41777), None),
     (_st(0, 0o100600, 1), _st(0, 0o41777), "a root file others cannot read"),
+    # ... and a private file there is the job user's own, or a colleague's: root would
+    # copy a colleague's checkpoint to the job (the same 0775 group may write there)
+    (_st(NOBODY, 0o100600, 1), _st(0, 0o41777), "not the job user's"),
+    (_st(1234, 0o100600, 1), _st(0, 0o40775), "a file of uid 1234 others cannot read (mode 0600)"
+                                              " in a root directory others can write (mode 0775)"),
+    (_st(1234, 0o100644, 1), _st(0, 0o40775), None),
 ])
 def test_foreign_file_is_the_one_rule_for_files_read_as_root(
         file: os.stat_result, directory: os.stat_result, refused: str | None) -> None:
     why = safefs.foreign_file(file, directory)
+    assert (why is None) if refused is None else (refused in (why or "")), why
+
+
+@pytest.mark.parametrize("file, directory, refused", [
+    # the job user's own private file in a root directory others can write: its own
+    (_st(NOBODY, 0o100600, 1), _st(0, 0o41777), None),
+    (_st(NOBODY, 0o100600, 1), _st(0, 0o40775), None),
+    # a colleague's beside it is not, nor a root file, nor the job's with a second link
+    (_st(1234, 0o100600, 1), _st(0, 0o40775), "a file of uid 1234 others cannot read"),
+    (_st(0, 0o100600, 1), _st(0, 0o40775), "a root file others cannot read"),
+    (_st(NOBODY, 0o100600, 2), _st(0, 0o40775), "with 2 links"),
+    # the job user is no one's owner in a directory of a third user
+    (_st(NOBODY, 0o100600, 1), _st(1234, 0o40755), "a file of nobody (uid 65534) others cannot"),
+])
+def test_foreign_file_admits_the_job_users_private_files_only_in_a_shared_root_directory(
+        file: os.stat_result, directory: os.stat_result, refused: str | None) -> None:
+    why = safefs.foreign_file(file, directory, job_uid=NOBODY)
     assert (why is None) if refused is None else (refused in (why or "")), why
 
 
