@@ -52,6 +52,7 @@ from brctl.remote.known_hosts import host_names
 from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_openssh import (
     COMMAND_KEYWORDS,
+    EVALUATED_ONCE,
     DeferredMatch,
     SshConfigError,
     config_line,
@@ -59,6 +60,7 @@ from brctl.remote.ssh_openssh import (
     quote_arg,
     split_args,
     ssh_g,
+    tests_settable,
     unsupported,
 )
 
@@ -148,6 +150,17 @@ def _header(condition: str | None) -> str:
     return "Host *" if condition is None else f"Match {condition}"
 
 
+def _header_again(repeated: str | None, fresh: str | None = None) -> str:
+    """The header of ``repeated`` (a condition OpenSSH met earlier in the file) and
+    ``fresh`` (one met here): if ``repeated`` tests a HostName or User the lines since
+    may have set, paramiko's answer here may not be OpenSSH's, so the block is left to
+    ``ssh -G`` (``EVALUATED_ONCE``: ``defer_matches`` defers it)."""
+    whole = _both(repeated, fresh)
+    if repeated is not None and tests_settable(repeated):
+        whole = f"{whole} {EVALUATED_ONCE}"
+    return _header(whole)
+
+
 def _read_line(line: str) -> tuple[str, list[str], str]:
     """(keyword, its arguments for Host/Match/Include, the line as paramiko should see it).
 
@@ -180,8 +193,9 @@ def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -
     Host/Match lines decide for the rest of that file; after it the enclosing
     block resumes. paramiko knows no nesting, so each block of an included file
     becomes a ``Match`` of both conditions, and the enclosing block's header is
-    repeated after the file. (A ``Match host`` guard is so re-evaluated against
-    the HostName as later blocks see it; OpenSSH evaluates it once.)
+    repeated after the file. A repeated condition that tests a host or user is
+    evaluated once by OpenSSH, where it stood, but again by paramiko, maybe after
+    the file set HostName or User: such a block is left to ``ssh -G``.
     """
     if depth > INCLUDE_DEPTH:
         raise ValueError(f"ssh config {path}: Include nested deeper than {INCLUDE_DEPTH}")
@@ -191,20 +205,22 @@ def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -
     except OSError as exc:
         raise ValueError(f"ssh config {path}: {exc.strerror}") from None
     current = guard  # the condition the lines at this point of the file apply under
-    header = _header(guard)
-    out = [header]  # a file starts in its includer's state, whatever block came last
+    out = [_header(guard)]  # a file starts in its includer's state, whatever block came last
+    resume = _header_again(guard)  # the header again, after an Include in this block
     for line in lines:
         try:
             keyword, args, line = _read_line(line)
         except ValueError as exc:
             raise ValueError(f"ssh config {path}: cannot read {line.strip()!r}: {exc}") from None
         if keyword in ("host", "match"):
-            current = _both(guard, _condition(keyword, args))
+            own = _condition(keyword, args)
+            current = _both(guard, own)
             if guard is None and keyword == "host":
-                header = "Host " + (" ".join(quote_arg(a) for a in args) or "!*")
+                resume = "Host " + (" ".join(quote_arg(a) for a in args) or "!*")
+                out.append(resume)  # written anew: paramiko splits lines its own way
             else:
-                header = _header(current)
-            out.append(header)  # written anew: paramiko splits lines its own way
+                out.append(_header_again(guard, own))
+                resume = _header_again(current)
         elif keyword == "include":
             for pattern in args:
                 full = os.path.expanduser(pattern)
@@ -213,7 +229,7 @@ def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -
                 for found in sorted(glob.glob(full)):
                     if os.path.isfile(found):
                         out.append(_with_includes(found, base, depth + 1, current))
-            out.append(header)  # the including block resumes
+            out.append(resume)  # the including block resumes
         else:
             out.append(line)
     return "\n".join(out)

@@ -183,6 +183,20 @@ def _criteria(words: list[str]) -> list[tuple[str, bool, str | None]]:
     return out
 
 
+EVALUATED_ONCE = "brctl-evaluated-once"  # a Match criterion no ssh has: defer_matches defers it
+
+
+def tests_settable(condition: str) -> bool:
+    """Whether Match criteria ``condition`` test what a config line may set: ``host``
+    (HostName) or ``user`` (User). OpenSSH evaluates a Match once, where it stands;
+    one written again further down (``ssh_config._with_includes``) is evaluated there
+    again by paramiko, maybe after such a line: the copy must carry ``EVALUATED_ONCE``."""
+    try:
+        return any(kind in ("host", "user") for kind, _, _ in _criteria(config_args(condition)))
+    except ValueError:  # made from words already read: cannot happen; be safe anyway
+        return True
+
+
 def defer_matches(text: str, source: str) -> tuple[str, tuple[DeferredMatch, ...]]:
     """The config text paramiko may evaluate, and the ``Match`` lines it must not.
 

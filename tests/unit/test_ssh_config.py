@@ -126,6 +126,22 @@ def test_match_exec_hosts_are_resolved_concurrently(tmp_path: Path) -> None:
     assert [t.endpoint(n).host for n in nodes] == ["10.0.0.9"] * 4
 
 
+@pytest.mark.parametrize("guard, spawns", [
+    ("Match host target", True), ("Match user alice", True), ("Match !host x", True),
+    ("Match originalhost target", False), ("Host target", False), ("Match localuser root", False),
+])
+def test_only_a_guard_on_what_an_included_file_may_set_is_left_to_ssh_g(
+        tmp_path: Path, guard: str, spawns: bool) -> None:
+    """OpenSSH evaluates a Match once; paramiko sees it again after the included file
+    (whose HostName or User may have changed what it tests): only then ``ssh -G``, and
+    only for hosts it may concern."""
+    inc = tmp_path / "inc.conf"
+    inc.write_text("HostName moved.example\nHost *\n  Port 4100\n")
+    cfg = tmp_path / "config"
+    cfg.write_text(f"{guard}\n  Include {inc}\n  User after\n")
+    assert EndpointResolver(str(cfg)).spawns() is spawns
+
+
 def test_a_deferred_block_that_sets_nothing_brctl_reads_spawns_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

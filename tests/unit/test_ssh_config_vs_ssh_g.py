@@ -77,6 +77,15 @@ INCLUDES = {
         "Host target\n  Include {d}/outer.conf\nHost *\n  User nested\n"),
     "inside a Match": (
         "Match originalhost tar*\n  Include {d}/star.conf\n  User m\nHost third\n  Port 2300\n"),
+    # A guard on what the included file itself sets (HostName, User) is evaluated once,
+    # where the Include is: the file's later blocks and the block's own later lines
+    # still apply once the name or the user it tested has changed.
+    "a Match host guard whose file sets HostName": (
+        "Match host target\n  Include {d}/sets-hostname.conf\n  User after\n"),
+    "a Match user guard whose file sets User": (
+        "Match user {me}\n  Include {d}/sets-user.conf\n  Port 4300\n"),
+    "a negated Match host guard": (
+        "Match !host moved.example\n  Include {d}/sets-hostname.conf\n  User after\n"),
 }
 
 
@@ -93,8 +102,10 @@ def test_include_placements_resolve_as_ssh_g(tmp_path: Path, case: str, name: st
     (d / "outer.conf").write_text(f"Host other target\n  Include {d}/inner.conf\nHost target\n  Port 6001\n"
                                   )
     (d / "inner.conf").write_text("Host *\n  HostName inner.example\n  User inner\n")
+    (d / "sets-hostname.conf").write_text("HostName moved.example\nHost *\n  Port 4100\n")
+    (d / "sets-user.conf").write_text("User bob\nHost *\n  Port 4200\n")
     cfg = d / "config"
-    cfg.write_text(INCLUDES[case].format(d=d))
+    cfg.write_text(INCLUDES[case].format(d=d, me=getpass.getuser()))
     assert_as_ssh(EndpointResolver(str(cfg)), cfg, name)
 
 
