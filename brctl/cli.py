@@ -20,7 +20,7 @@ from typing import Optional, TextIO
 import typer
 
 import brctl
-from brctl.cliargs import hoist
+from brctl.cliargs import hoist, named_command
 from brctl.cliparams import install as light_coercion
 from brctl.core.errors import BrctlError, ExitCode
 from brctl.env import Env
@@ -45,12 +45,18 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def build_app(env: Env | None = None) -> typer.Typer:
+# Commands registered by a module of another name (all others: the module's name).
+MODULE_OF = {"unevict": "evict"}
+
+
+def build_app(env: Env | None = None, only: str | None = None) -> typer.Typer:
     """The root typer app with every subcommand registered.
 
     Args:
         env: the ``Env`` commands receive (tests: a fake transport, string buffers);
             the global options are applied to it. Default: a fresh one per run.
+        only: register only the module of this command, when there is one (a run
+            names its command: the other ~27 need not be imported and built).
     """
     app = typer.Typer(
         name="brctl",
@@ -91,10 +97,13 @@ def build_app(env: Env | None = None) -> typer.Typer:
 
     import brctl.commands as commands
 
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"brctl.commands.{info.name}")
+    modules = sorted(m.name for m in pkgutil.iter_modules(commands.__path__)
+                     if not m.name.startswith("_"))
+    one = MODULE_OF.get(only or "", only)
+    if one in modules and one != "completion":  # a script completes every command
+        modules = [one]
+    for name in modules:
+        module = importlib.import_module(f"brctl.commands.{name}")
         module.register(app)
     if os.environ.get("_BRCTL_COMPLETE"):  # a completion script asks for candidates
         from typer._completion_classes import completion_init
@@ -138,7 +147,8 @@ def run(argv: list[str], env: Env | None = None) -> int:
     env = env if env is not None else Env()  # built here: errors go to its streams too
     out = env.output
     light_coercion()  # --timeout 30 read without importing pydantic
-    command = typer.main.get_command(build_app(env))
+    complete = bool(os.environ.get("_BRCTL_COMPLETE"))  # candidates: every command's
+    command = typer.main.get_command(build_app(env, None if complete else named_command(argv)))
     front, rest = hoist(argv, command)
     debug = "--debug" in front
     as_json = "--json" in front

@@ -81,3 +81,19 @@ def _inventory_glued(token: str) -> bool:
     """``--inventory=FILE`` or ``-iFILE``."""
     return token.startswith("--inventory=") or (token.startswith("-i") and len(token) > 2
                                                 and not token.startswith("--"))
+
+
+def named_command(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not a global option
+    (``-i``'s value skipped); None when another option comes first (``--help``,
+    ``--version``: the root answers) or there is no word."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token in VALUED:
+            i += 2
+        elif _is_global_flag(token) or _inventory_glued(token):
+            i += 1
+        else:
+            return None if token.startswith("-") else token
+    return None

@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+from brctl.cli import build_app
+from brctl.cliargs import named_command
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "examples" / "local.yaml"
@@ -147,6 +151,44 @@ def test_running_a_command_imports_only_what_it_uses() -> None:
     assert "brctl.cliparams" in modules  # the import list was read
     assert not {m for m in modules if m.startswith(("pydantic", "typer._adapters"))}
     assert not modules & {"brctl.remote.slurm", "multiprocessing"}
+    # only the named commands' modules are imported and built (~50 ms of every start)
+    assert {m for m in modules if m.startswith("brctl.commands.") and "._" not in m} == {
+        "brctl.commands.exec", "brctl.commands.nodes"}
+
+
+@pytest.mark.parametrize("argv, only", [
+    (["exec", "--", "true"], "exec"),
+    (["-i", "inv.yaml", "--json", "-vv", "health"], "health"),
+    (["-iinv.yaml", "--inventory=x", "stacks"], "stacks"),
+    (["--help", "exec"], None),  # the root's help lists every command
+    (["--version"], None),
+    (["-i"], None),
+    ([], None),
+])
+def test_a_run_names_its_command_before_any_other_option(argv: list[str], only: str | None) -> None:
+    assert named_command(argv) == only
+
+
+@pytest.mark.parametrize("only, commands", [
+    ("exec", {"exec"}),
+    ("unevict", {"evict", "unevict"}),  # both live in one module
+    ("exce", None),  # a typo: the whole tree, so the error can list what exists
+    ("completion", None),  # a completion script names every command
+    (None, None),
+])
+def test_build_app_registers_only_the_named_command(only: str | None,
+                                                    commands: set[str] | None) -> None:
+    import typer.main
+
+    built = set(typer.main.get_command(build_app(only=only)).commands)  # type: ignore[attr-defined]
+    assert built == (commands or set(typer.main.get_command(build_app()).commands))
+    assert commands is not None or len(built) > 10
+
+
+def test_a_mistyped_command_still_lists_the_commands(brctl: Any) -> None:
+    result = brctl("exce", "--", "true")
+    assert result.exit_code == 2, result.stderr
+    assert "No such command 'exce'. Did you mean 'exec'?" in result.stderr
 
 
 def test_commands_never_import_paramiko_or_yaml() -> None:
