@@ -2,8 +2,9 @@
 
 ``python3 -I -S -c <this file> SECONDS ARGV...`` (the transports send the source
 itself, so no file has to exist on the node). The command runs in its own session.
-Where the machine allows one (cgroup v2, writable: root), it runs in a cgroup of its
-own, ``brctl-<deadline>-<random>`` below this process's: the reaper moves itself in,
+Where the machine allows one (cgroup v2, writable: root; on a v1-only machine, at the
+root of v1's freezer hierarchy), it runs in a cgroup of its own,
+``brctl-<deadline>-<random>`` below this process's: the reaper moves itself in,
 spawns the command and moves back, so the cgroup holds the whole tree from its first
 instruction, whatever it does to its parentage (``setsid``, double forks), and is
 removed when the reaper ends (what a command that exited left running is moved back
@@ -19,7 +20,7 @@ starts stays below it even when it ``setsid``s or loses its parent. It ends the
 whole tree, found by a walk of ``/proc`` and in that cgroup (SIGTERM, SIGKILL
 ``GRACE_S`` later, with ``cgroup.kill`` where the kernel has it, repeated until
 nothing is left: in the cgroup, until its ``cgroup.events`` says it is no longer
-populated) when:
+populated, in v1 until it lists no live process) when:
 
 - the deadline passes: exit 124, whatever the command does with SIGTERM;
 - the channel goes away (stdout/stderr's reader closed: Ctrl-C on the
@@ -62,35 +63,52 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 CGROUP_PREFIX = "brctl-"
 
 
-def cgroup_root() -> str | None:
-    """Where cgroup v2 is mounted with its root as this process sees it, or None."""
+def _mount(fstype: str, option: str = "") -> str | None:
+    """Where a ``fstype`` hierarchy (with ``option`` among its mount options) is mounted
+    with its root as this process sees it, or None."""
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
-                fields = left.split()
-                if right.split(" ", 1)[0] == "cgroup2" and len(fields) > 4 and fields[3] == "/":
+                fields, fs = left.split(), right.split()
+                if (fs[:1] == [fstype] and len(fields) > 4 and fields[3] == "/"
+                        and (not option or option in fs[-1].split(","))):
                     return fields[4]
     except OSError:
         pass
     return None
 
 
+def cgroup_root() -> str | None:
+    """Where cgroup v2 is mounted with its root as this process sees it, or None."""
+    return _mount("cgroup2")
+
+
 def own_cgroup() -> str | None:
-    """This process's cgroup v2 directory, or None (no cgroup2, or not reachable here)."""
-    root = cgroup_root()
-    if root is None:
-        return None
+    """The cgroup directory this process's commands get theirs in, or None: its own in
+    cgroup v2; on a machine without cgroup v2 (v1 only: RHEL 8's default), the root of
+    v1's freezer hierarchy, which systemd leaves alone, if this process is there (a
+    freezer cgroup below the root is someone's tracking, a Slurm step or a container:
+    a command moved out of it would hide from it)."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
+    paths = {}  # controller ("" in v2) -> this process's path in its hierarchy
     for line in lines:
-        if line.startswith("0::/"):
-            path = os.path.join(root, line[4:])
-            return path if os.path.isdir(path) else None
-    return None
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        for name in controllers.split(","):
+            paths[name] = path
+    root = cgroup_root()
+    if root is None:
+        return _mount("cgroup", "freezer") if paths.get("freezer") == "/" else None
+    path = paths.get("", "")
+    if not path.startswith("/"):
+        return None
+    full = os.path.join(root, path[1:])
+    return full if os.path.isdir(full) else None
 
 
 def _move(pid: int, cgroup: str) -> bool:

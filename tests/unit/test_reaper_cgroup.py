@@ -277,9 +277,9 @@ def test_a_command_whose_reaper_was_killed_is_ended_by_a_later_reaper_once_overd
         # (cgroup v2 refuses renames, so they move house)
         overdue = os.path.join(where, f"{reaper.CGROUP_PREFIX}{int(now - reaper.ORPHAN_S - 5)}-{'e' * 16}")
         os.mkdir(overdue)
-        for pid in Path(cgroup, "cgroup.procs").read_text().split():
+        for member in Path(cgroup, "cgroup.procs").read_text().split():
             with open(os.path.join(overdue, "cgroup.procs"), "w") as f:
-                f.write(pid)
+                f.write(member)
         _rmdir(cgroup)
         assert _run(["true"], 10).returncode == 0
         assert _gone(r"^sleep 118[12]")  # the setsid escapee too: the cgroup held it
@@ -394,3 +394,109 @@ def test_only_a_reaper_s_name_is_read_as_a_deadline() -> None:
     for name in (f"brctl-²-{tag}", f"brctl-٣-{tag}", f"brctl-12-{tag[:-1]}", f"brctl-1-{tag.upper()}",
                  "brctl-test-user-1.slice", f"other-1-{tag}", f"brctl-1x-{tag}"):
         assert reaper._due(name) is None, name  # '²'.isdigit() and int() refused it: every reaper crashed
+
+
+# -- a machine with cgroup v1 only (RHEL 8's default): v1's freezer hierarchy, at its root --
+
+# The reaper as a v1-only machine runs it: this machine has cgroup v2 too, so the test
+# hides it (in the test's own interpreter, never by a switch in the reaper).
+_AS_V1 = ("import sys; from brctl.diagnostics import reaper; reaper.cgroup_root = lambda: None;"
+          "sys.exit(reaper.main(sys.argv[1:]))")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _freezer() -> str | None:
+    """The v1 freezer root when this process is at it and may make a cgroup there."""
+    where = reaper._mount("cgroup", "freezer")
+    if where is None or _freezer_path(Path("/proc/self/cgroup").read_text()) != "/":
+        return None
+    probe = os.path.join(where, f"brctl-test-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+    except OSError:
+        return None
+    os.rmdir(probe)
+    return where
+
+
+def _run_v1(argv: list[str], timeout: float, enter: str | None = None) -> subprocess.CompletedProcess[str]:
+    def move() -> None:
+        if enter is not None:
+            Path(enter, "cgroup.procs").write_text(str(os.getpid()))
+    return subprocess.run([sys.executable, "-c", _AS_V1, repr(float(timeout)), *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=scaled(30), preexec_fn=move)
+
+
+def _freezer_path(stdout: str) -> str:
+    (line,) = [ln for ln in stdout.splitlines() if ln.split(":")[1:2] == ["freezer"]]
+    return line.split(":", 2)[2]
+
+
+def test_without_cgroup_v2_a_command_runs_in_a_freezer_cgroup_of_its_own() -> None:
+    """cgroup v1 only: the same cgroup-held tree, named with its deadline, at the root of
+    the freezer hierarchy (systemd leaves it alone); a timeout ends a setsid escapee too
+    (v1 has no cgroup.kill: each member is killed) and the cgroup is removed."""
+    root = _freezer()
+    if root is None:
+        pytest.skip("no writable cgroup v1 freezer hierarchy at its root here")
+    done = _run_v1(["cat", "/proc/self/cgroup"], 10)
+    assert done.returncode == 0, done.stderr
+    path = _freezer_path(done.stdout)
+    assert re.fullmatch(r"/brctl-[0-9]+-[0-9a-f]{16}", path), path
+    assert not os.path.exists(root + path)
+    script = "cat /proc/self/cgroup; (setsid sh -c 'sleep 1211 & exit' &); sleep 1212"
+    done = _run_v1(["sh", "-c", script], scaled(1))
+    assert done.returncode == reaper.TIMEOUT_EXIT, done.stderr
+    assert _gone(r"^sleep 121[12]")
+    assert not os.path.exists(root + _freezer_path(done.stdout))
+
+
+def test_inside_someone_else_s_freezer_cgroup_no_cgroup_is_made() -> None:
+    """A freezer cgroup below the root is someone's tracking (a Slurm step, a container):
+    a command moved below it would hide from a kill of it. The walk ends the tree."""
+    root = _freezer()
+    if root is None:
+        pytest.skip("no writable cgroup v1 freezer hierarchy at its root here")
+    step = os.path.join(root, f"brctl-test-step-{os.getpid()}")
+    os.mkdir(step)
+    try:
+        script = "cat /proc/self/cgroup; (setsid sh -c 'sleep 1221 & exit' &); sleep 1222"
+        done = _run_v1(["sh", "-c", script], scaled(1), enter=step)
+        assert done.returncode == reaper.TIMEOUT_EXIT, done.stderr
+        assert _freezer_path(done.stdout) == step[len(root):]
+        assert _gone(r"^sleep 122[12]")
+        assert not [n for n in os.listdir(step) if n.startswith(reaper.CGROUP_PREFIX)]
+    finally:
+        _rmdir(step)
+
+
+def test_without_cgroup_v2_an_overdue_freezer_cgroup_is_swept() -> None:
+    """A dead reaper's cgroup, ``ORPHAN_S`` past its deadline, at the freezer root: the
+    next reaper ends what it holds and removes it."""
+    root = _freezer()
+    if root is None:
+        pytest.skip("no writable cgroup v1 freezer hierarchy at its root here")
+    now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    overdue = os.path.join(root, f"{reaper.CGROUP_PREFIX}{int(now - reaper.ORPHAN_S - 5)}-{'d' * 16}")
+    ahead = os.path.join(root, f"{reaper.CGROUP_PREFIX}{int(now + 300)}-{'f' * 16}")
+    os.mkdir(overdue)
+    os.mkdir(ahead)
+    orphan, kept = _in_cgroup(overdue, ["sleep", "1231"]), _in_cgroup(ahead, ["sleep", "1232"])
+    try:
+        time.sleep(0.2)
+        assert _run_v1(["true"], 10).returncode == 0
+        assert orphan.wait(timeout=scaled(5)) == -9
+        for _ in range(3):  # removed by that sweep, or the next once the dead are gone
+            if not os.path.exists(overdue):
+                break
+            time.sleep(0.2)
+            _run_v1(["true"], 10)
+        assert not os.path.exists(overdue)
+        assert kept.poll() is None and os.path.isdir(ahead)
+    finally:
+        for p in (orphan, kept):
+            p.kill()
+            p.wait()
+        for path in (overdue, ahead):
+            if os.path.isdir(path):
+                _rmdir(path)
