@@ -113,11 +113,12 @@ def build_app(env: Env | None = None, only: str | None = None) -> typer.Typer:
 
 
 def _print_error(out: Output, message: str, hint: str | None) -> None:
-    # A message may quote a node's bytes: controls are shown escaped, never sent raw.
+    # A message may quote a node's bytes: controls are shown escaped, never sent raw, and
+    # a newline too (a node's "\nhint: run ..." would be a line that seems brctl's).
     with contextlib.suppress(BrokenPipeError):  # nobody reads stderr: the exit code tells
-        out.stderr.write(f"brctl: error: {visible(message)}\n")
+        out.stderr.write(f"brctl: error: {visible(message, one_line=True)}\n")
         if hint:
-            out.stderr.write(f"hint: {visible(hint)}\n")
+            out.stderr.write(f"hint: {visible(hint, one_line=True)}\n")
 
 
 def _report(out: Output, code: int, message: str, hint: str | None, as_json: bool,

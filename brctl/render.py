@@ -150,19 +150,22 @@ class Output:
         """One record: ``head`` (plain text) and its long ``text``.
 
         On a terminal the head fits the width (cut with ``…``) and the text is a
-        paragraph wrapped under it; elsewhere both are one line, in full.
+        paragraph wrapped under it; elsewhere both are one line, in full. A newline in
+        either is shown escaped: node text never starts a record of its own.
         """
         from rich.padding import Padding
         from rich.text import Text
 
         if not self.terminal:
             line = f"{head}  {text}" if text else head
-            self.console.print(Text(visible(line), style=style), soft_wrap=True)
+            self.console.print(Text(visible(line, one_line=True), style=style), soft_wrap=True)
             return
-        self.console.print(Text(visible(head), style=style, overflow="ellipsis", no_wrap=True),
-                           soft_wrap=False)
+        # no_wrap/overflow given to print: rich wraps a Text that only carries them
+        self.console.print(Text(visible(head, one_line=True), style=style), no_wrap=True,
+                           overflow="ellipsis", soft_wrap=False)
         if text:
-            self.console.print(Padding(Text(visible(text)), (0, 0, 0, 4)), soft_wrap=False)
+            self.console.print(Padding(Text(visible(text, one_line=True)), (0, 0, 0, 4)),
+                               soft_wrap=False)
 
     def plain(self, text: str) -> None:
         """``text`` on stdout as written (no rich: nothing wrapped, cut or read as markup);
@@ -186,15 +189,16 @@ class Output:
             self.stderr.write(visible(text) + "\n")
 
     def warn(self, message: str) -> None:
-        """A one-line warning on stderr."""
+        """A one-line warning on stderr (a newline in it is shown escaped)."""
         from rich.text import Text
 
-        self.err.print(Text("brctl: warning: ", style="yellow").append(visible(message)))
+        self.err.print(Text("brctl: warning: ", style="yellow")
+                       .append(visible(message, one_line=True)))
 
     def info(self, message: str) -> None:
-        """A progress or context line on stderr (only with -v)."""
+        """A progress or context line on stderr (only with -v; one line, as ``warn``)."""
         if self.verbose:
-            self.err.print(node_text(message, style="dim"))
+            self.err.print(node_text(message, style="dim", one_line=True))
 
     @contextmanager
     def progress(self, label: str, total: int,
@@ -268,32 +272,53 @@ def _ignore(_item: Any = None) -> None:
     """Progress callback when no bar is shown."""
 
 
-# C0 controls but newline and tab, DEL, C1 controls (0x9b is a one-byte CSI to some
-# terminals) and the bidi overrides that reorder what a reader sees ("Trojan source").
-# controls, bidi overrides, and lone surrogates (a node's file name that is not UTF-8,
-# as Python decodes it: a terminal write of one fails)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+# What node text may not send to a terminal raw; each is shown as ``\\xNN``, ``\\uNNNN`` or
+# ``\\UNNNNNNNN`` and every other character as itself (Japanese or accented names too):
+# - C0 controls but newline and tab, DEL, C1 controls: escape sequences (colours, cursor
+#   moves, OSC 52 clipboard writes; 0x9b is a one-byte CSI to some terminals), a carriage
+#   return that overwrites the start of the line;
+# - format characters (Unicode Cf): bidi marks, embeddings, overrides and isolates reorder
+#   what a reader sees ("Trojan Source": a line that lies about which machine failed);
+#   zero-width spaces and joiners, the soft hyphen and tag characters hide text or make two
+#   names look alike (an emoji joined with U+200D shows its joiners: the price of that);
+# - the line and paragraph separators U+2028/U+2029: a line break to some terminals;
+# - lone surrogates: a node's file name that is not UTF-8, as Python decodes it (a
+#   terminal write of one raises).
+# The Cf ranges are Unicode 15's (a unit test checks them against ``unicodedata``).
+_INVISIBLE = ("\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
+              "\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ud800-\udfff"
+              "\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+              "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f")
+_CONTROL = re.compile(f"[{_INVISIBLE}]")
+# A line of brctl's own (a warning, an error, a table cell, a record) holds node text
+# on one line: a newline in it would start a line the node wrote, naming any machine.
+_CONTROL_OR_NEWLINE = re.compile(f"[\\n{_INVISIBLE}]")
 
 
-def visible(text: str) -> str:
-    """``text`` with every control character but newline and tab written as ``\\xNN``/``\\uNNNN``.
+def visible(text: str, *, one_line: bool = False) -> str:
+    """``text`` with every control and invisible format character but newline and tab
+    written as ``\\xNN``/``\\uNNNN``/``\\UNNNNNNNN`` (the classes are listed above).
 
     Node bytes never reach the terminal raw: no escape sequences (colours, cursor
-    moves, OSC 52 clipboard writes), no carriage returns overwriting a line.
+    moves, OSC 52 clipboard writes), no carriage returns overwriting a line, no
+    reordered or hidden text. ``one_line``: newline too (``\\x0a``), for node text inside
+    one line of brctl's (a node's multi-line output keeps its lines).
     """
-    return _CONTROL.sub(_escaped, text)
+    return (_CONTROL_OR_NEWLINE if one_line else _CONTROL).sub(_escaped, text)
 
 
 def _escaped(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+            else f"\\U{code:08x}")
 
 
 def escape(text: str) -> str:
-    """Text from nodes or users made safe inside rich markup: tags escaped, controls visible."""
+    """Text from nodes or users made safe inside a line of rich markup: tags escaped,
+    controls (newline too: ``visible(one_line=True)``) visible."""
     from rich.markup import escape as markup_escape
 
-    shown = visible(text)
+    shown = visible(text, one_line=True)
     body = shown.rstrip("\\")
     if len(body) == len(shown):
         return markup_escape(shown)
@@ -304,16 +329,18 @@ def escape(text: str) -> str:
     return f"{markup_escape(body)}[none]{slashes}[/none]"
 
 
-def node_text(text: str, style: str = "") -> Text:
-    """``text`` as a rich ``Text`` with controls made visible: printed exactly, never
-    read as markup (``rich.markup.escape`` doubles a backslash that ends a string)."""
+def node_text(text: str, style: str = "", *, one_line: bool = False) -> Text:
+    """``text`` as a rich ``Text`` with controls made visible (``visible``): printed
+    exactly, never read as markup (``rich.markup.escape`` doubles a backslash that ends a
+    string)."""
     from rich.text import Text
 
-    return Text(visible(text), style=style)
+    return Text(visible(text, one_line=one_line), style=style)
 
 
 def table(columns: Iterable[str], rows: Iterable[Iterable[Any]], title: str | None = None) -> Any:
-    """A rich Table; plain cells are ``Text`` (never markup) with controls made visible."""
+    """A rich Table; plain cells are ``Text`` (never markup) with controls made visible, each
+    on one line (a newline in a cell is shown escaped, as in a record)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -321,6 +348,6 @@ def table(columns: Iterable[str], rows: Iterable[Iterable[Any]], title: str | No
     for col in columns:
         tbl.add_column(col)
     for row in rows:
-        tbl.add_row(*(c if hasattr(c, "__rich__") or isinstance(c, Text) else Text(visible(str(c)))
-                      for c in row))
+        tbl.add_row(*(c if hasattr(c, "__rich__") or isinstance(c, Text)
+                      else Text(visible(str(c), one_line=True)) for c in row))
     return tbl

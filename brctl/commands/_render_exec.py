@@ -49,9 +49,17 @@ def _blocks(out: Output, report: ExecReport) -> None:
 
 def _lines(out: Output, report: ExecReport) -> None:
     for name, result in report.results.items():  # inventory (machine) order
-        for line in result.stdout.splitlines():
+        for line in _split(result.stdout):
             out.node_out(f"{name}: {line}")
-        for line in result.stderr.splitlines():
+        for line in _split(result.stderr):
             out.node_err(f"{name}: {line}")
         if not result.state.ran:
             out.err.print(node_text(f"{name}: ").append(result.state.value, style="red"))
+
+
+def _split(text: str) -> list[str]:
+    """``text``'s lines, cut at newlines only: ``str.splitlines`` also cuts at ``\\r``, form
+    feed, U+0085, U+2028..., which then vanish instead of being shown escaped (``\\x0d``)
+    as in the blocks."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines

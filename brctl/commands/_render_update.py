@@ -16,7 +16,7 @@ from brctl.operations.update_report import (
     StatusReport,
     SwitchReport,
 )
-from brctl.render import Output, escape, table, visible
+from brctl.render import Output, escape, node_text, table, visible
 
 _GOOD = {"staged", "present", "switched", "already", "ok"}
 
@@ -37,8 +37,8 @@ def _hook(out: Output, hook: Optional[HookRun], wanted: bool) -> None:
     colour = "green" if hook.ok else "red"
     code = "timed out" if hook.exit_code is None else f"exit {hook.exit_code}"
     out.console.print(f"restart hook: [{colour}]{code}[/] ({escape(' '.join(hook.argv))})")
-    if not hook.ok and hook.stderr.strip():
-        out.console.print(f"[dim]{escape(hook.stderr.strip())}[/]")
+    if not hook.ok and hook.stderr.strip():  # its lines as it printed them
+        out.console.print(node_text(hook.stderr.strip(), style="dim"))
 
 
 def render_push(out: Output, report: PushReport) -> None:
@@ -85,6 +85,8 @@ def render_status(out: Output, report: StatusReport) -> None:
     if out.json:
         out.emit_json("update.status", report.to_json(), status=report.exit_code)
         return
+    from rich.text import Text
+
     version = f"{report.version} (sha256 {report.sha256[:12]})" if report.version and \
         report.sha256 else "none recorded"
     out.console.print(f"job {escape(report.job)}: version {escape(version)}; "
@@ -93,12 +95,15 @@ def render_status(out: Output, report: StatusReport) -> None:
     for name, s in report.nodes.items():
         staged = "-" if s.pending_staged is None else "staged" if s.pending_staged else "missing"
         keyed[name] = (s.state, s.current or "-", staged, s.drift, s.error)
-    rows = []
+    rows: list[tuple[str, str, object, str]] = []
     for folded, (state, current, staged, drifted, error), count in fold_by(keyed):
-        cur = f"[red bold]{escape(current)} DRIFT[/]" if drifted else escape(current)
+        # a node's version and error are Text, never markup (nor emoji: ":smiley:" stays text)
+        cur: object = current
         if state != "ok":
-            cur = f"[red]{state}[/]: {escape(error)}"
-        rows.append((folded, str(count), _markup(cur), staged))
+            cur = Text.assemble((state, "red"), f": {visible(error, one_line=True)}")
+        elif drifted:
+            cur = Text(f"{visible(current, one_line=True)} DRIFT", style="red bold")
+        rows.append((folded, str(count), cur, staged))
     out.console.print(table(("MACHINES", "N", "CURRENT", "PENDING"), rows))
     if report.drifted:
         from brctl.core.nodeset import fold
@@ -106,12 +111,6 @@ def render_status(out: Output, report: StatusReport) -> None:
         out.console.print(f"[red]drift:[/] {escape(fold(report.drifted))} not on "
                           f"{escape(report.version or 'the majority version')}; "
                           "`brctl update apply` switches them back")
-
-
-def _markup(text: str) -> object:
-    from rich.text import Text
-
-    return Text.from_markup(text)
 
 
 def render_history(out: Output, job: str, events: Sequence[Event]) -> None:
