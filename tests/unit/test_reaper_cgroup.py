@@ -27,7 +27,11 @@ from tests.procs import local_pids
 
 def _usable_cgroup() -> str | None:
     """Our own cgroup v2 directory when a child can be made in it, else None."""
-    where = reaper.own_cgroup()
+    return _may_make_child(reaper.own_cgroup())
+
+
+def _may_make_child(where: str | None) -> str | None:
+    """``where`` when a cgroup can be made in it (we are root there), else None."""
     if where is None:
         return None
     probe = os.path.join(where, f"brctl-test-{os.getpid()}")
@@ -410,13 +414,7 @@ def _freezer() -> str | None:
     where = reaper._mount("cgroup", "freezer")
     if where is None or _freezer_path(Path("/proc/self/cgroup").read_text()) != "/":
         return None
-    probe = os.path.join(where, f"brctl-test-{os.getpid()}")
-    try:
-        os.mkdir(probe)
-    except OSError:
-        return None
-    os.rmdir(probe)
-    return where
+    return _may_make_child(where)
 
 
 def _run_v1(argv: list[str], timeout: float, enter: str | None = None) -> subprocess.CompletedProcess[str]:
