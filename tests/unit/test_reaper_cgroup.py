@@ -49,10 +49,15 @@ def _run(argv: list[str], timeout: float, prefix: tuple[str, ...] = ()) -> subpr
 
 
 def _gone(pattern: str) -> bool:
+    return not _running(pattern, until=False)
+
+
+def _running(pattern: str, until: bool = True) -> bool:
+    """Whether ``pattern`` runs, once it does (``until``) or stops, or after 3 s."""
     deadline = time.monotonic() + scaled(3)
-    while local_pids(pattern) and time.monotonic() < deadline:
+    while bool(local_pids(pattern)) != until and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not local_pids(pattern)
+    return bool(local_pids(pattern))
 
 
 def _command_cgroup(stdout: str) -> str:
@@ -90,7 +95,8 @@ def test_what_a_command_leaves_running_is_kept_and_its_cgroup_still_removed() ->
                           capture_output=True, text=True, timeout=scaled(30))
     try:
         assert done.returncode == 0, done.stderr
-        assert local_pids(r"^sleep 1161")  # its business, as under plain ssh
+        # its business, as under plain ssh (a moment may pass before setsid is sleep)
+        assert _running(r"^sleep 1161")
         path = _command_cgroup(done.stdout)
         assert not os.path.exists(os.path.join(reaper.cgroup_root() or "/nonexistent", path.lstrip("/")))
     finally:
