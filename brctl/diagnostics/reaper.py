@@ -65,18 +65,27 @@ CGROUP_PREFIX = "brctl-"
 
 def _mount(fstype: str, option: str = "") -> str | None:
     """Where a ``fstype`` hierarchy (with ``option`` among its mount options) is mounted
-    with its root as this process sees it, or None."""
+    with its root as this process sees it, or None. Any user may mount (FUSE) at a path
+    of any bytes, which mountinfo shows as they are: read as a path is (not strict UTF-8,
+    which made every reaper crash before its command ran)."""
     try:
-        with open("/proc/self/mountinfo") as f:
+        with open("/proc/self/mountinfo", errors="surrogateescape") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
                 fields, fs = left.split(), right.split()
                 if (fs[:1] == [fstype] and len(fields) > 4 and fields[3] == "/"
                         and (not option or option in fs[-1].split(","))):
-                    return fields[4]
-    except OSError:
+                    return _unescaped(fields[4])
+    except (OSError, ValueError):  # a line the kernel never writes: no cgroup, never a crash
         pass
     return None
+
+
+def _unescaped(field: str) -> str:
+    """A mountinfo path as it is: the kernel writes a space, tab, newline and backslash
+    in it as ``\\ooo`` (``\\040``)."""
+    head, *rest = field.split("\\")
+    return head + "".join(chr(int(part[:3], 8)) + part[3:] for part in rest)
 
 
 def cgroup_root() -> str | None:
@@ -91,7 +100,7 @@ def own_cgroup() -> str | None:
     freezer cgroup below the root is someone's tracking, a Slurm step or a container:
     a command moved out of it would hide from it)."""
     try:
-        with open("/proc/self/cgroup") as f:
+        with open("/proc/self/cgroup", errors="surrogateescape") as f:  # a path, as mountinfo's
             lines = f.read().splitlines()
     except OSError:
         return None

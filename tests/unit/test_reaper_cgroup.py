@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -504,3 +505,41 @@ def test_without_cgroup_v2_an_overdue_freezer_cgroup_is_swept() -> None:
         for path in (overdue, ahead):
             if os.path.isdir(path):
                 _rmdir(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_freezer_mounted_where_the_path_has_a_space_still_holds_the_command(tmp_path: Path) -> None:
+    """mountinfo writes a space in a mount point as ``\\040`` (a tab, newline or backslash
+    likewise): the reaper must read the path it stands for, not look for a directory
+    named with the escape, find none and leave the command to the walk."""
+    mounted = _freezer()
+    if mounted is None:
+        pytest.skip("no writable cgroup v1 freezer hierarchy at its root here")
+    where = tmp_path / "free zer\tx"
+    where.mkdir()
+    inner = (f"umount {shlex.quote(mounted)} && mount -t cgroup -o freezer cgroup {shlex.quote(str(where))}"
+             f" && exec {shlex.quote(sys.executable)} -c {shlex.quote(_AS_V1)} 10 cat /proc/self/cgroup")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner], cwd=ROOT,
+                          capture_output=True, text=True, timeout=scaled(30))
+    if "mount" in done.stderr and done.returncode != 0:
+        pytest.skip(f"cannot mount the freezer hierarchy here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"/brctl-[0-9]+-[0-9a-f]{16}", _freezer_path(done.stdout)), done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_mount_point_named_in_bytes_that_are_not_utf_8_does_not_stop_every_command(tmp_path: Path) -> None:
+    """Any user may mount there (FUSE's fusermount) at a path of its choosing, and
+    mountinfo writes its bytes as they are: reading it as strict UTF-8 crashed every
+    reaper before its command ran (exit 1, a traceback), cgroup v2 or v1."""
+    where = os.path.join(os.fsencode(tmp_path), b"job\xff\xfemount")
+    os.mkdir(where)
+    mount = f"mount -t tmpfs brctl-test {shlex.quote(os.fsdecode(where))}"
+    prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mount} && exec "$@"', "sh")
+    done = _run(["echo", "ran"], 10, prefix)
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+    if _freezer() is not None:
+        done = subprocess.run([*prefix, sys.executable, "-c", _AS_V1, "10", "cat", "/proc/self/cgroup"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=scaled(30))
+        assert done.returncode == 0, done.stderr
+        assert re.fullmatch(r"/brctl-[0-9]+-[0-9a-f]{16}", _freezer_path(done.stdout)), done.stdout
