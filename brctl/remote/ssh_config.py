@@ -193,9 +193,10 @@ def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -
     Host/Match lines decide for the rest of that file; after it the enclosing
     block resumes. paramiko knows no nesting, so each block of an included file
     becomes a ``Match`` of both conditions, and the enclosing block's header is
-    repeated after the file. A repeated condition that tests a host or user is
-    evaluated once by OpenSSH, where it stood, but again by paramiko, maybe after
-    the file set HostName or User: such a block is left to ``ssh -G``.
+    repeated at its start and after it. A repeated condition that tests a host or
+    user is evaluated once by OpenSSH, where it stood, but again by paramiko, maybe
+    after the block (before the Include) or the file set HostName or User: such a
+    block is left to ``ssh -G``.
     """
     if depth > INCLUDE_DEPTH:
         raise ValueError(f"ssh config {path}: Include nested deeper than {INCLUDE_DEPTH}")
@@ -205,8 +206,8 @@ def _with_includes(path: str, base: str, depth: int, guard: str | None = None) -
     except OSError as exc:
         raise ValueError(f"ssh config {path}: {exc.strerror}") from None
     current = guard  # the condition the lines at this point of the file apply under
-    out = [_header(guard)]  # a file starts in its includer's state, whatever block came last
     resume = _header_again(guard)  # the header again, after an Include in this block
+    out = [resume]  # a file starts in its includer's state, whatever block came last
     for line in lines:
         try:
             keyword, args, line = _read_line(line)

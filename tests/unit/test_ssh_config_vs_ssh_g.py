@@ -86,6 +86,14 @@ INCLUDES = {
         "Match user {me}\n  Include {d}/sets-user.conf\n  Port 4300\n"),
     "a negated Match host guard": (
         "Match !host moved.example\n  Include {d}/sets-hostname.conf\n  User after\n"),
+    # ... and so is the included file's first line, once a line of the block before it
+    # (or an earlier Include of it) has changed what the guard tests.
+    "a Match host guard whose block set HostName before the Include": (
+        "Match host target\n  HostName moved.example\n  Include {d}/user-only.conf\n"),
+    "a Match host guard over two Includes, the first setting HostName": (
+        "Match host target\n  Include {d}/hostname-only.conf\n  Include {d}/user-only.conf\n"),
+    "a Match user guard whose block set User before the Include": (
+        "Match user {me}\n  User bob\n  Include {d}/port-only.conf\n"),
 }
 
 
@@ -104,6 +112,9 @@ def test_include_placements_resolve_as_ssh_g(tmp_path: Path, case: str, name: st
     (d / "inner.conf").write_text("Host *\n  HostName inner.example\n  User inner\n")
     (d / "sets-hostname.conf").write_text("HostName moved.example\nHost *\n  Port 4100\n")
     (d / "sets-user.conf").write_text("User bob\nHost *\n  Port 4200\n")
+    (d / "hostname-only.conf").write_text("HostName moved.example\n")
+    (d / "user-only.conf").write_text("User fu\n")
+    (d / "port-only.conf").write_text("Port 4500\n")
     cfg = d / "config"
     cfg.write_text(INCLUDES[case].format(d=d, me=getpass.getuser()))
     assert_as_ssh(EndpointResolver(str(cfg)), cfg, name)
