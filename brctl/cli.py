@@ -121,6 +121,15 @@ def _print_error(out: Output, message: str, hint: str | None) -> None:
             out.stderr.write(f"hint: {visible(hint, one_line=True)}\n")
 
 
+def _print_traceback(out: Output) -> None:
+    """--debug: the exception being handled, with its traceback; its message may quote a
+    node's bytes, shown escaped as in every other line (its lines are the traceback's)."""
+    import traceback
+
+    with contextlib.suppress(BrokenPipeError):
+        out.stderr.write(visible(traceback.format_exc()))
+
+
 def _report(out: Output, code: int, message: str, hint: str | None, as_json: bool,
             where: BrctlError | None = None, ndjson: bool = False) -> int:
     """The error on the run's stderr, and with --json as the ``brctl.error/1`` document
@@ -165,17 +174,13 @@ def run(argv: list[str], env: Env | None = None) -> int:
                        "run 'brctl --help' (or 'brctl COMMAND --help')", as_json, ndjson=ndjson)
     except BrctlError as exc:
         if debug:
-            import traceback
-
-            traceback.print_exc(file=out.stderr)
+            _print_traceback(out)
         return _report(out, exc.code, exc.message, exc.hint, as_json, exc, ndjson)
     except KeyboardInterrupt:
         return _report(out, ExitCode.INTERRUPTED, "interrupted", None, as_json, ndjson=ndjson)
     except Exception as exc:  # the last line of defence: a bug, not a user error
         if debug:
-            import traceback
-
-            traceback.print_exc(file=out.stderr)
+            _print_traceback(out)
         return _report(out, ExitCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
                        "this is a bug in brctl; please report it with the output of --debug",
                        as_json, ndjson=ndjson)

@@ -339,12 +339,14 @@ def node_text(text: str, style: str = "", *, one_line: bool = False) -> Text:
 
 
 def table(columns: Iterable[str], rows: Iterable[Iterable[Any]], title: str | None = None) -> Any:
-    """A rich Table; plain cells are ``Text`` (never markup) with controls made visible, each
-    on one line (a newline in a cell is shown escaped, as in a record)."""
+    """A rich Table; plain cells and the title are ``Text`` (never markup) with controls made
+    visible, each on one line (a newline in a cell is shown escaped, as in a record)."""
     from rich.table import Table
     from rich.text import Text
 
-    tbl = Table(title=title, show_edge=False, header_style="bold", pad_edge=False)
+    # a title names a job or an inventory file: the operator's words, not markup either
+    shown = None if title is None else Text(visible(title, one_line=True), style="table.title")
+    tbl = Table(title=shown, show_edge=False, header_style="bold", pad_edge=False)
     for col in columns:
         tbl.add_column(col)
     for row in rows:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from brctl.core.nodeset import fold, fold_by
 from brctl.operations.nodes import NodeSetReport, NodesReport, SysInfo
-from brctl.render import Output, table
+from brctl.render import Output, escape, table
 
 
 def render(out: Output, report: NodesReport) -> None:
@@ -30,11 +30,12 @@ def render(out: Output, report: NodesReport) -> None:
         _render_probes(out, report.probes)
     topo = report.topology
     if inv.job is not None and inv.job.source != "inventory":
-        out.console.print(f"\njob {inv.job.name}: machines from {inv.job.source}")
+        out.console.print(f"\njob {escape(inv.job.name)}: machines from "
+                          f"{escape(inv.job.source)}")
     if topo is None or inv.job is None:
         return
     out.console.print(
-        f"\njob {inv.job.name}: {len(topo.machines)} machines, world {topo.world} = "
+        f"\njob {escape(inv.job.name)}: {len(topo.machines)} machines, world {topo.world} = "
         f"tp {topo.tp} × cp {topo.cp} × dp {topo.dp} × pp {topo.pp}"
         + (f", ep {topo.ep} (expert dp {topo.edp})" if topo.ep > 1 else "")
         + f", order {topo.order}"

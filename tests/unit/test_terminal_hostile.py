@@ -343,3 +343,59 @@ def test_daemon_log_lines_and_records_show_node_text_escaped() -> None:
     err = out.stderr.getvalue()
     assert len(err.splitlines()) == 1
     _assert_safe(err)
+
+
+# ---------------------------------------------------------------- the inventory's own words
+
+
+# An inventory's job name or path is the operator's text, not markup either: ``[/x]``
+# made ``brctl nodes`` an internal error (rich's MarkupError, exit 70), ``[red]`` vanished.
+ODD = "exp[/x] [red]v2 :smiley:"
+
+
+def test_nodes_shows_the_job_name_and_inventory_path_as_written(brctl: Any,
+                                                                tmp_path: Any) -> None:
+    import yaml
+
+    inv = tmp_path / "[red]inv.yaml"
+    inv.write_text(yaml.safe_dump({
+        "nodes": [{"name": "n[1-4]", "connection": "local", "gpus": 2}],
+        "job": {"name": ODD, "nodes": "n[1-4]", "tp": 2}}))
+    res = brctl("-i", inv, "nodes")
+    assert res.exit_code == 0, res.stderr
+    assert f"4 machines in {inv}" in res.stdout
+    assert f"job {ODD}: 4 machines" in res.stdout
+
+
+def test_a_table_title_is_text_not_markup() -> None:
+    from brctl.render import table
+
+    out = _output()
+    out.console.print(table(("WHEN",), [("-",)], title=f"job {ODD}\n{LIE}"))
+    title = out.stdout.getvalue().splitlines()[0]
+    assert title.strip().startswith(f"job {ODD}\\x0a")
+    _assert_safe(title, node="job exp")
+
+
+@pytest.mark.parametrize("error", ["IncompleteError", "ValueError"])
+def test_debug_tracebacks_show_a_nodes_text_escaped(brctl: Any, monkeypatch: pytest.MonkeyPatch,
+                                                    error: str) -> None:
+    """--debug (asked for when a node misbehaves) prints the traceback with the error's
+    message: a node's bytes in it are spelled out there too, never sent to the terminal
+    (traceback.print_exc wrote them raw; a lone surrogate made the write itself fail)."""
+    from pathlib import Path
+
+    import brctl.core.errors as errors
+    import brctl.operations.nodes as ops
+
+    kind = getattr(errors, error, ValueError)
+
+    def answer(*_a: Any, **_k: Any) -> None:
+        raise kind(f"probe failed on n1: {LIE}")
+
+    monkeypatch.setattr(ops, "describe", answer)
+    local = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
+    res = brctl("--debug", "-i", local, "nodes")
+    assert res.exit_code == (3 if error == "IncompleteError" else 70), res.stderr
+    assert "Traceback" in res.stderr and _raw(res.stderr) == [], res.stderr
+    assert all(spelled in res.stderr for spelled in SPELLED)
