@@ -191,6 +191,66 @@ def test_a_mistyped_command_still_lists_the_commands(brctl: Any) -> None:
     assert "No such command 'exce'. Did you mean 'exec'?" in result.stderr
 
 
+def _every_command() -> list[list[str]]:
+    """Each command, and each subcommand under its group, as words after ``brctl``."""
+    import typer.main
+
+    root: Any = typer.main.get_command(build_app())
+    return [[name, *([sub] if sub else [])] for name, cmd in root.commands.items()
+            for sub in [None, *getattr(cmd, "commands", {})]]
+
+
+NOWHERE = "/nonexistent/inventory.yaml"
+# Global options before the command (a value that is a command's name too), after it,
+# glued, counted; aliases, groups, typos, help, version, '--', unknown options.
+FORMS = [
+    ["-i", "exec", "exec", "true"], ["-i", "nodes", "exec", "--", "true"],
+    ["--inventory", "exec", "nodes"], ["--inventory=exec", "nodes"], ["-iexec", "nodes"],
+    ["-i", "--json", "nodes"], ["-i", "--", "nodes"], ["-vv", "-q", "nodes", "-i", NOWHERE],
+    ["-vq", "nodes"], ["-qv", "-i", NOWHERE, "nodes"], ["-vi", NOWHERE, "nodes"],
+    ["-i", str(LOCAL), "nodes"], ["-i", str(LOCAL), "--json", "nodes", "-c", "a[1-3]"],
+    ["nodes", "--json", "-i", str(LOCAL)], ["-i", NOWHERE, "--debug", "--utc", "nodes"],
+    ["--json=1", "nodes"], ["--json", "--bogus", "nodes"], ["--version", "nodes"],
+    ["nodes", "--version"], ["help"], ["help", "exec"], ["--", "exec"], ["-", "exec"],
+    ["exe"], ["EXEC"], ["--json", "exce"], ["--json"], ["-i", NOWHERE], ["-h"], ["--help"],
+    [], ["--help", "exec"], ["exec", "--help", "nodes"], ["-i", NOWHERE, "exec"],
+    ["-i", NOWHERE, "exec", "-t", "5", "--", "true"], ["exec", "-i", NOWHERE, "true"],
+    ["-i", NOWHERE, "unevict", "n1", "--reason", "-v"], ["unevict", "--help"],
+    ["completion", "bash"], ["completion", "tcsh"], ["_render_exec"], ["../exec"],
+    ["-i", NOWHERE, "daemon", "run", "--for", "1s"], ["ckpt", "bakup"], ["update", "stat"],
+]
+
+
+@pytest.mark.parametrize("argv", [
+    *FORMS,
+    *(form for words in _every_command() for form in (
+        [*words, "--help"], ["-i", NOWHERE, "--json", *words],
+        ["-q", *words, "-v", "--bogus", "-i"]))], ids=lambda argv: " ".join(argv) or "-")
+def test_a_run_that_builds_one_command_acts_as_the_whole_tree(
+        argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The same exit code, stdout and stderr as with every command built, for any line."""
+    import io
+    import re
+
+    import brctl.cli as cli
+    from brctl.env import Env
+    from brctl.render import Output
+
+    monkeypatch.chdir(tmp_path)  # no ./inventory.yaml; nothing written where it runs
+    monkeypatch.delenv("BRCTL_INVENTORY", raising=False)
+    monkeypatch.delenv("_BRCTL_COMPLETE", raising=False)
+
+    def outcome() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = cli.run(list(argv), env=Env(output=Output(stdout=out, stderr=err)))
+        stamp = re.compile(r'"generated_at": "[^"]*"')
+        return code, stamp.sub("", out.getvalue()), err.getvalue()
+
+    lazy = outcome()
+    monkeypatch.setattr(cli, "named_command", lambda _argv: None)  # the whole tree
+    assert lazy == outcome()
+
+
 def test_commands_never_import_paramiko_or_yaml() -> None:
     for path in (ROOT / "brctl" / "commands").glob("*.py"):
         tree = ast.parse(path.read_text())
