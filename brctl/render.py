@@ -281,13 +281,17 @@ def _ignore(_item: Any = None) -> None:
 #   what a reader sees ("Trojan Source": a line that lies about which machine failed);
 #   zero-width spaces and joiners, the soft hyphen and tag characters hide text or make two
 #   names look alike (an emoji joined with U+200D shows its joiners: the price of that);
+# - the letters and marks that are drawn as nothing (Hangul fillers U+115F, U+1160, U+3164,
+#   U+FFA0; the combining grapheme joiner U+034F; Khmer U+17B4/5): a blank "name" that
+#   is not one, or a space that is not a space;
 # - the line and paragraph separators U+2028/U+2029: a line break to some terminals;
 # - lone surrogates: a node's file name that is not UTF-8, as Python decodes it (a
 #   terminal write of one raises).
-# The Cf ranges are Unicode 15's (a unit test checks them against ``unicodedata``).
-_INVISIBLE = ("\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
-              "\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ud800-\udfff"
-              "\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+# In code point order; the Cf ranges are Unicode 15's (a unit test checks them against
+# ``unicodedata``).
+_INVISIBLE = ("\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
+              "\u08e2\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064"
+              "\u2066-\u206f\u3164\ud800-\udfff\ufeff\uffa0\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
               "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f")
 _CONTROL = re.compile(f"[{_INVISIBLE}]")
 # A line of brctl's own (a warning, an error, a table cell, a record) holds node text

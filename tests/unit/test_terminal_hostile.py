@@ -87,6 +87,7 @@ def _assert_safe(text: str, node: str = "n1") -> None:
     "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u180e",  # zero width
     "\u2028", "\u2029",  # line and paragraph separators
     "\U000e0041", "\U000e007f",  # tag characters (invisible ASCII)
+    "\u115f", "\u1160", "\u3164", "\uffa0", "\u034f", "\u17b4",  # letters drawn as nothing
 ])
 def test_visible_spells_every_class_that_reorders_hides_or_commands(char: str) -> None:
     shown = visible(f"n1{char}x")
