@@ -62,3 +62,27 @@ def test_a_cut_stream_says_its_total_in_json_and_keeps_the_marker_for_humans() -
     assert doc["stdout_total"] == 1000 and "stderr_total" not in doc
     assert doc["stdout"] == "x" * 100 + "\n[brctl: output truncated: 1000 bytes in all; " \
         "the first and last 100 kept]\n" + "x" * 100
+
+
+def test_tiny_writes_cost_the_kept_bytes_not_an_object_each() -> None:
+    # A node writing two bytes at a time makes every read a 2-byte chunk: kept as one object
+    # each, the tail of a 2 MiB capture was ~45 MiB (x 2 streams x fan-out).
+    import tracemalloc
+
+    from brctl.core.capture import Capture
+
+    keep = 256 << 10
+    chunks = [bytes((65 + i % 26, 10)) for i in range(2 * keep)]  # 4 x keep bytes in all
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        cap = Capture(keep)
+        for chunk in chunks:
+            cap.add(chunk)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert held <= 3 * keep, held
+    data = cap.data()
+    assert cap.total == 4 * keep and cap.truncated
+    assert data.startswith(b"".join(chunks)[:keep]) and data.endswith(b"".join(chunks)[-keep:])
