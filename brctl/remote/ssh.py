@@ -19,6 +19,8 @@ Timeouts. ``connect_timeout`` bounds TCP connect + banner + key exchange + auth
 command started (SIGTERM, SIGKILL 2 s later; ``setsid`` escapees included) and
 exits 124, reported as ``timeout`` whatever the command did with SIGTERM. A
 closed channel (``cancel()`` on Ctrl-C, a dead controller) makes it do the same.
+The controller gives up ``GRACE_S + SLACK_S`` after T, waiting for the node's
+answer to the exec request included (paramiko alone would wait for ever).
 
 Prompt and bounded. The read loop blocks on the channel and ends on EOF with the
 exit status, on the channel closing, or on the connection dying: a connection
@@ -71,6 +73,32 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
         chan.shutdown_write()
     except (OSError, EOFError, paramiko.SSHException):
         pass
+
+
+def _exec_request(chan: paramiko.Channel, cmd: str, give_up: float) -> None:
+    """``chan.exec_command(cmd)``, its answer awaited until ``give_up`` at most.
+
+    paramiko awaits the answer for ever, and a wedged or hostile sshd that answers
+    keepalives need never send it: at ``give_up`` the channel is closed under the wait.
+
+    Raises:
+        socket.timeout: no answer by ``give_up``.
+        paramiko.SSHException: the request was refused, or the channel closed (``cancel``).
+    """
+    timer = threading.Timer(max(0.0, give_up - time.monotonic()), chan.close)
+    timer.daemon = True
+    timer.start()
+    try:
+        # An argument that is not UTF-8 (bytes the shell gave us, kept as surrogates) goes
+        # as its bytes, as ssh sends it; paramiko's own encoding refuses it.
+        chan.exec_command(cmd.encode("utf-8", "surrogateescape"))
+    except paramiko.SSHException:
+        if time.monotonic() >= give_up:
+            raise socket.timeout() from None
+        raise
+    finally:
+        timer.cancel()
+
 
 def _drain(chan: paramiko.Channel, out: Capture, err: Capture) -> None:
     """Move whatever the channel holds into the captures."""
@@ -126,6 +154,21 @@ def _copy_out(chan: paramiko.Channel, stdout: BinaryIO | None, out: Capture) -> 
             out.add(data)
         else:
             stdout.write(data)
+
+
+def _copy_err(chan: paramiko.Channel, err: Capture) -> None:
+    """The channel's stderr to its end, kept bounded in ``err``; read beside stdout, since
+    unread stderr fills the channel's window and stops the command's stdout too."""
+    while True:
+        try:
+            data = chan.recv_stderr(65536)
+        except socket.timeout:
+            continue  # quiet for the channel's timeout: the stdout side judges stalls
+        except (OSError, EOFError, paramiko.SSHException):
+            return
+        if not data:  # EOF, or closed (which ends every stream: see stream's finally)
+            return
+        err.add(data)
 
 
 def _pump(src: BinaryIO, chan: paramiko.Channel) -> None:
@@ -338,7 +381,7 @@ class SshTransport:
         out, err = Capture(node.output_keep), Capture(node.output_keep)
         try:
             chan.settimeout(max(0.01, give_up - time.monotonic()))
-            chan.exec_command(cmd)
+            _exec_request(chan, cmd, give_up)
             # stdin is fed from its own thread while this one drains stdout/stderr: a
             # command that writes back while it reads (cat) would otherwise fill its
             # output window and stop reading, and both sides would wait forever.
@@ -381,7 +424,7 @@ class SshTransport:
 
         Under the reaper like ``run``; the channel's own timeout is ``timeout`` too,
         so a stream that stops moving for that long is a ``timeout``. stderr is read
-        at the end (probes write little there). A ``stdout`` that stops taking data
+        beside it, kept bounded. A ``stdout`` that stops taking data
         (the other end of a relay died) closes the channel: the command gets SIGPIPE.
         """
         t0 = time.monotonic()
@@ -393,23 +436,24 @@ class SshTransport:
             return failed
         self._track(chan, True)  # cancel() closes it: the reaper kills the tree
         cmd = shell_line(node.python, with_env(argv, node.env), timeout)
-        out = Capture(node.output_keep)
+        out, err = Capture(node.output_keep), Capture(node.output_keep)
         try:
             chan.settimeout(timeout + GRACE_S + SLACK_S)
-            chan.exec_command(cmd)
+            _exec_request(chan, cmd, time.monotonic() + timeout + GRACE_S + SLACK_S)
             if stdin is not None:
                 threading.Thread(target=_pump, args=(stdin, chan), daemon=True,
                                  name=f"brctl-stream-{node.name}").start()
             else:
                 chan.shutdown_write()
+            errors = threading.Thread(target=_copy_err, args=(chan, err), daemon=True,
+                                      name=f"brctl-stderr-{node.name}")
+            errors.start()
             _copy_out(chan, stdout, out)
             if self._cancelled and chan.closed:  # cancel() closed it: no status will come
                 return _result(node.name, NodeState.TIMEOUT, t0, "interrupted; the command was killed")
             if not chan.status_event.wait(SLACK_S + GRACE_S):
                 raise socket.timeout()
-            err = Capture(node.output_keep)
-            while chan.recv_stderr_ready():
-                err.add(chan.recv_stderr(65536))
+            errors.join(SLACK_S)  # stdout's EOF is stderr's too: it ends at once
         except (socket.timeout, TimeoutError):
             return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
         except BrokenPipeError:

@@ -67,6 +67,18 @@ def test_env_and_stdin_and_quoting(ssh_cluster: SshCluster, transport: SshTransp
     assert r.stdout == "a b $HOME 'q'|; rm -rf /x|from-stdin"
 
 
+def test_an_argument_that_is_not_utf8_reaches_the_node_as_its_bytes(
+    ssh_cluster: SshCluster, transport: SshTransport,
+) -> None:
+    # ``brctl exec -- printf %s $'a\xffb'``: the shell hands Python the byte 0xff, which it
+    # keeps as a lone surrogate; paramiko refused to encode it and brctl exited 70.
+    # ssh and the local transport pass the bytes as they are.
+    arg = b"a\xffb".decode("utf-8", "surrogateescape")
+    r = transport.run(nodes_of(ssh_cluster)[0], ["printf", "%s", arg], timeout=scaled(10))
+    assert r.state is NodeState.OK, r
+    assert r.stdout_bytes == b"a\xffb"
+
+
 def test_large_stdin_echoed_back_does_not_deadlock(ssh_cluster: SshCluster,
                                                     transport: SshTransport) -> None:
     # cat writes back while it reads: stdin must be fed while stdout is drained.

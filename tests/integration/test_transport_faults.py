@@ -7,6 +7,7 @@ Every test proves what happened on the node (its processes) and on the controlle
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import resource
 import shutil
@@ -359,6 +360,26 @@ def test_cancel_reaches_an_ssh_stream(ssh_cluster: SshCluster, tmp_path: Path) -
         assert float(box["at"]) - t0 <= scaled(1)  # type: ignore[arg-type]
         assert box["r"].state is NodeState.TIMEOUT, box  # type: ignore[attr-defined]
         assert _wait_for(lambda: not ssh_cluster.node_pids("node02", r"^sleep 1101"), scaled(3))
+    finally:
+        transport.close()
+
+
+def test_an_ssh_stream_whose_command_writes_much_to_stderr_does_not_stall(
+    ssh_cluster: SshCluster,
+) -> None:
+    # Unread stderr fills the channel's window (2 MiB) and stops the command: a shard copy
+    # with a chatty stderr was a "stalled" timeout. Both streams are read as they come.
+    node = nodes_of(ssh_cluster, ["node03"], output_keep=1000)[0]
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        sink = io.BytesIO()
+        t0 = time.monotonic()
+        res = transport.stream(node, ["sh", "-c", "head -c 5000000 /dev/zero >&2; echo done"],
+                               timeout=scaled(30), stdout=sink)
+        assert res.state is NodeState.OK, res
+        assert time.monotonic() - t0 <= scaled(10)
+        assert sink.getvalue() == b"done\n"
+        assert res.stderr_total == 5_000_000 and len(res.stderr) < 2200
     finally:
         transport.close()
 
