@@ -32,6 +32,10 @@ class Children:
         """``proc`` is among the running while the block runs."""
         with self._lock:
             self._running.add(proc)
+            late = self._cancelled  # started after cancel() looked: stop it as cancel() would
+        if late:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
         try:
             yield
         finally:

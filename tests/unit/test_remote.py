@@ -221,3 +221,22 @@ def test_local_timeout_kills_a_sigterm_ignoring_setsid_escapee(tmp_path: Path) -
     assert res.state is NodeState.TIMEOUT and res.exit_code is None, res
     pid = int(pidfile.read_text())
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_child_tracked_after_cancel_is_stopped_too() -> None:
+    # LocalTransport checks ``cancelled``, starts the command, then tracks it: a Ctrl-C in
+    # between found nothing to kill, and that command ran on to its timeout.
+    import signal
+    import subprocess
+
+    from brctl.remote.children import Children
+
+    children = Children()
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        children.cancel()
+        with children.tracked(proc):
+            assert proc.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
