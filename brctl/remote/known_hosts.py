@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import hashlib
 import hmac
 import os
@@ -92,13 +93,18 @@ class KnownHosts:
     _hashed_hits: dict[str, list[HostKeyEntry]] = field(default_factory=dict, repr=False)
 
     def add(self, patterns: Sequence[str], entry: HostKeyEntry) -> None:
-        """Index ``entry`` under each host pattern."""
+        """Index ``entry`` under each host pattern.
+
+        A line with a negated pattern is matched as a whole (``node1,!node*`` does not
+        list node1, as in OpenSSH): none of its patterns goes to the exact index.
+        """
+        negated = any(p.startswith("!") for p in patterns)
         wild: list[str] = []
         for pattern in patterns:
             if pattern.startswith("|1|"):
                 salt, digest = _parse_hashed(pattern, entry.source)
                 self.hashed.append((salt, digest, entry))
-            elif "*" in pattern or "?" in pattern or "!" in pattern:
+            elif negated or "*" in pattern or "?" in pattern or "!" in pattern:
                 wild.append(pattern)
             else:
                 self.exact.setdefault(pattern.lower(), []).append(entry)
@@ -231,12 +237,14 @@ def parse(text: str, filename: str) -> KnownHosts:
         KnownHostsError: a malformed line (names file:line and what is wrong).
     """
     kh = KnownHosts()
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
+    # As OpenSSH: lines end at "\n" only (not at the other ends str.splitlines knows,
+    # e.g. \x1c or U+2028 inside a comment), fields are separated by spaces and tabs.
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip(" \t\r")
         if not line or line.startswith("#"):
             continue
         source = f"{filename}:{lineno}"
-        fields = line.split()
+        fields = [f for f in line.replace("\t", " ").split(" ") if f]
         marker = ""
         if fields[0].startswith("@"):
             marker = fields.pop(0)
@@ -331,15 +339,30 @@ class KnownHostsCache:
             self._merged[key] = merged
         return merged
 
-    def accept(self, path: str, name: str, keytype: str, blob: bytes) -> None:
-        """Append ``name``'s key to ``path`` (created 0600, its directory 0700) for ``accept-new``."""
+    def accept(self, path: str, name: str, keytype: str, blob: bytes) -> bool:
+        """Append ``name``'s key to ``path`` (created 0600, its directory 0700) for ``accept-new``.
+
+        Checked again under an exclusive lock on the file itself: a connect that saw
+        the host unknown, in this process or another, may have accepted a key since.
+
+        Returns:
+            True when ``path`` now lists this key for ``name`` (added, or already there);
+            False when it lists another one (refuse it as changed).
+        """
         full = os.path.expanduser(path)
         line = f"{name} {keytype} {base64.b64encode(blob).decode()}\n"
         with self._lock:
             os.makedirs(os.path.dirname(full) or ".", mode=0o700, exist_ok=True)
-            fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(full, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
-                os.write(fd, line.encode())
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                listed = parse(b"".join(chunks).decode("utf-8", errors="replace"), full).lookup([name])
+                if not listed:
+                    os.write(fd, line.encode())
             finally:
-                os.close(fd)
+                os.close(fd)  # releases the lock
             self._files.pop(full, None)  # the (mtime, size) stamp changes too
+        return not listed or any(e.blob == blob for e in listed)

@@ -24,9 +24,11 @@ OpenSSH's default files (``~/.ssh/id_ed25519``, ``id_ecdsa``, ``id_rsa``) that e
 user certificates: ssh config ``CertificateFile``, and ``<key>-cert.pub`` beside a key.
 
 Host key files, as OpenSSH: the user files (the inventory's ``known_hosts``, else
-ssh config ``UserKnownHostsFile``) and the global ones (``GlobalKnownHostsFile``,
-else ``/etc/ssh/ssh_known_hosts``), looked up under ``HostKeyAlias`` when set;
-under ``accept-new`` also ``<known_hosts>.brctl-accepted`` (``brctl.remote.ssh_connect``).
+ssh config ``UserKnownHostsFile`` with its ``~``, ``${VAR}`` and %-tokens expanded,
+else ``~/.ssh/known_hosts`` and ``known_hosts2``; ``none``: no user file) and the
+global ones (``GlobalKnownHostsFile``, else ``/etc/ssh/ssh_known_hosts``), looked
+up under ``HostKeyAlias`` when set; under ``accept-new`` also
+``<known_hosts>.brctl-accepted`` (``brctl.remote.ssh_connect``).
 
 Jump hosts (``proxy_jump`` or ProxyJump): ``[user@]host[:port]`` hops, comma
 separated as for ``ssh -J``, each resolved by its own name through the ssh
@@ -41,6 +43,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import re
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -57,6 +60,7 @@ from brctl.remote.ssh_openssh import (
     SshConfigError,
     config_line,
     defer_matches,
+    expand,
     quote_arg,
     split_args,
     ssh_g,
@@ -70,6 +74,7 @@ DEFAULT_USER = "root"
 DEFAULT_PORT = 22
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # OpenSSH's default
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"  # the inventory's default
+DEFAULT_USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"  # OpenSSH's default
 
 
 @dataclass(frozen=True)
@@ -103,25 +108,49 @@ def _trust(
     """Which known_hosts files, accept-new file and lookup names apply to one endpoint.
 
     As OpenSSH: the user files (the inventory's ``known_hosts`` when set other than
-    its default, else ssh config ``UserKnownHostsFile``, else ``~/.ssh/known_hosts``),
-    then the global ones (``GlobalKnownHostsFile``, else ``/etc/ssh/ssh_known_hosts``
-    and ``…2``); ``HostKeyAlias`` replaces the looked-up name. The
+    its default, else ssh config ``UserKnownHostsFile``, else ``~/.ssh/known_hosts`` and
+    ``…2``; ``none``: no user file), then the global ones (``GlobalKnownHostsFile``,
+    else ``/etc/ssh/ssh_known_hosts`` and ``…2``); ``HostKeyAlias`` replaces the looked-up name. The
     ``.brctl-accepted`` file beside the first user file is trusted, and written,
-    only under ``accept-new``.
+    only under ``accept-new`` (with no user file, as ``strict``).
     """
     if node.known_hosts and node.known_hosts != USER_KNOWN_HOSTS:
         user_files = [node.known_hosts]
     else:
-        user_files = str(cfg.get("userknownhostsfile", USER_KNOWN_HOSTS)).split()
+        user_files = str(cfg.get("userknownhostsfile", DEFAULT_USER_KNOWN_HOSTS)).split()
     global_files = str(cfg.get("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)).split()
+    # ``none`` alone: no such files (never a file named "none" in the current directory).
+    user_files, global_files = ([] if fs == ["none"] else fs for fs in (user_files, global_files))
     files = [os.path.expanduser(f) for f in (*user_files, *global_files)]
     accepted = None
-    if node.host_key_policy == "accept-new":
+    if node.host_key_policy == "accept-new" and user_files:  # none: nowhere to record, so strict
         accepted = files[0] + ACCEPTED_SUFFIX
         files.append(accepted)
     alias = cfg.get("hostkeyalias")
     names = (str(alias),) if alias else tuple(host_names(host, port))
     return tuple(files), accepted, names
+
+
+def _user_files(cfg: Mapping[str, Any], name: str, *, user: str | None, port: int | None) -> str:
+    """``UserKnownHostsFile`` as ssh reads it (paramiko leaves it as written): ``${VAR}``
+    and %-tokens expanded, the inventory's explicit user and port applying to ``%r``/``%p``.
+
+    Raises:
+        SshConfigError: an unset variable or a token brctl does not know (ssh refuses those too).
+    """
+    value = str(cfg["userknownhostsfile"])
+    if value == "none":
+        return value
+
+    def env(match: re.Match[str]) -> str:
+        if match.group(1) not in os.environ:
+            raise SshConfigError(f"host {name}: ssh config UserKnownHostsFile {value!r}: "
+                                 f"environment variable {match.group(1)} is not set")
+        return os.environ[match.group(1)]
+
+    view = {**cfg, **({"user": user} if user else {}), **({"port": str(port)} if port else {})}
+    words = [os.path.expanduser(w) for w in value.split()]
+    return " ".join(str(expand(re.sub(r"\$\{(\w+)\}", env, w), view, name)) for w in words)
 
 
 INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -394,6 +423,8 @@ class EndpointResolver:
         hostname = str(cfg.get("hostname", name))
         if any(m.may_apply(name, hostname) for m in self._deferred):
             cfg = ssh_g(self._ssh_g_files, name, user=user, port=port, timeout=timeout)
+        elif "userknownhostsfile" in cfg:
+            cfg = {**cfg, "userknownhostsfile": _user_files(cfg, name, user=user, port=port)}
         bad = unsupported(cfg)
         if bad is not None:
             raise SshConfigError(

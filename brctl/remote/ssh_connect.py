@@ -457,8 +457,10 @@ class Connector:
                    "brctl cannot verify host certificates (paramiko #771/#2277); refusing. "
                    f"List the host's key ({what}) in a known_hosts file")
         elif status is HostKeyStatus.UNKNOWN and ep.accepted is not None:
-            self.known.accept(ep.accepted, name, keytype, blob)
-            return
+            if self.known.accept(ep.accepted, name, keytype, blob):
+                return
+            msg = (f"host key for {name} CHANGED while connecting: server presented {what}, but "
+                   f"another key was just accepted for it in {ep.accepted}; refusing")
         elif status is HostKeyStatus.REVOKED:
             msg = f"host key for {name} is @revoked ({what})"
         elif status is HostKeyStatus.CHANGED:

@@ -282,7 +282,7 @@ def ssh_g(files: Sequence[str], name: str, *, user: str | None, port: int | None
             cfg[key] = value
     for key in TOKENISED:
         if key in cfg:
-            cfg[key] = _expand(cfg[key], cfg, name)
+            cfg[key] = expand(cfg[key], cfg, name)
     if cfg.get("user") == getpass.getuser() and not user:
         del cfg["user"]
     found = [p for p in cfg.get("identityfile", []) if os.path.exists(os.path.expanduser(p))]
@@ -292,14 +292,14 @@ def ssh_g(files: Sequence[str], name: str, *, user: str | None, port: int | None
     return cfg
 
 
-def _expand(value: Any, cfg: Mapping[str, Any], name: str) -> Any:
+def expand(value: Any, cfg: Mapping[str, Any], name: str) -> Any:
     """``value`` (a string or a list of them) with ssh's %-tokens replaced.
 
     Raises:
         SshConfigError: a token brctl does not know (the host and the setting named).
     """
     if isinstance(value, list):
-        return [_expand(v, cfg, name) for v in value]
+        return [expand(v, cfg, name) for v in value]
     home = os.path.expanduser("~")
     local = socket.gethostname()
     tokens = {"%": "%", "h": str(cfg.get("hostname", name)), "n": name, "p": str(cfg.get("port", "22")),

@@ -189,7 +189,8 @@ def test_ssh_config_fills_only_what_the_inventory_leaves_default(tmp_path: Path)
     # No config at all: the user's and the global files; the accept-new file only under accept-new.
     plain = SshTransport(ssh_config=os.devnull).endpoint(Node(name="gpu001", address="gpu001"))
     assert (plain.host, plain.user, plain.port, plain.jump) == ("gpu001", "root", 22, None)
-    assert plain.known_hosts == (os.path.expanduser("~/.ssh/known_hosts"), "/etc/ssh/ssh_known_hosts",
+    assert plain.known_hosts == (os.path.expanduser("~/.ssh/known_hosts"),
+                                 os.path.expanduser("~/.ssh/known_hosts2"), "/etc/ssh/ssh_known_hosts",
                                  "/etc/ssh/ssh_known_hosts2")
     assert plain.accepted is None and plain.key_names == ("gpu001",)
     new = SshTransport(ssh_config=os.devnull).endpoint(
@@ -273,3 +274,65 @@ def test_worker_processes_only_for_large_fanouts() -> None:
     assert worth_processes(8, 64) == 1
     assert worth_processes(8, 2 * MIN_NODES_PER_PROCESS) == 2
     assert worth_processes(2, 10_000) == 2
+
+
+def test_a_negated_pattern_vetoes_the_whole_line_as_openssh() -> None:
+    """``ssh-keygen -F node1`` finds nothing for ``node1,!node1`` (or ``node7,!node*``): a
+    negated match vetoes the line even where another pattern of it names the host exactly."""
+    kh = parse("\n".join([_line("node1,!node1", K1), _line("node7,gpu1,!node*", K2)]), "kh")
+    assert kh.check("node1", 22, ED, _blob(ED, K1)) is HostKeyStatus.UNKNOWN
+    assert kh.check("node7", 22, ED, _blob(ED, K2)) is HostKeyStatus.UNKNOWN
+    assert kh.check("gpu1", 22, ED, _blob(ED, K2)) is HostKeyStatus.KNOWN
+    revoked = parse("\n".join([_line("node1", K1), _line("node1,!node1", K1, marker="@revoked")]), "kh")
+    assert revoked.check("node1", 22, ED, _blob(ED, K1)) is HostKeyStatus.KNOWN
+
+
+def test_only_newline_ends_a_line_as_openssh() -> None:
+    """OpenSSH splits lines on ``\\n`` only: a comment holding ``\\x1c`` or U+2028 (which
+    ``str.splitlines`` treats as line ends) stays a comment; CRLF still works."""
+    text = f"# c\x1c{_line('node2', K1)}\n# d\u2028{_line('node3', K1)}\r\n{_line('node4', K2)}\r\n"
+    kh = parse(text, "kh")
+    assert kh.check("node2", 22, ED, _blob(ED, K1)) is HostKeyStatus.UNKNOWN
+    assert kh.check("node3", 22, ED, _blob(ED, K1)) is HostKeyStatus.UNKNOWN
+    assert kh.check("node4", 22, ED, _blob(ED, K2)) is HostKeyStatus.KNOWN
+
+
+def test_user_known_hosts_files_are_expanded_as_ssh_g(tmp_path: Path) -> None:
+    """paramiko leaves UserKnownHostsFile as written; ssh expands ``~``, %-tokens and
+    ``${VAR}`` in it, so brctl read a literal ``known_hosts_%h`` that does not exist:
+    the host's listed key was unseen, and ``accept-new`` trusted whatever key came."""
+    import subprocess
+
+    from brctl.core.transport import Node
+    from brctl.remote.ssh import SshTransport
+
+    cfg = tmp_path / "config"
+    cfg.write_text("Host gpu*\n  HostName %h.fleet\n"
+                   "  UserKnownHostsFile ~/.ssh/kh_%h %d/kh_%n_%p ${HOME}/kh_%r\n"
+                   "Host none*\n  UserKnownHostsFile none\n")
+    ep = SshTransport(ssh_config=str(cfg)).endpoint(Node(name="gpu7", address="gpu7", user="bob", port=2222))
+    got = subprocess.run(["ssh", "-G", "-F", str(cfg), "-l", "bob", "-p", "2222", "gpu7"],
+                         capture_output=True, text=True, check=True).stdout
+    want = next(ln.split()[1:] for ln in got.splitlines() if ln.startswith("userknownhostsfile "))
+    assert list(ep.known_hosts[:3]) == want
+    # ``none``: no user file (not a file named "none" in the current directory).
+    ep = SshTransport(ssh_config=str(cfg)).endpoint(Node(name="none1", address="none1"))
+    assert ep.known_hosts == ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+    # OpenSSH's default user files are known_hosts and known_hosts2.
+    ep = SshTransport(ssh_config=os.devnull).endpoint(Node(name="gpu7", address="gpu7"))
+    assert ep.known_hosts[:2] == tuple(os.path.expanduser(f"~/.ssh/known_hosts{n}") for n in ("", "2"))
+
+
+def test_accept_new_rechecks_under_a_lock_what_another_connect_accepted(tmp_path: Path) -> None:
+    """Two connects to one host (two users, two brctl processes) both saw it unknown and
+    each accepted its own key: both were then trusted. The second now gets False (refused as
+    changed) and the file keeps one key."""
+    accepted = str(tmp_path / "known_hosts.brctl-accepted")
+    first, second = KnownHostsCache(), KnownHostsCache()
+    assert first.load_all([accepted]).check("node1", 22, ED, _blob(ED, K1)) is HostKeyStatus.UNKNOWN
+    assert second.load_all([accepted]).check("node1", 22, ED, _blob(ED, K2)) is HostKeyStatus.UNKNOWN
+    assert second.accept(accepted, "node1", ED, _blob(ED, K2)) is True
+    assert first.accept(accepted, "node1", ED, _blob(ED, K1)) is False
+    assert first.accept(accepted, "node1", ED, _blob(ED, K2)) is True  # the same key: nothing added
+    assert first.load_all([accepted]).check("node1", 22, ED, _blob(ED, K1)) is HostKeyStatus.CHANGED
+    assert len(Path(accepted).read_text().splitlines()) == 1
