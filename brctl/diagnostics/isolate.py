@@ -18,7 +18,8 @@ its ``pyvenv.cfg``; its prefixes' ``lib/python3*`` and ``*-packages``) and every
 declared entry must pass OpenSSH's StrictModes rule (``safefs.unsafe_owner_chain``)
 for root and the invoking user, and so must the files Python runs by itself from
 each of those directories (``sitecustomize``, ``usercustomize``, ``*.pth``, their
-bytecode: ``startup_files``). What fails runs as ``job.user`` when that is set
+bytecode: ``startup_files``), and so must every directory a checked ``.pth`` file of
+the interpreter adds to ``sys.path`` (``pth_directories``). What fails runs as ``job.user`` when that is set
 and the path passes for root, the invoking user and the job user; otherwise the
 node is refused: ``REFUSED_MARK`` and the reason on stdout, exit ``REFUSED_EXIT``.
 A declared entry that does not exist is left out (Python ignores it too); one that
@@ -97,23 +98,31 @@ def interpreter_paths(python: str) -> list[str]:
 # site imports sitecustomize/usercustomize (a module, a package or their bytecode)
 # and executes the import lines of a site directory's .pth files.
 STARTUP_MODULES = ("sitecustomize", "usercustomize")
-_STARTUP_NAMES = frozenset(n + ext for n in STARTUP_MODULES for ext in (".py", ""))
+
+
+def _tree(top: str) -> list[str]:
+    """Everything under the directory ``top`` (links listed, not followed), sorted per level."""
+    out: list[str] = []
+    for here, dirs, files in os.walk(top):
+        dirs.sort()
+        out.extend(os.path.join(here, n) for n in sorted(dirs + files))
+    return out
 
 
 def startup_files(directory: str) -> list[str]:
     """The files (and dirs) of ``directory`` that Python runs at startup, where present:
-    ``sitecustomize``/``usercustomize`` (``.py``, or a package's ``__init__.py``), every
+    ``sitecustomize``/``usercustomize`` in any form Python imports (``.py``, bytecode
+    without source, an extension module, a package with everything in it), every
     ``*.pth``, and ``__pycache__`` with their bytecode. One listing per directory."""
     try:
         names = set(os.listdir(directory))
     except OSError:
         return []
     out = [os.path.join(directory, n) for n in sorted(
-        n for n in names if n.endswith(".pth") or n in _STARTUP_NAMES)]
+        n for n in names if n.endswith(".pth") or n.split(".", 1)[0] in STARTUP_MODULES)]
     for package in STARTUP_MODULES:
-        init = os.path.join(directory, package, "__init__.py")
-        if package in names and os.path.lexists(init):
-            out.append(init)
+        if package in names and os.path.isdir(os.path.join(directory, package)):
+            out.extend(_tree(os.path.join(directory, package)))
     if "__pycache__" in names:
         cache = os.path.join(directory, "__pycache__")
         out.append(cache)
@@ -137,7 +146,7 @@ def check(python: str, paths: Sequence[str], allowed: tuple[int, ...]) -> str | 
     """
     candidates = [("python", p) for p in interpreter_paths(python)]
     candidates += [("PYTHONPATH entry", p) for p in paths]
-    for what, path in candidates:
+    for what, path in candidates:  # grows: the directories the interpreter's .pth files add
         reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
         if reason:
             return f"{what} {path}: {reason}"
@@ -147,7 +156,25 @@ def check(python: str, paths: Sequence[str], allowed: tuple[int, ...]) -> str | 
             reason = unsafe_owner_chain(inside, allowed, sticky_ok=True)
             if reason:
                 return f"{what} {path}: {reason} (Python runs it at startup)"
+            if what == "python" and inside.endswith(".pth") and os.path.isfile(inside):
+                candidates += [(f"directory added by {inside}", d) for d in pth_directories(inside)
+                               if d not in (p for _, p in candidates)]
     return None
+
+
+def pth_directories(pth: str) -> list[str]:
+    """The directories ``site`` adds to ``sys.path`` from the (checked) ``.pth`` file ``pth``:
+    every line but comments, blanks and ``import`` lines, relative to its directory, that exists.
+    Python imports ``sitecustomize`` (and any module) from them too."""
+    out = []
+    with open(pth, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.startswith(("#", "import ", "import\t")) or not line.strip():
+                continue
+            added = os.path.abspath(os.path.join(os.path.dirname(pth), line.rstrip()))
+            if os.path.exists(added):
+                out.append(added)
+    return out
 
 
 def usable_paths(declared: Sequence[str]) -> list[str]:

@@ -172,3 +172,51 @@ def test_startup_files_lists_what_python_runs_from_a_directory(tmp_path: Path) -
     assert [Path(p).name for p in startup_files(str(tmp_path))] == [
         "a.pth", "b.pth", "sitecustomize", "sitecustomize.py", "usercustomize.py", "__init__.py",
         "__pycache__", "sitecustomize.cpython-311.pyc"]
+
+
+def test_every_form_of_a_startup_module_in_a_root_entry_is_checked(tmp_path: Path) -> None:
+    """Python imports ``sitecustomize`` from bytecode with no source beside it (and from an
+    extension module, or a package's other files): a job-owned one in a root 0755 entry
+    ran as root."""
+    import py_compile
+
+    site = tmp_path / "site"
+    site.mkdir()
+    src = tmp_path / "src.py"
+    src.write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    pyc = site / "sitecustomize.pyc"
+    py_compile.compile(str(src), cfile=str(pyc), doraise=True)
+    os.chown(pyc, NOBODY, NOBODY)
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)})
+    assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists(), res
+    assert f"{pyc} is owned by nobody" in (res.error or "")
+    pyc.unlink()
+    package = site / "sitecustomize"
+    package.mkdir()
+    (package / "__init__.py").write_text("from . import hook\n")
+    (package / "hook.py").write_text(src.read_text())
+    os.chown(package / "hook.py", NOBODY, NOBODY)
+    res = _run(tmp_path, env={"PYTHONPATH": str(site)})
+    assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists(), res
+    assert f"{package / 'hook.py'} is owned by nobody" in (res.error or "")
+
+
+def test_a_directory_a_pth_file_adds_is_checked_like_an_entry(tmp_path: Path) -> None:
+    """A root-owned ``.pth`` in the interpreter's site-packages (an editable install) adds a
+    job-writable directory to ``sys.path``; Python then imports ``sitecustomize`` from it."""
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    job = tmp_path / "job-src"
+    job.mkdir()
+    os.chown(job, NOBODY, NOBODY)
+    (job / "sitecustomize.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    (site / "__editable__.proj.pth").write_text(f"# editable\n{job}\n")
+    res = _run(tmp_path, python=str(venv / "bin" / "python"))
+    assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists(), res
+    assert f"{job} is owned by nobody" in (res.error or "")
+    os.chown(job, 0, 0)
+    assert _run(tmp_path, python=str(venv / "bin" / "python")).ok and (tmp_path / "ran").exists()
