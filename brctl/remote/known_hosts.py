@@ -264,7 +264,9 @@ def parse(text: str, filename: str) -> KnownHosts:
                 f"{source}: key type {keytype!r} does not match the key ({_blob_type(blob)!r})"
             )
         entry = HostKeyEntry(keytype, blob, source)
-        patterns = [p for p in hosts.split(",") if p]
+        # A hashed field is one hash, commas and all, as OpenSSH reads it (never a list
+        # holding a plain name beside it): a comma in it is malformed.
+        patterns = [hosts] if hosts.startswith("|1|") else [p for p in hosts.split(",") if p]
         if not patterns:
             raise KnownHostsError(f"{source}: no host pattern")
         if marker == "@cert-authority":

@@ -112,7 +112,7 @@ def _trust(
     ``…2``; ``none``: no user file), then the global ones (``GlobalKnownHostsFile``,
     else ``/etc/ssh/ssh_known_hosts`` and ``…2``); ``HostKeyAlias`` replaces the looked-up name. The
     ``.brctl-accepted`` file beside the first user file is trusted, and written,
-    only under ``accept-new`` (with no user file, as ``strict``).
+    only under ``accept-new`` (with no user file, or ``/dev/null``, as ``strict``).
     """
     if node.known_hosts and node.known_hosts != USER_KNOWN_HOSTS:
         user_files = [node.known_hosts]
@@ -123,7 +123,8 @@ def _trust(
     user_files, global_files = ([] if fs == ["none"] else fs for fs in (user_files, global_files))
     files = [os.path.expanduser(f) for f in (*user_files, *global_files)]
     accepted = None
-    if node.host_key_policy == "accept-new" and user_files:  # none: nowhere to record, so strict
+    # none, or /dev/null (where ssh "records" a key to forget it): nowhere to record, so strict
+    if node.host_key_policy == "accept-new" and user_files and files[0] != os.devnull:
         accepted = files[0] + ACCEPTED_SUFFIX
         files.append(accepted)
     alias = cfg.get("hostkeyalias")

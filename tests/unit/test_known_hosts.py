@@ -104,6 +104,8 @@ def test_keytypes_for_lists_known_types() -> None:
         (_line("gpu001", K1).replace("ssh-ed25519 ", "ssh-rsa ", 1), "does not match the key"),
         ("@bogus " + _line("gpu001", K1), "unknown marker"),
         (_line("|1|abc", K1), "malformed hashed host"),
+        # OpenSSH takes a hashed field whole: "node1" after its comma names no host
+        (_line(_hashed("node2") + ",node1", K1), "hashed host"),
     ],
 )
 def test_malformed_lines_name_file_and_line(line: str, what: str) -> None:
@@ -318,6 +320,12 @@ def test_user_known_hosts_files_are_expanded_as_ssh_g(tmp_path: Path) -> None:
     # ``none``: no user file (not a file named "none" in the current directory).
     ep = SshTransport(ssh_config=str(cfg)).endpoint(Node(name="none1", address="none1"))
     assert ep.known_hosts == ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+    # /dev/null records nothing: accept-new there acts as strict (no /dev/null.brctl-accepted)
+    dev = tmp_path / "dev.config"
+    dev.write_text("Host *\n  UserKnownHostsFile /dev/null\n")
+    ep = SshTransport(ssh_config=str(dev)).endpoint(
+        Node(name="gpu7", address="gpu7", host_key_policy="accept-new"))
+    assert ep.accepted is None and os.devnull + ".brctl-accepted" not in ep.known_hosts
     # OpenSSH's default user files are known_hosts and known_hosts2.
     ep = SshTransport(ssh_config=os.devnull).endpoint(Node(name="gpu7", address="gpu7"))
     assert ep.known_hosts[:2] == tuple(os.path.expanduser(f"~/.ssh/known_hosts{n}") for n in ("", "2"))
