@@ -152,7 +152,10 @@ def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None
         return None, f"{result.state.value}: {result.stderr.strip()[-300:]}"
     # The size is what the transport counted, never read from the text: a node can print a
     # line that looks like the truncation marker.
-    size = result.stdout_total if result.stdout_total is not None else len(result.stdout.encode())
+    # Kept whole: its exact bytes where they are not UTF-8 (each bad byte is 3 in the text).
+    size = (result.stdout_total if result.stdout_total is not None
+            else len(result.stdout_bytes) if result.stdout_bytes is not None
+            else len(result.stdout.encode()))
     if size > PROBE_DOC_MAX:
         return None, f"probe answer too large: {size} bytes (at most {PROBE_DOC_MAX}); refused"
     if result.stdout_total is not None:

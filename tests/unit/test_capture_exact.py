@@ -39,6 +39,17 @@ def test_a_cut_probe_answer_is_refused_even_below_the_cap() -> None:
     assert doc is None and why is not None and "cut" in why and "5012" in why
 
 
+def test_a_probe_answer_that_is_not_utf8_is_sized_by_its_bytes() -> None:
+    """Each byte that is not UTF-8 is U+FFFD (3 bytes) in the text: the cap counts bytes."""
+    nbytes = PROBE_DOC_MAX // 2  # under the cap; 1.5 x the cap once decoded
+    script = f"head -c {nbytes} /dev/zero | tr '\\0' '\\377'; echo"
+    res = LocalTransport().run(local(output_keep=PROBE_DOC_MAX), ["sh", "-c", script], timeout=60)
+    assert res.stdout_total is None and res.stdout_bytes is not None
+    doc, why = parse_document(res)
+    assert doc is None and why is not None
+    assert "too large" not in why and "not JSON" in why
+
+
 def test_whole_output_has_no_total_and_no_bytes_in_json() -> None:
     res = LocalTransport().run(local(), ["sh", "-c", "echo héllo; echo err >&2"], timeout=30)
     assert (res.stdout_total, res.stderr_total, res.stdout_bytes, res.stderr_bytes) == (
