@@ -60,8 +60,10 @@ def run_threads(
         return transport.run(node, list(cmd), timeout=limit, stdin=data)  # type: ignore[call-overload, arg-type]
 
     pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo) or 1)))
-    pending: set[Future[RunResult]] = {pool.submit(one, n) for n in todo}
+    pending: set[Future[RunResult]] = set()
     try:
+        for node in todo:  # a Ctrl-C while they are handed out must kill those started too
+            pending.add(pool.submit(one, node))
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:

@@ -240,3 +240,39 @@ def test_a_child_tracked_after_cancel_is_stopped_too() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_ctrl_c_while_commands_are_still_being_handed_out_kills_those_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pool is given every node before the wait: a Ctrl-C landing while it still is
+    # skipped transport.cancel(), so the commands already started ran on to their timeout.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from brctl.core.errors import InterruptedRun
+    from brctl.remote import threads
+    from tests.procs import local_pids
+
+    submit, handed = ThreadPoolExecutor.submit, list[tuple[object, ...]]()
+
+    def submit_until_ctrl_c(pool: ThreadPoolExecutor, *args: object) -> object:
+        if len(handed) == 2:
+            deadline = time.monotonic() + 5  # both started, then the operator's Ctrl-C
+            while len(local_pids(r"^sleep 1241")) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            raise KeyboardInterrupt
+        handed.append(args)
+        return submit(pool, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", submit_until_ctrl_c)
+    nodes = [local(f"n{i}") for i in range(4)]
+    try:
+        with pytest.raises(InterruptedRun) as err:
+            threads.run_threads(LocalTransport(), nodes, ["sleep", "1241"], timeout=60)
+        assert "not finished: n[0-3]" in err.value.message
+        deadline = time.monotonic() + 5
+        while local_pids(r"^sleep 1241") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not local_pids(r"^sleep 1241")
+    finally:
+        for pid in local_pids(r"^sleep 1241"):
+            os.kill(pid, 9)
