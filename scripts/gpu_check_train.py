@@ -79,6 +79,10 @@ def main() -> None:
         dim, batch, depth = 8192, 2048, 8  # ~7 TFLOP a step: the GPU, not Python, takes the time
     else:
         device, dim, batch, depth = torch.device("cpu"), 64, 16, 2
+        # one thread: three ranks' OpenMP pools spinning on 2 shared cores once made a
+        # healthy rank's matmul last long enough to be where py-spy caught it, unlike its
+        # peer's sleep, so no two ranks agreed and the hung one was no outlier
+        torch.set_num_threads(1)
     layers = [(torch.randn(dim, dim, device=device) / dim ** 0.5).requires_grad_()
               for _ in range(depth)]
     opt = torch.optim.SGD(layers, lr=1e-3)
