@@ -43,7 +43,6 @@ from __future__ import annotations
 import glob
 import os
 import pwd
-import re
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -142,16 +141,8 @@ def _user_files(cfg: Mapping[str, Any], name: str, *, user: str | None, port: in
     value = str(cfg["userknownhostsfile"])
     if value == "none":
         return value
-
-    def env(match: re.Match[str]) -> str:
-        if match.group(1) not in os.environ:
-            raise SshConfigError(f"host {name}: ssh config UserKnownHostsFile {value!r}: "
-                                 f"environment variable {match.group(1)} is not set")
-        return os.environ[match.group(1)]
-
     view = {**cfg, **({"user": user} if user else {}), **({"port": str(port)} if port else {})}
-    words = [os.path.expanduser(w) for w in value.split()]
-    return " ".join(str(expand(re.sub(r"\$\{(\w+)\}", env, w), view, name)) for w in words)
+    return " ".join(expand(value.split(), view, name, environment=True))  # ~: _trust
 
 
 INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH

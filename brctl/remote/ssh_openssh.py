@@ -292,14 +292,24 @@ def ssh_g(files: Sequence[str], name: str, *, user: str | None, port: int | None
     return cfg
 
 
-def expand(value: Any, cfg: Mapping[str, Any], name: str) -> Any:
-    """``value`` (a string or a list of them) with ssh's %-tokens replaced.
+def expand(value: Any, cfg: Mapping[str, Any], name: str, *, environment: bool = False) -> Any:
+    """``value`` (a string or a list of them) with ssh's %-tokens replaced, and with
+    ``environment`` its ``${VAR}`` first (the settings ssh_config(5) says take them).
 
     Raises:
-        SshConfigError: a token brctl does not know (the host and the setting named).
+        SshConfigError: a token brctl does not know, or an unset variable (ssh refuses
+            both; the host and the setting named).
     """
     if isinstance(value, list):
-        return [expand(v, cfg, name) for v in value]
+        return [expand(v, cfg, name, environment=environment) for v in value]
+    if environment:
+        def variable(match: re.Match[str]) -> str:
+            if match.group(1) not in os.environ:
+                raise SshConfigError(f"host {name}: ssh config value {value!r}: environment "
+                                     f"variable {match.group(1)} is not set")
+            return os.environ[match.group(1)]
+
+        value = re.sub(r"\$\{(\w+)\}", variable, str(value))
     home = os.path.expanduser("~")
     local = socket.gethostname()
     tokens = {"%": "%", "h": str(cfg.get("hostname", name)), "n": name, "p": str(cfg.get("port", "22")),

@@ -344,3 +344,21 @@ def test_accept_new_rechecks_under_a_lock_what_another_connect_accepted(tmp_path
     assert first.accept(accepted, "node1", ED, _blob(ED, K2)) is True  # the same key: nothing added
     assert first.load_all([accepted]).check("node1", 22, ED, _blob(ED, K1)) is HostKeyStatus.CHANGED
     assert len(Path(accepted).read_text().splitlines()) == 1
+
+
+def test_an_unset_variable_in_user_known_hosts_file_is_exit_2_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ssh refuses a ``${VAR}`` that is not set; reading ``${VAR}/kh`` literally would leave
+    the host's key unseen (and ``accept-new`` trusting whatever key came)."""
+    from brctl.core.errors import ExitCode
+    from brctl.core.transport import Node
+    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh_openssh import SshConfigError
+
+    monkeypatch.delenv("BRCTL_TEST_NOT_SET", raising=False)
+    cfg = tmp_path / "config"
+    cfg.write_text("Host *\n  UserKnownHostsFile ${BRCTL_TEST_NOT_SET}/kh_%h\n")
+    with pytest.raises(SshConfigError) as err:
+        SshTransport(ssh_config=str(cfg)).endpoint(Node(name="gpu7", address="gpu7"))
+    assert err.value.code is ExitCode.USAGE
+    assert "gpu7" in err.value.message and "BRCTL_TEST_NOT_SET is not set" in err.value.message
