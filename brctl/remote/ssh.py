@@ -36,6 +36,7 @@ States. Connection failures keep the state ``ssh_connect`` gives them
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import select
 import socket
@@ -85,7 +86,7 @@ def _exec_request(chan: paramiko.Channel, cmd: str, give_up: float) -> None:
         socket.timeout: no answer by ``give_up``.
         paramiko.SSHException: the request was refused, or the channel closed (``cancel``).
     """
-    timer = threading.Timer(max(0.0, give_up - time.monotonic()), chan.close)
+    timer = threading.Timer(max(0.0, give_up - time.monotonic()), _close_quietly, (chan,))
     timer.daemon = True
     timer.start()
     try:
@@ -154,6 +155,13 @@ def _copy_out(chan: paramiko.Channel, stdout: BinaryIO | None, out: Capture) -> 
             out.add(data)
         else:
             stdout.write(data)
+
+
+def _close_quietly(chan: paramiko.Channel) -> None:
+    """Close ``chan`` from a timer's thread: a connection already dead makes paramiko raise
+    there, which would print a traceback on the operator's stderr."""
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        chan.close()
 
 
 def _copy_err(chan: paramiko.Channel, err: Capture) -> None:

@@ -22,7 +22,9 @@ from brctl.core.transport import Node, NodeState
 from brctl.remote.ssh import SshTransport
 from brctl.remote.wrap import GRACE_S, SLACK_S
 
-pytestmark = pytest.mark.integration
+# the give-up timer closes channels from its own thread: nothing may escape it as a traceback
+pytestmark = [pytest.mark.integration,
+              pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")]
 
 
 class _Server(paramiko.ServerInterface):
