@@ -158,8 +158,8 @@ def _copy_out(chan: paramiko.Channel, stdout: BinaryIO | None, out: Capture) -> 
 
 
 def _close_quietly(chan: paramiko.Channel) -> None:
-    """Close ``chan`` from a timer's thread: a connection already dead makes paramiko raise
-    there, which would print a traceback on the operator's stderr."""
+    """Close ``chan`` from a timer's or ``cancel``'s thread: a connection already dead makes
+    paramiko raise there, which would print a traceback on the operator's stderr."""
     with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
         chan.close()
 
@@ -339,8 +339,16 @@ class SshTransport:
         with self._lock:
             self._cancelled = True
             running = list(self._running)
+        # Each close from its own thread: close() sends CHANNEL_CLOSE and blocks while its
+        # connection cannot send (a frozen node whose socket is full), and closing in turn
+        # would leave every later node's command running. A close stuck so ends, quietly,
+        # when its connection goes (``close()``, or the kernel's TCP_USER_TIMEOUT).
         for chan in running:
-            chan.close()
+            try:
+                threading.Thread(target=_close_quietly, args=(chan,), daemon=True,
+                                 name="brctl-cancel").start()
+            except RuntimeError:  # no thread to be had: close it here, as before
+                _close_quietly(chan)
 
     def _track(self, chan: paramiko.Channel, add: bool) -> None:
         with self._lock:

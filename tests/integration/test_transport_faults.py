@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,13 +42,15 @@ def _wait_for(predicate: object, seconds: float) -> bool:
     return bool(predicate())  # type: ignore[operator]
 
 
-def _in_thread(transport: SshTransport, node: Node, argv: list[str], timeout: float) -> dict[str, object]:
+def _in_thread(
+    transport: SshTransport, node: Node, argv: list[str], timeout: float, stdin: bytes | None = None,
+) -> dict[str, object]:
     """Run in a thread; the dict gets the result, when it came and the thread's CPU seconds."""
     box: dict[str, object] = {}
 
     def go() -> None:
         cpu = time.thread_time()
-        box["result"] = transport.run(node, argv, timeout=timeout)
+        box["result"] = transport.run(node, argv, timeout=timeout, stdin=stdin)
         box["at"] = time.monotonic()
         box["cpu"] = time.thread_time() - cpu
 
@@ -119,6 +122,79 @@ def test_a_closed_channel_kills_the_remote_tree(ssh_cluster: SshCluster) -> None
         assert _wait_for(lambda: not ssh_cluster.node_pids("node03", r"sleep 102[12]"), scaled(5))
         assert transport.run(node, ["true"], timeout=5).state is NodeState.TIMEOUT  # no new work
     finally:
+        transport.close()
+
+
+def _unsent(address: str, port: int) -> int:
+    """Bytes this host's TCP sockets to ``address:port`` hold unacknowledged (/proc/net/tcp)."""
+    peer = f"{int.from_bytes(socket.inet_aton(address), sys.byteorder):08X}:{port:04X}"
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[2] == peer:
+            total += int(fields[4].split(":")[0], 16)
+    return total
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_frozen_node_whose_connection_cannot_send_holds_up_no_other_node_s_cancel(
+    make_cluster: MakeCluster,
+) -> None:
+    """Ctrl-C while a frozen node was being sent stdin: closing its channels blocks (the
+    socket is full), yet every other node's command is killed at once."""
+    cluster = make_cluster(3)
+    frozen, *healthy = nodes_of(cluster)
+    transport = SshTransport(ssh_config=os.devnull)
+    data = bytes(256 << 20)  # far more than the sockets hold; zero pages, no real memory
+    # One channel's SSH window (2 MiB) fits in loopback's socket buffers; several together don't.
+    feeding = [_in_thread(transport, frozen, ["sh", "-c", "cat >/dev/null"], scaled(60), stdin=data)
+               for _ in range(8)]
+    sleeping = [_in_thread(transport, node, ["sleep", "1141"], scaled(60))
+                for node in healthy for _ in range(2)]
+    try:
+        assert _wait_for(lambda: len(cluster.node_pids(frozen.name, r"^cat\b")) == 8, scaled(20))
+        assert _wait_for(lambda: all(len(cluster.node_pids(n.name, r"^sleep 1141")) == 2 for n in healthy),
+                         scaled(20))
+        cluster.freeze_node(frozen.name)
+
+        def stuck() -> bool:  # the frozen node's receive window is full and nothing moves
+            before = _unsent(frozen.address, cluster.port)
+            time.sleep(0.5)
+            return before > 0 and _unsent(frozen.address, cluster.port) == before
+
+        assert _wait_for(stuck, scaled(10))
+        box: dict[str, object] = {}
+
+        def ctrl_c() -> None:
+            try:
+                transport.cancel()
+            except Exception as exc:
+                box["error"] = exc
+            box["at"] = time.monotonic()
+
+        t0 = time.monotonic()
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        gone = lambda: not any(cluster.node_pids(n.name, r"^sleep 1141") for n in healthy)  # noqa: E731
+        assert _wait_for(gone, scaled(2)), "a frozen node's channel close held up the others"
+        assert _wait_for(lambda: "at" in box, scaled(1)), "cancel() blocked"
+        assert "error" not in box, box
+        assert float(box["at"]) - t0 <= scaled(1)  # type: ignore[arg-type]
+        for run in sleeping:
+            run["thread"].join(scaled(3))  # type: ignore[attr-defined]
+            r = run["result"]
+            assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, r
+            assert "interrupted" in r.stderr
+        # The frozen node is still stuck: its closes wait in line behind the stdin ...
+        assert _unsent(frozen.address, cluster.port) > 0
+        assert len(cluster.node_pids(frozen.name, r"^cat\b")) == 8
+        # ... and go out once it thaws: its commands are killed too.
+        cluster.thaw_node(frozen.name)
+        assert _wait_for(lambda: not cluster.node_pids(frozen.name, r"^cat\b"), scaled(10))
+        for run in feeding:
+            run["thread"].join(scaled(3))  # type: ignore[attr-defined]
+            assert isinstance(run.get("result"), RunResult), run
+    finally:
+        cluster.thaw_node(frozen.name)
         transport.close()
 
 
