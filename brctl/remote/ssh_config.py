@@ -23,11 +23,15 @@ Keys: the inventory's ``identity_file``, else ssh config ``IdentityFile``, else
 OpenSSH's default files (``~/.ssh/id_ed25519``, ``id_ecdsa``, ``id_rsa``) that exist;
 user certificates: ssh config ``CertificateFile``, and ``<key>-cert.pub`` beside a key.
 
+Paths, as OpenSSH: ``~``, ``${VAR}`` and %-tokens are expanded in IdentityFile,
+CertificateFile, UserKnownHostsFile and IdentityAgent (``ssh_openssh.expand_path``;
+paramiko, which would expand some of them its own way, leaves them as written: ``_Config``);
+an unset variable is ``SshConfigError`` for that host, as ssh refuses it.
+
 Host key files, as OpenSSH: the user files (the inventory's ``known_hosts``, else
-ssh config ``UserKnownHostsFile`` with its ``~``, ``${VAR}`` and %-tokens expanded,
-else ``~/.ssh/known_hosts`` and ``known_hosts2``; ``none``: no user file) and the
-global ones (``GlobalKnownHostsFile``, else ``/etc/ssh/ssh_known_hosts``), looked
-up under ``HostKeyAlias`` when set; under ``accept-new`` also
+ssh config ``UserKnownHostsFile``, else ``~/.ssh/known_hosts`` and ``known_hosts2``;
+``none``: no user file) and the global ones (``GlobalKnownHostsFile``, else
+``/etc/ssh/ssh_known_hosts``), looked up under ``HostKeyAlias`` when set; under ``accept-new`` also
 ``<known_hosts>.brctl-accepted`` (``brctl.remote.ssh_connect``).
 
 Jump hosts (``proxy_jump`` or ProxyJump): ``[user@]host[:port]`` hops, comma
@@ -55,11 +59,12 @@ from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_openssh import (
     COMMAND_KEYWORDS,
     EVALUATED_ONCE,
+    PATHS,
     DeferredMatch,
     SshConfigError,
     config_line,
     defer_matches,
-    expand,
+    expand_path,
     quote_arg,
     split_args,
     ssh_g,
@@ -114,13 +119,16 @@ def _trust(
     only under ``accept-new`` (with no user file, or ``/dev/null``, as ``strict``).
     """
     if node.known_hosts and node.known_hosts != USER_KNOWN_HOSTS:
-        user_files = [node.known_hosts]
+        user_files = [os.path.expanduser(node.known_hosts)]
+    elif "userknownhostsfile" in cfg:  # expanded already (``_lookup``): a ``~`` left in it is a name
+        user_files = str(cfg["userknownhostsfile"]).split()
     else:
-        user_files = str(cfg.get("userknownhostsfile", DEFAULT_USER_KNOWN_HOSTS)).split()
-    global_files = str(cfg.get("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)).split()
+        user_files = [os.path.expanduser(f) for f in DEFAULT_USER_KNOWN_HOSTS.split()]
+    global_files = [os.path.expanduser(f)
+                    for f in str(cfg.get("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)).split()]
     # ``none`` alone: no such files (never a file named "none" in the current directory).
     user_files, global_files = ([] if fs == ["none"] else fs for fs in (user_files, global_files))
-    files = [os.path.expanduser(f) for f in (*user_files, *global_files)]
+    files = [*user_files, *global_files]
     accepted = None
     # none, or /dev/null (where ssh "records" a key to forget it): nowhere to record, so strict
     if node.host_key_policy == "accept-new" and user_files and files[0] != os.devnull:
@@ -131,18 +139,32 @@ def _trust(
     return tuple(files), accepted, names
 
 
-def _user_files(cfg: Mapping[str, Any], name: str, *, user: str | None, port: int | None) -> str:
-    """``UserKnownHostsFile`` as ssh reads it (paramiko leaves it as written): ``${VAR}``
-    and %-tokens expanded, the inventory's explicit user and port applying to ``%r``/``%p``.
+def _expanded(cfg: Mapping[str, Any], name: str, *, user: str | None, port: int | None) -> dict[str, Any]:
+    """paramiko's lookup with the file settings ssh expands (``PATHS``, left as written:
+    ``_Config``) expanded as ssh does, the inventory's explicit user and port applying to
+    ``%r``/``%p``; UserKnownHostsFile word by word.
 
     Raises:
         SshConfigError: an unset variable or a token brctl does not know (ssh refuses those too).
     """
-    value = str(cfg["userknownhostsfile"])
-    if value == "none":
-        return value
     view = {**cfg, **({"user": user} if user else {}), **({"port": str(port)} if port else {})}
-    return " ".join(expand(value.split(), view, name, environment=True))  # ~: _trust
+    out = dict(cfg)
+    for key in PATHS:
+        if key == "userknownhostsfile" and key in cfg:
+            out[key] = " ".join(expand_path(str(cfg[key]).split(), view, name))
+        elif key in cfg:
+            out[key] = expand_path(cfg[key], view, name)
+    return out
+
+
+class _Config(paramiko.SSHConfig):
+    """paramiko's ``SSHConfig``, leaving IdentityFile as written: paramiko replaces its tokens
+    one after the other (``%%h`` became ``%`` and the host name, and that ``%r…`` the user), a
+    ``~`` anywhere in it, and not ``${VAR}``; ``_expanded`` expands it as ssh does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.TOKENS_BY_CONFIG_KEY = {k: v for k, v in self.TOKENS_BY_CONFIG_KEY.items() if k not in PATHS}
 
 
 INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -282,20 +304,22 @@ def _parse_jump(spec: str) -> tuple[str | None, str, int | None]:
 
 
 def identity_files(explicit: str | None, cfg: Mapping[str, Any]) -> tuple[str, ...]:
-    """The identity files to offer: the inventory's, else the config's, else the defaults that exist."""
+    """The identity files to offer: the inventory's, else the config's (expanded already:
+    ``_lookup``), else the defaults that exist."""
     if explicit:
         return (os.path.expanduser(explicit),)
     from_cfg = cfg.get("identityfile")
     if from_cfg:
-        return tuple(os.path.expanduser(p) for p in from_cfg)
+        return tuple(from_cfg)
     found = [os.path.expanduser(p) for p in DEFAULT_IDENTITIES]
     return tuple(p for p in found if os.path.exists(p))
 
 
 def _certificates(cfg: Mapping[str, Any]) -> tuple[str, ...]:
-    """ssh config ``CertificateFile`` entries, expanded (missing ones are skipped at login, as ssh does)."""
+    """ssh config ``CertificateFile`` entries, expanded already (``_lookup``; missing ones are
+    skipped at login, as ssh does)."""
     found = cfg.get("certificatefile") or ()
-    return tuple(os.path.expanduser(p) for p in ([found] if isinstance(found, str) else found))
+    return tuple([found] if isinstance(found, str) else found)
 
 
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"  # OpenSSH's system-wide file, read after the user's
@@ -386,7 +410,7 @@ class EndpointResolver:
                 if user is not None:
                     text = f"User {user}\n{text}"
                 try:
-                    config = self._configs[user] = paramiko.SSHConfig.from_text(text)
+                    config = self._configs[user] = _Config.from_text(text)
                 except paramiko.SSHException as exc:  # ConfigParseError
                     raise SshConfigError(f"ssh config {self._config_path}: {exc}") from None
             return config
@@ -415,8 +439,8 @@ class EndpointResolver:
         hostname = str(cfg.get("hostname", name))
         if any(m.may_apply(name, hostname) for m in self._deferred):
             cfg = ssh_g(self._ssh_g_files, name, user=user, port=port, timeout=timeout)
-        elif "userknownhostsfile" in cfg:
-            cfg = {**cfg, "userknownhostsfile": _user_files(cfg, name, user=user, port=port)}
+        else:
+            cfg = _expanded(cfg, name, user=user, port=port)
         bad = unsupported(cfg)
         if bad is not None:
             raise SshConfigError(

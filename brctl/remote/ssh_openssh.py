@@ -10,8 +10,11 @@ apply to — its ``host``/``originalhost`` criteria before the first deferred on
 do not rule them out, and that sets something brctl reads (``READ``) — are
 resolved by ``ssh -G HOST`` instead: one process per
 such host, none for a plain config (``SshTransport.check_config`` runs up to 16
-at once before a fan-out); the %-tokens it prints unexpanded
-(``ProxyCommand nc %h %p``) are expanded as ssh would. What ``ssh -G`` rejects (an OpenSSH too old
+at once before a fan-out); what it prints as written, because ssh expands it only
+when it connects (``ProxyCommand nc %h %p``, IdentityFile, CertificateFile), is
+expanded as ssh would (``expand``, ``expand_path``); what it prints expanded
+already (UserKnownHostsFile, IdentityAgent: a configured ``%%`` printed as ``%``)
+is final. What ``ssh -G`` rejects (an OpenSSH too old
 for ``Match localnetwork``, a ``Match exec`` that hangs) is ``SshConfigError``.
 
 ``unsupported`` names the effective settings brctl cannot honour (they would
@@ -25,6 +28,7 @@ a ``#`` word), for every line brctl reads itself (Host, Match, Include).
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
 import re
 import shutil
@@ -50,8 +54,12 @@ READ = frozenset({
     "userknownhostsfile", "globalknownhostsfile", "hostkeyalias", "identityagent", "addressfamily",
     "knownhostscommand", "pkcs11provider", "bindaddress", "bindinterface", "proxyusefdpass",
 })
-# ``ssh -G`` prints these as written; ssh expands their %-tokens only when it connects.
-TOKENISED = ("proxycommand", "identityfile", "certificatefile", "userknownhostsfile")
+# Of what brctl reads, the files ssh expands ``~``, ``${VAR}`` and %-tokens in (ssh_config(5),
+# ENVIRONMENT VARIABLES; KnownHostsCommand too, but brctl refuses it whatever it says).
+PATHS = ("identityfile", "certificatefile", "userknownhostsfile", "identityagent")
+# ``ssh -G`` prints these as written (ssh expands them only when it connects); it prints
+# the other PATHS expanded already (OpenSSH 9.2), so expanding those again misreads them.
+TOKENISED = ("identityfile", "certificatefile")
 
 
 class SshConfigError(InputError):
@@ -273,8 +281,14 @@ def ssh_g(files: Sequence[str], name: str, *, user: str | None, port: int | None
     if done.returncode != 0:
         said = " / ".join(ln.strip() for ln in done.stderr.splitlines() if ln.strip())[:300]
         raise SshConfigError(f"{why}, which refused it: {said or f'exit {done.returncode}'}")
+    return _printed(done.stdout, name, explicit_user=user)
+
+
+def _printed(out: str, name: str, *, explicit_user: str | None) -> dict[str, Any]:
+    """``ssh -G``'s output ``out`` as paramiko's lookup would give it (``ssh_g``), expanded
+    where ssh expands only when it connects."""
     cfg: dict[str, Any] = {}
-    for line in done.stdout.splitlines():
+    for line in out.splitlines():
         key, _, value = line.partition(" ")
         if key in MULTI_VALUED:
             cfg.setdefault(key, []).append(value)
@@ -282,54 +296,91 @@ def ssh_g(files: Sequence[str], name: str, *, user: str | None, port: int | None
             cfg[key] = value
     for key in TOKENISED:
         if key in cfg:
-            cfg[key] = expand(cfg[key], cfg, name)
-    if cfg.get("user") == getpass.getuser() and not user:
+            cfg[key] = expand_path(cfg[key], cfg, name)
+    if "proxycommand" in cfg:  # %-tokens only: the shell that runs it reads the rest
+        cfg["proxycommand"] = expand(cfg["proxycommand"], cfg, name)
+    if cfg.get("user") == getpass.getuser() and not explicit_user:
         del cfg["user"]
-    found = [p for p in cfg.get("identityfile", []) if os.path.exists(os.path.expanduser(p))]
+    found = [p for p in cfg.get("identityfile", []) if os.path.exists(p)]
     cfg.pop("identityfile", None)
     if found:
         cfg["identityfile"] = found
     return cfg
 
 
+_TOKEN = re.compile(r"%(.?)", re.DOTALL)
+_TOKEN_OR_VARIABLE = re.compile(r"%(.?)|\$\{([^}]*)(\}?)", re.DOTALL)
+
+
 def expand(value: Any, cfg: Mapping[str, Any], name: str, *, environment: bool = False) -> Any:
     """``value`` (a string or a list of them) with ssh's %-tokens replaced, and with
-    ``environment`` its ``${VAR}`` first (the settings ssh_config(5) says take them).
+    ``environment`` its ``${VAR}`` too (the settings ssh_config(5) says take them).
+
+    One pass, as OpenSSH's ``percent_dollar_expand``: what a variable or a token gives
+    (a ``%`` in ``${VAR}``, the ``%`` of ``%%``) is not read again.
 
     Raises:
-        SshConfigError: a token brctl does not know, or an unset variable (ssh refuses
-            both; the host and the setting named).
+        SshConfigError: what ssh refuses too: a token brctl does not know, a ``%`` at the
+            end, an unset variable, ``${`` unclosed or empty (the host and the setting named).
     """
     if isinstance(value, list):
         return [expand(v, cfg, name, environment=environment) for v in value]
-    if environment:
-        def variable(match: re.Match[str]) -> str:
-            if match.group(1) not in os.environ:
-                raise SshConfigError(f"host {name}: ssh config value {value!r}: environment "
-                                     f"variable {match.group(1)} is not set")
-            return os.environ[match.group(1)]
-
-        value = re.sub(r"\$\{(\w+)\}", variable, str(value))
+    text = str(value)
     home = os.path.expanduser("~")
     local = socket.gethostname()
-    tokens = {"%": "%", "h": str(cfg.get("hostname", name)), "n": name, "p": str(cfg.get("port", "22")),
-              "r": str(cfg.get("user", getpass.getuser())), "u": getpass.getuser(), "d": home,
-              "l": local, "L": local.split(".")[0]}
+    host, port = str(cfg.get("hostname", name)), str(cfg.get("port", "22"))
+    user = str(cfg.get("user", getpass.getuser()))
+    tokens = {"%": "%", "h": host, "n": name, "p": port, "r": user, "u": getpass.getuser(), "d": home,
+              "l": local, "L": local.split(".")[0], "i": str(os.getuid()),
+              "k": str(cfg.get("hostkeyalias") or name),  # OpenSSH 9.2: the alias, else the name given
+              "C": hashlib.sha1((local + host + port + user).encode(), usedforsecurity=False).hexdigest()}
+
+    def refused(why: str) -> SshConfigError:
+        return SshConfigError(f"host {name}: ssh config value {text!r}: {why}")
 
     def one(match: re.Match[str]) -> str:
         token = match.group(1)
+        if token is None:  # ${VAR}
+            variable, closed = match.group(2, 3)
+            if not closed:
+                raise refused(f"'${{{variable}' has no closing '}}'")
+            if not variable:
+                raise refused("empty '${}'")
+            if variable not in os.environ:
+                raise refused(f"environment variable {variable} is not set")
+            return os.environ[variable]
+        if not token:
+            raise refused("'%' at the end")
         if token not in tokens:
-            raise SshConfigError(f"host {name}: ssh config value {value!r}: token %{token} is not "
-                                 "supported by brctl")
+            raise refused(f"token %{token} is not supported by brctl")
         return tokens[token]
 
-    return re.sub(r"%(.)", one, str(value))
+    return (_TOKEN_OR_VARIABLE if environment else _TOKEN).sub(one, text)
+
+
+def expand_path(value: Any, cfg: Mapping[str, Any], name: str) -> Any:
+    """A file setting (``PATHS``; a string or a list of them) as ssh reads it when it
+    connects: a leading ``~`` first, then ``${VAR}`` and %-tokens (``expand``).
+
+    Raises:
+        SshConfigError: as ``expand``.
+    """
+    if isinstance(value, list):
+        return [expand_path(v, cfg, name) for v in value]
+    return expand(os.path.expanduser(str(value)), cfg, name, environment=True)
+
+
+def _own_agent(value: str) -> bool:
+    """Whether IdentityAgent ``value`` (expanded) is ``none`` or the agent brctl uses anyway,
+    ``$SSH_AUTH_SOCK``'s (``IdentityAgent ${SSH_AUTH_SOCK}`` or ``$SSH_AUTH_SOCK`` is ssh's too)."""
+    own = ("$SSH_AUTH_SOCK", os.environ.get("SSH_AUTH_SOCK"))
+    return value.lower() in ("none", "ssh_auth_sock") or value in own
 
 
 def unsupported(cfg: Mapping[str, Any]) -> str | None:
     """The first effective setting brctl cannot honour, as ``Keyword value``; None when all can be."""
     checks = (
-        ("identityagent", "IdentityAgent", lambda v: v.lower() not in ("none", "ssh_auth_sock")),
+        ("identityagent", "IdentityAgent", lambda v: not _own_agent(v)),
         ("knownhostscommand", "KnownHostsCommand", lambda v: v.lower() != "none"),
         ("pkcs11provider", "PKCS11Provider", lambda v: v.lower() != "none"),
         ("bindaddress", "BindAddress", lambda v: True),

@@ -45,6 +45,7 @@ def test_a_match_line_that_cannot_be_split_names_it() -> None:
     ({"identityagent": "/run/a.sock"}, "IdentityAgent /run/a.sock"),
     ({"identityagent": "none"}, None),
     ({"identityagent": "SSH_AUTH_SOCK"}, None),
+    ({"identityagent": "$SSH_AUTH_SOCK"}, None),  # ssh's legacy form: the same agent
     ({"bindaddress": "10.0.0.1"}, "BindAddress 10.0.0.1"),
     ({"knownhostscommand": "/bin/fetch %H"}, "KnownHostsCommand /bin/fetch %H"),
     ({"proxyusefdpass": "no", "securitykeyprovider": "internal"}, None),

@@ -8,6 +8,7 @@ differ brctl would contact a host differently from ``ssh``.
 from __future__ import annotations
 
 import getpass
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from brctl.core.errors import ExitCode
 from brctl.core.transport import Node
 from brctl.remote import ssh_openssh
 from brctl.remote.ssh_config import DEFAULT_USER, Endpoint, EndpointResolver
@@ -370,3 +372,124 @@ def test_a_host_line_ssh_refuses_is_refused_in_an_included_file(tmp_path: Path, 
                           stdin=subprocess.DEVNULL).returncode != 0
     with pytest.raises(SshConfigError, match=r"bad\.conf: cannot read"):
         EndpointResolver(str(cfg)).endpoint(_node("gpu1"))
+
+
+# -- file settings: ``~``, ``${VAR}`` and %-tokens, expanded as ssh expands them -------------------
+#
+# OpenSSH 9.2 expands IdentityFile and CertificateFile only when it connects (``ssh -G`` prints
+# them as written: what it loads is in ``ssh -v``'s debug lines), UserKnownHostsFile and
+# IdentityAgent before ``ssh -G`` prints them (a ``%%`` is printed as ``%``: final).
+
+# A deferred Match that sets only what is already ssh's default: the same hosts, through ssh -G.
+VIA_SSH_G = "Match exec true\n  Port 22\n"
+
+
+def ssh_loads(cfg: Path, host: str) -> tuple[list[str], list[str], subprocess.CompletedProcess[str]]:
+    """The identity and certificate files ``ssh`` loads for ``host``: its ``-v`` lines, from a
+    connection whose ProxyCommand exits at once (the ``<key>-cert`` it tries beside a key left out)."""
+    done = subprocess.run(["ssh", "-v", "-F", str(cfg), "-o", "BatchMode=yes", "-o", "ProxyCommand=false",
+                           "--", host, "true"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=30, check=False)
+    ids = re.findall(r"^debug1: identity file (.*) type -?\d+$", done.stderr, re.MULTILINE)
+    certs = re.findall(r"^debug1: certificate file (.*) type -?\d+$", done.stderr, re.MULTILINE)
+    return [p for p in ids if not (p.endswith("-cert") and p[:-5] in ids)], certs, done
+
+
+def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "keys%h~"  # what a variable holds is not read again: neither %h nor ~
+    d.mkdir()
+    monkeypatch.setenv("BRCTL_T_DIR", str(d))
+    monkeypatch.delenv("BRCTL_T_UNSET", raising=False)
+    return d
+
+
+FILES = ("Host t*\n  HostName real.example\n  User bob\n  Port 2202\n"
+         "  IdentityFile ${BRCTL_T_DIR}/id_%%h_%h_%n_%p_%r\n"
+         "  IdentityFile ${BRCTL_T_DIR}/id_%C_%i_%L\n"
+         "  CertificateFile ~/cert_%%h_%h_%d${BRCTL_T_DIR}\n"  # one: paramiko keeps only the first
+         "  UserKnownHostsFile ~/kh_%%h_%h %d/kh_%k ${BRCTL_T_DIR}/kh_%%x_%u\n")
+
+
+@pytest.mark.parametrize("via_ssh_g", [False, True], ids=["paramiko", "ssh -G"])
+def test_file_settings_expand_as_ssh_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via_ssh_g: bool) -> None:
+    """paramiko expanded IdentityFile's tokens one after the other (``%%h`` became ``%`` and the
+    host name, then ``%r…`` the user) and not ``${VAR}``, CertificateFile's not at all; the
+    ``ssh -G`` path expanded its printed UserKnownHostsFile a second time."""
+    d = _env(tmp_path, monkeypatch)
+    cfg = tmp_path / "config"
+    cfg.write_text(FILES + (VIA_SSH_G if via_ssh_g else ""))
+    ids, certs, _ = ssh_loads(cfg, "t1")
+    assert len(ids) == 2 and len(certs) == 1 and ids[0] == f"{d}/id_%h_real.example_t1_2202_bob"
+    for path in ids:  # the ssh -G path offers only the keys that exist, as ssh does
+        Path(path).write_text("")
+    resolver = EndpointResolver(str(cfg))
+    assert resolver.spawns() is via_ssh_g
+    ep = resolver.endpoint(_node("t1"))
+    assert (list(ep.identities), list(ep.certificates)) == (ids, certs)
+    assert list(ep.known_hosts[:3]) == ssh_g(cfg, "t1")["userknownhostsfile"][0].split()
+    assert ep.known_hosts[2] == f"{d}/kh_%x_{getpass.getuser()}"
+
+
+def test_ssh_g_prints_user_known_hosts_file_expanded_and_it_is_read_as_final(tmp_path: Path) -> None:
+    """``ssh -G`` prints ``UserKnownHostsFile kh_%%h`` as ``kh_%h``: expanding that again read
+    the host name into it (``%%x``: refused as an unknown token)."""
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Match originalhost ex* exec true\n  HostName real.example\n"
+                   f"  UserKnownHostsFile {tmp_path}/kh_%%h_%h {tmp_path}/kh_%%x\n"
+                   f"  IdentityFile {tmp_path}/id_%%h\n")
+    (tmp_path / "id_%h").write_text("")
+    got = ssh_g(cfg, "ex1")
+    assert got["userknownhostsfile"] == [f"{tmp_path}/kh_%h_real.example {tmp_path}/kh_%x"]
+    assert got["identityfile"] == [f"{tmp_path}/id_%%h"]  # as written: ssh expands it when it connects
+    ep = EndpointResolver(str(cfg)).endpoint(_node("ex1"))
+    assert ep.known_hosts[:2] == (f"{tmp_path}/kh_%h_real.example", f"{tmp_path}/kh_%x")
+    assert ep.identities == (f"{tmp_path}/id_%h",)
+
+
+@pytest.mark.parametrize("via_ssh_g", [False, True], ids=["paramiko", "ssh -G"])
+@pytest.mark.parametrize("line", ["IdentityFile ${BRCTL_T_UNSET}/id", "CertificateFile ${BRCTL_T_UNSET}/c",
+                                  "UserKnownHostsFile ${BRCTL_T_UNSET}/kh",
+                                  "IdentityAgent ${BRCTL_T_UNSET}/agent.sock"])
+def test_an_unset_variable_in_a_file_setting_is_exit_2_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, via_ssh_g: bool) -> None:
+    """ssh refuses it (``ssh -G`` for UserKnownHostsFile and IdentityAgent, the connection for
+    IdentityFile and CertificateFile); read literally, the key or known_hosts file was another."""
+    _env(tmp_path, monkeypatch)
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host t1\n  {line}\n" + (VIA_SSH_G if via_ssh_g else ""))
+    _, _, done = ssh_loads(cfg, "t1")
+    assert done.returncode == 255 and "env var ${BRCTL_T_UNSET} has no value" in done.stderr
+    with pytest.raises(SshConfigError, match=r"^host t1: .*BRCTL_T_UNSET") as err:
+        EndpointResolver(str(cfg)).endpoint(_node("t1"))
+    assert err.value.code is ExitCode.USAGE
+    if not (via_ssh_g and line.startswith("IdentityAgent")):  # ssh -G checks that one for every host
+        EndpointResolver(str(cfg)).endpoint(_node("other"))  # that host only
+
+
+@pytest.mark.parametrize("value", ["${BRCTL_T_DIR/kh", "${}/kh", "/kh_%"])
+def test_an_expansion_ssh_refuses_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    _env(tmp_path, monkeypatch)
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host t1\n  UserKnownHostsFile {value}\n")
+    assert subprocess.run(["ssh", "-G", "-F", str(cfg), "t1"], capture_output=True,
+                          stdin=subprocess.DEVNULL).returncode == 255
+    with pytest.raises(SshConfigError, match=r"^host t1: "):
+        EndpointResolver(str(cfg)).endpoint(_node("t1"))
+
+
+@pytest.mark.parametrize("via_ssh_g", [False, True], ids=["paramiko", "ssh -G"])
+def test_identity_agent_is_expanded_as_ssh_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via_ssh_g: bool) -> None:
+    """``IdentityAgent ${SSH_AUTH_SOCK}`` is the agent brctl uses anyway; another socket is refused
+    under the path ssh would use."""
+    d = _env(tmp_path, monkeypatch)
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
+    cfg = tmp_path / "config"
+    cfg.write_text("Host own\n  IdentityAgent ${SSH_AUTH_SOCK}\nHost legacy\n  IdentityAgent $SSH_AUTH_SOCK\n"
+                   "Host other\n  IdentityAgent ${BRCTL_T_DIR}/a_%%h_%h.sock\n" + (VIA_SSH_G if via_ssh_g else ""))
+    resolver = EndpointResolver(str(cfg))
+    assert resolver.endpoint(_node("own")).agent and resolver.endpoint(_node("legacy")).agent
+    assert ssh_g(cfg, "other")["identityagent"] == [f"{d}/a_%h_other.sock"]
+    with pytest.raises(SshConfigError, match=re.escape(f"'IdentityAgent {d}/a_%h_other.sock'")):
+        resolver.endpoint(_node("other"))
