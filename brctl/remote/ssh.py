@@ -158,10 +158,27 @@ def _copy_out(chan: paramiko.Channel, stdout: BinaryIO | None, out: Capture) -> 
 
 
 def _close_quietly(chan: paramiko.Channel) -> None:
-    """Close ``chan`` from a timer's or ``cancel``'s thread: a connection already dead makes
+    """Close ``chan`` from a timer's or ``_let_go``'s thread: a connection already dead makes
     paramiko raise there, which would print a traceback on the operator's stderr."""
     with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
         chan.close()
+
+
+def _let_go(chan: paramiko.Channel) -> None:
+    """Close ``chan`` without waiting for it: from its own thread unless closed already.
+
+    ``close()`` sends CHANNEL_CLOSE, which blocks while the connection cannot send (a
+    frozen node whose socket is full) until the kernel drops it (TCP_USER_TIMEOUT) and
+    then raises: a result would wait, a fan-out slot with it, and a Ctrl-C would reach
+    each node only after the one before. A close stuck so ends, quietly, when its
+    connection goes.
+    """
+    if chan.closed:  # the node closed it (a command that ended): nothing to send
+        return
+    try:
+        threading.Thread(target=_close_quietly, args=(chan,), daemon=True, name="brctl-close").start()
+    except RuntimeError:  # no thread to be had: close it here
+        _close_quietly(chan)
 
 
 def _copy_err(chan: paramiko.Channel, err: Capture) -> None:
@@ -339,16 +356,8 @@ class SshTransport:
         with self._lock:
             self._cancelled = True
             running = list(self._running)
-        # Each close from its own thread: close() sends CHANNEL_CLOSE and blocks while its
-        # connection cannot send (a frozen node whose socket is full), and closing in turn
-        # would leave every later node's command running. A close stuck so ends, quietly,
-        # when its connection goes (``close()``, or the kernel's TCP_USER_TIMEOUT).
-        for chan in running:
-            try:
-                threading.Thread(target=_close_quietly, args=(chan,), daemon=True,
-                                 name="brctl-cancel").start()
-            except RuntimeError:  # no thread to be had: close it here, as before
-                _close_quietly(chan)
+        for chan in running:  # none waits for another: see _let_go
+            _let_go(chan)
 
     def _track(self, chan: paramiko.Channel, add: bool) -> None:
         with self._lock:
@@ -357,7 +366,7 @@ class SshTransport:
             else:
                 self._running.discard(chan)
         if add and self._cancelled:  # cancelled while this one was opening
-            chan.close()
+            _let_go(chan)
 
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None
@@ -376,7 +385,7 @@ class SshTransport:
             return self._exec(node, chan, cmd, stdin, timeout, t0)
         finally:
             self._track(chan, False)
-            chan.close()
+            _let_go(chan)
 
     def _exec(
         self,
@@ -478,7 +487,7 @@ class SshTransport:
             return self._lost(node, t0, f"connection lost while streaming: {exc}")
         finally:
             self._track(chan, False)
-            chan.close()
+            _let_go(chan)
         code = chan.exit_status
         if code == -1:
             return self._lost(node, t0, "connection lost while streaming")

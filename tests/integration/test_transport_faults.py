@@ -24,7 +24,7 @@ import pytest
 from brctl.core.transport import Node, NodeState, RunResult
 from brctl.remote.local import LocalTransport
 from brctl.remote.ssh import SshTransport
-from brctl.remote.wrap import GRACE_S
+from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
 from tests.procs import local_pids
@@ -136,6 +136,51 @@ def _unsent(address: str, port: int) -> int:
     return total
 
 
+def _frozen_mid_stdin(cluster: SshCluster, transport: SshTransport, node: Node,
+                      timeout: float) -> list[dict[str, object]]:
+    """``node`` frozen while 8 commands were being sent a big stdin, its socket full: a
+    channel close there blocks. The commands' boxes (``_in_thread``)."""
+    data = bytes(256 << 20)  # far more than the sockets hold; zero pages, no real memory
+    # One channel's SSH window (2 MiB) fits in loopback's socket buffers; several together don't.
+    feeding = [_in_thread(transport, node, ["sh", "-c", "cat >/dev/null"], timeout, stdin=data)
+               for _ in range(8)]
+    assert _wait_for(lambda: len(cluster.node_pids(node.name, r"^cat\b")) == 8, scaled(20))
+    cluster.freeze_node(node.name)
+
+    def stuck() -> bool:  # the frozen node's receive window is full and nothing moves
+        before = _unsent(node.address, cluster.port)
+        time.sleep(0.5)
+        return before > 0 and _unsent(node.address, cluster.port) == before
+
+    assert _wait_for(stuck, scaled(10))
+    return feeding
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_command_on_a_frozen_node_whose_socket_is_full_times_out_and_returns(
+    make_cluster: MakeCluster,
+) -> None:
+    """Closing its channel would block (the socket is full): each command still returns
+    ``timeout`` when the controller gives up, raises nothing and holds no fan-out slot."""
+    cluster = make_cluster(1)
+    (frozen,) = nodes_of(cluster)
+    transport = SshTransport(ssh_config=os.devnull)
+    timeout = scaled(3)
+    try:
+        t0 = time.monotonic()
+        feeding = _frozen_mid_stdin(cluster, transport, frozen, timeout)
+        give_up = timeout + GRACE_S + SLACK_S
+        for run in feeding:
+            run["thread"].join(max(0.0, t0 + give_up + scaled(2) - time.monotonic()))  # type: ignore[attr-defined]
+            r = run.get("result")
+            assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, run
+            assert float(run["at"]) - t0 <= give_up + scaled(2)  # type: ignore[arg-type]
+        assert _unsent(frozen.address, cluster.port) > 0  # still stuck: the closes wait behind
+    finally:
+        cluster.thaw_node(frozen.name)
+        transport.close()
+
+
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_frozen_node_whose_connection_cannot_send_holds_up_no_other_node_s_cancel(
     make_cluster: MakeCluster,
@@ -145,24 +190,12 @@ def test_a_frozen_node_whose_connection_cannot_send_holds_up_no_other_node_s_can
     cluster = make_cluster(3)
     frozen, *healthy = nodes_of(cluster)
     transport = SshTransport(ssh_config=os.devnull)
-    data = bytes(256 << 20)  # far more than the sockets hold; zero pages, no real memory
-    # One channel's SSH window (2 MiB) fits in loopback's socket buffers; several together don't.
-    feeding = [_in_thread(transport, frozen, ["sh", "-c", "cat >/dev/null"], scaled(60), stdin=data)
-               for _ in range(8)]
     sleeping = [_in_thread(transport, node, ["sleep", "1141"], scaled(60))
                 for node in healthy for _ in range(2)]
     try:
-        assert _wait_for(lambda: len(cluster.node_pids(frozen.name, r"^cat\b")) == 8, scaled(20))
         assert _wait_for(lambda: all(len(cluster.node_pids(n.name, r"^sleep 1141")) == 2 for n in healthy),
                          scaled(20))
-        cluster.freeze_node(frozen.name)
-
-        def stuck() -> bool:  # the frozen node's receive window is full and nothing moves
-            before = _unsent(frozen.address, cluster.port)
-            time.sleep(0.5)
-            return before > 0 and _unsent(frozen.address, cluster.port) == before
-
-        assert _wait_for(stuck, scaled(10))
+        feeding = _frozen_mid_stdin(cluster, transport, frozen, scaled(60))
         box: dict[str, object] = {}
 
         def ctrl_c() -> None:
