@@ -7,7 +7,9 @@ deterministic zip named by its sha256. On the node, a bootstrap run by the syste
 an installed brctl of exactly the controller's version, else answers "missing"; the
 controller then ships the zip once over the same connection (written to a temp
 name, checked, renamed: atomic) and runs the probe again. ``bytes_shipped`` counts
-what was sent. Other files (e.g. a py-spy binary) are shipped and cached the same
+what was sent. The cache is used, and written, only where root and this user alone
+can change it (``_UNSHARED``): elsewhere a file could be swapped between its hash
+check and its import or run; the node then fails, naming the path. Other files (e.g. a py-spy binary) are shipped and cached the same
 way with ``ensure_file``.
 
 The bootstrap then hands over to ``brctl.diagnostics.isolate.launch``: from ``/``,
@@ -39,7 +41,29 @@ PROBE_DOC_MAX = 4 << 20  # a probe's answer larger than this is refused (a broke
 MISSING_EXIT = 97  # the bootstrap's "ship me the bundle" answer
 MISSING_MARK = "brctl-bundle-missing"
 
-_BOOTSTRAP = r"""
+# The cache is used only where nobody but root and this user can change it (OpenSSH's
+# StrictModes, from / down; a root-owned sticky directory such as /tmp may be on the way):
+# else another user could swap a file between its hash check and its import or run.
+_UNSHARED = r"""
+import os
+def unshared(path):
+    uid, real = os.geteuid(), os.path.realpath(path)
+    top = real
+    while True:
+        try:
+            st = os.stat(real)
+        except OSError as exc:
+            return "%s: %s" % (real, exc.strerror)
+        sticky = real != top and st.st_uid in (0, uid) and st.st_mode & 0o1000
+        if st.st_uid not in (0, uid) or (st.st_mode & 0o022 and not sticky):
+            return "%s may be changed by others (owner uid %d, mode %o)" % (
+                real, st.st_uid, st.st_mode & 0o7777)
+        if real == "/":
+            return ""
+        real = os.path.dirname(real)
+"""
+
+_BOOTSTRAP = _UNSHARED + r"""
 import hashlib, json, os, sys
 digest, version, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 os.chdir("/")
@@ -50,7 +74,7 @@ def _matches(path):
             return hashlib.sha256(fh.read()).hexdigest() == digest
     except OSError:
         return False
-if _matches(zpath):
+if not unshared(zpath) and _matches(zpath):
     code = zpath
 else:
     try:
@@ -67,7 +91,7 @@ from brctl.diagnostics.isolate import launch
 launch(spec, code)
 """.replace("MARK", MISSING_MARK).replace("CODE", str(MISSING_EXIT))
 
-_INSTALLER = r"""
+_INSTALLER = _UNSHARED + r"""
 import hashlib, os, sys, tempfile
 digest, name, mode = sys.argv[1], sys.argv[2], int(sys.argv[3], 8)
 data = sys.stdin.buffer.read()
@@ -75,7 +99,11 @@ if hashlib.sha256(data).hexdigest() != digest:
     sys.stderr.write("brctl: shipped %s arrived corrupted (sha256 mismatch)\n" % name)
     sys.exit(1)
 base = os.path.join(os.path.expanduser("~"), ".cache", "brctl", digest)
-os.makedirs(base, exist_ok=True)
+os.makedirs(base, mode=0o700, exist_ok=True)
+why = unshared(base)
+if why:
+    sys.stderr.write("brctl: not caching %s in %s: %s\n" % (name, base, why))
+    sys.exit(1)
 fd, tmp = tempfile.mkstemp(dir=base, prefix=".partial-")
 with os.fdopen(fd, "wb") as fh:
     fh.write(data)
@@ -86,13 +114,13 @@ os.replace(tmp, os.path.join(base, name))
 sys.stdout.write(os.path.join(base, name) + "\n")
 """
 
-_CHECK_FILE = r"""
+_CHECK_FILE = _UNSHARED + r"""
 import hashlib, os, sys
 digest, name = sys.argv[1], sys.argv[2]
 path = os.path.join(os.path.expanduser("~"), ".cache", "brctl", digest, name)
 try:
     with open(path, "rb") as fh:
-        ok = hashlib.sha256(fh.read()).hexdigest() == digest
+        ok = not unshared(path) and hashlib.sha256(fh.read()).hexdigest() == digest
 except OSError:
     ok = False
 sys.stdout.write((path if ok else "") + "\n")

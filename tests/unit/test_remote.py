@@ -151,6 +151,29 @@ def test_probe_reships_when_the_cached_copy_is_corrupt(bare_node: Node, tmp_path
     assert again.ok and runner.bytes_shipped == 2 * len(runner.bundle.data)
 
 
+
+def test_probe_cache_others_may_change_is_never_used(bare_node: Node, tmp_path: Path) -> None:
+    """A file hashed there could be swapped before it is imported or run: a cache others
+    may write is refused, naming it, and nothing from it runs."""
+    from brctl.remote.probes import Bundle
+
+    runner = ProbeRunner(LocalTransport())
+    assert runner.run([bare_node], "brctl.diagnostics.sysinfo", {})["bare"].ok
+    cache = tmp_path / "home/.cache/brctl"
+    assert (cache / runner.bundle.digest).stat().st_mode & 0o777 == 0o700
+    cache.chmod(0o777)  # e.g. a shared home, or a careless chmod -R
+    again = runner.run([bare_node], "brctl.diagnostics.sysinfo", {})["bare"]
+    assert not again.ok
+    assert f"{cache} may be changed by others" in (again.error or ""), again.error
+    tool = Bundle("tool", b"#!/bin/sh\necho hi\n", 0o755)
+    placed = runner.ensure_file([bare_node], tool)["bare"]
+    assert isinstance(placed, RunResult) and placed.state is NodeState.FAILED
+    assert f"{cache} may be changed by others" in placed.stderr
+    cache.chmod(0o755)  # root's (or the user's) alone again: used
+    assert runner.run([bare_node], "brctl.diagnostics.sysinfo", {})["bare"].ok
+    assert runner.ensure_file([bare_node], tool)["bare"] == str(cache / tool.digest / "tool")
+
+
 def test_probe_garbage_and_failures_become_per_node_errors() -> None:
     replies = {
         "garbage": Reply(stdout="Segmentation fault\n"),
