@@ -9,8 +9,8 @@ controller then ships the zip once over the same connection (written to a temp
 name, checked, renamed: atomic) and runs the probe again. ``bytes_shipped`` counts
 what was sent. The cache is used, and written, only where root and this user alone
 can change it (``_UNSHARED``): elsewhere a file could be swapped between its hash
-check and its import or run; the node then fails, naming the path. Other files (e.g. a py-spy binary) are shipped and cached the same
-way with ``ensure_file``.
+check and its import or run; the node then fails, naming the path. Other files
+(e.g. a py-spy binary) are shipped and cached the same way with ``ensure_file``.
 
 The bootstrap then hands over to ``brctl.diagnostics.isolate.launch``: from ``/``,
 it checks the node's ``python`` and the ``PYTHONPATH`` entries its ``env`` declares
