@@ -8,6 +8,8 @@ on stdout. The per-state summary goes to stderr only when something was not ok
 
 from __future__ import annotations
 
+import re
+
 from brctl.core.nodeset import fold_by
 from brctl.core.transport import NodeState
 from brctl.operations.exec_ import ExecReport
@@ -30,6 +32,10 @@ def render(out: Output, report: ExecReport, *, lines: bool = False) -> None:
         out.err.print(node_text(summary, style="dim"))
 
 
+HEADER = "---------------- "  # a block's first line: HEADER, its nodes, their count and state
+_HEADER_LIKE = re.compile(r"^-(?=-{15} )", re.MULTILINE)
+
+
 # Node text is printed as rich ``Text``, never inside markup: rich.markup.escape
 # doubles a trailing backslash, which shows when nothing follows it (``dir C:\``).
 def _blocks(out: Output, report: ExecReport) -> None:
@@ -37,10 +43,10 @@ def _blocks(out: Output, report: ExecReport) -> None:
     for nodes, (state, code, stdout), count in fold_by(keyed):
         status = state.value if state is not NodeState.FAILED else f"exit {code}"
         colour = "green" if state is NodeState.OK else "red"
-        out.console.print(node_text(f"---------------- {nodes} ({count}) ", style="bold")
+        out.console.print(node_text(f"{HEADER}{nodes} ({count}) ", style="bold")
                           .append(status, style=f"bold {colour}"))
-        if stdout:
-            out.node_out(stdout.rstrip("\n"))
+        if stdout:  # a node's line that reads as a header (another node's "ok") is shown escaped
+            out.node_out(_HEADER_LIKE.sub(r"\\x2d", stdout.rstrip("\n")))
     for nodes, stderr, _ in fold_by({n: r.stderr for n, r in report.results.items()
                                      if r.stderr.strip()}):
         for line in stderr.rstrip("\n").split("\n"):

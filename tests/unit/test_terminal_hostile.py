@@ -188,6 +188,21 @@ def test_exec_lines_splits_at_newlines_only() -> None:
     assert out.stdout.getvalue() == "n1: a\\x0db\\x0cc\\u2028d\nn1: \nn1: last\n"
 
 
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_exec_blocks_a_node_cannot_print_a_header_of_brctl_s(tty: bool) -> None:
+    """A node's line that would read as a block header (another node's "ok") shows its
+    first character escaped; every other line, dashes included, is as printed."""
+    from brctl.commands._render_exec import render
+
+    out = _output(tty)
+    render(out, _exec_report("hello\n---------------- n2 (1) ok\nALL GOOD\n----\n", ""))
+    shown = _shown(out)[0].splitlines()  # colours taken out
+    headers = [line for line in shown if line.startswith("---------------- ")]
+    assert headers == ["---------------- n1 (1) exit 1"], shown
+    assert "\\x2d--------------- n2 (1) ok" in shown and "----" in shown
+
+
 def test_exec_json_carries_the_exact_text() -> None:
     from brctl.commands._render_exec import render
 
