@@ -25,6 +25,21 @@ node is refused: ``REFUSED_MARK`` and the reason on stdout, exit ``REFUSED_EXIT`
 A declared entry that does not exist is left out (Python ignores it too); one that
 is not absolute is refused (it would depend on the cwd).
 
+The same rule then holds for every module the probe imports, as it is imported: a
+root-owned 0755 entry (or site-packages) may still hold a file the job user owns (a
+partial ``chown -R``), which it can rewrite. ``ImportGuard``, first on ``sys.meta_path``
+of the process that runs the probe (this one, or the configured interpreter's), checks
+the file each finder found before the module's code runs: the source, its cached
+bytecode where there is one, bytecode without source, an extension module, a package's
+``__init__``, each with every directory above it (``unsafe_owner_chain``, the allowed
+owners of the launch decision: root and the invoking user, and the job user once the
+run is that user's). Modules under the interpreter's standard library directory (where
+``os`` is, not a ``sys.path`` entry below it such as ``site-packages``) and those read
+from a zip (the probe code) are not checked per import. A failure is a refusal as above
+(the module and the file named), at once and from any thread: the process exits
+``REFUSED_EXIT`` without running the module, the probe's ``except`` clauses or exit
+handlers.
+
 The user switch is ``setpriv --reuid --regid --init-groups``; the probe code then
 reaches the job user through an inherited file descriptor (the cache under root's
 home is not readable by it), copied for the run into a private temporary directory.
@@ -41,8 +56,11 @@ import os
 import pwd
 import runpy
 import shutil
+import stat
 import sys
+import zipimport
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any, NoReturn
 
 from brctl.diagnostics.safefs import unsafe_owner_chain
@@ -64,9 +82,12 @@ if code.startswith("fd:"):
     with os.fdopen(int(code[3:]), "rb") as src, open(os.path.join(own, "brctl.zip"), "wb") as dst:
         shutil.copyfileobj(src, dst)
     code = os.path.join(own, "brctl.zip")
+else:
+    own = None
 sys.path.insert(0, code)
 from brctl.diagnostics.isolate import enter
-enter(json.loads(sys.argv[2]), sys.argv[3], sys.argv[4:])
+run = json.loads(sys.argv[2])
+enter(run["paths"], sys.argv[3], sys.argv[4:], tuple(run["allowed"]), scratch=own)
 """
 
 
@@ -188,9 +209,112 @@ def usable_paths(declared: Sequence[str]) -> list[str]:
     return [p for p in declared if p and os.path.lexists(p)]
 
 
-def enter(paths: Sequence[str], module: str, args: Sequence[str]) -> None:
-    """Add the checked import paths, import their ``sitecustomize`` as Python would, run ``module``."""
+class ImportGuard:
+    """A ``sys.meta_path`` finder: the other finders' answer, once its files pass the rule.
+
+    ``find_spec`` asks the finders after it in turn, as the import system does, and
+    checks the files of the spec found (``module_files``) with ``unsafe_owner_chain``
+    for ``allowed``, unless they are the standard library's or in a zip; a failure ends
+    the process with the refusal (``scratch``, a directory of this run, removed first).
+    """
+
+    def __init__(self, allowed: Sequence[int], scratch: str | None = None) -> None:
+        self.allowed = tuple(allowed)
+        self.scratch = scratch
+        self.passed: set[str] = set()  # directories whose chain passed
+        stdlib = getattr(sys, "_stdlib_dir", None)  # Python >= 3.11; else where os.py is
+        if not stdlib and getattr(os, "__file__", None):
+            stdlib = os.path.dirname(os.__file__)
+        # Not known: nothing is taken for the stdlib (everything checked, slower, as safe).
+        stdlib = os.path.normpath(stdlib) if stdlib else None
+        # Longest first: site-packages under the stdlib directory is not the stdlib.
+        others = {os.path.normpath(p) for p in sys.path if p.startswith("/")} - {stdlib}
+        self.roots = sorted([*([(stdlib, True)] if stdlib else []), *((p, False) for p in others)],
+                            key=lambda r: len(r[0]), reverse=True)
+
+    def stdlib(self, path: str) -> bool:
+        """Whether ``path`` is in the standard library directory (below no other ``sys.path`` entry)."""
+        path = os.path.normpath(path)
+        for root, stdlib in self.roots:
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                return stdlib
+        return False
+
+    def unsafe(self, path: str) -> str | None:
+        """``unsafe_owner_chain(path, allowed, sticky_ok=True)``, each directory walked once:
+        a directory that passed stays as it was (only allowed owners can change it)."""
+        directory = os.path.dirname(path)
+        if directory not in self.passed:
+            reason = unsafe_owner_chain(directory, self.allowed, sticky_ok=True)
+            if reason:
+                return reason
+            self.passed.add(directory)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is None or stat.S_ISLNK(st.st_mode) or st.st_uid not in self.allowed or (
+                st.st_mode & 0o022):
+            return unsafe_owner_chain(path, self.allowed, sticky_ok=True)  # and its reason
+        return None
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+            if spec is not None:
+                self.vet(spec)
+                return spec
+        return None
+
+    def vet(self, spec: importlib.machinery.ModuleSpec) -> None:
+        """Refuse (end the process) if a file the import of ``spec`` runs fails the rule."""
+        if isinstance(spec.loader, zipimport.zipimporter):
+            return
+        for path in module_files(spec):
+            if self.stdlib(path):
+                continue
+            reason = self.unsafe(path)
+            if reason:  # it names the path that failed: the file, or a directory above it
+                where = "" if reason.startswith(path) else f" {path}"
+                refuse_now(f"module {spec.name}{where}: {reason}; not imported", self.scratch)
+
+
+def module_files(spec: importlib.machinery.ModuleSpec) -> list[str]:
+    """The files importing ``spec`` runs: its origin (source, bytecode, extension module, a
+    package's ``__init__``) and the cached bytecode of a source when that exists."""
+    if not spec.has_location or not spec.origin:
+        return []  # built-in, frozen, a namespace package (no code of its own)
+    out = [spec.origin]
+    try:
+        cached = spec.cached
+    except (NotImplementedError, ValueError):
+        cached = None
+    if cached and cached != spec.origin and os.path.lexists(cached):
+        out.append(cached)
+    return out
+
+
+def guard_imports(allowed: Sequence[int], scratch: str | None = None) -> ImportGuard:
+    """Put an ``ImportGuard`` for ``allowed`` first on ``sys.meta_path`` (from now on,
+    every module is checked as it is imported; call it once ``sys.path`` is complete)."""
+    guard = ImportGuard(allowed, scratch)
+    sys.meta_path.insert(0, guard)
+    return guard
+
+
+def enter(paths: Sequence[str], module: str, args: Sequence[str],
+          allowed: Sequence[int], *, scratch: str | None = None) -> None:
+    """Add the checked import paths, guard every import (``allowed``: the uids the launch
+    decision allowed), import their ``sitecustomize`` as Python would, run ``module``.
+
+    ``scratch``: this run's private copy of the probe code, removed on a refusal.
+    """
     sys.path[1:1] = list(paths)  # after the probe code, before the interpreter's own
+    guard_imports(allowed, scratch)
     if paths and importlib.machinery.PathFinder.find_spec("sitecustomize", list(paths)):
         sys.modules.pop("sitecustomize", None)
         try:
@@ -206,6 +330,19 @@ def refuse(reason: str) -> NoReturn:
     sys.stdout.write(f"{REFUSED_MARK} {json.dumps(reason)}\n")
     sys.stdout.flush()
     sys.exit(REFUSED_EXIT)
+
+
+def refuse_now(reason: str, scratch: str | None = None) -> NoReturn:
+    """``refuse`` from inside the probe (an import, any thread): no exception it could
+    catch, no exit handler run; only ``scratch`` (this run's code copy) is removed."""
+    try:
+        sys.stderr.flush()
+        sys.stdout.write(f"{REFUSED_MARK} {json.dumps(reason)}\n")
+        sys.stdout.flush()
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        os._exit(REFUSED_EXIT)
 
 
 def _as_user(account: pwd.struct_passwd, argv: list[str]) -> NoReturn:
@@ -251,14 +388,17 @@ def launch(spec: dict[str, Any], code: str) -> None:
         if again:
             refuse(f"{again}; not even the job user {user!r} may run it")
         drop = True
+    # Whose files the probe may import: as decided for the interpreter and the entries.
+    allowed = tuple(sorted({*mine, account.pw_uid})) if drop and account is not None else mine
     if python == TRUSTED_PYTHON and not drop:
-        enter(paths, spec["module"], spec.get("args", []))
+        enter(paths, spec["module"], spec.get("args", []), allowed)
         return
     if drop and os.path.isfile(code):  # root's cache is not readable by the job user
         fd = os.open(code, os.O_RDONLY)
         os.set_inheritable(fd, True)
         code = f"fd:{fd}"
-    argv = [python, "-I", "-c", STAGE2, code, json.dumps(paths), spec["module"],
+    run = {"paths": paths, "allowed": allowed}
+    argv = [python, "-I", "-c", STAGE2, code, json.dumps(run), spec["module"],
             *spec.get("args", [])]
     if drop:
         assert account is not None
