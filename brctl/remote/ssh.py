@@ -51,7 +51,7 @@ from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.known_hosts import KnownHostsError
 from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_config import Endpoint, EndpointResolver
-from brctl.remote.ssh_connect import KEEPALIVE_S, ConnectError, Connector
+from brctl.remote.ssh_connect import KEEPALIVE_S, STUCK_S, ConnectError, Connector, cannot_send, close_stuck
 from brctl.remote.ssh_openssh import SshConfigError
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, shell_line
 
@@ -76,29 +76,70 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
         pass
 
 
-def _exec_request(chan: paramiko.Channel, cmd: str, give_up: float) -> None:
-    """``chan.exec_command(cmd)``, its answer awaited until ``give_up`` at most.
+class _Watch:
+    """Bounds what the block it guards waits on ``conn`` to ``at``, sends included.
+
+    paramiko's sends (session and exec requests, EOF, the window adjustments reads
+    send) block while the connection cannot send, e.g. on a frozen node whose
+    socket other commands' stdin filled, until the kernel drops it (TCP_USER_TIMEOUT,
+    ~15 s; behind a jump host never). From ``at`` on, while the block still runs:
+    ``then`` is called, if set (closing a channel ends a wait for the node's
+    answer), and the connection is closed once it is found unable to send
+    (``cannot_send``), so every send blocked on it returns; on a frozen node its other
+    commands end with it. A connection that can send is never closed for a command
+    that merely ran long.
+    """
+
+    def __init__(self, conn: paramiko.Transport, at: float) -> None:
+        self.then: Callable[[], None] | None = None
+        self.fired = False  # ``at`` passed with the block still running
+        self._conn = conn
+        self._done = threading.Event()
+        self._timer = threading.Timer(max(0.0, at - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        with contextlib.suppress(RuntimeError):  # no thread to be had: unwatched, as before
+            self._timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        then = self.then
+        if then is not None:
+            then()
+        while not self._done.wait(STUCK_S):
+            if cannot_send(self._conn):
+                close_stuck(self._conn)
+                return
+
+    def __enter__(self) -> _Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._timer.cancel()
+
+
+def _exec_request(chan: paramiko.Channel, cmd: str, watch: _Watch) -> None:
+    """``chan.exec_command(cmd)``, its answer awaited until ``watch`` fires at most.
 
     paramiko awaits the answer for ever, and a wedged or hostile sshd that answers
-    keepalives need never send it: at ``give_up`` the channel is closed under the wait.
+    keepalives need never send it: then the channel is closed under the wait (and
+    a request that cannot even be sent ends with its stuck connection).
 
     Raises:
-        socket.timeout: no answer by ``give_up``.
+        socket.timeout: no answer by ``watch``'s time.
         paramiko.SSHException: the request was refused, or the channel closed (``cancel``).
     """
-    timer = threading.Timer(max(0.0, give_up - time.monotonic()), _close_quietly, (chan,))
-    timer.daemon = True
-    timer.start()
+    watch.then = functools.partial(_let_go, chan)  # closing may block: see _let_go
     try:
         # An argument that is not UTF-8 (bytes the shell gave us, kept as surrogates) goes
         # as its bytes, as ssh sends it; paramiko's own encoding refuses it.
         chan.exec_command(cmd.encode("utf-8", "surrogateescape"))
-    except paramiko.SSHException:
-        if time.monotonic() >= give_up:
+    except (paramiko.SSHException, EOFError, OSError):
+        if watch.fired:
             raise socket.timeout() from None
         raise
     finally:
-        timer.cancel()
+        watch.then = None
 
 
 def _drain(chan: paramiko.Channel, out: Capture, err: Capture) -> None:
@@ -327,12 +368,16 @@ class SshTransport:
             except KnownHostsError as exc:
                 return None, _result(node.name, NodeState.HOSTKEY, t0, exc.message)
             asked = time.monotonic()
+            # The request may not even go out (a frozen node whose socket is full): see _Watch.
+            watch = _Watch(conn, asked + ep.connect_timeout)
             try:
-                return conn.open_session(timeout=ep.connect_timeout), None
+                with watch:
+                    return conn.open_session(timeout=ep.connect_timeout), None
             except paramiko.ChannelException as exc:  # e.g. MaxSessions: the connection is fine
                 return None, _result(node.name, NodeState.UNREACHABLE, t0, f"session refused: {exc}")
             except (paramiko.SSHException, EOFError, OSError) as exc:
-                hung = conn.is_active() and time.monotonic() - asked >= ep.connect_timeout * 0.95
+                hung = watch.fired or (
+                    conn.is_active() and time.monotonic() - asked >= ep.connect_timeout * 0.95)
                 self._connector.drop(ep, conn)
                 if hung:
                     # Alive but silent (a hung or frozen node): a new connection would
@@ -404,29 +449,40 @@ class SshTransport:
         started = time.monotonic()
         give_up = started + timeout + GRACE_S + SLACK_S
         out, err = Capture(node.output_keep), Capture(node.output_keep)
-        try:
-            chan.settimeout(max(0.01, give_up - time.monotonic()))
-            _exec_request(chan, cmd, give_up)
-            # stdin is fed from its own thread while this one drains stdout/stderr: a
-            # command that writes back while it reads (cat) would otherwise fill its
-            # output window and stop reading, and both sides would wait forever.
-            if stdin:
-                threading.Thread(target=_feed, args=(chan, stdin), daemon=True,
-                                 name=f"brctl-stdin-{node.name}").start()
-            else:
-                chan.shutdown_write()
-            _read_to_end(chan, out, err, give_up)
-        except (socket.timeout, TimeoutError):
+
+        def gave_up() -> RunResult:
             return RunResult.captured(
                 node.name, NodeState.TIMEOUT, None, out, err, time.monotonic() - t0,
                 note=f"brctl: no exit status {timeout:g}s+{GRACE_S + SLACK_S:g}s after start; "
                 "gave up on the node\n",
             )  # fmt: skip
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            if not self._cancelled:  # else cancel() closed the channel under us
-                return _result(node.name, NodeState.UNREACHABLE, t0, f"connection lost while running: {exc}")
+
+        # Every send below may block (the connection cannot send): the watch bounds them.
+        with _Watch(chan.get_transport(), give_up) as watch:
+            try:
+                chan.settimeout(max(0.01, give_up - time.monotonic()))
+                _exec_request(chan, cmd, watch)
+                # stdin is fed from its own thread while this one drains stdout/stderr: a
+                # command that writes back while it reads (cat) would otherwise fill its
+                # output window and stop reading, and both sides would wait forever.
+                if stdin:
+                    threading.Thread(target=_feed, args=(chan, stdin), daemon=True,
+                                     name=f"brctl-stdin-{node.name}").start()
+                else:
+                    chan.shutdown_write()
+                _read_to_end(chan, out, err, give_up)
+            except (socket.timeout, TimeoutError):
+                return gave_up()
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if watch.fired:  # a send blocked past the give-up, until its stuck connection closed
+                    return gave_up()
+                if not self._cancelled:  # else cancel() closed the channel under us
+                    why = f"connection lost while running: {exc}"
+                    return _result(node.name, NodeState.UNREACHABLE, t0, why)
         code = chan.exit_status
         seconds = time.monotonic() - t0
+        if code == -1 and watch.fired:  # the watch closed its channel or connection
+            return gave_up()
         if code == -1:  # no exit status: why did the channel end?
             if self._cancelled:
                 state, why = NodeState.TIMEOUT, "interrupted; the command was killed"
@@ -462,33 +518,41 @@ class SshTransport:
         self._track(chan, True)  # cancel() closes it: the reaper kills the tree
         cmd = shell_line(node.python, with_env(argv, node.env), timeout)
         out, err = Capture(node.output_keep), Capture(node.output_keep)
-        try:
-            chan.settimeout(timeout + GRACE_S + SLACK_S)
-            _exec_request(chan, cmd, time.monotonic() + timeout + GRACE_S + SLACK_S)
-            if stdin is not None:
-                threading.Thread(target=_pump, args=(stdin, chan), daemon=True,
-                                 name=f"brctl-stream-{node.name}").start()
-            else:
-                chan.shutdown_write()
-            errors = threading.Thread(target=_copy_err, args=(chan, err), daemon=True,
-                                      name=f"brctl-stderr-{node.name}")
-            errors.start()
-            _copy_out(chan, stdout, out)
-            if self._cancelled and chan.closed:  # cancel() closed it: no status will come
-                return _result(node.name, NodeState.TIMEOUT, t0, "interrupted; the command was killed")
-            if not chan.status_event.wait(SLACK_S + GRACE_S):
-                raise socket.timeout()
-            errors.join(SLACK_S)  # stdout's EOF is stderr's too: it ends at once
-        except (socket.timeout, TimeoutError):
-            return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
-        except BrokenPipeError:
-            return _result(node.name, NodeState.FAILED, t0, "the receiving end of the stream went away", 1)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            return self._lost(node, t0, f"connection lost while streaming: {exc}")
-        finally:
-            self._track(chan, False)
-            _let_go(chan)
+        stalled = f"stream stalled or ran past {timeout:g}s"
+        # Every send below may block (the connection cannot send): the watch bounds them.
+        with _Watch(chan.get_transport(), time.monotonic() + timeout + GRACE_S + SLACK_S) as watch:
+            try:
+                chan.settimeout(timeout + GRACE_S + SLACK_S)
+                _exec_request(chan, cmd, watch)
+                if stdin is not None:
+                    threading.Thread(target=_pump, args=(stdin, chan), daemon=True,
+                                     name=f"brctl-stream-{node.name}").start()
+                else:
+                    chan.shutdown_write()
+                errors = threading.Thread(target=_copy_err, args=(chan, err), daemon=True,
+                                          name=f"brctl-stderr-{node.name}")
+                errors.start()
+                _copy_out(chan, stdout, out)
+                if self._cancelled and chan.closed:  # cancel() closed it: no status will come
+                    return _result(node.name, NodeState.TIMEOUT, t0, "interrupted; the command was killed")
+                if not chan.status_event.wait(SLACK_S + GRACE_S):
+                    raise socket.timeout()
+                errors.join(SLACK_S)  # stdout's EOF is stderr's too: it ends at once
+            except (socket.timeout, TimeoutError):
+                return _result(node.name, NodeState.TIMEOUT, t0, stalled)
+            except BrokenPipeError:
+                gone = "the receiving end of the stream went away"
+                return _result(node.name, NodeState.FAILED, t0, gone, 1)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if watch.fired:  # a send blocked past the give-up, until its stuck connection closed
+                    return _result(node.name, NodeState.TIMEOUT, t0, stalled)
+                return self._lost(node, t0, f"connection lost while streaming: {exc}")
+            finally:
+                self._track(chan, False)
+                _let_go(chan)
         code = chan.exit_status
+        if code == -1 and watch.fired:  # the watch closed its channel or connection
+            return _result(node.name, NodeState.TIMEOUT, t0, stalled)
         if code == -1:
             return self._lost(node, t0, "connection lost while streaming")
         return RunResult.captured(node.name, exit_state(code, time.monotonic() - t0, timeout), code,

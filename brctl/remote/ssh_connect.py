@@ -71,6 +71,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 KEEPALIVE_S = 15  # detect dead peers on cached connections between daemon polls
 KEEPALIVE_COUNT_MAX = 3  # unanswered keepalives before the connection is closed (ServerAliveCountMax)
 IDLE_POLL_S = 1.0  # reader-thread wake-up interval on an established connection
+STUCK_S = 0.5  # a key exchange or packet write not done in this long, once overdue, holds a connection stuck
 RETRY_BASE_S = 0.1
 RETRY_CAP_S = 2.0
 _RSA_ALGS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
@@ -150,6 +151,35 @@ class _ChannelSocket:
         return self._chan.getpeername()
 
 
+def _write_lock(t: paramiko.Transport) -> Any:
+    """paramiko's packet write lock (private; None without it): every send holds it while its
+    bytes go out, so a socket that takes nothing (a frozen node) keeps it held."""
+    return getattr(t.packetizer, "_Packetizer__write_lock", None)
+
+
+def cannot_send(t: paramiko.Transport) -> bool:
+    """Whether ``t``, still open, has been unable to send for ``STUCK_S``: a key exchange not
+    done, or a packet's write still under way (checked by waiting that long for its lock)."""
+    if not t.is_active():
+        return False  # its blocked sends are ending already
+    lock = _write_lock(t)
+    if not t.clear_to_send.wait(STUCK_S) or lock is None or not lock.acquire(timeout=STUCK_S):
+        return True
+    lock.release()
+    return False
+
+
+def close_stuck(t: paramiko.Transport) -> None:
+    """Close ``t``, and wake at once every thread blocked sending on it (each then raises
+    EOFError): closing alone leaves a thread waiting to write its socket's poll timeout.
+    Quietly: it runs on a timer's or the reader's thread (a traceback on stderr)."""
+    if isinstance(t.sock, socket.socket):
+        with contextlib.suppress(OSError):
+            t.sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        t.close()
+
+
 def _keepalive_with_replies(t: paramiko.Transport, interval: int, count_max: int = KEEPALIVE_COUNT_MAX,
                             ) -> None:
     """Keepalives as OpenSSH's ServerAliveInterval/CountMax: each wants a reply; ``count_max``
@@ -160,14 +190,19 @@ def _keepalive_with_replies(t: paramiko.Transport, interval: int, count_max: int
     power is never noticed and a running command waits for its whole timeout.
     The keepalive is sent from paramiko's reader thread after ``interval``
     seconds without writing; a reply (success or failure: any answer shows the
-    peer is there) resets the count.
+    peer is there) resets the count. It never waits to be sent: a packet's write
+    still under way then has been stuck ``interval`` seconds (the socket takes
+    nothing: a frozen node), and waiting behind it would hold the reader thread,
+    and the count, until the kernel drops the connection (TCP_USER_TIMEOUT, never
+    behind a jump host); it counts as unanswered.
     """
     missed = [0]
     private: Any = t  # paramiko has no public hook for replies to global requests
     table = getattr(private, "_handler_table", None)  # per transport: wrapping touches no other
     replies = (paramiko.common.MSG_REQUEST_SUCCESS, paramiko.common.MSG_REQUEST_FAILURE)
-    if (not isinstance(table, dict) or not all(p in table for p in replies)
-            or not callable(getattr(private, "_send_user_message", None))):
+    write_lock = _write_lock(t)
+    if (not isinstance(table, dict) or not all(p in table for p in replies) or write_lock is None
+            or not callable(getattr(private, "_send_message", None))):
         t.set_keepalive(interval)  # a paramiko without those internals: its own, reply-less kind
         return
     for ptype in replies:
@@ -182,14 +217,24 @@ def _keepalive_with_replies(t: paramiko.Transport, interval: int, count_max: int
         if conn is None:
             return
         if missed[0] >= count_max:
-            conn.close()  # the reader thread closing its own transport: no join, channels see it closed
+            close_stuck(conn)  # the reader thread closing its own transport: no join, channels see it closed
             return
         missed[0] += 1
         m = paramiko.Message()
         m.add_byte(paramiko.common.cMSG_GLOBAL_REQUEST)
         m.add_string("keepalive@openssh.com")
         m.add_boolean(True)  # want_reply: the whole point
-        conn._send_user_message(m)
+        # _send_user_message without its waits: its locks in its order, neither waited for.
+        if not conn.clear_to_send_lock.acquire(blocking=False):
+            return
+        try:
+            if conn.clear_to_send.is_set() and write_lock.acquire(blocking=False):
+                try:
+                    conn._send_message(m)
+                finally:
+                    write_lock.release()
+        finally:
+            conn.clear_to_send_lock.release()
 
     t.packetizer.set_keepalive(interval, probe)
 

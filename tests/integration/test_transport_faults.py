@@ -17,13 +17,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from brctl.core.transport import Node, NodeState, RunResult
 from brctl.remote.local import LocalTransport
+from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh import SshTransport
+from brctl.remote.ssh_connect import cannot_send
 from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
@@ -140,20 +143,39 @@ def _frozen_mid_stdin(cluster: SshCluster, transport: SshTransport, node: Node,
                       timeout: float) -> list[dict[str, object]]:
     """``node`` frozen while 8 commands were being sent a big stdin, its socket full: a
     channel close there blocks. The commands' boxes (``_in_thread``)."""
-    data = bytes(256 << 20)  # far more than the sockets hold; zero pages, no real memory
+    feeding = _feeding(cluster, transport, node, timeout)
+    _freeze_full(cluster, node)
+    return feeding
+
+
+def _feeding(cluster: SshCluster, transport: SshTransport, node: Node,
+             timeout: float, size: int = 256 << 20) -> list[dict[str, object]]:
+    """8 commands on ``node`` being sent ``size`` bytes of stdin each, running (``_in_thread`` boxes)."""
+    data = bytes(size)  # far more than the sockets hold; zero pages, no real memory
     # One channel's SSH window (2 MiB) fits in loopback's socket buffers; several together don't.
     feeding = [_in_thread(transport, node, ["sh", "-c", "cat >/dev/null"], timeout, stdin=data)
                for _ in range(8)]
     assert _wait_for(lambda: len(cluster.node_pids(node.name, r"^cat\b")) == 8, scaled(20))
-    cluster.freeze_node(node.name)
+    return feeding
+
+
+def _freeze_full(cluster: SshCluster, node: Node) -> None:
+    """Freeze ``node`` while it is being fed (``_feeding``); return once its socket is full."""
 
     def stuck() -> bool:  # the frozen node's receive window is full and nothing moves
         before = _unsent(node.address, cluster.port)
         time.sleep(0.5)
         return before > 0 and _unsent(node.address, cluster.port) == before
 
-    assert _wait_for(stuck, scaled(10))
-    return feeding
+    for _ in range(3):
+        cluster.freeze_node(node.name)
+        if _wait_for(stuck, scaled(4)):
+            return
+        # Frozen mid key exchange (paramiko rekeys every 512 MiB): nothing is sent until it
+        # ends, so the socket does not fill. Let it end and freeze again.
+        cluster.thaw_node(node.name)
+        time.sleep(1)
+    raise AssertionError(f"{node.name}'s socket did not fill")
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
@@ -228,6 +250,189 @@ def test_a_frozen_node_whose_connection_cannot_send_holds_up_no_other_node_s_can
             assert isinstance(run.get("result"), RunResult), run
     finally:
         cluster.thaw_node(frozen.name)
+        transport.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_session_asked_of_a_frozen_node_whose_socket_is_full_is_a_timeout_within_connect_timeout(
+    make_cluster: MakeCluster,
+) -> None:
+    """The session request cannot even be sent (the cached connection's socket is full):
+    it is still a ``timeout`` within ``connect_timeout``, as on a frozen node whose socket
+    is not full, rather than the wait for the kernel to drop the connection and a new one."""
+    cluster = make_cluster(1)
+    (frozen,) = nodes_of(cluster, connect_timeout=scaled(4))
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        feeding = _frozen_mid_stdin(cluster, transport, frozen, scaled(60))
+        box = _in_thread(transport, frozen, ["true"], scaled(3))
+        t0 = time.monotonic()
+        box["thread"].join(frozen.connect_timeout + scaled(3))  # type: ignore[attr-defined]
+        r = box.get("result")
+        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
+        assert "session request" in r.stderr, r
+        assert float(box["at"]) - t0 <= frozen.connect_timeout + scaled(2)  # type: ignore[arg-type]
+        # Its connection, stuck, was closed: the other commands on it end too, and none raised.
+        for run in feeding:
+            run["thread"].join(scaled(5))  # type: ignore[attr-defined]
+            assert isinstance(run.get("result"), RunResult), run
+    finally:
+        cluster.thaw_node(frozen.name)
+        transport.close()
+
+
+def _freezing_at(monkeypatch: pytest.MonkeyPatch, cluster: SshCluster, node: Node, method: str,
+                 when: Callable[[paramiko.Channel], bool] = lambda chan: True) -> None:
+    """Make ``paramiko.Channel.<method>``, called from a thread named "probe", first (once,
+    after ``when(chan)`` holds) freeze ``node`` (being fed: ``_feeding``) and wait for its
+    socket to fill: a send it then makes blocks, as when the node froze just before it."""
+    original = getattr(paramiko.Channel, method)
+    frozen: list[bool] = []
+
+    def freezing(chan: paramiko.Channel, *args: object) -> object:
+        if threading.current_thread().name == "probe" and not frozen:
+            assert _wait_for(lambda: when(chan), scaled(10))
+            frozen.append(True)
+            _freeze_full(cluster, node)
+        return original(chan, *args)
+
+    monkeypatch.setattr(paramiko.Channel, method, freezing)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("method", ["exec_command", "shutdown_write"])
+@pytest.mark.parametrize("call", ["run", "stream"])
+def test_a_command_whose_exec_request_or_eof_cannot_be_sent_times_out_at_its_give_up(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, method: str, call: str,
+) -> None:
+    """The node froze, its socket full (other commands' stdin), just before the command's
+    exec request or its stdin EOF (no stdin) went out: that send blocks until the kernel
+    drops the connection. The command is still a ``timeout`` at its give-up."""
+    cluster = make_cluster(1)
+    (frozen,) = nodes_of(cluster)
+    transport = SshTransport(ssh_config=os.devnull)
+    timeout = scaled(3)
+    give_up = timeout + GRACE_S + SLACK_S
+    box: dict[str, object] = {}
+
+    def probe() -> None:
+        box["result"] = getattr(transport, call)(frozen, ["true"], timeout=timeout)
+        box["at"] = time.monotonic()
+
+    try:
+        feeding = _feeding(cluster, transport, frozen, scaled(60))
+        _freezing_at(monkeypatch, cluster, frozen, method)
+        t0 = time.monotonic()
+        runner = threading.Thread(target=probe, daemon=True, name="probe")
+        runner.start()
+        runner.join(give_up + scaled(4))
+        r = box.get("result")
+        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
+        assert float(box["at"]) - t0 <= give_up + scaled(2)  # type: ignore[arg-type]
+        for run in feeding:  # the stuck connection was closed: they end too, raising nothing
+            run["thread"].join(scaled(5))  # type: ignore[attr-defined]
+            assert isinstance(run.get("result"), RunResult), run
+    finally:
+        cluster.thaw_node(frozen.name)
+        transport.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("call", ["run", "stream"])
+def test_output_read_from_a_frozen_node_whose_socket_is_full_times_out_at_its_give_up(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, call: str,
+) -> None:
+    """Reading a command's output sends window adjustments (one per ~200 KiB read); the
+    node froze, its socket full (other commands' stdin), with a window's worth of output
+    still to read: they block. The command is a ``timeout`` at its give-up."""
+    cluster = make_cluster(1)
+    (frozen,) = nodes_of(cluster, output_keep=1000)
+    transport = SshTransport(ssh_config=os.devnull)
+    timeout = scaled(4)
+    give_up = timeout + GRACE_S + SLACK_S
+    box: dict[str, object] = {}
+
+    def spew() -> None:
+        box["result"] = getattr(transport, call)(frozen, ["sh", "-c", "exec cat /dev/zero"], timeout=timeout)
+        box["at"] = time.monotonic()
+
+    try:
+        feeding = _feeding(cluster, transport, frozen, scaled(60))
+        _freezing_at(monkeypatch, cluster, frozen, "recv", when=lambda chan: len(chan.in_buffer) >= 1 << 20)
+        t0 = time.monotonic()
+        runner = threading.Thread(target=spew, daemon=True, name="probe")
+        runner.start()
+        runner.join(give_up + scaled(4))
+        r = box.get("result")
+        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
+        assert float(box["at"]) - t0 <= give_up + scaled(2)  # type: ignore[arg-type]
+        for run in feeding:
+            run["thread"].join(scaled(5))  # type: ignore[attr-defined]
+            assert isinstance(run.get("result"), RunResult), run
+    finally:
+        cluster.thaw_node(frozen.name)
+        transport.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_frozen_node_behind_a_jump_host_whose_connection_cannot_send_is_caught_by_keepalives(
+    make_cluster: MakeCluster,
+) -> None:
+    """Behind a jump host no TCP_USER_TIMEOUT guards the node's connection; a keepalive that
+    cannot be sent (the connection is stuck sending stdin) counts as unanswered, rather than
+    holding paramiko's reader thread, so 3 of them close the connection."""
+    cluster = make_cluster(2)
+    jump, target = cluster.names
+    (node,) = nodes_of(cluster, [target], proxy_jump=f"root@{cluster.address(jump)}:{cluster.port}")
+    transport = SshTransport(ssh_config=os.devnull, keepalive=1)
+    try:
+        feeding = _frozen_mid_stdin(cluster, transport, node, scaled(30))
+        frozen_at = time.monotonic()
+        for run in feeding:
+            run["thread"].join(max(0.0, frozen_at + scaled(12) - time.monotonic()))  # type: ignore[attr-defined]
+            r = run.get("result")
+            assert isinstance(r, RunResult), (time.monotonic() - frozen_at, run)
+            assert r.state is NodeState.UNREACHABLE and "connection lost" in r.stderr, r
+            # ~(3 + 1) keepalive intervals, not the commands' 30 s
+            assert float(run["at"]) - frozen_at <= scaled(8)  # type: ignore[arg-type]
+        r = transport.run(nodes_of(cluster, [jump])[0], ["true"], timeout=scaled(10))
+        assert r.state is NodeState.OK, r  # the jump host's own connection is fine
+    finally:
+        cluster.thaw_node(target)
+        transport.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_command_overdue_on_a_busy_connection_that_can_send_leaves_it_to_the_others(
+    make_cluster: MakeCluster,
+) -> None:
+    """A command given up on (its reaper stopped: no exit status) while the node is busy
+    taking other commands' stdin on the same connection: the connection is not stuck, so
+    it stays, and so do they. Frozen, it is found stuck."""
+    cluster = make_cluster(1)
+    (node,) = nodes_of(cluster)
+    transport = SshTransport(ssh_config=os.devnull)
+    timeout = scaled(3)
+    reaper = r"^python3 -I -S -c [\s\S]*\bsleep 1161\b"
+    try:
+        feeding = _feeding(cluster, transport, node, scaled(120), size=2 << 30)  # busy all along
+        box = _in_thread(transport, node, ["sleep", "1161"], timeout)
+        assert _wait_for(lambda: cluster.node_pids(node.name, reaper), scaled(2))
+        for pid in cluster.node_pids(node.name, reaper):
+            os.kill(pid, signal.SIGSTOP)  # it will neither kill the command nor report
+        box["thread"].join(timeout + GRACE_S + SLACK_S + scaled(3))  # type: ignore[attr-defined]
+        r = box.get("result")
+        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, r
+        assert "gave up on the node" in r.stderr, r
+        assert len(cluster.node_pids(node.name, r"^cat\b")) == 8
+        assert not any("result" in run for run in feeding)  # still being fed, on the same connection
+        conn, new = transport._connector.connection(transport.endpoint(node))
+        assert not new and transport.connections_opened == 1
+        assert not any(cannot_send(conn) for _ in range(5))  # busy, but sending
+        _freeze_full(cluster, node)
+        assert cannot_send(conn)
+    finally:
+        cluster.thaw_node(node.name)
         transport.close()
 
 
