@@ -53,6 +53,7 @@ import contextlib
 import logging
 import os
 import random
+import shlex
 import socket
 import threading
 import time
@@ -149,6 +150,15 @@ class _ChannelSocket:
 
     def getpeername(self) -> str:
         return self._chan.getpeername()
+
+
+def proxy_process(command: str) -> paramiko.ProxyCommand:
+    """ProxyCommand ``command`` (its %-tokens expanded) started as ssh starts it,
+    ``$SHELL -c "exec COMMAND"`` (/bin/sh without ``$SHELL``): its shell expands ``~``
+    and ``$VAR`` and reads its quotes and a ``#`` comment (paramiko alone splits it into
+    words and runs them)."""
+    shell = os.environ.get("SHELL") or "/bin/sh"
+    return paramiko.ProxyCommand(shlex.join([shell, "-c", f"exec {command}"]))  # split back by paramiko
 
 
 def _write_lock(t: paramiko.Transport) -> Any:
@@ -354,7 +364,7 @@ class Connector:
         where = f"{ep.host}:{ep.port}"
         if ep.proxy_command:
             try:
-                return paramiko.ProxyCommand(ep.proxy_command)
+                return proxy_process(ep.proxy_command)
             except (OSError, ValueError, paramiko.SSHException) as exc:
                 raise ConnectError(
                     NodeState.UNREACHABLE, f"ProxyCommand {ep.proxy_command!r} failed: {exc}"

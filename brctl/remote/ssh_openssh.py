@@ -12,7 +12,7 @@ resolved by ``ssh -G HOST`` instead: one process per
 such host, none for a plain config (``SshTransport.check_config`` runs up to 16
 at once before a fan-out); what it prints as written, because ssh expands it only
 when it connects (``ProxyCommand nc %h %p``, IdentityFile, CertificateFile), is
-expanded as ssh would (``expand``, ``expand_path``); what it prints expanded
+expanded as ssh would (``proxy_command``, ``expand_path``); what it prints expanded
 already (UserKnownHostsFile, IdentityAgent: a configured ``%%`` printed as ``%``)
 is final. What ``ssh -G`` rejects (an OpenSSH too old
 for ``Match localnetwork``, a ``Match exec`` that hangs) is ``SshConfigError``.
@@ -57,6 +57,8 @@ READ = frozenset({
 # Of what brctl reads, the files ssh expands ``~``, ``${VAR}`` and %-tokens in (ssh_config(5),
 # ENVIRONMENT VARIABLES; KnownHostsCommand too, but brctl refuses it whatever it says).
 PATHS = ("identityfile", "certificatefile", "userknownhostsfile", "identityagent")
+# The %-tokens ssh expands in ProxyCommand (ssh_config(5), TOKENS: it stops at any other).
+PROXY_TOKENS = "%hnpr"
 # ``ssh -G`` prints these as written (ssh expands them only when it connects); it prints
 # the other PATHS expanded already (OpenSSH 9.2), so expanding those again misreads them.
 TOKENISED = ("identityfile", "certificatefile")
@@ -297,8 +299,8 @@ def _printed(out: str, name: str, *, explicit_user: str | None) -> dict[str, Any
     for key in TOKENISED:
         if key in cfg:
             cfg[key] = expand_path(cfg[key], cfg, name)
-    if "proxycommand" in cfg:  # %-tokens only: the shell that runs it reads the rest
-        cfg["proxycommand"] = expand(cfg["proxycommand"], cfg, name)
+    if "proxycommand" in cfg:
+        cfg["proxycommand"] = proxy_command(cfg["proxycommand"], cfg, name)
     if cfg.get("user") == getpass.getuser() and not explicit_user:
         del cfg["user"]
     found = [p for p in cfg.get("identityfile", []) if os.path.exists(p)]
@@ -312,19 +314,22 @@ _TOKEN = re.compile(r"%(.?)", re.DOTALL)
 _TOKEN_OR_VARIABLE = re.compile(r"%(.?)|\$\{([^}]*)(\}?)", re.DOTALL)
 
 
-def expand(value: Any, cfg: Mapping[str, Any], name: str, *, environment: bool = False) -> Any:
+def expand(value: Any, cfg: Mapping[str, Any], name: str, *, environment: bool = False,
+           only: str | None = None) -> Any:
     """``value`` (a string or a list of them) with ssh's %-tokens replaced, and with
-    ``environment`` its ``${VAR}`` too (the settings ssh_config(5) says take them).
+    ``environment`` its ``${VAR}`` too (the settings ssh_config(5) says take them);
+    ``only``: the tokens the setting takes (``PROXY_TOKENS``), None: all those brctl knows.
 
     One pass, as OpenSSH's ``percent_dollar_expand``: what a variable or a token gives
     (a ``%`` in ``${VAR}``, the ``%`` of ``%%``) is not read again.
 
     Raises:
-        SshConfigError: what ssh refuses too: a token brctl does not know, a ``%`` at the
-            end, an unset variable, ``${`` unclosed or empty (the host and the setting named).
+        SshConfigError: what ssh refuses too: a token brctl does not know or the setting does
+            not take, a ``%`` at the end, an unset variable, ``${`` unclosed or empty (the host
+            and the setting named).
     """
     if isinstance(value, list):
-        return [expand(v, cfg, name, environment=environment) for v in value]
+        return [expand(v, cfg, name, environment=environment, only=only) for v in value]
     text = str(value)
     home = os.path.expanduser("~")
     local = socket.gethostname()
@@ -351,11 +356,23 @@ def expand(value: Any, cfg: Mapping[str, Any], name: str, *, environment: bool =
             return os.environ[variable]
         if not token:
             raise refused("'%' at the end")
+        if only is not None and token not in only:
+            raise refused(f"token %{token} is not one ssh takes in it")
         if token not in tokens:
             raise refused(f"token %{token} is not supported by brctl")
         return tokens[token]
 
     return (_TOKEN_OR_VARIABLE if environment else _TOKEN).sub(one, text)
+
+
+def proxy_command(value: Any, cfg: Mapping[str, Any], name: str) -> str:
+    """ProxyCommand ``value`` as ssh hands it to the user's shell when it connects: its
+    %-tokens (``PROXY_TOKENS``) replaced in one pass; ``~``, ``$VAR``, quotes are the shell's.
+
+    Raises:
+        SshConfigError: as ``expand``; a token other than ``PROXY_TOKENS`` too.
+    """
+    return str(expand(str(value), cfg, name, only=PROXY_TOKENS))
 
 
 def expand_path(value: Any, cfg: Mapping[str, Any], name: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,6 @@ def test_ssh_g_values_have_their_tokens_expanded(tmp_path: Path) -> None:
 
 def test_match_exec_hosts_are_resolved_concurrently(tmp_path: Path) -> None:
     """Each exec waits until another host's exec has started: only concurrent ssh -G runs all match."""
-    import os
 
     from brctl.remote.ssh import SshTransport
 
@@ -159,3 +159,17 @@ def test_a_deferred_block_that_sets_nothing_brctl_reads_spawns_nothing(
     kept, deferred = defer_matches("Match final\n  Ciphers x\nMatch exec true\n  User y\n", "cfg")
     assert [d.line for d in deferred] == ["Match exec true"]
     assert kept.splitlines()[0] == NEVER_MATCHES  # neutralised all the same: paramiko never runs it
+
+
+def test_paramiko_keeps_the_certificate_lines_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_Config`` collects CertificateFile through keywords paramiko gives back as written; a
+    paramiko that stops doing so is caught here, and brctl falls back to paramiko's reading
+    (the first CertificateFile only) instead of losing them all or failing."""
+    from brctl.remote import ssh_config
+
+    assert ssh_config._lines_kept_apart()
+    cfg = tmp_path / "config"
+    cfg.write_text("Host t1\n  CertificateFile /c/a\n  CertificateFile /c/b\nHost *\n  CertificateFile /c/c\n")
+    assert EndpointResolver(str(cfg)).endpoint(_node("t1")).certificates == ("/c/a", "/c/b", "/c/c")
+    monkeypatch.setattr(ssh_config, "_lines_kept_apart", lambda: False)
+    assert EndpointResolver(str(cfg)).endpoint(_node("t1")).certificates == ("/c/a",)

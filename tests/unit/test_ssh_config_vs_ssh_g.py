@@ -20,6 +20,7 @@ from brctl.core.errors import ExitCode
 from brctl.core.transport import Node
 from brctl.remote import ssh_openssh
 from brctl.remote.ssh_config import DEFAULT_USER, Endpoint, EndpointResolver
+from brctl.remote.ssh_connect import proxy_process
 from brctl.remote.ssh_openssh import SshConfigError
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
@@ -406,7 +407,7 @@ def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 FILES = ("Host t*\n  HostName real.example\n  User bob\n  Port 2202\n"
          "  IdentityFile ${BRCTL_T_DIR}/id_%%h_%h_%n_%p_%r\n"
          "  IdentityFile ${BRCTL_T_DIR}/id_%C_%i_%L\n"
-         "  CertificateFile ~/cert_%%h_%h_%d${BRCTL_T_DIR}\n"  # one: paramiko keeps only the first
+         "  CertificateFile ~/cert_%%h_%h_%d${BRCTL_T_DIR}\n"  # several: test_every_certificate_file_…
          "  UserKnownHostsFile ~/kh_%%h_%h %d/kh_%k ${BRCTL_T_DIR}/kh_%%x_%u\n")
 
 
@@ -493,3 +494,104 @@ def test_identity_agent_is_expanded_as_ssh_does(
     assert ssh_g(cfg, "other")["identityagent"] == [f"{d}/a_%h_other.sock"]
     with pytest.raises(SshConfigError, match=re.escape(f"'IdentityAgent {d}/a_%h_other.sock'")):
         resolver.endpoint(_node("other"))
+
+
+# -- CertificateFile: every line that applies, in ssh's order ------------------------------------
+
+CERTIFICATES = ("Host t*\n  CertificateFile /c/a1\n  CertificateFile /c/a2\n"
+                "  CertificateFile ~/c/%%h_%h\nHost nomatch\n  CertificateFile /c/never\n"
+                "Host *\n  CertificateFile /c/b1\n  CertificateFile /c/a1\n"  # a duplicate: once
+                "  CertificateFile \"/c/q 1\"\n  CertificateFile '/c/q2' # a comment\n")
+
+
+@pytest.mark.parametrize("via_ssh_g", [False, True], ids=["paramiko", "ssh -G"])
+@pytest.mark.parametrize("name", ["t1", "other"])
+def test_every_certificate_file_is_used_in_ssh_s_order(tmp_path: Path, via_ssh_g: bool, name: str) -> None:
+    """OpenSSH uses every CertificateFile that applies (two lines of a block, two blocks), in the
+    order it reads them, a duplicate once; paramiko's SSHConfig kept only the first."""
+    cfg = tmp_path / "config"
+    cfg.write_text(CERTIFICATES + (VIA_SSH_G if via_ssh_g else ""))
+    _, certs, _ = ssh_loads(cfg, name)
+    common = ["/c/b1", "/c/q 1", "/c/q2"]
+    assert ssh_g(cfg, name)["certificatefile"] == (
+        ["/c/a1", "/c/a2", "~/c/%%h_%h", *common] if name == "t1" else ["/c/b1", "/c/a1", *common[1:]])
+    assert certs[2 if name == "t1" else 0] == (f"{Path.home()}/c/%h_t1" if name == "t1" else "/c/b1")
+    ep = EndpointResolver(str(cfg)).endpoint(_node(name))
+    assert list(ep.certificates) == certs
+
+
+def test_a_certificate_file_line_with_two_paths_is_refused_as_ssh_does(tmp_path: Path) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text("Host t1\n  CertificateFile /c/a /c/b\n")
+    done = subprocess.run(["ssh", "-G", "-F", str(cfg), "other"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 255 and "extra arguments" in done.stderr
+    with pytest.raises(SshConfigError, match="extra arguments"):
+        EndpointResolver(str(cfg)).endpoint(_node("other"))
+
+
+# -- ProxyCommand: %-tokens expanded by ssh, the rest read by the user's shell ---------------------
+
+ARGV_PROXY = '#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "$BRCTL_T_ARGV"\nexit 1\n'
+# What the shell makes of a word is ssh's (a leading ``~``, ``~user``, a quoted ``~``); ``%%h`` is ``%h``.
+PROXY_ARGS = ("%%h %h %p %r %n %%%% ~ ~/x a~b \"~/q\" '~'/w \\~/e ~root/z ~brctl-no-such-user/v "
+              "a=~/y a=b:~/u --o=~/t x=\"~\" $BRCTL_T_ARGV # a comment, not arguments")
+
+
+def _proxy_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell: str) -> Path:
+    home = tmp_path / "home dir"  # a space: the shell does not split what ``~`` gives
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "prox").write_text(ARGV_PROXY)
+    (home / "bin" / "prox").chmod(0o755)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SHELL", shell)
+    monkeypatch.setenv("BRCTL_T_ARGV", str(tmp_path / "argv"))
+    return home
+
+
+def _proxy_argv(tmp_path: Path) -> list[str]:
+    argv = tmp_path / "argv"
+    got = argv.read_text().splitlines()
+    argv.unlink()
+    return got
+
+
+@pytest.mark.parametrize("via_ssh_g", [False, True], ids=["paramiko", "ssh -G"])
+@pytest.mark.parametrize("shell", ["/bin/bash", "/bin/sh"])
+def test_proxy_command_runs_with_the_arguments_ssh_gives_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via_ssh_g: bool, shell: str) -> None:
+    """ssh expands ProxyCommand's %-tokens in one pass and runs ``$SHELL -c "exec …"``, whose
+    shell expands ``~`` and reads quotes and comments; paramiko replaced ``%h`` before ``%r``
+    (``%%h`` became ``%`` and the user, then the host), left ``%n``, replaced a ``~`` anywhere
+    (``a~b``, ``"~/q"``) and ran the words without a shell."""
+    if not Path(shell).exists():
+        pytest.skip(f"no {shell}")
+    _proxy_home(tmp_path, monkeypatch, shell)
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host p1\n  HostName real.example\n  User bob\n  Port 2202\n"
+                   f"  ProxyCommand ~/bin/prox {PROXY_ARGS}\n" + (VIA_SSH_G if via_ssh_g else ""))
+    done = subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "p1", "true"], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=30, check=False)
+    assert done.returncode == 255, done.stderr
+    want = _proxy_argv(tmp_path)
+    assert want[:6] == ["%h", "real.example", "2202", "bob", "p1", "%%"]
+    ep = EndpointResolver(str(cfg)).endpoint(_node("p1"))
+    assert ep.proxy_command is not None
+    proxy = proxy_process(ep.proxy_command)  # as brctl runs it
+    proxy.process.communicate(timeout=30)
+    assert proxy.process.returncode == 1
+    assert _proxy_argv(tmp_path) == want
+
+
+@pytest.mark.parametrize("via_ssh_g", [False, True], ids=["paramiko", "ssh -G"])
+@pytest.mark.parametrize("token", ["%d", "%u", "%C", "%Z"])
+def test_a_token_ssh_refuses_in_a_proxy_command_is_refused(
+        tmp_path: Path, via_ssh_g: bool, token: str) -> None:
+    """ProxyCommand takes %%, %h, %n, %p and %r only: ssh stops at any other (``unknown key``)."""
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host p1\n  ProxyCommand nc {token} %p\n" + (VIA_SSH_G if via_ssh_g else ""))
+    done = subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "p1", "true"], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=30, check=False)
+    assert done.returncode == 255 and f"unknown key {token}" in done.stderr
+    with pytest.raises(SshConfigError, match=rf"^host p1: .*{token}"):
+        EndpointResolver(str(cfg)).endpoint(_node("p1"))
