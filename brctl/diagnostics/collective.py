@@ -11,6 +11,12 @@ every rank has reached the rendezvous; ``timeout`` counts from then, so a slow
 ``import torch`` is never taken for a hang. A worker not ready within
 ``startup_timeout``, or still running ``timeout`` after readiness, is killed and the
 test reports a hang (``phase`` says which). Node-side: standard library here, torch only inside workers.
+
+Workers of a probe started by ``isolate.launch`` run as it does (``isolate.child_argv``):
+the same interpreter, isolated (``-I``: no ``PYTHON*`` variable, user site or cwd), the
+probe's import paths, its ``ImportGuard`` and its declared entries' ``sitecustomize``; a
+worker's refusal (a module that fails the rule) is the probe's: the node is refused,
+naming the file. Run by hand (no guard), workers get this process's ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import tempfile
 import time
 from typing import Any
 
+from brctl.diagnostics import isolate
 from brctl.diagnostics.protocol import serve
 
 _GRACE = 5.0  # seconds after the test timeout for workers to report before being killed
@@ -41,7 +48,8 @@ def _root() -> str:
 
 def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
-    # Keep the node's own PYTHONPATH (site customisation, a conda env) after brctl's root.
+    # Run by hand: keep the node's own PYTHONPATH (site customisation, a conda env) after
+    # brctl's root. An isolated worker (``-I``) ignores it: its paths are the probe's.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_root(), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")  # one CPU process per "GPU": no oversubscription
     env.update(extra)
@@ -49,7 +57,9 @@ def _worker_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _worker_argv(config: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", "brctl.diagnostics.collective", "--worker", json.dumps(config)]
+    args = ["--worker", json.dumps(config)]
+    return (isolate.child_argv("brctl.diagnostics.collective", args)
+            or [sys.executable, "-m", "brctl.diagnostics.collective", *args])
 
 
 class _Worker:
@@ -91,6 +101,20 @@ class _Worker:
             self.proc.stdin.close()
         except OSError:
             pass
+
+    def refusal(self) -> str | None:
+        """Why the worker refused to import a module (``isolate.refuse_now``), or ``None``."""
+        if self.proc.returncode != isolate.REFUSED_EXIT:
+            return None
+        for line in self.lines:
+            if line.startswith(isolate.REFUSED_MARK + " "):
+                try:
+                    why = json.loads(line[len(isolate.REFUSED_MARK) + 1:])
+                except ValueError:
+                    continue
+                if isinstance(why, str):
+                    return why
+        return None
 
     def report(self) -> dict[str, Any]:
         """Its JSON result line, else an error built from the tail of stderr."""
@@ -152,6 +176,10 @@ def _supervise(workers: list[_Worker], startup_deadline: float, timeout: float
         if not w.closed and w.proc.stdout is not None:
             w.feed(w.proc.stdout.read() or b"")
     sel.close()
+    refused = next((why for why in (w.refusal() for w in workers) if why), None)
+    if refused:  # every worker has exited: the probe refuses the node as the worker did
+        guard = isolate.running_guard()
+        isolate.refuse_now(refused, guard.scratch if guard else None)
     return missed, ready_at
 
 

@@ -1,8 +1,9 @@
 """Run a probe isolated, and job-writable code never as root by accident.
 
 Node-side, standard library only. The probe bootstrap (``brctl.remote.probes``) is
-run by the node's system ``python3 -I`` (no cwd, no ``PYTHONPATH``, no user site on
-``sys.path``) from ``/`` and calls ``launch`` with the inventory's view of the node:
+run by the node's system ``python3 -I -S`` (no cwd, no ``PYTHONPATH``, no user site on
+``sys.path``; ``site`` not run) from ``/`` and calls ``launch`` with the inventory's view
+of the node:
 
 - ``python``: the interpreter the probe must run under (``ssh.python``);
 - ``paths``: the ``PYTHONPATH`` entries the node's ``env`` declares: the only
@@ -40,6 +41,17 @@ from a zip (the probe code) are not checked per import. A failure is a refusal a
 ``REFUSED_EXIT`` without running the module, the probe's ``except`` clauses or exit
 handlers.
 
+Nothing of the interpreter runs before the guard either: the bootstrap and stage 2 start
+with ``-S`` and ``enter`` runs ``site`` once the guard is in place, so the modules a
+``.pth`` file's import line imports (``distutils-precedence.pth``: ``_distutils_hack``;
+an editable install's finder), and what they import, are checked as they are imported
+(the ``.pth`` file itself, code that ``site`` executes, passed ``check``); then
+``sitecustomize`` is imported from the first path that has one, the declared entries
+first, as with ``PYTHONPATH``. (A ``.pth`` line that ``exec``s a file it opens is beyond
+this rule.) Python processes a probe starts (collective workers) are started by
+``child_argv``: stage 2 under the same interpreter, isolated, with the same code,
+declared entries and allowed owners; a refusal there is passed on as the probe's.
+
 The user switch is ``setpriv --reuid --regid --init-groups``; the probe code then
 reaches the job user through an inherited file descriptor (the cache under root's
 home is not readable by it), copied for the run into a private temporary directory.
@@ -56,6 +68,7 @@ import os
 import pwd
 import runpy
 import shutil
+import site
 import stat
 import sys
 import zipimport
@@ -69,10 +82,11 @@ REFUSED_EXIT = 96
 REFUSED_MARK = "brctl-refused"
 TRUSTED_PYTHON = "python3"  # the system interpreter that runs the checks (login PATH)
 
-# Stage 2: the configured interpreter, started by launch() once it passed the checks.
-# "fd:N" is root's cached zip handed to the job user as an open file: it is copied to
-# a private directory of that user for this run, so that processes the probe starts
-# (spawned ranks, collective workers) import it from a plain path.
+# Stage 2: the configured interpreter, started by launch() once it passed the checks
+# (``-I -S``: enter() runs site once the guard is in place), and the probe's Python
+# workers (``child_argv``). "fd:N" is root's cached zip handed to the job user as an open
+# file: it is copied to a private directory of that user for this run, so that processes
+# the probe starts (spawned ranks, collective workers) import it from a plain path.
 STAGE2 = r"""
 import atexit, json, os, shutil, sys, tempfile
 code = sys.argv[1]
@@ -84,8 +98,10 @@ if code.startswith("fd:"):
     code = os.path.join(own, "brctl.zip")
 else:
     own = None
-sys.path.insert(0, code)
+sys.path.append(code)  # last until isolate is loaded: an installed brctl's site dir is unchecked
 from brctl.diagnostics.isolate import enter
+sys.path.remove(code)
+sys.path.insert(0, code)
 run = json.loads(sys.argv[2])
 enter(run["paths"], sys.argv[3], sys.argv[4:], tuple(run["allowed"]), scratch=own)
 """
@@ -216,24 +232,33 @@ class ImportGuard:
     checks the files of the spec found (``module_files``) with ``unsafe_owner_chain``
     for ``allowed``, unless they are the standard library's or in a zip; a failure ends
     the process with the refusal (``scratch``, a directory of this run, removed first).
+    ``paths``: the run's declared entries, for the Python processes it starts (``child_argv``).
     """
 
-    def __init__(self, allowed: Sequence[int], scratch: str | None = None) -> None:
+    def __init__(self, allowed: Sequence[int], scratch: str | None = None,
+                 paths: Sequence[str] = ()) -> None:
         self.allowed = tuple(allowed)
         self.scratch = scratch
+        self.paths = list(paths)
         self.passed: set[str] = set()  # directories whose chain passed
         stdlib = getattr(sys, "_stdlib_dir", None)  # Python >= 3.11; else where os.py is
         if not stdlib and getattr(os, "__file__", None):
             stdlib = os.path.dirname(os.__file__)
         # Not known: nothing is taken for the stdlib (everything checked, slower, as safe).
-        stdlib = os.path.normpath(stdlib) if stdlib else None
-        # Longest first: site-packages under the stdlib directory is not the stdlib.
-        others = {os.path.normpath(p) for p in sys.path if p.startswith("/")} - {stdlib}
-        self.roots = sorted([*([(stdlib, True)] if stdlib else []), *((p, False) for p in others)],
-                            key=lambda r: len(r[0]), reverse=True)
+        self.stdlib_dir = os.path.normpath(stdlib) if stdlib else None
+        self.roots: list[tuple[str, bool]] = []
+        self.seen: list[str] | None = None  # the sys.path self.roots was made from
 
     def stdlib(self, path: str) -> bool:
         """Whether ``path`` is in the standard library directory (below no other ``sys.path`` entry)."""
+        if self.seen != sys.path:  # site, run after the guard, adds site-packages below it
+            self.seen = list(sys.path)
+            stdlib = self.stdlib_dir
+            others = {os.path.normpath(p) for p in self.seen if p.startswith("/")} - {stdlib}
+            # Longest first: site-packages under the stdlib directory is not the stdlib.
+            self.roots = sorted([*([(stdlib, True)] if stdlib else []),
+                                 *((p, False) for p in others)],
+                                key=lambda r: len(r[0]), reverse=True)
         path = os.path.normpath(path)
         for root, stdlib in self.roots:
             if path == root or path.startswith(root.rstrip("/") + "/"):
@@ -298,12 +323,36 @@ def module_files(spec: importlib.machinery.ModuleSpec) -> list[str]:
     return out
 
 
-def guard_imports(allowed: Sequence[int], scratch: str | None = None) -> ImportGuard:
+def guard_imports(allowed: Sequence[int], scratch: str | None = None,
+                  paths: Sequence[str] = ()) -> ImportGuard:
     """Put an ``ImportGuard`` for ``allowed`` first on ``sys.meta_path`` (from now on,
-    every module is checked as it is imported; call it once ``sys.path`` is complete)."""
-    guard = ImportGuard(allowed, scratch)
+    every module is checked as it is imported)."""
+    guard = ImportGuard(allowed, scratch, paths)
     sys.meta_path.insert(0, guard)
     return guard
+
+
+def running_guard() -> ImportGuard | None:
+    """This process's ``ImportGuard`` (a probe started by ``launch``), or ``None``."""
+    return next((f for f in sys.meta_path if isinstance(f, ImportGuard)), None)
+
+
+def child_argv(module: str, args: Sequence[str]) -> list[str] | None:
+    """The argv of a Python process that runs ``module`` as this probe runs, or ``None``
+    outside a probe started by ``launch`` (no ``ImportGuard`` here).
+
+    The same interpreter, isolated (``-I -S``, from stage 2): this probe code, the declared
+    entries and the interpreter's own paths, site run after the guard, the same allowed
+    owners; the declared ``sitecustomize`` imported. Its refusal is its own (``REFUSED_MARK``
+    on its stdout, ``REFUSED_EXIT``): the caller passes it on (``refuse_now``).
+    """
+    guard = running_guard()
+    if guard is None:
+        return None
+    # Where this module was imported from: the cached zip, this run's copy, an installed brctl.
+    code = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = {"paths": guard.paths, "allowed": list(guard.allowed)}
+    return [sys.executable, "-I", "-S", "-c", STAGE2, code, json.dumps(run), module, *args]
 
 
 def enter(paths: Sequence[str], module: str, args: Sequence[str],
@@ -311,11 +360,16 @@ def enter(paths: Sequence[str], module: str, args: Sequence[str],
     """Add the checked import paths, guard every import (``allowed``: the uids the launch
     decision allowed), import their ``sitecustomize`` as Python would, run ``module``.
 
-    ``scratch``: this run's private copy of the probe code, removed on a refusal.
+    Started with ``-S`` (stage 2, the bootstrap): ``site`` runs here, after the guard, so
+    what it imports (``.pth`` import lines, ``sitecustomize``, from the declared entries
+    first, as with ``PYTHONPATH``) is checked too. ``scratch``: this run's private copy of
+    the probe code, removed on a refusal.
     """
     sys.path[1:1] = list(paths)  # after the probe code, before the interpreter's own
-    guard_imports(allowed, scratch)
-    if paths and importlib.machinery.PathFinder.find_spec("sitecustomize", list(paths)):
+    guard_imports(allowed, scratch, paths)
+    if sys.flags.no_site:
+        site.main()
+    elif paths and importlib.machinery.PathFinder.find_spec("sitecustomize", list(paths)):
         sys.modules.pop("sitecustomize", None)
         try:
             importlib.import_module("sitecustomize")
@@ -398,7 +452,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
         os.set_inheritable(fd, True)
         code = f"fd:{fd}"
     run = {"paths": paths, "allowed": allowed}
-    argv = [python, "-I", "-c", STAGE2, code, json.dumps(run), spec["module"],
+    argv = [python, "-I", "-S", "-c", STAGE2, code, json.dumps(run), spec["module"],
             *spec.get("args", [])]
     if drop:
         assert account is not None

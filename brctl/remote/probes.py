@@ -2,9 +2,12 @@
 
 The probe code (``brctl/__init__.py`` and ``brctl/diagnostics/``) is packed into a
 deterministic zip named by its sha256. On the node, a bootstrap run by the system
-``python3 -I`` (isolated: neither the cwd nor ``PYTHONPATH`` nor the user site is on
-``sys.path``) uses ``~/.cache/brctl/<sha256>/brctl.zip`` when its hash matches, else
-an installed brctl of exactly the controller's version, else answers "missing"; the
+``python3 -I -S`` (isolated: neither the cwd nor ``PYTHONPATH`` nor the user site is on
+``sys.path``; ``site``, whose ``.pth`` files import modules, runs only once ``launch``
+guards imports) uses ``~/.cache/brctl/<sha256>/brctl.zip`` when its hash matches, else
+an installed brctl of exactly the controller's version in the interpreter's site
+directories whose package (every file and directory, and every directory above it)
+only root and this user can change (``_UNSHARED``), else answers "missing"; the
 controller then ships the zip once over the same connection (written to a temp
 name, checked, renamed: atomic) and runs the probe again. ``bytes_shipped`` counts
 what was sent. The cache is used, and written, only where root and this user alone
@@ -76,17 +79,37 @@ def _matches(path):
         return False
 if not unshared(zpath) and _matches(zpath):
     code = zpath
+    sys.path.insert(0, code)
 else:
-    try:
-        import brctl
-        usable = getattr(brctl, "__version__", None) == version
-    except ImportError:
-        usable = False
+    # An installed brctl: found without running anything (-S: site has not run, so only
+    # the interpreter's site directories, a venv's first), imported only if nobody but
+    # root and this user can change a file or directory of its package.
+    import importlib.machinery, site
+    found = importlib.machinery.PathFinder.find_spec("brctl", site.getsitepackages(
+        [os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), sys.prefix]))
+    package = list(found.submodule_search_locations or [])[:1] if found else []
+    tree = package + [os.path.join(here, n) for top in package
+                      for here, dirs, files in os.walk(top) for n in dirs + files]
+    # A linked directory's files are not walked: not used.
+    usable = bool(package) and not any(
+        unshared(p) or (os.path.islink(p) and os.path.isdir(p)) for p in tree)
+    if usable:
+        # Last on sys.path while brctl and what isolate imports load: the site directory
+        # is not checked, its files must not shadow the standard library's; first once
+        # they are (launch adds the declared entries after it, then guards imports).
+        code = os.path.dirname(package[0])
+        sys.path.append(code)
+        try:
+            import brctl
+            usable = getattr(brctl, "__version__", None) == version
+        except ImportError:
+            usable = False
     if not usable:
         sys.stdout.write("%s\n" % "MARK")
         sys.exit(CODE)
-    code = os.path.dirname(os.path.dirname(os.path.abspath(brctl.__file__)))
-sys.path.insert(0, code)
+    import brctl.diagnostics.isolate
+    sys.path.remove(code)
+    sys.path.insert(0, code)
 from brctl.diagnostics.isolate import launch
 launch(spec, code)
 """.replace("MARK", MISSING_MARK).replace("CODE", str(MISSING_EXIT))
@@ -216,7 +239,8 @@ class ProbeRunner:
         self._lock = threading.Lock()
 
     def _bootstrap(self, spec: Mapping[str, Any]) -> list[str]:
-        return [TRUSTED_PYTHON, "-I", "-c", _BOOTSTRAP, self.bundle.digest, brctl.__version__,
+        # -S: site runs in launch, after the checks and under the import guard.
+        return [TRUSTED_PYTHON, "-I", "-S", "-c", _BOOTSTRAP, self.bundle.digest, brctl.__version__,
                 json.dumps(spec, separators=(",", ":"))]
 
     def _argv(self, node: Node, module: str, args: Iterable[str] = (), *,
