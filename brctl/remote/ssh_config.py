@@ -22,17 +22,17 @@ naming the host and the setting, raised only for that host.
 Keys: the inventory's ``identity_file``, else ssh config ``IdentityFile``, else
 OpenSSH's default files (``~/.ssh/id_ed25519``, ``id_ecdsa``, ``id_rsa``) that exist;
 user certificates: every ssh config ``CertificateFile`` that applies, in the order ssh
-reads them, each once (paramiko keeps only the first: ``_Config``), and ``<key>-cert.pub``
+reads them, each once (paramiko keeps only the first: ``ssh_openssh.Config``), and ``<key>-cert.pub``
 beside a key.
 
 Paths, as OpenSSH: ``~``, ``${VAR}`` and %-tokens are expanded in IdentityFile,
 CertificateFile, UserKnownHostsFile and IdentityAgent (``ssh_openssh.expand_path``;
-paramiko, which would expand some of them its own way, leaves them as written: ``_Config``);
+paramiko, which would expand some of them its own way, leaves them as written: ``ssh_openssh.Config``);
 an unset variable is ``SshConfigError`` for that host, as ssh refuses it.
 
 ProxyCommand, as OpenSSH: its %-tokens (``%%``, ``%h``, ``%n``, ``%p``, ``%r``; any other
 is ``SshConfigError``, as ssh stops at it) are replaced in one pass
-(``ssh_openssh.proxy_command``; not paramiko's way: ``_Config``), and it runs as ssh runs
+(``ssh_openssh.proxy_command``; not paramiko's way: ``ssh_openssh.Config``), and it runs as ssh runs
 it, ``$SHELL -c "exec COMMAND"`` (``ssh_connect.proxy_process``): the shell does the rest
 (``~``, ``$VAR``, quotes, a ``#`` comment).
 
@@ -52,13 +52,12 @@ there is no ProxyJump.
 
 from __future__ import annotations
 
-import functools
 import glob
 import os
 import pwd
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,14 +67,12 @@ from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_openssh import (
     COMMAND_KEYWORDS,
     EVALUATED_ONCE,
-    PATHS,
+    Config,
     DeferredMatch,
     SshConfigError,
-    config_args,
     config_line,
     defer_matches,
-    expand_path,
-    proxy_command,
+    expanded,
     quote_arg,
     split_args,
     ssh_g,
@@ -148,92 +145,6 @@ def _trust(
     alias = cfg.get("hostkeyalias")
     names = (str(alias),) if alias else tuple(host_names(host, port))
     return tuple(files), accepted, names
-
-
-def _expanded(cfg: Mapping[str, Any], name: str, *, user: str | None, port: int | None) -> dict[str, Any]:
-    """paramiko's lookup with the settings ssh expands (``PATHS`` and ProxyCommand, left as
-    written: ``_Config``) expanded as ssh does, the inventory's explicit user and port applying
-    to ``%r``/``%p``; UserKnownHostsFile word by word.
-
-    Raises:
-        SshConfigError: an unset variable or a token brctl does not know (ssh refuses those too).
-    """
-    view = {**cfg, **({"user": user} if user else {}), **({"port": str(port)} if port else {})}
-    out = dict(cfg)
-    for key in PATHS:
-        if key == "userknownhostsfile" and key in cfg:
-            out[key] = " ".join(expand_path(str(cfg[key]).split(), view, name))
-        elif key in cfg:
-            out[key] = expand_path(cfg[key], view, name)
-    if cfg.get("proxycommand") is not None:  # None: ``ProxyCommand none``
-        out["proxycommand"] = proxy_command(cfg["proxycommand"], view, name)
-    return out
-
-
-CERTIFICATE_LINE = "brctlcertificatefile"  # and a number: one CertificateFile line (``_Config``)
-
-
-@functools.cache
-def _lines_kept_apart() -> bool:
-    """Whether paramiko gives back a keyword it does not know under its own name, its value
-    as written, each line apart, as ``_Config`` needs to collect CertificateFile."""
-    probe = f"Host a\n  {CERTIFICATE_LINE}1 1\nHost *\n  {CERTIFICATE_LINE}0 0\n  {CERTIFICATE_LINE}1 2\n"
-    try:
-        got = dict(paramiko.SSHConfig.from_text(probe).lookup("a"))
-    except Exception:  # whatever a changed paramiko does: not as needed
-        return False
-    return {k: v for k, v in got.items() if k.startswith(CERTIFICATE_LINE)} == {
-        f"{CERTIFICATE_LINE}1": "1", f"{CERTIFICATE_LINE}0": "0"}
-
-
-class _Config(paramiko.SSHConfig):
-    """paramiko's ``SSHConfig``, leaving IdentityFile and ProxyCommand as written: paramiko
-    replaces their tokens one after the other (``%%h`` became ``%`` and the host name, and that
-    ``%r…`` the user), a ``~`` anywhere in them, and not ``${VAR}``/``%n``; ``_expanded`` expands
-    them as ssh does. And collecting every CertificateFile that applies, as ssh does (paramiko
-    keeps the first): each such line is given to paramiko as a keyword of its own
-    (``CERTIFICATE_LINE`` and its number: the first value of each applies), read back in file
-    order by ``lookup``. A paramiko that stops giving back such keywords as they were written
-    (``_lines_kept_apart``) is left to read CertificateFile its own way: the first only.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.TOKENS_BY_CONFIG_KEY = {k: v for k, v in self.TOKENS_BY_CONFIG_KEY.items()
-                                     if k not in (*PATHS, "proxycommand")}
-        self._certificates: list[str] = []  # CertificateFile arguments, by line number
-
-    def parse(self, file_obj: Iterable[str]) -> None:
-        super().parse([self._certificate(line) for line in file_obj] if _lines_kept_apart() else file_obj)
-
-    def _certificate(self, line: str) -> str:
-        """``line``, or for a CertificateFile line the ``CERTIFICATE_LINE`` that stands for it.
-
-        Raises:
-            paramiko.ConfigParseError: a CertificateFile line with more than one path (ssh refuses it).
-        """
-        try:
-            keyword, rest = config_line(line) or ("", "")
-            if keyword != "certificatefile":
-                return line
-            args = config_args(rest)
-        except ValueError:  # brctl read every line already (``_read_line``): cannot happen
-            return line  # paramiko reads it its own way
-        if len(args) != 1:
-            raise paramiko.ConfigParseError(
-                f"cannot read {line.strip()!r}: keyword certificatefile extra arguments at end of line")
-        self._certificates.append(args[0])
-        return f"{CERTIFICATE_LINE}{len(self._certificates) - 1} 0"
-
-    def lookup(self, hostname: str) -> paramiko.SSHConfigDict:
-        options = super().lookup(hostname)
-        lines = sorted(int(k[len(CERTIFICATE_LINE):]) for k in options if k.startswith(CERTIFICATE_LINE))
-        for number in lines:
-            del options[f"{CERTIFICATE_LINE}{number}"]
-        files = list(dict.fromkeys(self._certificates[number] for number in lines))  # each once, as ssh
-        if files:
-            options["certificatefile"] = files  # type: ignore[assignment]  # a list, as paramiko's identityfile
-        return options
 
 
 INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -479,7 +390,7 @@ class EndpointResolver:
                 if user is not None:
                     text = f"User {user}\n{text}"
                 try:
-                    config = self._configs[user] = _Config.from_text(text)
+                    config = self._configs[user] = Config.from_text(text)
                 except paramiko.SSHException as exc:  # ConfigParseError
                     raise SshConfigError(f"ssh config {self._config_path}: {exc}") from None
             return config
@@ -509,7 +420,7 @@ class EndpointResolver:
         if any(m.may_apply(name, hostname) for m in self._deferred):
             cfg = ssh_g(self._ssh_g_files, name, user=user, port=port, timeout=timeout)
         else:
-            cfg = _expanded(cfg, name, user=user, port=port)
+            cfg = expanded(cfg, name, user=user, port=port)
         bad = unsupported(cfg)
         if bad is not None:
             raise SshConfigError(

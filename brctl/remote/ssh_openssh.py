@@ -27,6 +27,7 @@ a ``#`` word), for every line brctl reads itself (Host, Match, Include).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import os
@@ -34,12 +35,13 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from brctl.core.errors import InputError
 from brctl.remote.known_hosts import match_patterns
+from brctl.remote.paramiko_lite import paramiko
 
 PARAMIKO_CRITERIA = frozenset({"all", "host", "originalhost", "user", "localuser"})
 NO_ARGUMENT = frozenset({"all", "canonical", "final"})
@@ -409,3 +411,89 @@ def unsupported(cfg: Mapping[str, Any]) -> str | None:
         if value is not None and bad(str(value)):
             return f"{keyword} {value}"
     return None
+
+
+def expanded(cfg: Mapping[str, Any], name: str, *, user: str | None, port: int | None) -> dict[str, Any]:
+    """paramiko's lookup with the settings ssh expands (``PATHS`` and ProxyCommand, left as
+    written: ``Config``) expanded as ssh does, the inventory's explicit user and port applying
+    to ``%r``/``%p``; UserKnownHostsFile word by word.
+
+    Raises:
+        SshConfigError: an unset variable or a token brctl does not know (ssh refuses those too).
+    """
+    view = {**cfg, **({"user": user} if user else {}), **({"port": str(port)} if port else {})}
+    out = dict(cfg)
+    for key in PATHS:
+        if key == "userknownhostsfile" and key in cfg:
+            out[key] = " ".join(expand_path(str(cfg[key]).split(), view, name))
+        elif key in cfg:
+            out[key] = expand_path(cfg[key], view, name)
+    if cfg.get("proxycommand") is not None:  # None: ``ProxyCommand none``
+        out["proxycommand"] = proxy_command(cfg["proxycommand"], view, name)
+    return out
+
+
+CERTIFICATE_LINE = "brctlcertificatefile"  # and a number: one CertificateFile line (``Config``)
+
+
+@functools.cache
+def lines_kept_apart() -> bool:
+    """Whether paramiko gives back a keyword it does not know under its own name, its value
+    as written, each line apart, as ``Config`` needs to collect CertificateFile."""
+    probe = f"Host a\n  {CERTIFICATE_LINE}1 1\nHost *\n  {CERTIFICATE_LINE}0 0\n  {CERTIFICATE_LINE}1 2\n"
+    try:
+        got = dict(paramiko.SSHConfig.from_text(probe).lookup("a"))
+    except Exception:  # whatever a changed paramiko does: not as needed
+        return False
+    return {k: v for k, v in got.items() if k.startswith(CERTIFICATE_LINE)} == {
+        f"{CERTIFICATE_LINE}1": "1", f"{CERTIFICATE_LINE}0": "0"}
+
+
+class Config(paramiko.SSHConfig):
+    """paramiko's ``SSHConfig``, leaving IdentityFile and ProxyCommand as written: paramiko
+    replaces their tokens one after the other (``%%h`` became ``%`` and the host name, and that
+    ``%r…`` the user), a ``~`` anywhere in them, and not ``${VAR}``/``%n``; ``expanded`` expands
+    them as ssh does. And collecting every CertificateFile that applies, as ssh does (paramiko
+    keeps the first): each such line is given to paramiko as a keyword of its own
+    (``CERTIFICATE_LINE`` and its number: the first value of each applies), read back in file
+    order by ``lookup``. A paramiko that stops giving back such keywords as they were written
+    (``lines_kept_apart``) is left to read CertificateFile its own way: the first only.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.TOKENS_BY_CONFIG_KEY = {k: v for k, v in self.TOKENS_BY_CONFIG_KEY.items()
+                                     if k not in (*PATHS, "proxycommand")}
+        self._certificates: list[str] = []  # CertificateFile arguments, by line number
+
+    def parse(self, file_obj: Iterable[str]) -> None:
+        super().parse([self._certificate(line) for line in file_obj] if lines_kept_apart() else file_obj)
+
+    def _certificate(self, line: str) -> str:
+        """``line``, or for a CertificateFile line the ``CERTIFICATE_LINE`` that stands for it.
+
+        Raises:
+            paramiko.ConfigParseError: a CertificateFile line with more than one path (ssh refuses it).
+        """
+        try:
+            keyword, rest = config_line(line) or ("", "")
+            if keyword != "certificatefile":
+                return line
+            args = config_args(rest)
+        except ValueError:  # brctl read every line already (``_read_line``): cannot happen
+            return line  # paramiko reads it its own way
+        if len(args) != 1:
+            raise paramiko.ConfigParseError(
+                f"cannot read {line.strip()!r}: keyword certificatefile extra arguments at end of line")
+        self._certificates.append(args[0])
+        return f"{CERTIFICATE_LINE}{len(self._certificates) - 1} 0"
+
+    def lookup(self, hostname: str) -> paramiko.SSHConfigDict:
+        options = super().lookup(hostname)
+        lines = sorted(int(k[len(CERTIFICATE_LINE):]) for k in options if k.startswith(CERTIFICATE_LINE))
+        for number in lines:
+            del options[f"{CERTIFICATE_LINE}{number}"]
+        files = list(dict.fromkeys(self._certificates[number] for number in lines))  # each once, as ssh
+        if files:
+            options["certificatefile"] = files  # type: ignore[assignment]  # a list, as paramiko's identityfile
+        return options

@@ -165,11 +165,9 @@ def test_paramiko_keeps_the_certificate_lines_apart(tmp_path: Path, monkeypatch:
     """``_Config`` collects CertificateFile through keywords paramiko gives back as written; a
     paramiko that stops doing so is caught here, and brctl falls back to paramiko's reading
     (the first CertificateFile only) instead of losing them all or failing."""
-    from brctl.remote import ssh_config
-
-    assert ssh_config._lines_kept_apart()
+    assert ssh_openssh.lines_kept_apart()
     cfg = tmp_path / "config"
     cfg.write_text("Host t1\n  CertificateFile /c/a\n  CertificateFile /c/b\nHost *\n  CertificateFile /c/c\n")
     assert EndpointResolver(str(cfg)).endpoint(_node("t1")).certificates == ("/c/a", "/c/b", "/c/c")
-    monkeypatch.setattr(ssh_config, "_lines_kept_apart", lambda: False)
+    monkeypatch.setattr(ssh_openssh, "lines_kept_apart", lambda: False)
     assert EndpointResolver(str(cfg)).endpoint(_node("t1")).certificates == ("/c/a",)
