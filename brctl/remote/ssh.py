@@ -51,7 +51,8 @@ from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.known_hosts import KnownHostsError
 from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_config import Endpoint, EndpointResolver
-from brctl.remote.ssh_connect import KEEPALIVE_S, STUCK_S, ConnectError, Connector, cannot_send, close_stuck
+from brctl.remote.ssh_connect import KEEPALIVE_S, ConnectError, Connector
+from brctl.remote.ssh_liveness import Watch
 from brctl.remote.ssh_openssh import SshConfigError
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, shell_line
 
@@ -76,49 +77,7 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
         pass
 
 
-class _Watch:
-    """Bounds what the block it guards waits on ``conn`` to ``at``, sends included.
-
-    paramiko's sends (session and exec requests, EOF, the window adjustments reads
-    send) block while the connection cannot send, e.g. on a frozen node whose
-    socket other commands' stdin filled, until the kernel drops it (TCP_USER_TIMEOUT,
-    ~15 s; behind a jump host never). From ``at`` on, while the block still runs:
-    ``then`` is called, if set (closing a channel ends a wait for the node's
-    answer), and the connection is closed once it is found unable to send
-    (``cannot_send``), so every send blocked on it returns; on a frozen node its other
-    commands end with it. A connection that can send is never closed for a command
-    that merely ran long.
-    """
-
-    def __init__(self, conn: paramiko.Transport, at: float) -> None:
-        self.then: Callable[[], None] | None = None
-        self.fired = False  # ``at`` passed with the block still running
-        self._conn = conn
-        self._done = threading.Event()
-        self._timer = threading.Timer(max(0.0, at - time.monotonic()), self._fire)
-        self._timer.daemon = True
-        with contextlib.suppress(RuntimeError):  # no thread to be had: unwatched, as before
-            self._timer.start()
-
-    def _fire(self) -> None:
-        self.fired = True
-        then = self.then
-        if then is not None:
-            then()
-        while not self._done.wait(STUCK_S):
-            if cannot_send(self._conn):
-                close_stuck(self._conn)
-                return
-
-    def __enter__(self) -> _Watch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._timer.cancel()
-
-
-def _exec_request(chan: paramiko.Channel, cmd: str, watch: _Watch) -> None:
+def _exec_request(chan: paramiko.Channel, cmd: str, watch: Watch) -> None:
     """``chan.exec_command(cmd)``, its answer awaited until ``watch`` fires at most.
 
     paramiko awaits the answer for ever, and a wedged or hostile sshd that answers
@@ -368,8 +327,8 @@ class SshTransport:
             except KnownHostsError as exc:
                 return None, _result(node.name, NodeState.HOSTKEY, t0, exc.message)
             asked = time.monotonic()
-            # The request may not even go out (a frozen node whose socket is full): see _Watch.
-            watch = _Watch(conn, asked + ep.connect_timeout)
+            # The request may not even go out (a frozen node whose socket is full): see Watch.
+            watch = Watch(conn, asked + ep.connect_timeout)
             try:
                 with watch:
                     return conn.open_session(timeout=ep.connect_timeout), None
@@ -458,7 +417,7 @@ class SshTransport:
             )  # fmt: skip
 
         # Every send below may block (the connection cannot send): the watch bounds them.
-        with _Watch(chan.get_transport(), give_up) as watch:
+        with Watch(chan.get_transport(), give_up) as watch:
             try:
                 chan.settimeout(max(0.01, give_up - time.monotonic()))
                 _exec_request(chan, cmd, watch)
@@ -520,7 +479,7 @@ class SshTransport:
         out, err = Capture(node.output_keep), Capture(node.output_keep)
         stalled = f"stream stalled or ran past {timeout:g}s"
         # Every send below may block (the connection cannot send): the watch bounds them.
-        with _Watch(chan.get_transport(), time.monotonic() + timeout + GRACE_S + SLACK_S) as watch:
+        with Watch(chan.get_transport(), time.monotonic() + timeout + GRACE_S + SLACK_S) as watch:
             try:
                 chan.settimeout(timeout + GRACE_S + SLACK_S)
                 _exec_request(chan, cmd, watch)

@@ -44,7 +44,14 @@ checked like any other. paramiko has a race there: ``Channel.send`` checks
 ``closed`` under its lock but sends outside it, so a target's close racing its
 transport's last packet puts a data packet after our CHANNEL_CLOSE, and OpenSSH
 then drops the *whole* jump connection ("data packet referred to nonexistent
-channel"). ``_ChannelSocket`` serialises send and close.
+channel"). ``_ChannelSocket`` serialises send and close. The channel request is
+bounded by the target's ``connect_timeout`` like a session request (``Watch``): no
+answer in time is ``timeout``, and the jump connection is closed only when found
+unable to send (a frozen jump host whose socket is full); one that can send stays,
+since other targets' commands run over it (a jump host answers only once its own
+connect to the target ends: for one that drops SYNs, minutes). Closing a target's
+connection never waits for a send stuck in a jump connection: that connection,
+found unable to send, is closed (``_ChannelSocket.close``).
 """
 
 from __future__ import annotations
@@ -57,22 +64,19 @@ import shlex
 import socket
 import threading
 import time
-import weakref
-from typing import Any
 
 from brctl.core.transport import NodeState
 from brctl.remote.known_hosts import HostKeyStatus, KnownHostsCache, fingerprint
 from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh_config import Endpoint
+from brctl.remote.ssh_liveness import Watch, cannot_send, close_stuck, keepalive_with_replies
 
 # paramiko logs transport errors at ERROR; with no handler configured Python's
 # last-resort handler would print them on brctl's stderr. Results carry the message.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 KEEPALIVE_S = 15  # detect dead peers on cached connections between daemon polls
-KEEPALIVE_COUNT_MAX = 3  # unanswered keepalives before the connection is closed (ServerAliveCountMax)
 IDLE_POLL_S = 1.0  # reader-thread wake-up interval on an established connection
-STUCK_S = 0.5  # a key exchange or packet write not done in this long, once overdue, holds a connection stuck
 RETRY_BASE_S = 0.1
 RETRY_CAP_S = 2.0
 _RSA_ALGS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
@@ -144,9 +148,25 @@ class _ChannelSocket:
         return self._chan.gettimeout()
 
     def close(self) -> None:
-        with self._lock:
+        """Close the channel, no data after our CHANNEL_CLOSE; never waiting for ever on a send.
+
+        A send holds the lock while the jump connection takes its bytes: at most the
+        channel's timeout (0.1 s, paramiko's) while it can send. One stuck there (a frozen
+        jump host whose socket other commands filled) would hold this close, and whoever
+        waits on it (a ``Watch``, a reader thread, ``Connector.close``), until the kernel
+        drops the jump connection, or for ever behind another jump host: the jump
+        connection, found unable to send, is closed (every target's connection over it
+        is stuck as well), which ends the send. One that can send is never closed.
+        """
+        outer = self._chan.get_transport()
+        while not self._lock.acquire(timeout=0.1):
+            if outer is not None and cannot_send(outer):
+                close_stuck(outer)
+        try:
             self._closed = True
             self._chan.close()
+        finally:
+            self._lock.release()
 
     def getpeername(self) -> str:
         return self._chan.getpeername()
@@ -159,94 +179,6 @@ def proxy_process(command: str) -> paramiko.ProxyCommand:
     words and runs them)."""
     shell = os.environ.get("SHELL") or "/bin/sh"
     return paramiko.ProxyCommand(shlex.join([shell, "-c", f"exec {command}"]))  # split back by paramiko
-
-
-def _write_lock(t: paramiko.Transport) -> Any:
-    """paramiko's packet write lock (private; None without it): every send holds it while its
-    bytes go out, so a socket that takes nothing (a frozen node) keeps it held."""
-    return getattr(t.packetizer, "_Packetizer__write_lock", None)
-
-
-def cannot_send(t: paramiko.Transport) -> bool:
-    """Whether ``t``, still open, has been unable to send for ``STUCK_S``: a key exchange not
-    done, or a packet's write still under way (checked by waiting that long for its lock)."""
-    if not t.is_active():
-        return False  # its blocked sends are ending already
-    lock = _write_lock(t)
-    if not t.clear_to_send.wait(STUCK_S) or lock is None or not lock.acquire(timeout=STUCK_S):
-        return True
-    lock.release()
-    return False
-
-
-def close_stuck(t: paramiko.Transport) -> None:
-    """Close ``t``, and wake at once every thread blocked sending on it (each then raises
-    EOFError): closing alone leaves a thread waiting to write its socket's poll timeout.
-    Quietly: it runs on a timer's or the reader's thread (a traceback on stderr)."""
-    if isinstance(t.sock, socket.socket):
-        with contextlib.suppress(OSError):
-            t.sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-        t.close()
-
-
-def _keepalive_with_replies(t: paramiko.Transport, interval: int, count_max: int = KEEPALIVE_COUNT_MAX,
-                            ) -> None:
-    """Keepalives as OpenSSH's ServerAliveInterval/CountMax: each wants a reply; ``count_max``
-    unanswered in a row close the connection.
-
-    paramiko's own (``set_keepalive``) asks for no reply, so through a jump host or
-    ProxyCommand, or past a relay that still acknowledges TCP, a peer that lost
-    power is never noticed and a running command waits for its whole timeout.
-    The keepalive is sent from paramiko's reader thread after ``interval``
-    seconds without writing; a reply (success or failure: any answer shows the
-    peer is there) resets the count. It never waits to be sent: a packet's write
-    still under way then has been stuck ``interval`` seconds (the socket takes
-    nothing: a frozen node), and waiting behind it would hold the reader thread,
-    and the count, until the kernel drops the connection (TCP_USER_TIMEOUT, never
-    behind a jump host); it counts as unanswered.
-    """
-    missed = [0]
-    private: Any = t  # paramiko has no public hook for replies to global requests
-    table = getattr(private, "_handler_table", None)  # per transport: wrapping touches no other
-    replies = (paramiko.common.MSG_REQUEST_SUCCESS, paramiko.common.MSG_REQUEST_FAILURE)
-    write_lock = _write_lock(t)
-    if (not isinstance(table, dict) or not all(p in table for p in replies) or write_lock is None
-            or not callable(getattr(private, "_send_message", None))):
-        t.set_keepalive(interval)  # a paramiko without those internals: its own, reply-less kind
-        return
-    for ptype in replies:
-        def answered(m: paramiko.Message, original: Any = table[ptype]) -> None:
-            missed[0] = 0
-            original(m)
-        table[ptype] = answered
-    ref = weakref.ref(private)
-
-    def probe() -> None:
-        conn: Any = ref()
-        if conn is None:
-            return
-        if missed[0] >= count_max:
-            close_stuck(conn)  # the reader thread closing its own transport: no join, channels see it closed
-            return
-        missed[0] += 1
-        m = paramiko.Message()
-        m.add_byte(paramiko.common.cMSG_GLOBAL_REQUEST)
-        m.add_string("keepalive@openssh.com")
-        m.add_boolean(True)  # want_reply: the whole point
-        # _send_user_message without its waits: its locks in its order, neither waited for.
-        if not conn.clear_to_send_lock.acquire(blocking=False):
-            return
-        try:
-            if conn.clear_to_send.is_set() and write_lock.acquire(blocking=False):
-                try:
-                    conn._send_message(m)
-                finally:
-                    write_lock.release()
-        finally:
-            conn.clear_to_send_lock.release()
-
-    t.packetizer.set_keepalive(interval, probe)
 
 
 class Connector:
@@ -370,31 +302,7 @@ class Connector:
                     NodeState.UNREACHABLE, f"ProxyCommand {ep.proxy_command!r} failed: {exc}"
                 ) from None
         if ep.jump is not None:
-            try:
-                jump, _ = self.connection(ep.jump)
-            except ConnectError as exc:
-                raise ConnectError(
-                    exc.state, f"{ep.jump.label}: {exc.message}", retriable=exc.retriable
-                ) from None
-            try:
-                chan = jump.open_channel(
-                    "direct-tcpip",
-                    (ep.host, ep.port),
-                    ("127.0.0.1", 0),
-                    timeout=max(0.01, deadline - time.monotonic()),
-                )
-            except paramiko.ChannelException as exc:
-                raise ConnectError(
-                    NodeState.UNREACHABLE,
-                    f"{ep.jump.label} could not connect to {where}: {exc.text}",
-                    retriable=True,
-                ) from None
-            except (paramiko.SSHException, EOFError, OSError) as exc:
-                self.drop(ep.jump, jump)
-                raise ConnectError(
-                    NodeState.UNREACHABLE, f"{ep.jump.label} connection lost: {exc}", retriable=True
-                ) from None
-            return _ChannelSocket(chan)
+            return self._open_channel(ep, ep.jump, deadline)
         try:
             infos = socket.getaddrinfo(ep.host, ep.port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
@@ -426,6 +334,49 @@ class Connector:
                 NodeState.UNREACHABLE, f"{where}: {exc.strerror or exc}", retriable=True
             ) from None
         return sock
+
+    def _open_channel(self, ep: Endpoint, jep: Endpoint, deadline: float) -> _ChannelSocket:
+        """A ``direct-tcpip`` channel to ``ep`` over the connection to its jump host ``jep``."""
+        where = f"{ep.host}:{ep.port}"
+        try:
+            jump, _ = self.connection(jep)
+        except ConnectError as exc:
+            raise ConnectError(
+                exc.state, f"{jep.label}: {exc.message}", retriable=exc.retriable
+            ) from None
+        # The request may not even go out (a frozen jump host whose socket other
+        # commands filled): see Watch.
+        watch = Watch(jump, deadline)
+        try:
+            with watch:
+                chan = jump.open_channel(
+                    "direct-tcpip",
+                    (ep.host, ep.port),
+                    ("127.0.0.1", 0),
+                    timeout=max(0.01, deadline - time.monotonic()),
+                )
+        except paramiko.ChannelException as exc:
+            raise ConnectError(
+                NodeState.UNREACHABLE,
+                f"{jep.label} could not connect to {where}: {exc.text}",
+                retriable=True,
+            ) from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if not jump.is_active():
+                self.drop(jep, jump)
+            if watch.fired or time.monotonic() >= deadline - 0.05:
+                # No answer in time: a hung jump host (closed by the watch if it could not
+                # even send), or one still connecting to a target that drops its SYNs. A
+                # jump connection that can send stays: other targets' commands run over it.
+                raise ConnectError(
+                    NodeState.TIMEOUT,
+                    f"{jep.label}: no answer to connecting to {where} within "
+                    f"connect_timeout ({ep.connect_timeout:g}s)",
+                ) from None
+            raise ConnectError(
+                NodeState.UNREACHABLE, f"{jep.label} connection lost: {exc}", retriable=True
+            ) from None
+        return _ChannelSocket(chan)
 
     def _connect_once(self, ep: Endpoint, deadline: float) -> paramiko.Transport:
         sock = self._open_socket(ep, deadline)
@@ -471,7 +422,7 @@ class Connector:
         self._check_host_key(t, ep)
         self._authenticate(t, ep, deadline)
         if self._keepalive:
-            _keepalive_with_replies(t, self._keepalive)
+            keepalive_with_replies(t, self._keepalive)
         if isinstance(t.sock, socket.socket):
             # paramiko's reader thread polls its socket every 0.1 s; an idle cached
             # connection (the daemon holds thousands) need not wake that often.

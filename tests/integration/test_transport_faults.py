@@ -26,7 +26,7 @@ from brctl.core.transport import Node, NodeState, RunResult
 from brctl.remote.local import LocalTransport
 from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh import SshTransport
-from brctl.remote.ssh_connect import cannot_send
+from brctl.remote.ssh_liveness import cannot_send
 from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of

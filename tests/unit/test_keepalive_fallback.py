@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brctl.remote.ssh_connect import _keepalive_with_replies
+from brctl.remote.ssh_liveness import keepalive_with_replies
 
 
 class _Bare:
@@ -20,6 +20,6 @@ class _Bare:
 
 def test_without_the_internals_paramikos_own_keepalive_is_used() -> None:
     bare: Any = _Bare()
-    _keepalive_with_replies(bare, 15)
+    keepalive_with_replies(bare, 15)
     assert bare.asked == [15]
 

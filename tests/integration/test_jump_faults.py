@@ -1,0 +1,170 @@
+"""Targets behind a jump host under a frozen jump host whose socket is full (issue 14).
+
+One authenticated connection to the jump host carries every target's connection
+(a ``direct-tcpip`` channel each) and, here, commands run on the jump host itself:
+8 of them being fed a big stdin fill its socket once it freezes (``_feeding``,
+``_freeze_full``). Every send over it then blocks until the kernel drops the
+connection (TCP_USER_TIMEOUT), or for ever where none guards it (a jump host
+reached through another). Each target's result still comes within its own bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from brctl.core.transport import Node, NodeState, RunResult
+from brctl.remote.ssh import SshTransport
+from brctl.remote.wrap import GRACE_S, SLACK_S
+from tests.integration.cluster import SshCluster, scaled
+from tests.integration.test_ssh_transport import MakeCluster, nodes_of
+from tests.integration.test_transport_faults import (
+    _feeding,
+    _freeze_full,
+    _freezing_at,
+    _in_thread,
+    _wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _jump_and_target(cluster: SshCluster, connect_timeout: float) -> tuple[Node, Node]:
+    """The jump host as a node of its own (same connection as the jump) and a target behind it."""
+    jump, target = cluster.names
+    (via,) = nodes_of(cluster, [target], connect_timeout=connect_timeout,
+                      proxy_jump=f"root@{cluster.address(jump)}:{cluster.port}")
+    (own,) = nodes_of(cluster, [jump], connect_timeout=connect_timeout)
+    return own, via
+
+
+def _ended(feeding: list[dict[str, object]]) -> None:
+    """The jump host's own commands (its connection, stuck, was closed) end, raising nothing."""
+    for run in feeding:
+        run["thread"].join(scaled(5))  # type: ignore[attr-defined]
+        assert isinstance(run.get("result"), RunResult), run
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_new_target_behind_a_frozen_jump_host_whose_socket_is_full_is_a_timeout_within_connect_timeout(
+    make_cluster: MakeCluster,
+) -> None:
+    """The channel request for the target cannot even be sent: it is still bounded by the
+    target's ``connect_timeout``, not the kernel's (or no) drop of the jump connection."""
+    cluster = make_cluster(2)
+    own, via = _jump_and_target(cluster, connect_timeout=scaled(3))
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        feeding = _feeding(cluster, transport, own, scaled(60))
+        _freeze_full(cluster, own)
+        t0 = time.monotonic()
+        box = _in_thread(transport, via, ["true"], scaled(3))
+        box["thread"].join(via.connect_timeout + scaled(20))  # type: ignore[attr-defined]
+        r = box.get("result")
+        assert isinstance(r, RunResult), (time.monotonic() - t0, box)
+        assert float(box["at"]) - t0 <= via.connect_timeout + scaled(2), (float(box["at"]) - t0, r)  # type: ignore[arg-type]
+        assert r.state is NodeState.TIMEOUT, r
+        assert r.stderr.startswith("jump host "), r
+        assert transport.connections_opened == 1  # the jump host's only: no target was reached
+        _ended(feeding)
+    finally:
+        cluster.thaw_node(own.name)
+        transport.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("method", ["open_session", "exec_command"])
+def test_a_target_whose_request_is_stuck_in_a_frozen_jump_host_s_full_socket_returns_in_its_bound(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, method: str,
+) -> None:
+    """The target's connection is open; its session or exec request goes into the jump
+    connection, which cannot send (the jump host froze, its socket full): the target's
+    own connection is found unable to send at its bound and closed, and that close must
+    not wait for the stuck send in the jump connection (the jump connection, itself
+    unable to send, is closed)."""
+    cluster = make_cluster(2)
+    own, via = _jump_and_target(cluster, connect_timeout=scaled(3))
+    transport = SshTransport(ssh_config=os.devnull)
+    timeout = scaled(2)
+    bound = via.connect_timeout if method == "open_session" else timeout + GRACE_S + SLACK_S
+    box: dict[str, object] = {}
+
+    def probe() -> None:
+        box["result"] = transport.run(via, ["true"], timeout=timeout)
+        box["at"] = time.monotonic()
+
+    try:
+        assert transport.run(via, ["true"], timeout=scaled(10)).state is NodeState.OK
+        feeding = _feeding(cluster, transport, own, scaled(60))
+        if method == "open_session":  # frozen before the session request
+            _freeze_full(cluster, own)
+        else:  # the session opened: frozen just before the exec request
+            _freezing_at(monkeypatch, cluster, own, method)
+        t0 = time.monotonic()
+        runner = threading.Thread(target=probe, daemon=True, name="probe")
+        runner.start()
+        runner.join(bound + scaled(20))
+        r = box.get("result")
+        assert isinstance(r, RunResult), (time.monotonic() - t0, box)
+        # 1.6 s past the bound measured: the target's connection found unable to send, then
+        # the jump connection (STUCK_S each), one judgement more than a direct node's.
+        assert float(box["at"]) - t0 <= bound + scaled(2.5), (float(box["at"]) - t0, r)  # type: ignore[arg-type]
+        assert r.state is NodeState.TIMEOUT, r
+        _ended(feeding)
+    finally:
+        cluster.thaw_node(own.name)
+        transport.close()
+
+
+@contextlib.contextmanager
+def _dropping_syns() -> Iterator[tuple[str, int]]:
+    """An address whose SYNs are dropped (a powered-off machine behind a router): a listener
+    whose accept queue is full; a connect to it hangs (the kernel's SYN retries, ~2 min)."""
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(0)
+        address = lsock.getsockname()
+        fillers = [socket.socket() for _ in range(2)]
+        try:
+            for s in fillers:
+                s.setblocking(False)
+                s.connect_ex(address)
+            time.sleep(0.2)  # the first sits in the queue, unaccepted; the second's SYNs are dropped
+            yield address
+        finally:
+            for s in fillers:
+                s.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_target_the_jump_host_cannot_reach_in_time_leaves_the_jump_connection_to_the_others(
+    make_cluster: MakeCluster,
+) -> None:
+    """The jump host answers a channel request only once its own connect to the target ends:
+    for a target dropping SYNs, long after ``connect_timeout``. That target is a ``timeout``
+    at its bound; the jump connection, which can send, stays: commands over it go on."""
+    cluster = make_cluster(2)
+    own, via = _jump_and_target(cluster, connect_timeout=scaled(10))
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        running = [_in_thread(transport, node, ["sleep", "3"], scaled(30)) for node in (own, via)]
+        assert _wait_for(lambda: all(cluster.node_pids(n.name, r"^sleep 3") for n in (own, via)), scaled(10))
+        with _dropping_syns() as (host, port):
+            dark = dataclasses.replace(via, name="dark", address=host, port=port, connect_timeout=scaled(1))
+            r = transport.run(dark, ["true"], timeout=scaled(5))
+        assert r.state is NodeState.TIMEOUT, r
+        assert r.stderr.startswith("jump host ") and "no answer" in r.stderr, r
+        assert r.seconds <= dark.connect_timeout + scaled(1), r
+        for run in running:  # the jump connection was not closed under them
+            run["thread"].join(scaled(10))  # type: ignore[attr-defined]
+            assert getattr(run.get("result"), "state", None) is NodeState.OK, run
+        assert transport.connections_opened == 2
+    finally:
+        transport.close()
