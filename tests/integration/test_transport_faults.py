@@ -167,7 +167,7 @@ def _freeze_full(cluster: SshCluster, node: Node) -> None:
         time.sleep(0.5)
         return before > 0 and _unsent(node.address, cluster.port) == before
 
-    for _ in range(3):
+    for _ in range(5):
         cluster.freeze_node(node.name)
         if _wait_for(stuck, scaled(4)):
             return
