@@ -26,6 +26,7 @@ from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
 from tests.integration.test_transport_faults import (
+    _ended,
     _feeding,
     _freeze_full,
     _freezing_at,
@@ -43,13 +44,6 @@ def _jump_and_target(cluster: SshCluster, connect_timeout: float) -> tuple[Node,
                       proxy_jump=f"root@{cluster.address(jump)}:{cluster.port}")
     (own,) = nodes_of(cluster, [jump], connect_timeout=connect_timeout)
     return own, via
-
-
-def _ended(feeding: list[dict[str, object]]) -> None:
-    """The jump host's own commands (its connection, stuck, was closed) end, raising nothing."""
-    for run in feeding:
-        run["thread"].join(scaled(5))  # type: ignore[attr-defined]
-        assert isinstance(run.get("result"), RunResult), run
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")

@@ -159,6 +159,11 @@ def _feeding(cluster: SshCluster, transport: SshTransport, node: Node,
     return feeding
 
 
+def _ended(feeding: list[dict[str, object]]) -> None:
+    """Commands whose connection was closed or thawed (``_feeding``) end, raising nothing."""
+    _ended(feeding)
+
+
 def _freeze_full(cluster: SshCluster, node: Node) -> None:
     """Freeze ``node`` while it is being fed (``_feeding``); return once its socket is full."""
 
@@ -245,9 +250,7 @@ def test_a_frozen_node_whose_connection_cannot_send_holds_up_no_other_node_s_can
         # ... and go out once it thaws: its commands are killed too.
         cluster.thaw_node(frozen.name)
         assert _wait_for(lambda: not cluster.node_pids(frozen.name, r"^cat\b"), scaled(10))
-        for run in feeding:
-            run["thread"].join(scaled(3))  # type: ignore[attr-defined]
-            assert isinstance(run.get("result"), RunResult), run
+        _ended(feeding)
     finally:
         cluster.thaw_node(frozen.name)
         transport.close()
@@ -273,9 +276,7 @@ def test_a_session_asked_of_a_frozen_node_whose_socket_is_full_is_a_timeout_with
         assert "session request" in r.stderr, r
         assert float(box["at"]) - t0 <= frozen.connect_timeout + scaled(2)  # type: ignore[arg-type]
         # Its connection, stuck, was closed: the other commands on it end too, and none raised.
-        for run in feeding:
-            run["thread"].join(scaled(5))  # type: ignore[attr-defined]
-            assert isinstance(run.get("result"), RunResult), run
+        _ended(feeding)
     finally:
         cluster.thaw_node(frozen.name)
         transport.close()
@@ -329,9 +330,7 @@ def test_a_command_whose_exec_request_or_eof_cannot_be_sent_times_out_at_its_giv
         r = box.get("result")
         assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
         assert float(box["at"]) - t0 <= give_up + scaled(2)  # type: ignore[arg-type]
-        for run in feeding:  # the stuck connection was closed: they end too, raising nothing
-            run["thread"].join(scaled(5))  # type: ignore[attr-defined]
-            assert isinstance(run.get("result"), RunResult), run
+        _ended(feeding)  # the stuck connection was closed: they end too, raising nothing
     finally:
         cluster.thaw_node(frozen.name)
         transport.close()
@@ -366,9 +365,7 @@ def test_output_read_from_a_frozen_node_whose_socket_is_full_times_out_at_its_gi
         r = box.get("result")
         assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
         assert float(box["at"]) - t0 <= give_up + scaled(2)  # type: ignore[arg-type]
-        for run in feeding:
-            run["thread"].join(scaled(5))  # type: ignore[attr-defined]
-            assert isinstance(run.get("result"), RunResult), run
+        _ended(feeding)
     finally:
         cluster.thaw_node(frozen.name)
         transport.close()
