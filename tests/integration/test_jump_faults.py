@@ -2,7 +2,7 @@
 
 One authenticated connection to the jump host carries every target's connection
 (a ``direct-tcpip`` channel each) and, here, commands run on the jump host itself:
-8 of them being fed a big stdin fill its socket once it freezes (``_feeding``,
+Commands on it being fed a big stdin fill its socket once it freezes (``_feeding``,
 ``_freeze_full``). Every send over it then blocks until the kernel drops the
 connection (TCP_USER_TIMEOUT), or for ever where none guards it (a jump host
 reached through another). Each target's result still comes within its own bound.
@@ -86,7 +86,7 @@ def test_a_target_whose_request_is_stuck_in_a_frozen_jump_host_s_full_socket_ret
     cluster = make_cluster(2)
     own, via = _jump_and_target(cluster, connect_timeout=scaled(3))
     transport = SshTransport(ssh_config=os.devnull)
-    timeout = scaled(2)
+    timeout = scaled(5)  # the freeze (retries included) happens within it
     bound = via.connect_timeout if method == "open_session" else timeout + GRACE_S + SLACK_S
     box: dict[str, object] = {}
 

@@ -139,9 +139,16 @@ def _unsent(address: str, port: int) -> int:
     return total
 
 
+# Channels fed at once to fill a frozen node's socket. A channel may send only its SSH
+# window (OpenSSH: 2 MiB, at least ~1 MiB open between adjustments), and a frozen node's
+# kernel still takes up to its receive buffer (6 MiB here): with 8 the socket was once
+# seen to drain empty instead of filling.
+FEEDERS = 16
+
+
 def _frozen_mid_stdin(cluster: SshCluster, transport: SshTransport, node: Node,
                       timeout: float) -> list[dict[str, object]]:
-    """``node`` frozen while 8 commands were being sent a big stdin, its socket full: a
+    """``node`` frozen while FEEDERS commands were being sent a big stdin, its socket full: a
     channel close there blocks. The commands' boxes (``_in_thread``)."""
     feeding = _feeding(cluster, transport, node, timeout)
     _freeze_full(cluster, node)
@@ -150,18 +157,21 @@ def _frozen_mid_stdin(cluster: SshCluster, transport: SshTransport, node: Node,
 
 def _feeding(cluster: SshCluster, transport: SshTransport, node: Node,
              timeout: float, size: int = 256 << 20) -> list[dict[str, object]]:
-    """8 commands on ``node`` being sent ``size`` bytes of stdin each, running (``_in_thread`` boxes)."""
+    """FEEDERS commands on ``node`` being sent ``size`` bytes of stdin each, running (``_in_thread`` boxes)."""
     data = bytes(size)  # far more than the sockets hold; zero pages, no real memory
-    # One channel's SSH window (2 MiB) fits in loopback's socket buffers; several together don't.
     feeding = [_in_thread(transport, node, ["sh", "-c", "cat >/dev/null"], timeout, stdin=data)
-               for _ in range(8)]
-    assert _wait_for(lambda: len(cluster.node_pids(node.name, r"^cat\b")) == 8, scaled(20))
+               for _ in range(FEEDERS)]
+    assert _wait_for(lambda: len(cluster.node_pids(node.name, r"^cat\b")) == FEEDERS, scaled(20))
     return feeding
 
 
 def _ended(feeding: list[dict[str, object]]) -> None:
-    """Commands whose connection was closed or thawed (``_feeding``) end, raising nothing."""
-    _ended(feeding)
+    """Commands whose connection was closed or thawed (``_feeding``) end, raising nothing
+    (soon: not a bound of brctl's, which the callers assert on their own command)."""
+    deadline = time.monotonic() + scaled(15)
+    for run in feeding:
+        run["thread"].join(max(0.0, deadline - time.monotonic()))  # type: ignore[attr-defined]
+        assert isinstance(run.get("result"), RunResult), run
 
 
 def _freeze_full(cluster: SshCluster, node: Node) -> None:
@@ -172,14 +182,14 @@ def _freeze_full(cluster: SshCluster, node: Node) -> None:
         time.sleep(0.5)
         return before > 0 and _unsent(node.address, cluster.port) == before
 
-    for _ in range(5):
+    for _ in range(8):
         cluster.freeze_node(node.name)
-        if _wait_for(stuck, scaled(4)):
+        if _wait_for(stuck, scaled(2)):
             return
-        # Frozen mid key exchange (paramiko rekeys every 512 MiB): nothing is sent until it
-        # ends, so the socket does not fill. Let it end and freeze again.
+        # Frozen with the channels' windows nearly spent, or mid key exchange (paramiko
+        # rekeys every 512 MiB): too little is sent to fill the socket. Thaw, freeze again.
         cluster.thaw_node(node.name)
-        time.sleep(1)
+        time.sleep(0.3)
     raise AssertionError(f"{node.name}'s socket did not fill")
 
 
@@ -192,7 +202,7 @@ def test_a_command_on_a_frozen_node_whose_socket_is_full_times_out_and_returns(
     cluster = make_cluster(1)
     (frozen,) = nodes_of(cluster)
     transport = SshTransport(ssh_config=os.devnull)
-    timeout = scaled(3)
+    timeout = scaled(6)  # the freeze (retries included) happens within it
     try:
         t0 = time.monotonic()
         feeding = _frozen_mid_stdin(cluster, transport, frozen, timeout)
@@ -246,7 +256,7 @@ def test_a_frozen_node_whose_connection_cannot_send_holds_up_no_other_node_s_can
             assert "interrupted" in r.stderr
         # The frozen node is still stuck: its closes wait in line behind the stdin ...
         assert _unsent(frozen.address, cluster.port) > 0
-        assert len(cluster.node_pids(frozen.name, r"^cat\b")) == 8
+        assert len(cluster.node_pids(frozen.name, r"^cat\b")) == FEEDERS
         # ... and go out once it thaws: its commands are killed too.
         cluster.thaw_node(frozen.name)
         assert _wait_for(lambda: not cluster.node_pids(frozen.name, r"^cat\b"), scaled(10))
@@ -312,7 +322,7 @@ def test_a_command_whose_exec_request_or_eof_cannot_be_sent_times_out_at_its_giv
     cluster = make_cluster(1)
     (frozen,) = nodes_of(cluster)
     transport = SshTransport(ssh_config=os.devnull)
-    timeout = scaled(3)
+    timeout = scaled(6)  # the freeze (retries included) happens within it
     give_up = timeout + GRACE_S + SLACK_S
     box: dict[str, object] = {}
 
@@ -347,7 +357,7 @@ def test_output_read_from_a_frozen_node_whose_socket_is_full_times_out_at_its_gi
     cluster = make_cluster(1)
     (frozen,) = nodes_of(cluster, output_keep=1000)
     transport = SshTransport(ssh_config=os.devnull)
-    timeout = scaled(4)
+    timeout = scaled(6)  # the freeze (retries included) happens within it
     give_up = timeout + GRACE_S + SLACK_S
     box: dict[str, object] = {}
 
@@ -421,7 +431,7 @@ def test_a_command_overdue_on_a_busy_connection_that_can_send_leaves_it_to_the_o
         r = box.get("result")
         assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, r
         assert "gave up on the node" in r.stderr, r
-        assert len(cluster.node_pids(node.name, r"^cat\b")) == 8
+        assert len(cluster.node_pids(node.name, r"^cat\b")) == FEEDERS
         assert not any("result" in run for run in feeding)  # still being fed, on the same connection
         conn, new = transport._connector.connection(transport.endpoint(node))
         assert not new and transport.connections_opened == 1
