@@ -464,21 +464,28 @@ def _persistent_ranks(per_round: Sequence[set[int]], topo: Topology, kinds: Sequ
     instance full in c of R rounds counts only when all the kind's instances
     together would reach c by chance fewer than ``NOISE_INSTANCES`` times (the
     binomial tail), so scattered noise never does, while each hung group, full in
-    every round, does.
+    every round, does. q is counted outside the instance under test: in a small
+    job a slow rank and its waiting peer were most of the outliers, and counted as
+    noise they made their own group look like chance.
     """
     n_rounds = len(per_round)
     need = n_rounds // 2 + 1
-    q = sum(len(o) for o in per_round) / (n_rounds * topo.world)
+    total = sum(len(o) for o in per_round)
     out: set[int] = set()
     for kind in kinds:
         size = topo.size(kind)
         full: Counter[int] = Counter()
+        inside: Counter[int] = Counter()
         for o in per_round:
-            full.update(g for g, n in Counter(topo.group_ids(o, kind)).items() if n == size)
-        p = q ** size
+            counts = Counter(topo.group_ids(o, kind))
+            inside.update(counts)
+            full.update(g for g, n in counts.items() if n == size)
+        others = n_rounds * (topo.world - size)
         for gid, c in full.items():
             if c < need:
                 continue
+            q = (total - inside[gid]) / others if others else total / (n_rounds * topo.world)
+            p = q ** size
             tail = sum(comb(n_rounds, i) * p ** i * (1 - p) ** (n_rounds - i)
                        for i in range(c, n_rounds + 1))
             if topo.n_groups(kind) * tail < NOISE_INSTANCES:

@@ -82,18 +82,21 @@ def test_slow_rank_evicts_its_pp_group(
 ) -> None:
     inv = _write_inventory(ssh_cluster, tmp_path)
     with start_trainjob(ssh_cluster, tmp_path / "job", nproc=2, pp=2,
-                        env={"TRAINJOB_SLOW_RANK": "0", "TRAINJOB_SLOW_SECONDS": "1.5"}) as job:
+                        env={"TRAINJOB_SLOW_RANK": "0", "TRAINJOB_SLOW_SECONDS": "2.5"}) as job:
         first = job.wait_step(1, rank=7)
         res = brctl("-i", inv, "--json", "stacks", "--rounds", "3", "--interval", "1")
         assert res.exit_code == 1, res.stderr
         assert job.wait_step(first + 2, rank=7) > first  # slow, not hung: steps still advance
         doc = res.json
         assert doc["rounds"] == 3
-        # Rank 0 is slow and its pipeline peer (rank 4, node03) waits on it: when every
-        # round sees both, the PP group {node01, node03} is named. On a loaded machine
+        # Rank 0 is slow and its pipeline peer (rank 4, node03) waits on it: when most
+        # rounds see both, the PP group {node01, node03} is named. On a loaded machine
         # the dumps of one round are not simultaneous and some rounds catch rank 0
-        # alone; the vote (outliers per member) then names its own machine, the smaller
-        # group. Either way the slow machine is evicted and nothing outside its PP group.
+        # alone; the vote (outliers per member) may then name its own machine, the
+        # smaller group. A round can also catch rank 0 as its stage is released (it
+        # spends ~0.1 s of each step outside slow_compute) while rank 4 still waits:
+        # that is why rank 0 is slowed well past a round's spread. Either way the
+        # slow machine is evicted and nothing outside its PP group.
         [suspect] = doc["suspect_groups"]
         assert (suspect["kind"], suspect["indices"], doc["evict"]) in (
             ("pp", [0], ["node01", "node03"]), ("tp", [0], ["node01"])), suspect

@@ -330,3 +330,23 @@ def test_moving_noise_never_joins_the_persistent_group(seed: int) -> None:
     gid = topo.group_id(seed * 37 % topo.world, "pp")
     a = _hung_groups_with_noise(topo, [gid], 0.05, seed)
     assert set(a.evict) == set(topo.machines_of(topo.group_ranks("pp", gid)))
+
+
+@pytest.mark.parametrize("missed", range(3))
+def test_a_slow_rank_missed_in_one_round_still_evicts_its_pp_group(missed: int) -> None:
+    """The integration job (CI flake): rank 0 sleeps in its compute, rank 4 waits on it in
+    recv every round; one round catches rank 0 as its stage is released. Rank 4 was an
+    outlier in 3 rounds and rank 0 in 2, so 'outliers per member' named rank 4's machine
+    alone (3 > 5/2) and left the slow machine in the job. The noise rate that decides
+    whether the PP group is there in most rounds by chance was counted with the group's
+    own outliers in it; in an 8-rank job they were most of it."""
+    topo = Topology.build(["node01", "node02", "node03", "node04"], 2, tp=1, pp=2)  # dp=4
+    rounds = []
+    for i in range(3):
+        stacks = {r: HEALTHY for r in range(topo.world)}
+        stacks[4] = RECV
+        stacks[0] = HEALTHY if i == missed else stack(("slow_compute", "train.py"))
+        rounds.append(round_of(topo, stacks))
+    a = analyse(rounds, topo)
+    assert [(g.kind, g.indices) for g in a.suspects] == [("pp", (0,))]
+    assert a.evict == ("node01", "node03")
