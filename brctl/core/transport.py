@@ -173,9 +173,20 @@ def state_for_exit(code: int) -> NodeState:
     return NodeState.OK if code == 0 else NodeState.FAILED
 
 
+# How brctl's own node-side programs start (the probe bootstrap, the bundle installer):
+# the system interpreter, isolated, with code brctl sends.
+NODE_PROGRAM = ("python3", "-I", "-S", "-c")
+
+
 def with_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """Prefix ``argv`` with ``env K=V`` so the environment does not depend on sshd's AcceptEnv."""
-    if not env:
+    """Prefix ``argv`` with ``env K=V`` so the environment does not depend on sshd's AcceptEnv.
+
+    Not brctl's own node programs (``NODE_PROGRAM``): a declared ``PATH`` would pick which
+    ``python3`` runs them as root, and ``LD_PRELOAD``/``LD_LIBRARY_PATH`` what it loads,
+    before anything is checked. They get the node's ``env`` in their request and apply it
+    once it passed the checks (``brctl.diagnostics.isolate.launch``).
+    """
+    if not env or tuple(argv[:len(NODE_PROGRAM)]) == NODE_PROGRAM:
         return list(argv)
     return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
 

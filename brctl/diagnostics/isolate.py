@@ -26,6 +26,13 @@ node is refused: ``REFUSED_MARK`` and the reason on stdout, exit ``REFUSED_EXIT`
 A declared entry that does not exist is left out (Python ignores it too); one that
 is not absolute is refused (it would depend on the cwd).
 
+The node's declared ``env`` comes in the spec, not in front of the bootstrap (a ``PATH``
+there picked the ``python3`` that runs this as root, ``LD_*`` what it loads): its
+``PATH`` and ``LD_LIBRARY_PATH`` entries (every file of a library directory too) and its
+``LD_PRELOAD``/``LD_AUDIT`` files pass the same rule (``usable_env``, ``env_code``); the
+loader's variables are set only for the program exec'd next (after ``setpriv``, which
+is taken from the login ``PATH`` and checked: it runs as root).
+
 The same rule then holds for every module the probe imports, as it is imported: a
 root-owned 0755 entry (or site-packages) may still hold a file the job user owns (a
 partial ``chown -R``), which it can rewrite. ``ImportGuard``, first on ``sys.meta_path``
@@ -72,7 +79,7 @@ import site
 import stat
 import sys
 import zipimport
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -169,25 +176,35 @@ def startup_files(directory: str) -> list[str]:
     return out
 
 
-def check(python: str, paths: Sequence[str], allowed: tuple[int, ...]) -> str | None:
-    """The first reason the interpreter or an import path may be written by others, or ``None``.
+def check(python: str, paths: Sequence[str], allowed: tuple[int, ...],
+          env: Mapping[str, str] | None = None) -> str | None:
+    """The first reason the interpreter, an import path or code the declared ``env`` names
+    may be written by others, or ``None``.
 
     Each path with every directory above it (StrictModes); in each directory among
     them (a ``PYTHONPATH`` entry, the interpreter's library and site directories)
     also the files Python runs from it at startup (``startup_files``): a root-owned
     0755 entry holding a job-writable ``sitecustomize.py`` is refused like a
-    job-writable entry.
+    job-writable entry. From ``env`` (``usable_env``): the ``PATH`` entries, the
+    ``LD_LIBRARY_PATH`` entries with every file in them (the loader may load any), and
+    the ``LD_PRELOAD``/``LD_AUDIT`` files.
 
     Raises:
         FileNotFoundError: there is no such interpreter.
     """
     candidates = [("python", p) for p in interpreter_paths(python)]
     candidates += [("PYTHONPATH entry", p) for p in paths]
+    candidates += env_code(env or {})
     for what, path in candidates:  # grows: the directories the interpreter's .pth files add
         reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
         if reason:
             return f"{what} {path}: {reason}"
-        if not os.path.isdir(path):
+        if what == "LD_LIBRARY_PATH entry":
+            for inside in _listing(path):
+                reason = unsafe_owner_chain(inside, allowed, sticky_ok=True)
+                if reason:
+                    return f"{what} {path}: {reason} (the loader may load it)"
+        if not os.path.isdir(path) or what == "PATH entry":
             continue
         for inside in startup_files(path):
             reason = unsafe_owner_chain(inside, allowed, sticky_ok=True)
@@ -223,6 +240,63 @@ def usable_paths(declared: Sequence[str]) -> list[str]:
     if relative:
         refuse(f"PYTHONPATH entry {relative[0]!r} is not an absolute path")
     return [p for p in declared if p and os.path.lexists(p)]
+
+
+# The declared env's lists of code: PATH (programs found by name), the dynamic loader's
+# library path and the libraries it loads into every program started with them.
+SEARCH_PATHS = ("PATH", "LD_LIBRARY_PATH")
+PRELOADS = ("LD_PRELOAD", "LD_AUDIT")
+
+
+def usable_env(declared: Mapping[str, str]) -> dict[str, str]:
+    """The node's declared ``env`` as it is applied: ``PATH`` and ``LD_LIBRARY_PATH`` keep
+    the entries that exist, ``LD_PRELOAD``/``LD_AUDIT`` the files named by a path that exist
+    (bare names are looked up in the library path); decided once, before the check, so a
+    directory or file created after it is never used. A relative entry is refused.
+    """
+    env = dict(declared)
+    for key in (*SEARCH_PATHS, *PRELOADS):
+        if key not in env:
+            continue
+        items = [p for p in env[key].replace(" ", ":").split(":") if p] if key in PRELOADS else [
+            p for p in env[key].split(":") if p]
+        relative = [p for p in items if not p.startswith("/") and (key in SEARCH_PATHS or "/" in p)]
+        if relative:
+            refuse(f"{key} entry {relative[0]!r} is not an absolute path")
+        env[key] = ":".join(p for p in items if not p.startswith("/") or os.path.lexists(p))
+    return env
+
+
+def env_code(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """What ``env`` (``usable_env``) makes programs run or load, as (what, path)."""
+    out = [(f"{key} entry", p) for key in SEARCH_PATHS for p in env.get(key, "").split(":") if p]
+    return out + [(f"{key} file", p) for key in PRELOADS
+                  for p in env.get(key, "").split(":") if p.startswith("/")]
+
+
+def loader_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The dynamic loader's variables (``LD_*``): set only for the program exec'd next."""
+    return {k: v for k, v in env.items() if k.startswith("LD_")}
+
+
+def _listing(directory: str) -> list[str]:
+    try:
+        return [os.path.join(directory, n) for n in sorted(os.listdir(directory))]
+    except OSError:
+        return []
+
+
+def program(name: str, allowed: tuple[int, ...], search: str | None = None) -> str:
+    """``name`` found on ``search`` (default ``PATH``) as an absolute path that passes the
+    rule for ``allowed``; else refuse: a program brctl starts as root is as trusted as its code."""
+    found = shutil.which(name, path=search)
+    if not found:
+        refuse(f"{name}: not found on PATH")
+    found = os.path.abspath(found)
+    reason = unsafe_owner_chain(found, allowed, sticky_ok=True)
+    if reason:
+        refuse(f"{name} {found}: {reason}; not run")
+    return found
 
 
 class ImportGuard:
@@ -399,13 +473,18 @@ def refuse_now(reason: str, scratch: str | None = None) -> NoReturn:
         os._exit(REFUSED_EXIT)
 
 
-def _as_user(account: pwd.struct_passwd, argv: list[str]) -> NoReturn:
+def _as_user(account: pwd.struct_passwd, argv: list[str], loader: Mapping[str, str],
+             search: str | None) -> NoReturn:
+    """Exec ``argv`` as ``account`` through ``setpriv`` (found on ``search``, the login
+    ``PATH``, and checked: it runs as root); the loader's variables once it is that user."""
+    setpriv = program("setpriv", tuple(sorted({0, os.getuid()})), search)
     os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
     sys.stdout.flush()
     sys.stderr.flush()
+    then = ["env", *(f"{k}={v}" for k, v in loader.items())] if loader else []
     try:
-        os.execvp("setpriv", ["setpriv", f"--reuid={account.pw_uid}",
-                              f"--regid={account.pw_gid}", "--init-groups", "--", *argv])
+        os.execv(setpriv, [setpriv, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
+                           "--init-groups", "--", *then, *argv])
     except OSError as exc:
         refuse(f"cannot run as job.user {account.pw_name!r}: setpriv: {exc.strerror}")
 
@@ -414,8 +493,17 @@ def launch(spec: dict[str, Any], code: str) -> None:
     """Check, then run the probe here, under the configured interpreter, or as ``job.user``.
 
     ``code`` is where this probe code was found (the cached zip or an installed brctl).
+    The node's declared ``env`` (``spec["env"]``, not applied by the transport: see
+    ``brctl.core.transport.with_env``) is applied here: the loader's variables only to
+    the program exec'd once the code they name passed the check, the rest at once (a
+    ``PATH`` entry is checked before any program is found on it).
     """
     os.chdir("/")
+    mine = tuple(sorted({0, os.getuid()}))
+    login_path = os.environ.get("PATH")
+    env = usable_env(spec.get("env", {}))
+    loader = loader_env(env)
+    os.environ.update({k: v for k, v in env.items() if k not in loader})
     user = spec.get("user")
     account = None
     if user:
@@ -426,11 +514,11 @@ def launch(spec: dict[str, Any], code: str) -> None:
     if "exec" in spec:  # an argv the operator gave, to run as the job user
         if account is None:
             refuse("exec as the job user needs job.user")
-        _as_user(account, list(spec["exec"]))
+        _as_user(account, list(spec["exec"]), loader, login_path)
     python, paths = spec["python"], usable_paths(spec.get("paths", []))
-    mine = tuple(sorted({0, os.getuid()}))
     try:
-        reason = check(python, paths, mine)
+        reason = check(python, paths, mine, env)
+        exe = interpreter_paths(python)[0]  # checked: exec'd by this path, not looked up again
     except FileNotFoundError as exc:  # no interpreter: a failure, as exec would fail
         sys.stderr.write(f"brctl: {exc}\n")
         sys.exit(127)
@@ -438,13 +526,13 @@ def launch(spec: dict[str, Any], code: str) -> None:
     if reason:
         if account is None:
             refuse(f"{reason}; not run as root (set job.user to run it as the job's user)")
-        again = check(python, paths, (*mine, account.pw_uid))
+        again = check(python, paths, (*mine, account.pw_uid), env)
         if again:
             refuse(f"{again}; not even the job user {user!r} may run it")
         drop = True
     # Whose files the probe may import: as decided for the interpreter and the entries.
     allowed = tuple(sorted({*mine, account.pw_uid})) if drop and account is not None else mine
-    if python == TRUSTED_PYTHON and not drop:
+    if exe == sys.executable and not drop and not loader:  # this interpreter (a venv's differs)
         enter(paths, spec["module"], spec.get("args", []), allowed)
         return
     if drop and os.path.isfile(code):  # root's cache is not readable by the job user
@@ -452,10 +540,11 @@ def launch(spec: dict[str, Any], code: str) -> None:
         os.set_inheritable(fd, True)
         code = f"fd:{fd}"
     run = {"paths": paths, "allowed": allowed}
-    argv = [python, "-I", "-S", "-c", STAGE2, code, json.dumps(run), spec["module"],
+    argv = [exe, "-I", "-S", "-c", STAGE2, code, json.dumps(run), spec["module"],
             *spec.get("args", [])]
     if drop:
         assert account is not None
-        _as_user(account, argv)
+        _as_user(account, argv, loader, login_path)
     sys.stdout.flush()
-    os.execvp(argv[0], argv)
+    os.environ.update(loader)
+    os.execv(exe, argv)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import IO, Any, BinaryIO
 
 from brctl.core.capture import Capture
-from brctl.core.transport import Node, NodeState, RunResult
+from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.children import Children
 from brctl.remote.wrap import GRACE_S, SLACK_S, exit_state, wrapped
 
@@ -35,7 +35,7 @@ def _feed(pipe: BinaryIO, data: bytes) -> None:
 
 
 class LocalTransport:
-    """Runs argv lists on the controller itself; ``node.env`` is added to our environment."""
+    """Runs argv lists on the controller itself, with ``node.env`` added as ``env K=V`` (``with_env``)."""
 
     def __init__(self) -> None:
         self._children = Children()
@@ -67,9 +67,8 @@ class LocalTransport:
             return RunResult(node.name, NodeState.TIMEOUT, None, "", "brctl: interrupted before start", 0.0)
         try:
             proc = subprocess.Popen(
-                wrapped(sys.executable, argv, timeout),
+                wrapped(sys.executable, with_env(argv, node.env), timeout),  # as over ssh
                 stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
-                env={**os.environ, **node.env},
                 start_new_session=True,  # Ctrl-C on the terminal is ours to relay, not its
             )
         except OSError as exc:

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Union
 
 import brctl
-from brctl.core.transport import Node, NodeState, Results, RunResult, Transport
-from brctl.diagnostics.isolate import REFUSED_EXIT, REFUSED_MARK, TRUSTED_PYTHON
+from brctl.core.transport import NODE_PROGRAM, Node, NodeState, Results, RunResult, Transport
+from brctl.diagnostics.isolate import REFUSED_EXIT, REFUSED_MARK
 from brctl.remote.fanout import run_all
 
 PROBE_DOC_MAX = 4 << 20  # a probe's answer larger than this is refused (a broken or hostile node)
@@ -240,14 +240,14 @@ class ProbeRunner:
 
     def _bootstrap(self, spec: Mapping[str, Any]) -> list[str]:
         # -S: site runs in launch, after the checks and under the import guard.
-        return [TRUSTED_PYTHON, "-I", "-S", "-c", _BOOTSTRAP, self.bundle.digest, brctl.__version__,
+        return [*NODE_PROGRAM, _BOOTSTRAP, self.bundle.digest, brctl.__version__,
                 json.dumps(spec, separators=(",", ":"))]
 
     def _argv(self, node: Node, module: str, args: Iterable[str] = (), *,
               as_job: bool = False) -> list[str]:
         return self._bootstrap({
-            "python": node.python, "paths": declared_paths(node), "user": node.job_user,
-            "as_job": as_job, "module": module, "args": list(args)})
+            "python": node.python, "paths": declared_paths(node), "env": dict(node.env),
+            "user": node.job_user, "as_job": as_job, "module": module, "args": list(args)})
 
     def command(self, node: Node, module: str, *args: str, as_job: bool = False) -> list[str]:
         """The argv that runs probe ``module`` on ``node`` with ``args`` as its ``sys.argv[1:]``.
@@ -264,7 +264,7 @@ class ProbeRunner:
         """
         if not node.job_user:
             return list(argv)
-        return self._bootstrap({"user": node.job_user, "exec": list(argv)})
+        return self._bootstrap({"user": node.job_user, "env": dict(node.env), "exec": list(argv)})
 
     def run(
         self,
@@ -327,7 +327,7 @@ class ProbeRunner:
         concurrency: int = 64,
     ) -> Results:
         """Install ``bundle`` into each node's cache (atomic, checked); counts bytes sent."""
-        argv = lambda node: [TRUSTED_PYTHON, "-I", "-S", "-c", _INSTALLER,  # noqa: E731
+        argv = lambda node: [*NODE_PROGRAM, _INSTALLER,  # noqa: E731
                              bundle.digest, bundle.name, oct(bundle.mode)[2:]]
         results = run_all(self.transport, nodes, argv, timeout=timeout, stdin=bundle.data,
                           concurrency=concurrency)
@@ -339,7 +339,7 @@ class ProbeRunner:
         self, nodes: list[Node], bundle: Bundle, *, timeout: float | None = None
     ) -> dict[str, str | RunResult]:
         """Make ``bundle`` present on each node; returns its path there, or the failed result."""
-        argv = lambda node: [TRUSTED_PYTHON, "-I", "-S", "-c", _CHECK_FILE,  # noqa: E731
+        argv = lambda node: [*NODE_PROGRAM, _CHECK_FILE,  # noqa: E731
                              bundle.digest, bundle.name]
         checked = run_all(self.transport, nodes, argv, timeout=timeout)
         out: dict[str, str | RunResult] = {}

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from brctl.core.transport import NodeState
 from tests.conftest import validated
 from tests.healthkit import fake_nvml, healthy_gpus, make_root
 from tests.integration.cluster import SshCluster, scaled
@@ -182,3 +183,62 @@ def test_a_command_for_the_job_runs_as_job_user(make_cluster: Callable[..., SshC
         assert res.stdout.split("\n")[:2] == [f"{NOBODY} {NOBODY} /nonexistent", "/"], res
     finally:
         transport.close()
+
+
+def _loads(program: str, library: str) -> None:
+    """The planted library is one ``program`` (on sshd's default PATH, the nodes' login PATH)
+    really loads (else the test proves nothing)."""
+    found = shutil.which(program, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    assert found, program
+    out = subprocess.run(["ldd", os.path.realpath(found)], capture_output=True, text=True).stdout
+    assert f"{library} =>" in out, out
+
+
+def test_a_job_writable_path_or_library_the_env_declares_never_runs_as_root(
+        make_cluster: Callable[..., SshCluster], tmp_path: Path, job_dir: Path,
+        brctl: Callable[..., Any]) -> None:
+    """The node's ``env`` was put in front of the probe bootstrap (``env K=V python3 ...``): a
+    declared PATH chose which ``python3`` ran it as root, LD_LIBRARY_PATH/LD_PRELOAD what it
+    loaded, before any check. Now the bootstrap gets the env in its request: a job-writable
+    entry is refused, or applied only once the probe runs as job.user (``setpriv``, root,
+    never loads it)."""
+    cluster = make_cluster(1)
+    _loads("python3", "libz.so.1")
+    _loads("setpriv", "libcap-ng.so.0")
+    lib, bin_ = job_dir / "lib", job_dir / "bin"
+    lib.mkdir()
+    bin_.mkdir()
+    for name in ("libz.so.1", "libcap-ng.so.0"):
+        (lib / name).write_bytes(b"not a library\n")  # a program that loads it cannot start
+    (bin_ / "python3").write_text(f"#!/bin/sh\nid -u > {job_dir}/ran-python3\n"
+                                  'exec /usr/bin/python3 "$@"\n')
+    (bin_ / "python3").chmod(0o755)
+    _own(job_dir, NOBODY)
+    cases = {"LD_LIBRARY_PATH": (str(lib), f"LD_LIBRARY_PATH entry {lib}"),
+             "LD_PRELOAD": (f"{lib}/libz.so.1", f"LD_PRELOAD file {lib}/libz.so.1"),
+             "PATH": (f"{bin_}:/usr/bin:/bin", str(bin_))}
+    for key, (value, named) in cases.items():
+        res, _ = _probe(cluster, tmp_path, brctl, node_env={"node01": {key: value}})
+        assert res.exit_code == 4, (key, res.stdout)
+        probe = res.json["nodes"]["node01"]["probe"]
+        assert probe["state"] == "refused" and named in probe["error"], (key, probe)
+        assert "nobody (uid 65534)" in probe["error"]
+        assert not (job_dir / "ran-python3").exists(), key
+
+    # As job.user it is the job's own code: the probe's python3 (as nobody) loads the
+    # planted libz and cannot start; setpriv, root, did not load the planted libcap-ng.
+    inv = cluster.write_inventory(tmp_path, node_env={"node01": {"LD_LIBRARY_PATH": str(lib)}},
+                                  job={"name": "train", "user": "nobody"})
+    run = _sysinfo(inv)["node01"].run
+    assert run.state is NodeState.FAILED, run
+    assert f"{lib}/libz.so.1" in run.stderr and "libcap-ng" not in run.stderr, run.stderr
+    res, docs = _probe(cluster, tmp_path, brctl, node_env={"node01": {"PATH": f"{bin_}:/usr/bin:/bin"}},
+                       job={"name": "train", "user": "nobody"})
+    assert res.exit_code == 0 and docs["node01"]["uid"] == NOBODY, res.stdout
+    assert (job_dir / "ran-python3").read_text().strip() == str(NOBODY)
+
+    # Root-owned, the declared library path is trusted and reaches the probe, run as root.
+    _own(job_dir, 0)
+    inv = cluster.write_inventory(tmp_path, node_env={"node01": {"LD_LIBRARY_PATH": str(lib)}})
+    run = _sysinfo(inv)["node01"].run
+    assert run.state is NodeState.FAILED and f"{lib}/libz.so.1" in run.stderr, run

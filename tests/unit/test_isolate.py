@@ -220,3 +220,39 @@ def test_a_directory_a_pth_file_adds_is_checked_like_an_entry(tmp_path: Path) ->
     assert f"{job} is owned by nobody" in (res.error or "")
     os.chown(job, 0, 0)
     assert _run(tmp_path, python=str(venv / "bin" / "python")).ok and (tmp_path / "ran").exists()
+
+
+def test_the_declared_loader_and_path_entries_are_checked_kept_and_applied(tmp_path: Path) -> None:
+    """LD_LIBRARY_PATH: the directory and every file in it (the loader may load any);
+    LD_PRELOAD files; relative entries refused; missing ones dropped before the check."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libfoo.so.1").write_bytes(b"")
+    os.chown(lib / "libfoo.so.1", NOBODY, NOBODY)  # a partial chown -R: the file, not the dir
+    res = _run(tmp_path, env={"LD_LIBRARY_PATH": f"{tmp_path}/missing:{lib}"})
+    assert res.run.state is NodeState.REFUSED
+    assert f"LD_LIBRARY_PATH entry {lib}: {lib}/libfoo.so.1 is owned by nobody" in (res.error or "")
+    assert "the loader may load it" in (res.error or "")
+    res = _run(tmp_path, env={"LD_PRELOAD": f"libc.so.6 {lib}/libfoo.so.1"})
+    assert res.run.state is NodeState.REFUSED
+    assert f"LD_PRELOAD file {lib}/libfoo.so.1:" in (res.error or "")
+    for key in ("LD_LIBRARY_PATH", "PATH", "LD_PRELOAD"):
+        res = _run(tmp_path, env={key: "rel/x.so"})
+        assert res.run.state is NodeState.REFUSED
+        assert f"{key} entry 'rel/x.so' is not an absolute path" in (res.error or ""), res
+    os.chown(lib / "libfoo.so.1", 0, 0)
+    (lib / "libfoo.so.1").unlink()
+    res = _run(tmp_path, env={"LD_LIBRARY_PATH": f"{tmp_path}/missing:{lib}", "BRCTL_T": "x"})
+    assert res.ok, res
+
+
+def test_usable_env_drops_what_does_not_exist_and_keeps_bare_preloads(tmp_path: Path) -> None:
+    from brctl.diagnostics.isolate import env_code, loader_env, usable_env
+
+    env = usable_env({"PATH": f"/usr/bin::{tmp_path}/gone", "LD_PRELOAD": f"libz.so.1 {tmp_path}/gone.so",
+                      "LD_LIBRARY_PATH": f"{tmp_path}:", "CUDA_VISIBLE_DEVICES": "0"})
+    assert env == {"PATH": "/usr/bin", "LD_PRELOAD": "libz.so.1", "LD_LIBRARY_PATH": str(tmp_path),
+                   "CUDA_VISIBLE_DEVICES": "0"}
+    assert env_code(env) == [("PATH entry", "/usr/bin"), ("LD_LIBRARY_PATH entry", str(tmp_path))]
+    assert loader_env(env) == {"LD_PRELOAD": "libz.so.1", "LD_LIBRARY_PATH": str(tmp_path)}
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -98,6 +99,21 @@ def test_local_env_stdin_and_exit_codes() -> None:
 def test_with_env_prefixes_without_shell() -> None:
     assert with_env(["a b"], {"K": "v w"}) == ["env", "K=v w", "a b"]
     assert with_env(["x"], {}) == ["x"]
+
+
+def test_brctl_s_own_node_programs_get_the_env_only_through_their_request() -> None:
+    """A declared PATH picks the python3 that `env` runs, LD_PRELOAD what it loads: as root,
+    before any check. The bootstrap and installer apply the env themselves, once checked."""
+    from brctl.core.transport import NODE_PROGRAM
+
+    env = {"PATH": "/home/job/bin:/usr/bin", "LD_PRELOAD": "/home/job/evil.so"}
+    node = Node("n1", "h", env=env)
+    runner = ProbeRunner(FakeTransport(lambda node, argv, stdin: Reply()))
+    for argv in (runner.command(node, "brctl.diagnostics.sysinfo"),
+                 runner.as_job_user(replace(node, job_user="job"), ["true"])):
+        assert tuple(argv[:4]) == NODE_PROGRAM and with_env(argv, env) == argv
+        assert json.loads(argv[-1])["env"] == env
+    assert with_env(["python3", "-I", "x.py"], env)[0] == "env"  # anything else: as declared
 
 
 def test_bundle_is_deterministic_and_holds_only_node_code() -> None:
