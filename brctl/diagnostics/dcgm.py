@@ -14,6 +14,7 @@ import subprocess
 import time
 from typing import Any
 
+from brctl.diagnostics.isolate import vetted
 from brctl.diagnostics.protocol import serve
 
 
@@ -21,7 +22,7 @@ def run_diag(request: dict[str, Any]) -> dict[str, Any]:
     """Run ``dcgmi diag`` at ``level`` within ``timeout`` seconds."""
     level = str(request.get("level", "1"))
     timeout = float(request.get("timeout", 900))
-    exe = shutil.which("dcgmi")
+    exe = vetted(shutil.which("dcgmi"))
     if exe is None:
         return {"skipped": "dcgmi not found on PATH: install DCGM to run the EUD/diag stage"}
     argv = [exe, "diag", "-r", level, "-j"]

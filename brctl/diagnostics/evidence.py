@@ -12,10 +12,12 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 from typing import Any
 
 from brctl.diagnostics import safefs
+from brctl.diagnostics.isolate import vetted
 from brctl.diagnostics.protocol import serve
 
 _TAIL_BYTES_PER_LINE = 512  # read this much per wanted line from the end of a log
@@ -84,8 +86,11 @@ def live_processes(pattern: str) -> list[dict[str, Any]]:
 
 def kernel_xid_lines(timeout: float = 10.0) -> tuple[list[str], str | None]:
     """Kernel log lines that mention an Xid (``dmesg``), or why they could not be read."""
+    exe = vetted(shutil.which("dmesg"))
+    if exe is None:
+        return [], "dmesg: not found on PATH"
     try:
-        proc = subprocess.run(["dmesg"], capture_output=True, timeout=timeout, check=False)
+        proc = subprocess.run([exe], capture_output=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"dmesg: {exc}"
     if proc.returncode != 0:

@@ -31,7 +31,8 @@ there picked the ``python3`` that runs this as root, ``LD_*`` what it loads): it
 ``PATH`` and ``LD_LIBRARY_PATH`` entries (every file of a library directory too) and its
 ``LD_PRELOAD``/``LD_AUDIT`` files pass the same rule (``usable_env``, ``env_code``); the
 loader's variables are set only for the program exec'd next (after ``setpriv``, which
-is taken from the login ``PATH`` and checked: it runs as root).
+is taken from the login ``PATH`` and checked: it runs as root). Programs a probe runs
+by name (``dcgmi``, ``py-spy``, ``dmesg``) pass the rule before they run (``vetted``).
 
 The same rule then holds for every module the probe imports, as it is imported: a
 root-owned 0755 entry (or site-packages) may still hold a file the job user owns (a
@@ -409,6 +410,21 @@ def guard_imports(allowed: Sequence[int], scratch: str | None = None,
 def running_guard() -> ImportGuard | None:
     """This process's ``ImportGuard`` (a probe started by ``launch``), or ``None``."""
     return next((f for f in sys.meta_path if isinstance(f, ImportGuard)), None)
+
+
+def vetted(found: str | None) -> str | None:
+    """``found``, a program this probe is about to run (``shutil.which``'s answer), once it
+    passes the rule for the probe's allowed owners (``PATH`` may hold a root-owned directory
+    with a job-owned file); a failure refuses the node (``refuse_now``). Outside a probe
+    started by ``launch`` (run by hand), as it is."""
+    guard = running_guard()
+    if found is None or guard is None:
+        return found
+    found = os.path.abspath(found)
+    reason = guard.unsafe(found)
+    if reason:
+        refuse_now(f"program {found}: {reason}; not run", guard.scratch)
+    return found
 
 
 def child_argv(module: str, args: Sequence[str]) -> list[str] | None:

@@ -39,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from brctl.diagnostics.isolate import vetted
 from brctl.diagnostics.protocol import serve
 from brctl.diagnostics.pyspy_frames import (
     PACKED,
@@ -148,14 +149,15 @@ def find_processes(pattern: str) -> list[dict[str, Any]]:
 
 
 def find_py_spy(requested: str | None) -> str | None:
-    """py-spy to use: the shipped copy, else PATH, else beside this interpreter."""
+    """py-spy to use: the shipped copy, else PATH, else beside this interpreter (``vetted``:
+    it runs as root with ptrace rights over the job)."""
     if requested and os.access(requested, os.X_OK):
-        return requested
+        return vetted(requested)
     found = shutil.which("py-spy")
     if found:
-        return found
+        return vetted(found)
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return beside if os.access(beside, os.X_OK) else None
+    return vetted(beside) if os.access(beside, os.X_OK) else None
 
 
 def _ptrace_scope() -> str | None:

@@ -256,3 +256,21 @@ def test_usable_env_drops_what_does_not_exist_and_keeps_bare_preloads(tmp_path: 
     assert env_code(env) == [("PATH entry", "/usr/bin"), ("LD_LIBRARY_PATH entry", str(tmp_path))]
     assert loader_env(env) == {"LD_PRELOAD": "libz.so.1", "LD_LIBRARY_PATH": str(tmp_path)}
 
+
+def test_a_program_a_probe_runs_by_name_must_pass_the_rule_too(tmp_path: Path) -> None:
+    """A root-owned PATH directory may hold a file the job user owns (a partial chown -R):
+    the probe would run it as root. dcgmi here; py-spy and dmesg are found the same way."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    dcgmi = bin_ / "dcgmi"
+    dcgmi.write_text(f"#!/bin/sh\nid -u > {tmp_path}/ran\necho '{{}}'\n")
+    dcgmi.chmod(0o755)
+    os.chown(dcgmi, NOBODY, NOBODY)
+    node = Node(name="n", address="n", connection="local", env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    res = ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.dcgm", {"level": "1"})["n"]
+    assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists(), res
+    assert f"program {dcgmi}: {dcgmi} is owned by nobody (uid {NOBODY})" in (res.error or "")
+    os.chown(dcgmi, 0, 0)
+    res = ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.dcgm", {"level": "1"})["n"]
+    assert res.ok and res.document["argv"][0] == str(dcgmi), res
+    assert (tmp_path / "ran").read_text().strip() == "0"
