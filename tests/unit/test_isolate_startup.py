@@ -137,22 +137,24 @@ def _venv_with_pth(tmp_path: Path, mark: Path, owner: int) -> tuple[Path, Path]:
     return venv, init
 
 
-def _pth_cases(venv: Path) -> dict[str, dict[str, Any]]:
-    return {
-        # the configured interpreter (stage 2)
-        "configured": {"python": str(venv / "bin" / "python")},
-        # the bootstrap's own python3 (first on the login PATH), which runs the probe itself
-        "bootstrap": {"python": "python3",
-                      "env": {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}},
-    }
+def _login_path(monkeypatch: pytest.MonkeyPatch, venv: Path, home: Path | None = None) -> None:
+    """Make ``venv``'s python3 the first on the login PATH (a local node's is ours): the
+    bootstrap's own interpreter. The node's ``env`` cannot: it is applied after the checks."""
+    monkeypatch.setenv("PATH", f"{venv / 'bin'}:{os.environ['PATH']}")
+    if home is not None:
+        monkeypatch.setenv("HOME", str(home))
 
 
 @pytest.mark.parametrize("case", ["configured", "bootstrap"])
 def test_a_pth_import_line_of_a_job_owned_module_is_refused_before_it_runs(
-        tmp_path: Path, case: str) -> None:
+        tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     mark = tmp_path / "ran"
     venv, init = _venv_with_pth(tmp_path, mark, NOBODY)
-    kw = _pth_cases(venv)[case]
+    if case == "bootstrap":  # the bootstrap's own python3, which runs the probe itself
+        _login_path(monkeypatch, venv)
+        kw: dict[str, Any] = {"python": "python3"}
+    else:  # the configured interpreter (stage 2)
+        kw = {"python": str(venv / "bin" / "python")}
     res = _runner_probe("brctl.diagnostics.sysinfo", **kw)
     assert not mark.exists(), f"ran as uid {mark.read_text()}"
     assert res.run.state is NodeState.REFUSED, res
@@ -180,12 +182,13 @@ def _installed(tmp_path: Path) -> tuple[Path, Path]:
     return venv, package
 
 
-def test_an_installed_brctl_is_used_only_if_its_package_passes_the_rule(tmp_path: Path) -> None:
+def test_an_installed_brctl_is_used_only_if_its_package_passes_the_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     venv, package = _installed(tmp_path)
     mark = tmp_path / "ran"
-    home = _dir(tmp_path / "home")  # no cached zip: the bootstrap looks for an installed brctl
-    kw: dict[str, Any] = {"python": "python3",
-                          "env": {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(home)}}
+    # no cached zip in this HOME: the bootstrap looks for an installed brctl
+    _login_path(monkeypatch, venv, _dir(tmp_path / "home"))
+    kw: dict[str, Any] = {"python": "python3"}
     runner = ProbeRunner(LocalTransport())
     res = _runner_probe("brctl.diagnostics.sysinfo", runner=runner, **kw)
     assert res.ok, res
@@ -203,16 +206,15 @@ def test_an_installed_brctl_is_used_only_if_its_package_passes_the_rule(tmp_path
 
 
 def test_an_installed_brctls_site_directory_never_shadows_the_standard_library(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its site-packages is not checked file by file before the guard: a job-owned
     ``glob.py`` there must not be what the bootstrap's ``import glob`` (isolate) runs."""
     venv, package = _installed(tmp_path)
     shadow = tmp_path / "shadowed"
     _write(package.parent / "glob.py", MARK.format(mark=str(shadow)), NOBODY)
-    home = _dir(tmp_path / "home")
+    _login_path(monkeypatch, venv, _dir(tmp_path / "home"))
     runner = ProbeRunner(LocalTransport())
-    res = _runner_probe("brctl.diagnostics.sysinfo", runner=runner, python="python3",
-                        env={"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(home)})
+    res = _runner_probe("brctl.diagnostics.sysinfo", runner=runner, python="python3")
     assert not shadow.exists(), f"site-packages' glob.py ran as uid {shadow.read_text()}"
     assert res.ok and res.document["brctl_path"] == str(package), res
 

@@ -158,12 +158,14 @@ def test_collect_on_local_machines_dumps_each_rank_once(tmp_path: Path, job: dic
     assert again.analysis.evict == report.analysis.evict
 
 
-def test_py_spy_missing_on_the_node_is_shipped(tmp_path: Path, job: dict[int, int]) -> None:
+def test_py_spy_missing_on_the_node_is_shipped(tmp_path: Path, job: dict[int, int],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     bare = "/usr/bin/python3"  # no py-spy beside it
     if not os.access(bare, os.X_OK):
         pytest.skip("needs /usr/bin/python3")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the login HOME: where brctl caches
     nodes = [Node("local1", "localhost", connection="local", gpus=4, python=bare,
-                  env={"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"})]
+                  env={"PATH": "/usr/bin:/bin"})]
     runner = ProbeRunner(LocalTransport())
     col = op.collect(runner, nodes, MARK, dump_timeout=20, timeout=60)
     assert col.py_spy_shipped == ("local1",)
