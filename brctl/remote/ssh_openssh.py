@@ -333,6 +333,8 @@ def expand(value: Any, cfg: Mapping[str, Any], name: str, *, environment: bool =
     if isinstance(value, list):
         return [expand(v, cfg, name, environment=environment, only=only) for v in value]
     text = str(value)
+    if "%" not in text and not (environment and "$" in text):
+        return text  # most values: no hostname, user or hash worked out for nothing
     home = os.path.expanduser("~")
     local = socket.gethostname()
     host, port = str(cfg.get("hostname", name)), str(cfg.get("port", "22"))
