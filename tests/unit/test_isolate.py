@@ -15,6 +15,15 @@ from brctl.remote.probes import ProbeRunner, declared_paths
 NOBODY = 65534
 
 
+def _job_owned(path: Path, text: str, mode: int = 0o644) -> Path:
+    """A file the job user (nobody) owns, in a directory of root's (a partial chown -R)."""
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    os.chown(path, NOBODY, NOBODY)
+    return path
+
+
 def _run(tmp_path: Path, **kw: Any) -> Any:
     node = Node(name="n", address="n", connection="local", **kw)
     return ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.sysinfo", {})["n"]
@@ -128,11 +137,7 @@ def test_a_job_writable_startup_file_in_a_root_entry_is_refused(tmp_path: Path) 
     .pth, usercustomize, their bytecode) by itself: a job-owned or world-writable one is
     refused like a job-writable entry, before it runs."""
     site = tmp_path / "site"
-    site.mkdir()
-    startup = site / "sitecustomize.py"
-    startup.write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
-    startup.chmod(0o666)
-    os.chown(startup, NOBODY, NOBODY)
+    startup = _job_owned(site / "sitecustomize.py", f"open({str(tmp_path / 'ran')!r}, 'w')\n", 0o666)
     res = _run(tmp_path, env={"PYTHONPATH": str(site)})
     assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists()
     assert res.error == (f"refused: PYTHONPATH entry {site}: {startup} is owned by nobody (uid 65534) "
@@ -226,9 +231,7 @@ def test_the_declared_loader_and_path_entries_are_checked_kept_and_applied(tmp_p
     """LD_LIBRARY_PATH: the directory and every file in it (the loader may load any);
     LD_PRELOAD files; relative entries refused; missing ones dropped before the check."""
     lib = tmp_path / "lib"
-    lib.mkdir()
-    (lib / "libfoo.so.1").write_bytes(b"")
-    os.chown(lib / "libfoo.so.1", NOBODY, NOBODY)  # a partial chown -R: the file, not the dir
+    _job_owned(lib / "libfoo.so.1", "")
     res = _run(tmp_path, env={"LD_LIBRARY_PATH": f"{tmp_path}/missing:{lib}"})
     assert res.run.state is NodeState.REFUSED
     assert f"LD_LIBRARY_PATH entry {lib}: {lib}/libfoo.so.1 is owned by nobody" in (res.error or "")
@@ -261,11 +264,7 @@ def test_a_program_a_probe_runs_by_name_must_pass_the_rule_too(tmp_path: Path) -
     """A root-owned PATH directory may hold a file the job user owns (a partial chown -R):
     the probe would run it as root. dcgmi here; py-spy and dmesg are found the same way."""
     bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    dcgmi = bin_ / "dcgmi"
-    dcgmi.write_text(f"#!/bin/sh\nid -u > {tmp_path}/ran\necho '{{}}'\n")
-    dcgmi.chmod(0o755)
-    os.chown(dcgmi, NOBODY, NOBODY)
+    dcgmi = _job_owned(bin_ / "dcgmi", f"#!/bin/sh\nid -u > {tmp_path}/ran\necho '{{}}'\n", 0o755)
     node = Node(name="n", address="n", connection="local", env={"PATH": f"{bin_}:/usr/bin:/bin"})
     res = ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.dcgm", {"level": "1"})["n"]
     assert res.run.state is NodeState.REFUSED and not (tmp_path / "ran").exists(), res
