@@ -456,6 +456,7 @@ def enter(paths: Sequence[str], module: str, args: Sequence[str],
     the probe code, removed on a refusal.
     """
     sys.path[1:1] = list(paths)  # after the probe code, before the interpreter's own
+    sys.argv = [module, *args]  # what site and sitecustomize see, in this process or stage 2
     guard_imports(allowed, scratch, paths)
     if sys.flags.no_site:
         site.main()
@@ -465,7 +466,6 @@ def enter(paths: Sequence[str], module: str, args: Sequence[str],
             importlib.import_module("sitecustomize")
         except Exception as exc:  # as site.py: report, carry on
             sys.stderr.write(f"Error in sitecustomize; {type(exc).__name__}: {exc}\n")
-    sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

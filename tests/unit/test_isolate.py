@@ -273,3 +273,23 @@ def test_a_program_a_probe_runs_by_name_must_pass_the_rule_too(tmp_path: Path) -
     res = ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.dcgm", {"level": "1"})["n"]
     assert res.ok and res.document["argv"][0] == str(dcgmi), res
     assert (tmp_path / "ran").read_text().strip() == "0"
+
+
+def test_sitecustomize_sees_the_probe_s_argv_in_process_and_in_stage_2(tmp_path: Path) -> None:
+    """As Python sets sys.argv before site runs: [module, *args] whichever interpreter runs
+    the probe (it was the bootstrap's own argv when the probe ran in the bootstrap's process)."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nopen({str(tmp_path / 'argv')!r}, 'a').write(repr(sys.argv) + '\\n')\n")
+    venv = tmp_path / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    for python in ("python3", str(venv / "bin" / "python")):
+        node = Node(name="n", address="n", connection="local", python=python,
+                    env={"PYTHONPATH": str(site)})
+        assert ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.sysinfo", {})["n"].ok
+    seen = (tmp_path / "argv").read_text().splitlines()
+    assert seen == ["['brctl.diagnostics.sysinfo']"] * 2, seen
