@@ -28,7 +28,8 @@ is not absolute is refused (it would depend on the cwd).
 
 The node's declared ``env`` comes in the spec, not in front of the bootstrap (a ``PATH``
 there picked the ``python3`` that runs this as root, ``LD_*`` what it loads): its
-``PATH`` and ``LD_LIBRARY_PATH`` entries (every file of a library directory too) and its
+``PATH`` and ``LD_LIBRARY_PATH`` entries (every file the loader may load from a library
+directory too: ``LOADER_SUBDIRS``) and its
 ``LD_PRELOAD``/``LD_AUDIT`` files pass the same rule (``usable_env``, ``env_code``); the
 loader's variables are set only for the program exec'd next (after ``setpriv``, which
 is taken from the login ``PATH`` and checked: it runs as root). Programs a probe runs
@@ -280,11 +281,25 @@ def loader_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("LD_")}
 
 
+# Subdirectories of a library directory the loader searches too: glibc-hwcaps
+# (glibc >= 2.33) and the legacy hwcaps and platform directories (before 2.37).
+LOADER_SUBDIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "avx512_1", "xeon_phi", "i686",
+                  "i586", "aarch64", "atomics", "power8", "power9", "power10", "z13", "z14", "z15")
+
+
 def _listing(directory: str) -> list[str]:
+    """What the loader may load from ``directory``: its entries, and everything below the
+    subdirectories it searches (``LOADER_SUBDIRS``)."""
     try:
-        return [os.path.join(directory, n) for n in sorted(os.listdir(directory))]
+        names = sorted(os.listdir(directory))
     except OSError:
         return []
+    out = [os.path.join(directory, n) for n in names]
+    for name in names:
+        below = os.path.join(directory, name)
+        if name in LOADER_SUBDIRS and os.path.isdir(below) and not os.path.islink(below):
+            out.extend(_tree(below))
+    return out
 
 
 def program(name: str, allowed: tuple[int, ...], search: str | None = None) -> str:

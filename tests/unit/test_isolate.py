@@ -17,7 +17,7 @@ NOBODY = 65534
 
 def _job_owned(path: Path, text: str, mode: int = 0o644) -> Path:
     """A file the job user (nobody) owns, in a directory of root's (a partial chown -R)."""
-    path.parent.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     path.chmod(mode)
     os.chown(path, NOBODY, NOBODY)
@@ -236,6 +236,12 @@ def test_the_declared_loader_and_path_entries_are_checked_kept_and_applied(tmp_p
     assert res.run.state is NodeState.REFUSED
     assert f"LD_LIBRARY_PATH entry {lib}: {lib}/libfoo.so.1 is owned by nobody" in (res.error or "")
     assert "the loader may load it" in (res.error or "")
+    os.chown(lib / "libfoo.so.1", 0, 0)
+    hwcaps = _job_owned(lib / "glibc-hwcaps" / "x86-64-v3" / "libfoo.so.1", "")
+    res = _run(tmp_path, env={"LD_LIBRARY_PATH": str(lib)})
+    assert f"LD_LIBRARY_PATH entry {lib}: {hwcaps} is owned by nobody" in res.run.stdout, res
+    os.chown(hwcaps, 0, 0)
+    os.chown(lib / "libfoo.so.1", NOBODY, NOBODY)
     res = _run(tmp_path, env={"LD_PRELOAD": f"libc.so.6 {lib}/libfoo.so.1"})
     assert res.run.state is NodeState.REFUSED
     assert f"LD_PRELOAD file {lib}/libfoo.so.1:" in (res.error or "")
