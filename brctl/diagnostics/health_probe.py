@@ -192,9 +192,11 @@ def sample_nvml() -> dict[str, Any]:
     try:
         import pynvml as nv
     except ImportError:
-        import ctypes.util
+        import ctypes
 
-        if ctypes.util.find_library("nvidia-ml") is None:
+        try:  # dlopen: the checked library path and ld.so.cache (find_library runs gcc, ld, …)
+            ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
             return {"status": "unavailable", "reason": NO_DRIVER}
         return {"status": "unavailable", "reason": NO_MODULE}
     try:

@@ -29,7 +29,7 @@ is not absolute is refused (it would depend on the cwd).
 The node's declared ``env`` comes in the spec, not in front of the bootstrap (a ``PATH``
 there picked the ``python3`` that runs this as root, ``LD_*`` what it loads): its
 ``PATH`` and ``LD_LIBRARY_PATH`` entries (every file the loader may load from a library
-directory too: ``LOADER_SUBDIRS``) and its
+directory too: ``searched``) and its
 ``LD_PRELOAD``/``LD_AUDIT`` files pass the same rule (``usable_env``, ``env_code``); the
 loader's variables are set only for the program exec'd next (after ``setpriv``, which
 is taken from the login ``PATH`` and checked: it runs as root). Programs a probe runs
@@ -202,10 +202,16 @@ def check(python: str, paths: Sequence[str], allowed: tuple[int, ...],
         if reason:
             return f"{what} {path}: {reason}"
         if what == "LD_LIBRARY_PATH entry":
-            for inside in _listing(path):
+            dirs, entries = searched(path)
+            for inside in entries:
                 reason = unsafe_owner_chain(inside, allowed, sticky_ok=True)
                 if reason:
                     return f"{what} {path}: {reason} (the loader may load it)"
+            for here in dirs:  # sticky or not: a name added after this check would be loaded
+                mode = os.stat(here).st_mode & 0o7777
+                if mode & 0o022:
+                    return (f"{what} {path}: {here} is group/other writable (mode {mode:04o}): "
+                            "a library added after this check would be loaded")
         if not os.path.isdir(path) or what == "PATH entry":
             continue
         for inside in startup_files(path):
@@ -287,19 +293,28 @@ LOADER_SUBDIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "avx512_1", "xeon_
                   "i586", "aarch64", "atomics", "power8", "power9", "power10", "z13", "z14", "z15")
 
 
-def _listing(directory: str) -> list[str]:
-    """What the loader may load from ``directory``: its entries, and everything below the
-    subdirectories it searches (``LOADER_SUBDIRS``)."""
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return []
-    out = [os.path.join(directory, n) for n in names]
-    for name in names:
-        below = os.path.join(directory, name)
-        if name in LOADER_SUBDIRS and os.path.isdir(below) and not os.path.islink(below):
-            out.extend(_tree(below))
-    return out
+def searched(directory: str) -> tuple[list[str], list[str]]:
+    """The directories the loader searches from the library directory ``directory`` (it,
+    and everything below its ``LOADER_SUBDIRS``, links followed as the loader does) and
+    every entry of those: what it may load."""
+    dirs, entries, seen, todo = [], [], set(), [directory]
+    while todo:
+        here = todo.pop()
+        real = os.path.realpath(here)
+        if real in seen:
+            continue
+        seen.add(real)
+        dirs.append(here)
+        try:
+            names = sorted(os.listdir(here))
+        except OSError:
+            continue
+        for name in names:
+            entry = os.path.join(here, name)
+            entries.append(entry)
+            if (here != directory or name in LOADER_SUBDIRS) and os.path.isdir(entry):
+                todo.append(entry)
+    return dirs, entries
 
 
 def program(name: str, allowed: tuple[int, ...], search: str | None = None) -> str:
@@ -548,8 +563,8 @@ def launch(spec: dict[str, Any], code: str) -> None:
         _as_user(account, list(spec["exec"]), loader, login_path)
     python, paths = spec["python"], usable_paths(spec.get("paths", []))
     try:
-        reason = check(python, paths, mine, env)
-        exe = interpreter_paths(python)[0]  # checked: exec'd by this path, not looked up again
+        exe = interpreter_paths(python)[0]  # looked up once: checked and exec'd by this path
+        reason = check(exe, paths, mine, env)
     except FileNotFoundError as exc:  # no interpreter: a failure, as exec would fail
         sys.stderr.write(f"brctl: {exc}\n")
         sys.exit(127)
@@ -557,7 +572,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
     if reason:
         if account is None:
             refuse(f"{reason}; not run as root (set job.user to run it as the job's user)")
-        again = check(python, paths, (*mine, account.pw_uid), env)
+        again = check(exe, paths, (*mine, account.pw_uid), env)
         if again:
             refuse(f"{again}; not even the job user {user!r} may run it")
         drop = True

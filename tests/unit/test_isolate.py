@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from brctl.core.transport import Node, NodeState
@@ -24,9 +28,13 @@ def _job_owned(path: Path, text: str, mode: int = 0o644) -> Path:
     return path
 
 
-def _run(tmp_path: Path, **kw: Any) -> Any:
+def _probe(module: str, request: dict[str, Any], **kw: Any) -> Any:
     node = Node(name="n", address="n", connection="local", **kw)
-    return ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.sysinfo", {})["n"]
+    return ProbeRunner(LocalTransport()).run([node], module, request)["n"]
+
+
+def _run(tmp_path: Path, **kw: Any) -> Any:
+    return _probe("brctl.diagnostics.sysinfo", {}, **kw)
 
 
 def test_declared_paths_keep_order_and_drop_empty_entries() -> None:
@@ -299,3 +307,63 @@ def test_sitecustomize_sees_the_probe_s_argv_in_process_and_in_stage_2(tmp_path:
         assert ProbeRunner(LocalTransport()).run([node], "brctl.diagnostics.sysinfo", {})["n"].ok
     seen = (tmp_path / "argv").read_text().splitlines()
     assert seen == ["['brctl.diagnostics.sysinfo']"] * 2, seen
+
+
+def _libm() -> str:
+    found = [p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6") if os.path.exists(p)]
+    if not found:
+        pytest.skip("no x86-64 libm.so.6 to copy")
+    return found[0]
+
+
+def test_a_symlinked_glibc_hwcaps_directory_is_walked_too(tmp_path: Path) -> None:
+    """The loader follows a linked glibc-hwcaps: a job-owned library below it (a partial
+    chown -R) was loaded by the probe's interpreter, exec'd as root (helper review)."""
+    lib, hw = tmp_path / "lib", tmp_path / "hw"
+    lib.mkdir()
+    (hw / "x86-64-v2").mkdir(parents=True)
+    job_libm = hw / "x86-64-v2" / "libm.so.6"
+    shutil.copy(_libm(), job_libm)  # a working libm: the job user's real payload would be its own
+    os.chown(job_libm, NOBODY, NOBODY)
+    (lib / "glibc-hwcaps").symlink_to(hw)
+    probe = subprocess.run(["/lib64/ld-linux-x86-64.so.2", "--help"], capture_output=True, text=True)
+    if "x86-64-v2 (supported, searched)" not in probe.stdout:
+        pytest.skip("this loader does not search glibc-hwcaps/x86-64-v2")
+    debug = tmp_path / "ld-debug"
+    res = _probe("brctl.diagnostics.sysinfo", {}, env={
+        "LD_LIBRARY_PATH": str(lib), "LD_DEBUG": "libs", "LD_DEBUG_OUTPUT": str(debug)})
+    loaded = [p.name for p in tmp_path.glob("ld-debug.*")
+              if f"calling init: {lib}/glibc-hwcaps/x86-64-v2/libm.so.6" in p.read_text()]
+    assert not loaded, f"job-owned {job_libm} loaded as root by {loaded}: {res}"
+    assert res.run.state is NodeState.REFUSED, res
+
+
+def test_a_sticky_ld_library_path_entry_is_refused(tmp_path: Path) -> None:
+    """Anyone may add a name to a sticky (1777) directory after the check lists it, and the
+    loader looks names up there for the probe's whole life (libffi.so.8 on `import ctypes`):
+    a library directory others can write is refused, sticky or not (helper review)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    early = _job_owned(shared / "libffi.so.8", "")  # there at the listing: refused
+    res = _probe("brctl.diagnostics.sysinfo", {}, env={"LD_LIBRARY_PATH": str(shared)})
+    assert res.run.state is NodeState.REFUSED and "the loader may load it" in (res.error or "")
+    early.unlink()  # the same file a moment later (after the listing) is loaded: only timing differs
+    res = _probe("brctl.diagnostics.sysinfo", {}, env={"LD_LIBRARY_PATH": str(shared)})
+    assert res.run.state is NodeState.REFUSED, res
+
+
+def test_find_library_does_not_run_a_job_owned_gcc_as_root(tmp_path: Path) -> None:
+    """health's NVML check without pynvml asked ctypes.util.find_library whether the driver's
+    library is there, which (ldconfig not knowing it) runs `gcc`, `ld`, `objdump` found on
+    PATH: a job-owned gcc in a root-owned directory ran as root (helper review)."""
+    if ctypes.util._findSoname_ldconfig("nvidia-ml"):  # type: ignore[attr-defined]
+        pytest.skip("ldconfig knows libnvidia-ml here: find_library runs no compiler")
+    if subprocess.run(["python3", "-I", "-c", "import pynvml"], capture_output=True).returncode == 0:
+        pytest.skip("pynvml is importable: sample_nvml does not call find_library")
+    bin_ = tmp_path / "bin"
+    ran = tmp_path / "ran"
+    _job_owned(bin_ / "gcc", f"#!/bin/sh\nid -u >> {ran}\nexit 1\n", 0o755)
+    res = _probe("brctl.diagnostics.health_probe", {"checks": ["nvml"]},
+                 env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    assert not ran.exists() or "0" not in ran.read_text().split(), f"job-owned gcc ran as root: {res}"
