@@ -174,7 +174,7 @@ def state_for_exit(code: int) -> NodeState:
 
 
 # How brctl's own node-side programs start (the probe bootstrap, the bundle installer):
-# the system interpreter, isolated, with code brctl sends.
+# the system interpreter (the node-side isolate.TRUSTED_PYTHON), isolated, with code brctl sends.
 NODE_PROGRAM = ("python3", "-I", "-S", "-c")
 
 

@@ -14,12 +14,12 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from brctl.core.transport import NodeState, command_line
+from brctl.core.transport import NODE_PROGRAM, NodeState, command_line
 
 TIMEOUT_EXIT = 124  # brctl.diagnostics.reaper.TIMEOUT_EXIT
 GRACE_S = 2.0  # reaper.GRACE_S: SIGTERM, then SIGKILL this much later
 SLACK_S = 5.0  # how long past GRACE_S the controller waits before it gives up itself
-SYSTEM_PYTHON = "python3"  # isolate.TRUSTED_PYTHON: what runs the reaper where it exists
+SYSTEM_PYTHON = NODE_PROGRAM[0]  # isolate.TRUSTED_PYTHON: what runs the reaper where it exists
 
 
 @functools.cache

@@ -105,7 +105,9 @@ def test_brctl_s_own_node_programs_get_the_env_only_through_their_request() -> N
     """A declared PATH picks the python3 that `env` runs, LD_PRELOAD what it loads: as root,
     before any check. The bootstrap and installer apply the env themselves, once checked."""
     from brctl.core.transport import NODE_PROGRAM
+    from brctl.diagnostics.isolate import TRUSTED_PYTHON
 
+    assert NODE_PROGRAM[0] == TRUSTED_PYTHON  # the interpreter the node side trusts to check
     env = {"PATH": "/home/job/bin:/usr/bin", "LD_PRELOAD": "/home/job/evil.so"}
     node = Node("n1", "h", env=env)
     runner = ProbeRunner(FakeTransport(lambda node, argv, stdin: Reply()))
