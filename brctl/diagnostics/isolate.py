@@ -29,7 +29,7 @@ is not absolute is refused (it would depend on the cwd).
 The node's declared ``env`` comes in the spec, not in front of the bootstrap (a ``PATH``
 there picked the ``python3`` that runs this as root, ``LD_*`` what it loads): its
 ``PATH`` and ``LD_LIBRARY_PATH`` entries (every file the loader may load from a library
-directory too: ``searched``) and its
+directory too: ``declared_env.library_dir``) and its
 ``LD_PRELOAD``/``LD_AUDIT`` files pass the same rule (``usable_env``, ``env_code``); the
 loader's variables are set only for the program exec'd next (after ``setpriv``, which
 is taken from the login ``PATH`` and checked: it runs as root). Programs a probe runs
@@ -80,11 +80,13 @@ import shutil
 import site
 import stat
 import sys
+import time
 import zipimport
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
+from brctl.diagnostics.declared_env import env_code, library_dir, loader_env, usable_env
 from brctl.diagnostics.safefs import unsafe_owner_chain
 
 REFUSED_EXIT = 96
@@ -202,16 +204,9 @@ def check(python: str, paths: Sequence[str], allowed: tuple[int, ...],
         if reason:
             return f"{what} {path}: {reason}"
         if what == "LD_LIBRARY_PATH entry":
-            dirs, entries = searched(path)
-            for inside in entries:
-                reason = unsafe_owner_chain(inside, allowed, sticky_ok=True)
-                if reason:
-                    return f"{what} {path}: {reason} (the loader may load it)"
-            for here in dirs:  # sticky or not: a name added after this check would be loaded
-                mode = os.stat(here).st_mode & 0o7777
-                if mode & 0o022:
-                    return (f"{what} {path}: {here} is group/other writable (mode {mode:04o}): "
-                            "a library added after this check would be loaded")
+            reason = library_dir(path, allowed)
+            if reason:
+                return f"{what} {path}: {reason}"
         if not os.path.isdir(path) or what == "PATH entry":
             continue
         for inside in startup_files(path):
@@ -248,73 +243,6 @@ def usable_paths(declared: Sequence[str]) -> list[str]:
     if relative:
         refuse(f"PYTHONPATH entry {relative[0]!r} is not an absolute path")
     return [p for p in declared if p and os.path.lexists(p)]
-
-
-# The declared env's lists of code: PATH (programs found by name), the dynamic loader's
-# library path and the libraries it loads into every program started with them.
-SEARCH_PATHS = ("PATH", "LD_LIBRARY_PATH")
-PRELOADS = ("LD_PRELOAD", "LD_AUDIT")
-
-
-def usable_env(declared: Mapping[str, str]) -> dict[str, str]:
-    """The node's declared ``env`` as it is applied: ``PATH`` and ``LD_LIBRARY_PATH`` keep
-    the entries that exist, ``LD_PRELOAD``/``LD_AUDIT`` the files named by a path that exist
-    (bare names are looked up in the library path); decided once, before the check, so a
-    directory or file created after it is never used. A relative entry is refused.
-    """
-    env = dict(declared)
-    for key in (*SEARCH_PATHS, *PRELOADS):
-        if key not in env:
-            continue
-        items = [p for p in env[key].replace(" ", ":").split(":") if p] if key in PRELOADS else [
-            p for p in env[key].split(":") if p]
-        relative = [p for p in items if not p.startswith("/") and (key in SEARCH_PATHS or "/" in p)]
-        if relative:
-            refuse(f"{key} entry {relative[0]!r} is not an absolute path")
-        env[key] = ":".join(p for p in items if not p.startswith("/") or os.path.lexists(p))
-    return env
-
-
-def env_code(env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """What ``env`` (``usable_env``) makes programs run or load, as (what, path)."""
-    out = [(f"{key} entry", p) for key in SEARCH_PATHS for p in env.get(key, "").split(":") if p]
-    return out + [(f"{key} file", p) for key in PRELOADS
-                  for p in env.get(key, "").split(":") if p.startswith("/")]
-
-
-def loader_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The dynamic loader's variables (``LD_*``): set only for the program exec'd next."""
-    return {k: v for k, v in env.items() if k.startswith("LD_")}
-
-
-# Subdirectories of a library directory the loader searches too: glibc-hwcaps
-# (glibc >= 2.33) and the legacy hwcaps and platform directories (before 2.37).
-LOADER_SUBDIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "avx512_1", "xeon_phi", "i686",
-                  "i586", "aarch64", "atomics", "power8", "power9", "power10", "z13", "z14", "z15")
-
-
-def searched(directory: str) -> tuple[list[str], list[str]]:
-    """The directories the loader searches from the library directory ``directory`` (it,
-    and everything below its ``LOADER_SUBDIRS``, links followed as the loader does) and
-    every entry of those: what it may load."""
-    dirs, entries, seen, todo = [], [], set(), [directory]
-    while todo:
-        here = todo.pop()
-        real = os.path.realpath(here)
-        if real in seen:
-            continue
-        seen.add(real)
-        dirs.append(here)
-        try:
-            names = sorted(os.listdir(here))
-        except OSError:
-            continue
-        for name in names:
-            entry = os.path.join(here, name)
-            entries.append(entry)
-            if (here != directory or name in LOADER_SUBDIRS) and os.path.isdir(entry):
-                todo.append(entry)
-    return dirs, entries
 
 
 def program(name: str, allowed: tuple[int, ...], search: str | None = None) -> str:
@@ -523,11 +451,12 @@ def _as_user(account: pwd.struct_passwd, argv: list[str], loader: Mapping[str, s
              search: str | None) -> NoReturn:
     """Exec ``argv`` as ``account`` through ``setpriv`` (found on ``search``, the login
     ``PATH``, and checked: it runs as root); the loader's variables once it is that user."""
-    setpriv = program("setpriv", tuple(sorted({0, os.getuid()})), search)
+    mine = tuple(sorted({0, os.getuid()}))
+    setpriv = program("setpriv", mine, search)
     os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
     sys.stdout.flush()
     sys.stderr.flush()
-    then = ["env", *(f"{k}={v}" for k, v in loader.items())] if loader else []
+    then = [program("env", mine, search), *(f"{k}={v}" for k, v in loader.items())] if loader else []
     try:
         os.execv(setpriv, [setpriv, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
                            "--init-groups", "--", *then, *argv])
@@ -547,9 +476,13 @@ def launch(spec: dict[str, Any], code: str) -> None:
     os.chdir("/")
     mine = tuple(sorted({0, os.getuid()}))
     login_path = os.environ.get("PATH")
-    env = usable_env(spec.get("env", {}))
+    try:
+        env = usable_env(spec.get("env", {}))
+    except ValueError as exc:
+        refuse(str(exc))
     loader = loader_env(env)
     os.environ.update({k: v for k, v in env.items() if k not in loader})
+    time.tzset()  # a declared TZ, for a probe run in this process as in stage 2
     user = spec.get("user")
     account = None
     if user:

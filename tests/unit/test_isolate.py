@@ -6,6 +6,7 @@ import ctypes.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -264,7 +265,7 @@ def test_the_declared_loader_and_path_entries_are_checked_kept_and_applied(tmp_p
 
 
 def test_usable_env_drops_what_does_not_exist_and_keeps_bare_preloads(tmp_path: Path) -> None:
-    from brctl.diagnostics.isolate import env_code, loader_env, usable_env
+    from brctl.diagnostics.declared_env import env_code, loader_env, usable_env
 
     env = usable_env({"PATH": f"/usr/bin::{tmp_path}/gone", "LD_PRELOAD": f"libz.so.1 {tmp_path}/gone.so",
                       "LD_LIBRARY_PATH": f"{tmp_path}:", "CUDA_VISIBLE_DEVICES": "0"})
@@ -367,3 +368,71 @@ def test_find_library_does_not_run_a_job_owned_gcc_as_root(tmp_path: Path) -> No
     res = _probe("brctl.diagnostics.health_probe", {"checks": ["nvml"]},
                  env={"PATH": f"{bin_}:/usr/bin:/bin"})
     assert not ran.exists() or "0" not in ran.read_text().split(), f"job-owned gcc ran as root: {res}"
+
+
+def _env_seen(tmp_path: Path, env: dict[str, str]) -> tuple[Any, str | None]:
+    """Run sysinfo with ``env`` plus a root-owned PYTHONPATH whose sitecustomize records
+    the probe process's LD_* variables; (the result, what it saw or None)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    seen = tmp_path / "seen"
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        f"open({str(seen)!r}, 'w').write(repr({{k: v for k, v in os.environ.items() "
+        "if k.startswith('LD_')}))\n")
+    res = _probe("brctl.diagnostics.sysinfo", {}, env={**env, "PYTHONPATH": str(site)})
+    return res, seen.read_text() if seen.exists() else None
+
+
+def test_a_dangling_link_in_a_library_directory_does_not_refuse_the_machine(tmp_path: Path) -> None:
+    """A root-owned dangling link in a declared library directory (a stale libfoo.so after
+    an uninstall or driver upgrade, a dev link whose target is not installed) cannot be
+    loaded, and nobody but root can create its target in a root-owned directory: the
+    machine was refused ('No such file or directory'), as root and as job.user alike
+    (helper review)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libstale.so").symlink_to("libstale.so.1")  # target in the same root-owned dir
+    res = _probe("brctl.diagnostics.sysinfo", {}, env={"LD_LIBRARY_PATH": str(lib)})
+    assert res.ok, res.error
+
+
+def test_a_lib_token_in_ld_preload_is_not_silently_dropped(tmp_path: Path) -> None:
+    """glibc expands $LIB / $PLATFORM / $ORIGIN in LD_PRELOAD and LD_LIBRARY_PATH
+    (multilib setups write LD_PRELOAD=/usr/$LIB/libjemalloc.so.2). ``usable_env`` takes
+    the text as a path, finds it missing and drops it without a word: the probe (and every
+    program it starts) ran without the preload, without a word; now it is refused, saying
+    why (helper review)."""
+    res, _ = _env_seen(tmp_path, {"LD_PRELOAD": "/usr/$LIB/libm.so.6"})
+    assert res.run.state is NodeState.REFUSED, res
+    assert "'/usr/$LIB/libm.so.6' uses a loader token: write the path out" in (res.error or "")
+
+
+def test_a_semicolon_in_ld_library_path_is_a_separator_as_for_the_loader(tmp_path: Path) -> None:
+    """glibc splits LD_LIBRARY_PATH on ':' and ';'. '/a;/b' is taken as one missing path and
+    dropped: neither directory was checked nor applied (helper review)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    res, seen = _env_seen(tmp_path, {"LD_LIBRARY_PATH": f"{a};{b}"})
+    assert res.ok, res.error
+    assert seen is not None and str(a) in seen and str(b) in seen, seen
+
+
+def test_job_user_command_with_loader_vars_does_not_need_env_on_the_declared_path(
+        tmp_path: Path) -> None:
+    """``_as_user`` takes setpriv from the login PATH, but the ``env`` that sets the loader's
+    variables after it is looked up by setpriv on the *declared* PATH (os.environ was
+    updated): a declared PATH without /usr/bin (a conda env's bin and CUDA's) fails every
+    job-user run that also declares an LD_* variable ('env: No such file'); the same
+    without LD_* works. Now `env` comes from the login PATH too (helper review)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").symlink_to(sys.executable)  # a conda env's bin: python3, no env
+    node = Node(name="n", address="n", connection="local", job_user="nobody",
+                python=sys.executable,
+                env={"PATH": str(bin_), "LD_LIBRARY_PATH": "/usr/lib"})
+    runner = ProbeRunner(LocalTransport())
+    assert runner.run([node], "brctl.diagnostics.sysinfo", {})["n"].ok  # bundle cached
+    res = LocalTransport().run(node, runner.as_job_user(node, ["/usr/bin/id", "-u"]), timeout=60)
+    assert res.state is NodeState.OK and res.stdout.strip() == "65534", (res.stdout, res.stderr)
