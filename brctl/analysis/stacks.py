@@ -466,12 +466,19 @@ def _persistent_ranks(per_round: Sequence[set[int]], topo: Topology, kinds: Sequ
     binomial tail), so scattered noise never does, while each hung group, full in
     every round, does. q is counted outside the instance under test: in a small
     job a slow rank and its waiting peer were most of the outliers, and counted as
-    noise they made their own group look like chance.
+    noise they made their own group look like chance. Strongest instance first, a
+    later one is asked again for its ranks not yet taken only: a DP pair holding a
+    hung rank is not "full" by the hung rank's doing.
     """
     n_rounds = len(per_round)
     need = n_rounds // 2 + 1
     total = sum(len(o) for o in per_round)
-    out: set[int] = set()
+
+    def odds(kind: str, p: float, c: int) -> float:  # expected instances full in >= c rounds
+        return topo.n_groups(kind) * sum(comb(n_rounds, i) * p ** i * (1 - p) ** (n_rounds - i)
+                                         for i in range(c, n_rounds + 1))
+
+    found: list[tuple[float, int, str, int, float, int]] = []
     for kind in kinds:
         size = topo.size(kind)
         full: Counter[int] = Counter()
@@ -485,11 +492,15 @@ def _persistent_ranks(per_round: Sequence[set[int]], topo: Topology, kinds: Sequ
             if c < need:
                 continue
             q = (total - inside[gid]) / others if others else total / (n_rounds * topo.world)
-            p = q ** size
-            tail = sum(comb(n_rounds, i) * p ** i * (1 - p) ** (n_rounds - i)
-                       for i in range(c, n_rounds + 1))
-            if topo.n_groups(kind) * tail < NOISE_INSTANCES:
-                out.update(topo.group_ranks(kind, gid))
+            score = odds(kind, q ** size, c)
+            if score < NOISE_INSTANCES:
+                found.append((score, -size, kind, gid, q, c))
+    out: set[int] = set()
+    for _, _, kind, gid, q, c in sorted(found):
+        ranks = set(topo.group_ranks(kind, gid))
+        left = len(ranks - out)
+        if left and (left == len(ranks) or odds(kind, q ** left, c) < NOISE_INSTANCES):
+            out |= ranks
     return out
 
 

@@ -350,3 +350,23 @@ def test_a_slow_rank_missed_in_one_round_still_evicts_its_pp_group(missed: int) 
     a = analyse(rounds, topo)
     assert [(g.kind, g.indices) for g in a.suspects] == [("pp", (0,))]
     assert a.evict == ("node01", "node03")
+
+
+def test_noise_beside_a_hung_rank_does_not_make_its_dp_group_persistent() -> None:
+    """tp=2 pp=2 dp=2 on 4 machines: PP group {3, 7} hangs in every round, and noise lands on
+    rank 5 in 3 of 5 rounds. DP group {5, 7} is then 'full' in 3 rounds only because rank 7
+    hangs; with q counted outside the instance (7 of 30 rank-rounds) and p = q**2 it passed
+    as more than noise explains, and the healthy machine m002 (rank 5) was evicted with the
+    hung group (a review's simulation: 3-6 % of 4-5-round runs of this shape; now 0-1 %, as
+    before the leave-one-out q)."""
+    topo = Topology.build(["m000", "m001", "m002", "m003"], 2, tp=2, pp=2)
+    assert topo.dp == 2 and topo.group_ranks("pp", topo.group_id(3, "pp")) == [3, 7]
+    noise = [5, 5, 5, 0, 1]
+    rounds = []
+    for i in range(5):
+        stacks = dict.fromkeys(range(topo.world), HEALTHY)
+        stacks[3], stacks[7] = STUCK, RECV
+        stacks[noise[i]] = stack(("save_checkpoint", "ckpt.py"))
+        rounds.append(round_of(topo, stacks))
+    a = analyse(rounds, topo)
+    assert a.evict == ("m001", "m003")
