@@ -14,13 +14,12 @@ import contextlib
 import dataclasses
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from brctl.core.transport import Node, NodeState, RunResult
+from brctl.core.transport import Node, NodeState
 from brctl.remote.ssh import SshTransport
 from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.cluster import SshCluster, scaled
@@ -31,6 +30,7 @@ from tests.integration.test_transport_faults import (
     _freeze_full,
     _freezing_at,
     _in_thread,
+    _timed_out,
     _wait_for,
 )
 
@@ -60,11 +60,7 @@ def test_a_new_target_behind_a_frozen_jump_host_whose_socket_is_full_is_a_timeou
         _freeze_full(cluster, own)
         t0 = time.monotonic()
         box = _in_thread(transport, via, ["true"], scaled(3))
-        box["thread"].join(via.connect_timeout + scaled(20))  # type: ignore[attr-defined]
-        r = box.get("result")
-        assert isinstance(r, RunResult), (time.monotonic() - t0, box)
-        assert float(box["at"]) - t0 <= via.connect_timeout + scaled(2), (float(box["at"]) - t0, r)  # type: ignore[arg-type]
-        assert r.state is NodeState.TIMEOUT, r
+        r = _timed_out(box, t0, via.connect_timeout + scaled(2), via.connect_timeout + scaled(20))
         assert r.stderr.startswith("jump host "), r
         assert transport.connections_opened == 1  # the jump host's only: no target was reached
         _ended(feeding)
@@ -88,12 +84,6 @@ def test_a_target_whose_request_is_stuck_in_a_frozen_jump_host_s_full_socket_ret
     transport = SshTransport(ssh_config=os.devnull)
     timeout = scaled(5)  # the freeze (retries included) happens within it
     bound = via.connect_timeout if method == "open_session" else timeout + GRACE_S + SLACK_S
-    box: dict[str, object] = {}
-
-    def probe() -> None:
-        box["result"] = transport.run(via, ["true"], timeout=timeout)
-        box["at"] = time.monotonic()
-
     try:
         assert transport.run(via, ["true"], timeout=scaled(10)).state is NodeState.OK
         feeding = _feeding(cluster, transport, own, scaled(60))
@@ -102,15 +92,10 @@ def test_a_target_whose_request_is_stuck_in_a_frozen_jump_host_s_full_socket_ret
         else:  # the session opened: frozen just before the exec request
             _freezing_at(monkeypatch, cluster, own, method)
         t0 = time.monotonic()
-        runner = threading.Thread(target=probe, daemon=True, name="probe")
-        runner.start()
-        runner.join(bound + scaled(20))
-        r = box.get("result")
-        assert isinstance(r, RunResult), (time.monotonic() - t0, box)
+        box = _in_thread(transport, via, ["true"], timeout, name="probe")
         # 1.6 s past the bound measured: the target's connection found unable to send, then
         # the jump connection (STUCK_S each), one judgement more than a direct node's.
-        assert float(box["at"]) - t0 <= bound + scaled(2.5), (float(box["at"]) - t0, r)  # type: ignore[arg-type]
-        assert r.state is NodeState.TIMEOUT, r
+        _timed_out(box, t0, bound + scaled(2.5), bound + scaled(20))
         _ended(feeding)
     finally:
         cluster.thaw_node(own.name)

@@ -47,19 +47,32 @@ def _wait_for(predicate: object, seconds: float) -> bool:
 
 def _in_thread(
     transport: SshTransport, node: Node, argv: list[str], timeout: float, stdin: bytes | None = None,
+    *, call: str = "run", name: str | None = None,
 ) -> dict[str, object]:
-    """Run in a thread; the dict gets the result, when it came and the thread's CPU seconds."""
+    """``transport.run`` (or ``call``) in a thread named ``name`` (``_freezing_at`` freezes
+    the "probe" thread's command); the dict gets the result, when it came and the thread's
+    CPU seconds."""
     box: dict[str, object] = {}
 
     def go() -> None:
         cpu = time.thread_time()
-        box["result"] = transport.run(node, argv, timeout=timeout, stdin=stdin)
+        box["result"] = getattr(transport, call)(node, argv, timeout=timeout, stdin=stdin)
         box["at"] = time.monotonic()
         box["cpu"] = time.thread_time() - cpu
 
-    box["thread"] = threading.Thread(target=go, daemon=True)
+    box["thread"] = threading.Thread(target=go, daemon=True, name=name)
     box["thread"].start()  # type: ignore[attr-defined]
     return box
+
+
+def _timed_out(box: dict[str, object], t0: float, bound: float, wait: float) -> RunResult:
+    """The result of ``_in_thread``'s command, waited for up to ``wait`` s: a ``timeout``
+    that came within ``bound`` s of ``t0``."""
+    box["thread"].join(wait)  # type: ignore[attr-defined]
+    r = box.get("result")
+    assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, box)
+    assert float(box["at"]) - t0 <= bound, (float(box["at"]) - t0, r)  # type: ignore[arg-type]
+    return r
 
 
 def test_sshd_killed_mid_command_is_unreachable_at_once_without_spinning(
@@ -280,11 +293,8 @@ def test_a_session_asked_of_a_frozen_node_whose_socket_is_full_is_a_timeout_with
         feeding = _frozen_mid_stdin(cluster, transport, frozen, scaled(60))
         box = _in_thread(transport, frozen, ["true"], scaled(3))
         t0 = time.monotonic()
-        box["thread"].join(frozen.connect_timeout + scaled(3))  # type: ignore[attr-defined]
-        r = box.get("result")
-        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
+        r = _timed_out(box, t0, frozen.connect_timeout + scaled(2), frozen.connect_timeout + scaled(3))
         assert "session request" in r.stderr, r
-        assert float(box["at"]) - t0 <= frozen.connect_timeout + scaled(2)  # type: ignore[arg-type]
         # Its connection, stuck, was closed: the other commands on it end too, and none raised.
         _ended(feeding)
     finally:
@@ -324,22 +334,12 @@ def test_a_command_whose_exec_request_or_eof_cannot_be_sent_times_out_at_its_giv
     transport = SshTransport(ssh_config=os.devnull)
     timeout = scaled(6)  # the freeze (retries included) happens within it
     give_up = timeout + GRACE_S + SLACK_S
-    box: dict[str, object] = {}
-
-    def probe() -> None:
-        box["result"] = getattr(transport, call)(frozen, ["true"], timeout=timeout)
-        box["at"] = time.monotonic()
-
     try:
         feeding = _feeding(cluster, transport, frozen, scaled(60))
         _freezing_at(monkeypatch, cluster, frozen, method)
         t0 = time.monotonic()
-        runner = threading.Thread(target=probe, daemon=True, name="probe")
-        runner.start()
-        runner.join(give_up + scaled(4))
-        r = box.get("result")
-        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
-        assert float(box["at"]) - t0 <= give_up + scaled(2)  # type: ignore[arg-type]
+        box = _in_thread(transport, frozen, ["true"], timeout, call=call, name="probe")
+        _timed_out(box, t0, give_up + scaled(2), give_up + scaled(4))
         _ended(feeding)  # the stuck connection was closed: they end too, raising nothing
     finally:
         cluster.thaw_node(frozen.name)
@@ -359,22 +359,13 @@ def test_output_read_from_a_frozen_node_whose_socket_is_full_times_out_at_its_gi
     transport = SshTransport(ssh_config=os.devnull)
     timeout = scaled(6)  # the freeze (retries included) happens within it
     give_up = timeout + GRACE_S + SLACK_S
-    box: dict[str, object] = {}
-
-    def spew() -> None:
-        box["result"] = getattr(transport, call)(frozen, ["sh", "-c", "exec cat /dev/zero"], timeout=timeout)
-        box["at"] = time.monotonic()
-
     try:
         feeding = _feeding(cluster, transport, frozen, scaled(60))
         _freezing_at(monkeypatch, cluster, frozen, "recv", when=lambda chan: len(chan.in_buffer) >= 1 << 20)
         t0 = time.monotonic()
-        runner = threading.Thread(target=spew, daemon=True, name="probe")
-        runner.start()
-        runner.join(give_up + scaled(4))
-        r = box.get("result")
-        assert isinstance(r, RunResult) and r.state is NodeState.TIMEOUT, (time.monotonic() - t0, r)
-        assert float(box["at"]) - t0 <= give_up + scaled(2)  # type: ignore[arg-type]
+        box = _in_thread(transport, frozen, ["sh", "-c", "exec cat /dev/zero"], timeout, call=call,
+                         name="probe")
+        _timed_out(box, t0, give_up + scaled(2), give_up + scaled(4))
         _ended(feeding)
     finally:
         cluster.thaw_node(frozen.name)
