@@ -346,9 +346,8 @@ class Connector:
             ) from None
         # The request may not even go out (a frozen jump host whose socket other
         # commands filled): see Watch.
-        watch = Watch(jump, deadline)
         try:
-            with watch:
+            with Watch(jump, deadline):
                 chan = jump.open_channel(
                     "direct-tcpip",
                     (ep.host, ep.port),
@@ -364,7 +363,7 @@ class Connector:
         except (paramiko.SSHException, EOFError, OSError) as exc:
             if not jump.is_active():
                 self.drop(jep, jump)
-            if watch.fired or time.monotonic() >= deadline - 0.05:
+            if time.monotonic() >= deadline - 0.05:  # paramiko's timeout, or the watch's close
                 # No answer in time: a hung jump host (closed by the watch if it could not
                 # even send), or one still connecting to a target that drops its SYNs. A
                 # jump connection that can send stays: other targets' commands run over it.
