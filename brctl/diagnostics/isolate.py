@@ -196,18 +196,18 @@ def check(python: str, paths: Sequence[str], allowed: tuple[int, ...],
     Raises:
         FileNotFoundError: there is no such interpreter.
     """
+    for what, path in env_code(env or {}):
+        reason = unsafe_owner_chain(path, allowed, sticky_ok=True) or (
+            library_dir(path, allowed) if what == "LD_LIBRARY_PATH entry" else None)
+        if reason:
+            return f"{what} {path}: {reason}"
     candidates = [("python", p) for p in interpreter_paths(python)]
     candidates += [("PYTHONPATH entry", p) for p in paths]
-    candidates += env_code(env or {})
     for what, path in candidates:  # grows: the directories the interpreter's .pth files add
         reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
         if reason:
             return f"{what} {path}: {reason}"
-        if what == "LD_LIBRARY_PATH entry":
-            reason = library_dir(path, allowed)
-            if reason:
-                return f"{what} {path}: {reason}"
-        if not os.path.isdir(path) or what == "PATH entry":
+        if not os.path.isdir(path):
             continue
         for inside in startup_files(path):
             reason = unsafe_owner_chain(inside, allowed, sticky_ok=True)
@@ -448,10 +448,10 @@ def refuse_now(reason: str, scratch: str | None = None) -> NoReturn:
 
 
 def _as_user(account: pwd.struct_passwd, argv: list[str], loader: Mapping[str, str],
-             search: str | None) -> NoReturn:
+             search: str | None, mine: tuple[int, ...]) -> NoReturn:
     """Exec ``argv`` as ``account`` through ``setpriv`` (found on ``search``, the login
-    ``PATH``, and checked: it runs as root); the loader's variables once it is that user."""
-    mine = tuple(sorted({0, os.getuid()}))
+    ``PATH``, and passing the rule for ``mine``: it runs as root); the loader's variables
+    once it is that user."""
     setpriv = program("setpriv", mine, search)
     os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
     sys.stdout.flush()
@@ -493,7 +493,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
     if "exec" in spec:  # an argv the operator gave, to run as the job user
         if account is None:
             refuse("exec as the job user needs job.user")
-        _as_user(account, list(spec["exec"]), loader, login_path)
+        _as_user(account, list(spec["exec"]), loader, login_path, mine)
     python, paths = spec["python"], usable_paths(spec.get("paths", []))
     try:
         exe = interpreter_paths(python)[0]  # looked up once: checked and exec'd by this path
@@ -523,7 +523,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
             *spec.get("args", [])]
     if drop:
         assert account is not None
-        _as_user(account, argv, loader, login_path)
+        _as_user(account, argv, loader, login_path, mine)
     sys.stdout.flush()
     os.environ.update(loader)
     os.execv(exe, argv)
