@@ -372,14 +372,14 @@ def test_find_library_does_not_run_a_job_owned_gcc_as_root(tmp_path: Path) -> No
 
 def _env_seen(tmp_path: Path, env: dict[str, str]) -> tuple[Any, str | None]:
     """Run sysinfo with ``env`` plus a root-owned PYTHONPATH whose sitecustomize records
-    the probe process's LD_* variables; (the result, what it saw or None)."""
+    the probe process's LD_* variables and time zone name; (the result, what it saw or None)."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     seen = tmp_path / "seen"
     (site / "sitecustomize.py").write_text(
-        "import os\n"
+        "import os, time\n"
         f"open({str(seen)!r}, 'w').write(repr({{k: v for k, v in os.environ.items() "
-        "if k.startswith('LD_')}))\n")
+        "if k.startswith('LD_')}) + ' tz=' + time.tzname[0])\n")
     res = _probe("brctl.diagnostics.sysinfo", {}, env={**env, "PYTHONPATH": str(site)})
     return res, seen.read_text() if seen.exists() else None
 
@@ -436,3 +436,11 @@ def test_job_user_command_with_loader_vars_does_not_need_env_on_the_declared_pat
     assert runner.run([node], "brctl.diagnostics.sysinfo", {})["n"].ok  # bundle cached
     res = LocalTransport().run(node, runner.as_job_user(node, ["/usr/bin/id", "-u"]), timeout=60)
     assert res.state is NodeState.OK and res.stdout.strip() == "65534", (res.stdout, res.stderr)
+
+
+def test_a_declared_time_zone_applies_where_the_probe_runs_in_the_bootstrap_s_process(
+        tmp_path: Path) -> None:
+    """The bootstrap's interpreter read the login TZ when it started; the declared one is
+    set after, in launch (time.tzset), as stage 2 and every child would see it."""
+    res, seen = _env_seen(tmp_path, {"TZ": "BRT-9"})
+    assert res.ok and seen is not None and seen.endswith(" tz=BRT"), (res, seen)
