@@ -180,10 +180,10 @@ def startup_files(directory: str) -> list[str]:
     return out
 
 
-def check(python: str, paths: Sequence[str], allowed: tuple[int, ...],
+def check(interpreter: Sequence[str], paths: Sequence[str], allowed: tuple[int, ...],
           env: Mapping[str, str] | None = None) -> str | None:
-    """The first reason the interpreter, an import path or code the declared ``env`` names
-    may be written by others, or ``None``.
+    """The first reason the interpreter (``interpreter_paths``), an import path or code the
+    declared ``env`` names may be written by others, or ``None``.
 
     Each path with every directory above it (StrictModes); in each directory among
     them (a ``PYTHONPATH`` entry, the interpreter's library and site directories)
@@ -192,16 +192,13 @@ def check(python: str, paths: Sequence[str], allowed: tuple[int, ...],
     job-writable entry. From ``env`` (``usable_env``): the ``PATH`` entries, the
     ``LD_LIBRARY_PATH`` entries with every file in them (the loader may load any), and
     the ``LD_PRELOAD``/``LD_AUDIT`` files.
-
-    Raises:
-        FileNotFoundError: there is no such interpreter.
     """
     for what, path in env_code(env or {}):
         reason = unsafe_owner_chain(path, allowed, sticky_ok=True) or (
             library_dir(path, allowed) if what == "LD_LIBRARY_PATH entry" else None)
         if reason:
             return f"{what} {path}: {reason}"
-    candidates = [("python", p) for p in interpreter_paths(python)]
+    candidates = [("python", p) for p in interpreter]
     candidates += [("PYTHONPATH entry", p) for p in paths]
     for what, path in candidates:  # grows: the directories the interpreter's .pth files add
         reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
@@ -496,16 +493,17 @@ def launch(spec: dict[str, Any], code: str) -> None:
         _as_user(account, list(spec["exec"]), loader, login_path, mine)
     python, paths = spec["python"], usable_paths(spec.get("paths", []))
     try:
-        exe = interpreter_paths(python)[0]  # looked up once: checked and exec'd by this path
-        reason = check(exe, paths, mine, env)
+        interpreter = interpreter_paths(python)  # looked up once: checked, and exec'd by its path
+        reason = check(interpreter, paths, mine, env)
     except FileNotFoundError as exc:  # no interpreter: a failure, as exec would fail
         sys.stderr.write(f"brctl: {exc}\n")
         sys.exit(127)
+    exe = interpreter[0]
     drop = bool(spec.get("as_job")) and account is not None
     if reason:
         if account is None:
             refuse(f"{reason}; not run as root (set job.user to run it as the job's user)")
-        again = check(exe, paths, (*mine, account.pw_uid), env)
+        again = check(interpreter, paths, (*mine, account.pw_uid), env)
         if again:
             refuse(f"{again}; not even the job user {user!r} may run it")
         drop = True
