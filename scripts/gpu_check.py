@@ -361,7 +361,10 @@ def _outlier_ranks(doc: dict[str, Any]) -> list[int]:
 
 
 def stage_stacks(st: Stage) -> Result:
-    world = max(st.gpus, 3)  # three ranks at least: a majority to stand out from
+    # Five ranks at least: a majority to stand out from even when one healthy rank is caught
+    # mid-step rather than where its peers wait (with three, CI once saw one in opt.step():
+    # no two ranks agreed and the hung one was no outlier).
+    world = max(st.gpus, 5)
     hung = world // 2
     ready = st.dir / "ready"
     ready.mkdir()
