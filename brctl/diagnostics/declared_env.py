@@ -1,13 +1,18 @@
-"""The node's declared ``env``: what it makes programs run or load, and how it is applied.
+"""The node's declared ``env``: what it makes programs run, load, read or write, and how it
+is applied.
 
 Node-side, standard library only; used by ``brctl.diagnostics.isolate.launch``, which
 gets the env in the probe's request (the transports do not put it in front of brctl's
 own node programs: ``brctl.core.transport.with_env``). ``PATH`` picks the programs found
 by name; the dynamic loader's ``LD_LIBRARY_PATH``, ``LD_PRELOAD`` and ``LD_AUDIT`` the
-code loaded into every program started with them (``loader_env``: set only for the
-program exec'd next). ``usable_env`` fixes what is applied (existing, absolute entries),
-``env_code`` lists what ``isolate.check`` must find safe, and ``library_dir`` what a
-library directory lets the loader load.
+code loaded into every program started with them; glibc's other variables that name a
+place (the ones it ignores itself in setuid programs) what a program loads (``GCONV_PATH``'s
+modules, ``GETCONF_DIR``'s programs), parses (``LOCPATH``, ``TZDIR``, ``NLSPATH``,
+``HOSTALIASES``, ``RESOLV_HOST_CONF``) or writes (``MALLOC_TRACE``, ``LD_DEBUG_OUTPUT``,
+``LD_PROFILE_OUTPUT``, ``TMPDIR``). ``usable_env`` fixes what is applied (existing,
+absolute entries), ``unsafe_env`` is what ``isolate.check`` asks of it (``env_code``: the
+places it names), ``deferred_env`` what is set only for the program exec'd next (the
+loader's and glibc's variables: never for ``setpriv``, root, on the way to the job user).
 """
 
 from __future__ import annotations
@@ -22,43 +27,107 @@ from brctl.diagnostics.safefs import unsafe_owner_chain
 # library path and the libraries it loads into every program started with them.
 SEARCH_PATHS = ("PATH", "LD_LIBRARY_PATH")
 PRELOADS = ("LD_PRELOAD", "LD_AUDIT")
-_SEPARATORS = {"PATH": ":", "LD_LIBRARY_PATH": "[:;]", "LD_PRELOAD": "[: ]", "LD_AUDIT": ":"}
+# glibc's variables that name a place (unsecvars.h): directories whose whole tree a program
+# may load or parse; files it reads; where it writes (a file, or LD_PROFILE_OUTPUT's
+# directory; TMPDIR's new files are made O_EXCL, so a sticky one like /tmp is fine).
+TREES = ("GCONV_PATH", "LOCPATH", "NLSPATH", "TZDIR", "GETCONF_DIR")
+READ = ("HOSTALIASES", "RESOLV_HOST_CONF")
+WRITTEN = ("MALLOC_TRACE", "LD_DEBUG_OUTPUT", "LD_PROFILE_OUTPUT")
+TEMP = "TMPDIR"
+# The rest of glibc's list names nothing: values the operator chose (applied like the
+# others, after setpriv: glibc ignores them in root's setuid programs for a reason).
+GLIBC_UNSECURE = (*TREES, *READ, *WRITTEN, TEMP, "GLIBC_TUNABLES", "LOCALDOMAIN", "RES_OPTIONS",
+                  "NIS_PATH")
+_SEPARATORS = {"PATH": ":", "LD_LIBRARY_PATH": "[:;]", "LD_PRELOAD": "[: ]", "LD_AUDIT": ":",
+               "GCONV_PATH": ":", "LOCPATH": ":", "NLSPATH": ":"}
+_NAMED = (*SEARCH_PATHS, *PRELOADS, *TREES, *READ, *WRITTEN, TEMP)  # in the order checked
+_FILES = (*PRELOADS, *READ, "MALLOC_TRACE", "LD_DEBUG_OUTPUT")  # "X file", not "X entry"
+MAX_ENTRIES = 20000  # a tree with more below it (LOCPATH=/) is refused, not walked whole
 
 
 def usable_env(declared: Mapping[str, str]) -> dict[str, str]:
-    """The node's declared ``env`` as it is applied: ``PATH`` and ``LD_LIBRARY_PATH`` keep
-    the entries that exist, ``LD_PRELOAD``/``LD_AUDIT`` the files named by a path that exist
-    (bare names are looked up in the library path); decided once, before the check, so a
-    directory or file created after it is never used.
+    """The node's declared ``env`` as it is applied: a list of places keeps the entries that
+    exist, ``LD_PRELOAD``/``LD_AUDIT`` the files named by a path that exist (bare names are
+    looked up in the library path), a place read or a temporary directory is dropped when
+    missing; decided once, before the check, so what is created after it is never used.
+    Where a program writes (``WRITTEN``) need not exist yet: its directory is checked.
 
     Raises:
-        ValueError: a relative entry, or a loader token (``$LIB``) in an ``LD_*`` one.
+        ValueError: a relative path, or a loader token (``$LIB``) in an ``LD_*`` entry.
     """
     env = dict(declared)
-    for key in (*SEARCH_PATHS, *PRELOADS):
+    for key in _NAMED:
         if key not in env:
             continue
-        items = [p for p in re.split(_SEPARATORS[key], env[key]) if p]
-        relative = [p for p in items if not p.startswith("/") and (key in SEARCH_PATHS or "/" in p)]
+        items = [p for p in (re.split(_SEPARATORS[key], env[key]) if key in _SEPARATORS else [env[key]]) if p]
+        relative = [p for p in items if not p.startswith("/") and (key not in PRELOADS or "/" in p)]
         if relative:
-            raise ValueError(f"{key} entry {relative[0]!r} is not an absolute path")
-        tokens = [p for p in items if "$" in p and key != "PATH"]
+            what = "file" if key in _FILES else "entry"
+            raise ValueError(f"{key} {what} {relative[0]!r} is not an absolute path")
+        tokens = [p for p in items if "$" in p and key.startswith("LD_")]
         if tokens:  # $LIB, $PLATFORM, $ORIGIN: the loader's to expand, not checkable here
             raise ValueError(f"{key} entry {tokens[0]!r} uses a loader token: write the path out")
-        env[key] = ":".join(p for p in items if not p.startswith("/") or os.path.lexists(p))
+        if key not in WRITTEN:
+            items = [p for p in items if not p.startswith("/") or os.path.lexists(_place(key, p))]
+        if key in _SEPARATORS:
+            env[key] = ":".join(items)
+        elif items:
+            env[key] = items[0]
+        else:
+            del env[key]
     return env
 
 
-def env_code(env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """What ``env`` (``usable_env``) makes programs run or load, as (what, path)."""
-    out = [(f"{key} entry", p) for key in SEARCH_PATHS for p in env.get(key, "").split(":") if p]
-    return out + [(f"{key} file", p) for key in PRELOADS
-                  for p in env.get(key, "").split(":") if p.startswith("/")]
+def _place(key: str, item: str) -> str:
+    """The path an entry of ``key`` names: an ``NLSPATH`` template's directory (up to its
+    first ``%`` component, ``/usr/share/locale/%L/%N.cat``), else the entry."""
+    if key != "NLSPATH" or "%" not in item:
+        return item
+    head = item[:item.index("%")]
+    return head[:head.rindex("/")] or "/"
 
 
-def loader_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The dynamic loader's variables (``LD_*``): set only for the program exec'd next."""
-    return {k: v for k, v in env.items() if k.startswith("LD_")}
+def env_code(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """The places ``env`` (``usable_env``) names, as (key, what, path), in ``_NAMED``'s order."""
+    out = []
+    for key in _NAMED:
+        for item in re.split(_SEPARATORS.get(key, "\0"), env.get(key, "")):
+            if item.startswith("/"):  # a bare LD_PRELOAD name is found in the library path
+                out.append((key, f"{key} {'file' if key in _FILES else 'entry'}", _place(key, item)))
+    return out
+
+
+def unsafe_env(env: Mapping[str, str], allowed: tuple[int, ...]) -> str | None:
+    """The first reason a place ``env`` (``usable_env``) names may be written by others, or
+    ``None``. Each path with every directory above it (StrictModes, sticky directories
+    allowed); a library directory's files and those of its ``LOADER_SUBDIRS``, and a
+    ``TREES`` directory's whole tree, too (``library_dir``); where a program writes, its
+    directory may not be writable by others (sticky or not: a name they make first, a link
+    to ``/etc/shadow``, would be written) and the file itself passes where it exists."""
+    for key, what, path in env_code(env):
+        if key in WRITTEN:
+            here = path if key == "LD_PROFILE_OUTPUT" else os.path.dirname(path)
+            mode = os.stat(here).st_mode & 0o7777 if os.path.isdir(here) else 0
+            reason = unsafe_owner_chain(here, allowed, sticky_ok=True) or (
+                f"{here} is group/other writable (mode {mode:04o}): others may make the name first"
+                if mode & 0o022 else None) or (
+                unsafe_owner_chain(path, allowed, sticky_ok=True) if os.path.lexists(path) and here != path
+                else None)
+        else:
+            reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
+            if not reason and key == "LD_LIBRARY_PATH":
+                reason = library_dir(path, allowed)
+            elif not reason and key in TREES:
+                reason = library_dir(path, allowed, subdirs=None, because="read from it")
+        if reason:
+            return f"{what} {path}: {reason}"
+    return None
+
+
+def deferred_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables set only for the program exec'd next: the loader's (``LD_*``) and
+    glibc's others (``GLIBC_UNSECURE``), which steer what a program loads, reads or writes."""
+    return {k: v for k, v in env.items() if k.startswith("LD_") or k in GLIBC_UNSECURE}
 
 
 # Subdirectories of a library directory the loader searches too: glibc-hwcaps
@@ -67,10 +136,12 @@ LOADER_SUBDIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "avx512_1", "xeon_
                   "i586", "aarch64", "atomics", "power8", "power9", "power10", "z13", "z14", "z15")
 
 
-def searched(directory: str) -> tuple[list[str], list[str]]:
+def searched(directory: str, subdirs: tuple[str, ...] | None = LOADER_SUBDIRS
+             ) -> tuple[list[str], list[str]]:
     """The directories the loader searches from the library directory ``directory`` (it,
-    and everything below its ``LOADER_SUBDIRS``, links followed as the loader does) and
-    every entry of those: what it may load."""
+    and everything below its ``subdirs``, or below all of them for None; links followed as
+    the loader does) and every entry of those: what it may load. At most ``MAX_ENTRIES``
+    entries and one more: a tree that big is not walked to its end."""
     dirs, entries, seen, todo = [], [], set(), [directory]
     while todo:
         here = todo.pop()
@@ -86,8 +157,10 @@ def searched(directory: str) -> tuple[list[str], list[str]]:
         for name in names:
             entry = os.path.join(here, name)
             entries.append(entry)
-            if (here != directory or name in LOADER_SUBDIRS) and os.path.isdir(entry):
+            if (here != directory or subdirs is None or name in subdirs) and os.path.isdir(entry):
                 todo.append(entry)
+        if len(entries) > MAX_ENTRIES:
+            break
     return dirs, entries
 
 
@@ -110,20 +183,24 @@ def _dangling(link: str, allowed: tuple[int, ...]) -> str | None:
     return f"{reason}, where {link} points" if reason else None
 
 
-def library_dir(path: str, allowed: tuple[int, ...]) -> str | None:
+def library_dir(path: str, allowed: tuple[int, ...], subdirs: tuple[str, ...] | None = LOADER_SUBDIRS,
+                because: str = "the loader may load it") -> str | None:
     """Why the library directory ``path`` (an ``LD_LIBRARY_PATH`` entry, its own chain
-    checked by the caller) may make the loader load code others wrote, or ``None``: an
-    entry of what it searches (``searched``) fails the rule, or one of those directories
-    is writable by others (sticky or not: a name added after this check would be loaded)."""
-    dirs, entries = searched(path)
+    checked by the caller; with ``subdirs`` None, any directory read whole, a ``TREES``
+    one) may make a program load code others wrote, or ``None``: an entry of what it
+    searches (``searched``) fails the rule, or one of those directories is writable by
+    others (sticky or not: a name added after this check would be loaded)."""
+    dirs, entries = searched(path, subdirs)
+    if len(entries) > MAX_ENTRIES:
+        return f"more than {MAX_ENTRIES} entries below it: too many to check"
     for inside in entries:
         reason = (_dangling(inside, allowed) if not os.path.exists(inside)
                   else unsafe_owner_chain(inside, allowed, sticky_ok=True))
         if reason:
-            return f"{reason} (the loader may load it)"
+            return f"{reason} ({because})"
     for here in dirs:
         mode = os.stat(here).st_mode & 0o7777
         if mode & 0o022:
             return (f"{here} is group/other writable (mode {mode:04o}): "
-                    "a library added after this check would be loaded")
+                    "a file added after this check would be used")
     return None

@@ -27,12 +27,13 @@ A declared entry that does not exist is left out (Python ignores it too); one th
 is not absolute is refused (it would depend on the cwd).
 
 The node's declared ``env`` comes in the spec, not in front of the bootstrap (a ``PATH``
-there picked the ``python3`` that runs this as root, ``LD_*`` what it loads): its
-``PATH`` and ``LD_LIBRARY_PATH`` entries (every file the loader may load from a library
-directory too: ``declared_env.library_dir``) and its
-``LD_PRELOAD``/``LD_AUDIT`` files pass the same rule (``usable_env``, ``env_code``); the
-loader's variables are set only for the program exec'd next (after ``setpriv``, which
-is taken from the login ``PATH`` and checked: it runs as root). Programs a probe runs
+there picked the ``python3`` that runs this as root, ``LD_*`` what it loads): every
+place it names passes the same rule (``declared_env.unsafe_env``: its ``PATH`` and
+``LD_LIBRARY_PATH`` entries, every file the loader may load from a library directory,
+the ``LD_PRELOAD``/``LD_AUDIT`` files, and what glibc's other variables make a program
+load, parse or write: ``GCONV_PATH``, ``LOCPATH``, ``TZDIR``, ``MALLOC_TRACE``, ...); the
+loader's and glibc's variables are set only for the program exec'd next (after
+``setpriv``, which is taken from the login ``PATH`` and checked: it runs as root). Programs a probe runs
 by name (``dcgmi``, ``py-spy``, ``dmesg``) pass the rule before they run (``vetted``).
 
 The same rule then holds for every module the probe imports, as it is imported: a
@@ -86,7 +87,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from brctl.diagnostics.declared_env import env_code, library_dir, loader_env, usable_env
+from brctl.diagnostics.declared_env import deferred_env, unsafe_env, usable_env
 from brctl.diagnostics.safefs import unsafe_owner_chain
 
 REFUSED_EXIT = 96
@@ -189,15 +190,13 @@ def check(interpreter: Sequence[str], paths: Sequence[str], allowed: tuple[int, 
     them (a ``PYTHONPATH`` entry, the interpreter's library and site directories)
     also the files Python runs from it at startup (``startup_files``): a root-owned
     0755 entry holding a job-writable ``sitecustomize.py`` is refused like a
-    job-writable entry. From ``env`` (``usable_env``): the ``PATH`` entries, the
-    ``LD_LIBRARY_PATH`` entries with every file in them (the loader may load any), and
-    the ``LD_PRELOAD``/``LD_AUDIT`` files.
+    job-writable entry. From ``env`` (``usable_env``): every place it names, as
+    ``declared_env.unsafe_env`` asks (``PATH`` entries, library directories with every file
+    the loader may load from them, preloads, glibc's directories, files and where it writes).
     """
-    for what, path in env_code(env or {}):
-        reason = unsafe_owner_chain(path, allowed, sticky_ok=True) or (
-            library_dir(path, allowed) if what == "LD_LIBRARY_PATH entry" else None)
-        if reason:
-            return f"{what} {path}: {reason}"
+    reason = unsafe_env(env or {}, allowed)
+    if reason:
+        return reason
     candidates = [("python", p) for p in interpreter]
     candidates += [("PYTHONPATH entry", p) for p in paths]
     for what, path in candidates:  # grows: the directories the interpreter's .pth files add
@@ -444,16 +443,16 @@ def refuse_now(reason: str, scratch: str | None = None) -> NoReturn:
         os._exit(REFUSED_EXIT)
 
 
-def _as_user(account: pwd.struct_passwd, argv: list[str], loader: Mapping[str, str],
+def _as_user(account: pwd.struct_passwd, argv: list[str], deferred: Mapping[str, str],
              search: str | None, mine: tuple[int, ...]) -> NoReturn:
     """Exec ``argv`` as ``account`` through ``setpriv`` (found on ``search``, the login
-    ``PATH``, and passing the rule for ``mine``: it runs as root); the loader's variables
-    once it is that user."""
+    ``PATH``, and passing the rule for ``mine``: it runs as root); ``deferred`` (the loader's
+    and glibc's variables) once it is that user."""
     setpriv = program("setpriv", mine, search)
     os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
     sys.stdout.flush()
     sys.stderr.flush()
-    then = [program("env", mine, search), *(f"{k}={v}" for k, v in loader.items())] if loader else []
+    then = [program("env", mine, search), *(f"{k}={v}" for k, v in deferred.items())] if deferred else []
     try:
         os.execv(setpriv, [setpriv, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
                            "--init-groups", "--", *then, *argv])
@@ -466,8 +465,8 @@ def launch(spec: dict[str, Any], code: str) -> None:
 
     ``code`` is where this probe code was found (the cached zip or an installed brctl).
     The node's declared ``env`` (``spec["env"]``, not applied by the transport: see
-    ``brctl.core.transport.with_env``) is applied here: the loader's variables only to
-    the program exec'd once the code they name passed the check, the rest at once (a
+    ``brctl.core.transport.with_env``) is applied here: the loader's and glibc's variables
+    (``deferred_env``) only to the program exec'd once what they name passed the check, the rest at once (a
     ``PATH`` entry is checked before any program is found on it).
     """
     os.chdir("/")
@@ -477,8 +476,8 @@ def launch(spec: dict[str, Any], code: str) -> None:
         env = usable_env(spec.get("env", {}))
     except ValueError as exc:
         refuse(str(exc))
-    loader = loader_env(env)
-    os.environ.update({k: v for k, v in env.items() if k not in loader})
+    deferred = deferred_env(env)
+    os.environ.update({k: v for k, v in env.items() if k not in deferred})
     time.tzset()  # a declared TZ, for a probe run in this process as in stage 2
     user = spec.get("user")
     account = None
@@ -490,7 +489,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
     if "exec" in spec:  # an argv the operator gave, to run as the job user
         if account is None:
             refuse("exec as the job user needs job.user")
-        _as_user(account, list(spec["exec"]), loader, login_path, mine)
+        _as_user(account, list(spec["exec"]), deferred, login_path, mine)
     python, paths = spec["python"], usable_paths(spec.get("paths", []))
     try:
         interpreter = interpreter_paths(python)  # looked up once: checked, and exec'd by its path
@@ -509,7 +508,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
         drop = True
     # Whose files the probe may import: as decided for the interpreter and the entries.
     allowed = tuple(sorted({*mine, account.pw_uid})) if drop and account is not None else mine
-    if exe == sys.executable and not drop and not loader:  # this interpreter (a venv's differs)
+    if exe == sys.executable and not drop and not deferred:  # this interpreter (a venv's differs)
         enter(paths, spec["module"], spec.get("args", []), allowed)
         return
     if drop and os.path.isfile(code):  # root's cache is not readable by the job user
@@ -521,7 +520,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
             *spec.get("args", [])]
     if drop:
         assert account is not None
-        _as_user(account, argv, loader, login_path, mine)
+        _as_user(account, argv, deferred, login_path, mine)
     sys.stdout.flush()
-    os.environ.update(loader)
+    os.environ.update(deferred)
     os.execv(exe, argv)

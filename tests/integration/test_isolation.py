@@ -216,7 +216,8 @@ def test_a_job_writable_path_or_library_the_env_declares_never_runs_as_root(
     _own(job_dir, NOBODY)
     cases = {"LD_LIBRARY_PATH": (str(lib), f"LD_LIBRARY_PATH entry {lib}"),
              "LD_PRELOAD": (f"{lib}/libz.so.1", f"LD_PRELOAD file {lib}/libz.so.1"),
-             "PATH": (f"{bin_}:/usr/bin:/bin", str(bin_))}
+             "PATH": (f"{bin_}:/usr/bin:/bin", str(bin_)),
+             "LOCPATH": (str(lib), f"LOCPATH entry {lib}")}  # glibc's: python3 parses locales
     for key, (value, named) in cases.items():
         res, _ = _probe(cluster, tmp_path, brctl, node_env={"node01": {key: value}})
         assert res.exit_code == 4, (key, res.stdout)

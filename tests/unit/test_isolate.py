@@ -257,7 +257,8 @@ def test_the_declared_loader_and_path_entries_are_checked_kept_and_applied(tmp_p
     for key in ("LD_LIBRARY_PATH", "PATH", "LD_PRELOAD"):
         res = _run(tmp_path, env={key: "rel/x.so"})
         assert res.run.state is NodeState.REFUSED
-        assert f"{key} entry 'rel/x.so' is not an absolute path" in (res.error or ""), res
+        what = "file" if key == "LD_PRELOAD" else "entry"
+        assert f"{key} {what} 'rel/x.so' is not an absolute path" in (res.error or ""), res
     os.chown(lib / "libfoo.so.1", 0, 0)
     (lib / "libfoo.so.1").unlink()
     res = _run(tmp_path, env={"LD_LIBRARY_PATH": f"{tmp_path}/missing:{lib}", "BRCTL_T": "x"})
@@ -265,14 +266,15 @@ def test_the_declared_loader_and_path_entries_are_checked_kept_and_applied(tmp_p
 
 
 def test_usable_env_drops_what_does_not_exist_and_keeps_bare_preloads(tmp_path: Path) -> None:
-    from brctl.diagnostics.declared_env import env_code, loader_env, usable_env
+    from brctl.diagnostics.declared_env import deferred_env, env_code, usable_env
 
     env = usable_env({"PATH": f"/usr/bin::{tmp_path}/gone", "LD_PRELOAD": f"libz.so.1 {tmp_path}/gone.so",
                       "LD_LIBRARY_PATH": f"{tmp_path}:", "CUDA_VISIBLE_DEVICES": "0"})
     assert env == {"PATH": "/usr/bin", "LD_PRELOAD": "libz.so.1", "LD_LIBRARY_PATH": str(tmp_path),
                    "CUDA_VISIBLE_DEVICES": "0"}
-    assert env_code(env) == [("PATH entry", "/usr/bin"), ("LD_LIBRARY_PATH entry", str(tmp_path))]
-    assert loader_env(env) == {"LD_PRELOAD": "libz.so.1", "LD_LIBRARY_PATH": str(tmp_path)}
+    assert env_code(env) == [("PATH", "PATH entry", "/usr/bin"),
+                             ("LD_LIBRARY_PATH", "LD_LIBRARY_PATH entry", str(tmp_path))]
+    assert deferred_env(env) == {"LD_PRELOAD": "libz.so.1", "LD_LIBRARY_PATH": str(tmp_path)}
 
 
 def test_a_program_a_probe_runs_by_name_must_pass_the_rule_too(tmp_path: Path) -> None:
@@ -372,14 +374,14 @@ def test_find_library_does_not_run_a_job_owned_gcc_as_root(tmp_path: Path) -> No
 
 def _env_seen(tmp_path: Path, env: dict[str, str]) -> tuple[Any, str | None]:
     """Run sysinfo with ``env`` plus a root-owned PYTHONPATH whose sitecustomize records
-    the probe process's LD_* variables and time zone name; (the result, what it saw or None)."""
+    the probe process's LD_*, LOCPATH and TMPDIR variables and time zone name; (the result, what it saw or None)."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     seen = tmp_path / "seen"
     (site / "sitecustomize.py").write_text(
         "import os, time\n"
         f"open({str(seen)!r}, 'w').write(repr({{k: v for k, v in os.environ.items() "
-        "if k.startswith('LD_')}) + ' tz=' + time.tzname[0])\n")
+        "if k.startswith('LD_') or k in ('LOCPATH', 'TMPDIR')}) + ' tz=' + time.tzname[0])\n")
     res = _probe("brctl.diagnostics.sysinfo", {}, env={**env, "PYTHONPATH": str(site)})
     return res, seen.read_text() if seen.exists() else None
 
@@ -444,3 +446,62 @@ def test_a_declared_time_zone_applies_where_the_probe_runs_in_the_bootstrap_s_pr
     set after, in launch (time.tzset), as stage 2 and every child would see it."""
     res, seen = _env_seen(tmp_path, {"TZ": "BRT-9"})
     assert res.ok and seen is not None and seen.endswith(" tz=BRT"), (res, seen)
+
+
+def test_glibc_variables_naming_job_writable_places_are_refused_as_root(tmp_path: Path) -> None:
+    """glibc ignores these in setuid programs: they make a program load code (GCONV_PATH's
+    modules, GETCONF_DIR's programs), parse data (LOCPATH's locales, TZDIR's zones, NLSPATH's
+    catalogs, HOSTALIASES) or write where they say (MALLOC_TRACE, LD_DEBUG_OUTPUT, TMPDIR).
+    Declared in a node's env they reached root's interpreter and programs unchecked."""
+    loc, tmp, getconf = tmp_path / "loc", tmp_path / "tmp", tmp_path / "getconf"
+    for d in (loc, tmp, getconf):
+        d.mkdir()
+        os.chown(d, NOBODY, NOBODY)
+    modules = _job_owned(tmp_path / "gconv" / "gconv-modules", "")  # root's directory, job's file
+    paris = _job_owned(tmp_path / "zones" / "Europe" / "Paris", "")  # deep in the tree
+    aliases = _job_owned(tmp_path / "hosts.aliases", "")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # sticky: others may create the name root then writes to
+    cases = {
+        "LOCPATH": (f"/usr/share/i18n:{loc}", f"LOCPATH entry {loc}: {loc} is owned by nobody"),
+        "GCONV_PATH": (str(modules.parent), f"GCONV_PATH entry {modules.parent}: {modules} is owned by nobody"),
+        "TZDIR": (str(paris.parent.parent), f"TZDIR entry {paris.parent.parent}: {paris} is owned by nobody"),
+        "NLSPATH": (f"{loc}/%L/%N.cat", f"NLSPATH entry {loc}: {loc} is owned by nobody"),
+        "GETCONF_DIR": (str(getconf), f"GETCONF_DIR entry {getconf}: {getconf} is owned by nobody"),
+        "HOSTALIASES": (str(aliases), f"HOSTALIASES file {aliases}: {aliases} is owned by nobody"),
+        "MALLOC_TRACE": (f"{shared}/trace", f"MALLOC_TRACE file {shared}/trace: {shared} is group/other"),
+        "LD_DEBUG_OUTPUT": (f"{tmp}/debug", f"LD_DEBUG_OUTPUT file {tmp}/debug: {tmp} is owned by nobody"),
+        "TMPDIR": (str(tmp), f"TMPDIR entry {tmp}: {tmp} is owned by nobody"),
+    }
+    for key, (value, named) in cases.items():
+        res = _run(tmp_path, env={key: value})
+        assert res.run.state is NodeState.REFUSED, (key, res)
+        assert named in (res.error or ""), (key, res.error)
+    res = _run(tmp_path, env={"HOSTALIASES": "aliases"})
+    assert res.run.state is NodeState.REFUSED, res
+    assert "HOSTALIASES file 'aliases' is not an absolute path" in (res.error or ""), res
+    os.chown(tmp, 0, 0)
+    res, seen = _env_seen(tmp_path, {"LOCPATH": f"{tmp_path}/gone:{tmp}", "TMPDIR": "/tmp"})
+    assert res.ok and seen is not None, res.error
+    assert f"'LOCPATH': '{tmp}'" in seen and "'TMPDIR': '/tmp'" in seen, seen
+
+
+def test_glibc_variables_reach_the_job_user_s_probe_and_never_setpriv(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """setpriv runs as root and calls setlocale: a job-owned LOCPATH, the reason the probe
+    runs as job.user, must not be parsed by it; set, like LD_*, after it (helper review)."""
+    login = tmp_path / "login-bin"
+    login.mkdir()
+    setpriv = login / "setpriv"
+    setpriv.write_text(f"#!/bin/sh\nenv > {tmp_path}/setpriv-env\nexec {shutil.which('setpriv')} \"$@\"\n")
+    setpriv.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{login}:{os.environ['PATH']}")
+    loc = tmp_path / "loc"
+    loc.mkdir()
+    os.chown(loc, NOBODY, NOBODY)
+    res = _run(tmp_path, env={"LOCPATH": str(loc), "GCONV_PATH": str(loc)}, job_user="nobody",
+               python="/usr/bin/python3")  # one the job user may run
+    assert res.ok and res.document["uid"] == NOBODY, res.error
+    env = (tmp_path / "setpriv-env").read_text()
+    assert "LOCPATH" not in env and "GCONV_PATH" not in env, env
