@@ -174,19 +174,29 @@ def state_for_exit(code: int) -> NodeState:
 
 
 # How brctl's own node-side programs start (the probe bootstrap, the bundle installer):
-# the system interpreter (the node-side isolate.TRUSTED_PYTHON), isolated, with code brctl sends.
+# the system interpreter (the node-side isolate.TRUSTED_PYTHON), isolated, with code brctl
+# sends, whose first line is NODE_CODE_MARK (``node_program``): what ``with_env`` knows them
+# by, not by the interpreter's flags alone, which an operator's command may use too.
 NODE_PROGRAM = ("python3", "-I", "-S", "-c")
+NODE_CODE_MARK = "# brctl node program: the node's env comes in its request\n"
+
+
+def node_program(code: str, *args: str) -> list[str]:
+    """The argv that runs one of brctl's own node programs, ``code`` with ``args``."""
+    return [*NODE_PROGRAM, NODE_CODE_MARK + code, *args]
 
 
 def with_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """Prefix ``argv`` with ``env K=V`` so the environment does not depend on sshd's AcceptEnv.
 
-    Not brctl's own node programs (``NODE_PROGRAM``): a declared ``PATH`` would pick which
+    Not brctl's own node programs (``node_program``): a declared ``PATH`` would pick which
     ``python3`` runs them as root, and ``LD_PRELOAD``/``LD_LIBRARY_PATH`` what it loads,
     before anything is checked. They get the node's ``env`` in their request and apply it
     once it passed the checks (``brctl.diagnostics.isolate.launch``).
     """
-    if not env or tuple(argv[:len(NODE_PROGRAM)]) == NODE_PROGRAM:
+    own = (tuple(argv[:len(NODE_PROGRAM)]) == NODE_PROGRAM and len(argv) > len(NODE_PROGRAM)
+           and argv[len(NODE_PROGRAM)].startswith(NODE_CODE_MARK))
+    if not env or own:
         return list(argv)
     return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import brctl
-from brctl.core.transport import NODE_PROGRAM, Node, NodeState, Results, RunResult, Transport
+from brctl.core.transport import Node, NodeState, Results, RunResult, Transport, node_program
 from brctl.diagnostics.isolate import REFUSED_EXIT, REFUSED_MARK
 from brctl.remote.fanout import run_all
 
@@ -240,8 +240,8 @@ class ProbeRunner:
 
     def _bootstrap(self, spec: Mapping[str, Any]) -> list[str]:
         # -S: site runs in launch, after the checks and under the import guard.
-        return [*NODE_PROGRAM, _BOOTSTRAP, self.bundle.digest, brctl.__version__,
-                json.dumps(spec, separators=(",", ":"))]
+        return node_program(_BOOTSTRAP, self.bundle.digest, brctl.__version__,
+                            json.dumps(spec, separators=(",", ":")))
 
     def _argv(self, node: Node, module: str, args: Iterable[str] = (), *,
               as_job: bool = False) -> list[str]:
@@ -327,8 +327,8 @@ class ProbeRunner:
         concurrency: int = 64,
     ) -> Results:
         """Install ``bundle`` into each node's cache (atomic, checked); counts bytes sent."""
-        argv = lambda node: [*NODE_PROGRAM, _INSTALLER,  # noqa: E731
-                             bundle.digest, bundle.name, oct(bundle.mode)[2:]]
+        argv = lambda node: node_program(_INSTALLER, bundle.digest, bundle.name,  # noqa: E731
+                                         oct(bundle.mode)[2:])
         results = run_all(self.transport, nodes, argv, timeout=timeout, stdin=bundle.data,
                           concurrency=concurrency)
         with self._lock:
@@ -339,8 +339,7 @@ class ProbeRunner:
         self, nodes: list[Node], bundle: Bundle, *, timeout: float | None = None
     ) -> dict[str, str | RunResult]:
         """Make ``bundle`` present on each node; returns its path there, or the failed result."""
-        argv = lambda node: [*NODE_PROGRAM, _CHECK_FILE,  # noqa: E731
-                             bundle.digest, bundle.name]
+        argv = lambda node: node_program(_CHECK_FILE, bundle.digest, bundle.name)  # noqa: E731
         checked = run_all(self.transport, nodes, argv, timeout=timeout)
         out: dict[str, str | RunResult] = {}
         need = []

@@ -116,6 +116,9 @@ def test_brctl_s_own_node_programs_get_the_env_only_through_their_request() -> N
         assert tuple(argv[:4]) == NODE_PROGRAM and with_env(argv, env) == argv
         assert json.loads(argv[-1])["env"] == env
     assert with_env(["python3", "-I", "x.py"], env)[0] == "env"  # anything else: as declared
+    # An operator's command with the same interpreter flags is theirs: it gets the env.
+    assert with_env(["python3", "-I", "-S", "-c", "print(1)"], env)[0] == "env"
+    assert with_env(list(NODE_PROGRAM), env)[0] == "env"
 
 
 def test_bundle_is_deterministic_and_holds_only_node_code() -> None:
