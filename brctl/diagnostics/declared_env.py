@@ -31,13 +31,17 @@ PRELOADS = ("LD_PRELOAD", "LD_AUDIT")
 # may load or parse; files it reads; where it writes (a file, or LD_PROFILE_OUTPUT's
 # directory; TMPDIR's new files are made O_EXCL, so a sticky one like /tmp is fine).
 TREES = ("GCONV_PATH", "LOCPATH", "NLSPATH", "TZDIR", "GETCONF_DIR")
-READ = ("HOSTALIASES", "RESOLV_HOST_CONF")
+READ = ("HOSTALIASES", "RESOLV_HOST_CONF", "TZ")  # TZ: where it names a file (":/x", "/x")
 WRITTEN = ("MALLOC_TRACE", "LD_DEBUG_OUTPUT", "LD_PROFILE_OUTPUT")
+PROFILE_DEFAULT = "/var/tmp"  # where LD_PROFILE writes without LD_PROFILE_OUTPUT
 TEMP = "TMPDIR"
 # The rest of glibc's list names nothing: values the operator chose (applied like the
 # others, after setpriv: glibc ignores them in root's setuid programs for a reason).
 GLIBC_UNSECURE = (*TREES, *READ, *WRITTEN, TEMP, "GLIBC_TUNABLES", "LOCALDOMAIN", "RES_OPTIONS",
                   "NIS_PATH")
+# Locale names, which glibc and gettext join to their directories: a '/' in one reaches
+# outside them (LC_ALL=../../home/job/x), so none may hold one.
+LOCALE_NAMES = ("LANG", "LANGUAGE")
 _SEPARATORS = {"PATH": ":", "LD_LIBRARY_PATH": "[:;]", "LD_PRELOAD": "[: ]", "LD_AUDIT": ":",
                "GCONV_PATH": ":", "LOCPATH": ":", "NLSPATH": ":"}
 _NAMED = (*SEARCH_PATHS, *PRELOADS, *TREES, *READ, *WRITTEN, TEMP)  # in the order checked
@@ -50,16 +54,21 @@ def usable_env(declared: Mapping[str, str]) -> dict[str, str]:
     exist, ``LD_PRELOAD``/``LD_AUDIT`` the files named by a path that exist (bare names are
     looked up in the library path), a place read or a temporary directory is dropped when
     missing; decided once, before the check, so what is created after it is never used.
-    Where a program writes (``WRITTEN``) need not exist yet: its directory is checked.
+    Where a program writes (``WRITTEN``) need not exist yet: without its directory the
+    variable is dropped. A ``TZ`` names a file when it is a path (``:/x``, ``/x``); a zone
+    name or rule (``Europe/Paris``, ``BRT-9``) is kept as it is.
 
     Raises:
-        ValueError: a relative path, or a loader token (``$LIB``) in an ``LD_*`` entry.
+        ValueError: a relative path, a loader token (``$LIB``) in an ``LD_*`` entry, a
+            ``..`` in an ``NLSPATH`` template or a ``TZ``, a ``/`` in a locale name, a NUL.
     """
-    env = dict(declared)
+    env = _values(declared)
     for key in _NAMED:
-        if key not in env:
+        if key not in env or (key == "TZ" and not env[key].startswith("/")):
             continue
         items = [p for p in (re.split(_SEPARATORS[key], env[key]) if key in _SEPARATORS else [env[key]]) if p]
+        if key == "NLSPATH" and any(".." in p.split("/") for p in items):
+            raise ValueError("NLSPATH template reaches outside its directory ('..')")
         relative = [p for p in items if not p.startswith("/") and (key not in PRELOADS or "/" in p)]
         if relative:
             what = "file" if key in _FILES else "entry"
@@ -69,6 +78,8 @@ def usable_env(declared: Mapping[str, str]) -> dict[str, str]:
             raise ValueError(f"{key} entry {tokens[0]!r} uses a loader token: write the path out")
         if key not in WRITTEN:
             items = [p for p in items if not p.startswith("/") or os.path.lexists(_place(key, p))]
+        elif not os.path.isdir(_written_dir(key, items[0]) if items else ""):
+            items = []  # nowhere to write: the program writes nothing
         if key in _SEPARATORS:
             env[key] = ":".join(items)
         elif items:
@@ -76,6 +87,29 @@ def usable_env(declared: Mapping[str, str]) -> dict[str, str]:
         else:
             del env[key]
     return env
+
+
+def _values(declared: Mapping[str, str]) -> dict[str, str]:
+    """``declared`` with a ``TZ`` file written as its path; raises ValueError for a value
+    no program may be given (a NUL), a locale name with a ``/``, a ``TZ`` with ``..``."""
+    env = dict(declared)
+    for key, value in env.items():
+        if "\0" in key or "\0" in value:
+            raise ValueError(f"env {key!r}: a NUL byte cannot be passed to a program")
+        if (key in LOCALE_NAMES or key.startswith("LC_")) and "/" in value:
+            raise ValueError(f"{key} {value!r} is a locale name, not a path: it may not hold '/'")
+    tz = env.get("TZ", "")
+    if ".." in tz.split("/"):
+        raise ValueError(f"TZ {tz!r} reaches outside the zone directory ('..')")
+    if tz.lstrip(":").startswith("/"):
+        env["TZ"] = tz.lstrip(":")  # glibc reads ":/x" and "/x" alike: the file
+    return env
+
+
+def _written_dir(key: str, path: str) -> str:
+    """The directory a ``WRITTEN`` variable's program writes into (``LD_DEBUG_OUTPUT``'s
+    file gets ``.PID`` added)."""
+    return path if key == "LD_PROFILE_OUTPUT" else os.path.dirname(path)
 
 
 def _place(key: str, item: str) -> str:
@@ -94,23 +128,28 @@ def env_code(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
         for item in re.split(_SEPARATORS.get(key, "\0"), env.get(key, "")):
             if item.startswith("/"):  # a bare LD_PRELOAD name is found in the library path
                 out.append((key, f"{key} {'file' if key in _FILES else 'entry'}", _place(key, item)))
+    if "LD_PROFILE" in env and "LD_PROFILE_OUTPUT" not in env:
+        out.append(("LD_PROFILE_OUTPUT", "LD_PROFILE's output directory", PROFILE_DEFAULT))
     return out
 
 
-def unsafe_env(env: Mapping[str, str], allowed: tuple[int, ...]) -> str | None:
+def unsafe_env(env: Mapping[str, str], allowed: tuple[int, ...], *, job: bool = False) -> str | None:
     """The first reason a place ``env`` (``usable_env``) names may be written by others, or
     ``None``. Each path with every directory above it (StrictModes, sticky directories
     allowed); a library directory's files and those of its ``LOADER_SUBDIRS``, and a
     ``TREES`` directory's whole tree, too (``library_dir``); where a program writes, its
     directory may not be writable by others (sticky or not: a name they make first, a link
-    to ``/etc/shadow``, would be written) and the file itself passes where it exists."""
+    to ``/etc/shadow``, would be written as root) and the file itself passes where it
+    exists. ``job``: the check for a run as the job user, whose files a sticky directory
+    (``/tmp``) may hold: what others made there is that user's business, not root's."""
     for key, what, path in env_code(env):
         if key in WRITTEN:
-            here = path if key == "LD_PROFILE_OUTPUT" else os.path.dirname(path)
+            here = _written_dir(key, path)
             mode = os.stat(here).st_mode & 0o7777 if os.path.isdir(here) else 0
+            shared = mode & 0o022 and not (job and mode & 0o1000)
             reason = unsafe_owner_chain(here, allowed, sticky_ok=True) or (
                 f"{here} is group/other writable (mode {mode:04o}): others may make the name first"
-                if mode & 0o022 else None) or (
+                if shared else None) or (
                 unsafe_owner_chain(path, allowed, sticky_ok=True) if os.path.lexists(path) and here != path
                 else None)
         else:
@@ -152,6 +191,8 @@ def searched(directory: str, subdirs: tuple[str, ...] | None = LOADER_SUBDIRS
         dirs.append(here)
         try:
             names = sorted(os.listdir(here))
+        except PermissionError:
+            raise  # what it holds cannot be known: the caller refuses it
         except OSError:
             continue
         for name in names:
@@ -190,7 +231,10 @@ def library_dir(path: str, allowed: tuple[int, ...], subdirs: tuple[str, ...] | 
     one) may make a program load code others wrote, or ``None``: an entry of what it
     searches (``searched``) fails the rule, or one of those directories is writable by
     others (sticky or not: a name added after this check would be loaded)."""
-    dirs, entries = searched(path, subdirs)
+    try:
+        dirs, entries = searched(path, subdirs)
+    except PermissionError as exc:
+        return f"{exc.filename}: {exc.strerror}: what it holds cannot be checked"
     if len(entries) > MAX_ENTRIES:
         return f"more than {MAX_ENTRIES} entries below it: too many to check"
     for inside in entries:

@@ -81,7 +81,6 @@ import shutil
 import site
 import stat
 import sys
-import time
 import zipimport
 from collections.abc import Mapping, Sequence
 from types import ModuleType
@@ -182,7 +181,7 @@ def startup_files(directory: str) -> list[str]:
 
 
 def check(interpreter: Sequence[str], paths: Sequence[str], allowed: tuple[int, ...],
-          env: Mapping[str, str] | None = None) -> str | None:
+          env: Mapping[str, str] | None = None, *, job: bool = False) -> str | None:
     """The first reason the interpreter (``interpreter_paths``), an import path or code the
     declared ``env`` names may be written by others, or ``None``.
 
@@ -192,9 +191,10 @@ def check(interpreter: Sequence[str], paths: Sequence[str], allowed: tuple[int, 
     0755 entry holding a job-writable ``sitecustomize.py`` is refused like a
     job-writable entry. From ``env`` (``usable_env``): every place it names, as
     ``declared_env.unsafe_env`` asks (``PATH`` entries, library directories with every file
-    the loader may load from them, preloads, glibc's directories, files and where it writes).
+    the loader may load from them, preloads, glibc's directories, files and where it writes;
+    ``job``: the check for a run as the job user).
     """
-    reason = unsafe_env(env or {}, allowed)
+    reason = unsafe_env(env or {}, allowed, job=job)
     if reason:
         return reason
     candidates = [("python", p) for p in interpreter]
@@ -478,7 +478,6 @@ def launch(spec: dict[str, Any], code: str) -> None:
         refuse(str(exc))
     deferred = deferred_env(env)
     os.environ.update({k: v for k, v in env.items() if k not in deferred})
-    time.tzset()  # a declared TZ, for a probe run in this process as in stage 2
     user = spec.get("user")
     account = None
     if user:
@@ -502,7 +501,7 @@ def launch(spec: dict[str, Any], code: str) -> None:
     if reason:
         if account is None:
             refuse(f"{reason}; not run as root (set job.user to run it as the job's user)")
-        again = check(interpreter, paths, (*mine, account.pw_uid), env)
+        again = check(interpreter, paths, (*mine, account.pw_uid), env, job=True)
         if again:
             refuse(f"{again}; not even the job user {user!r} may run it")
         drop = True

@@ -505,3 +505,49 @@ def test_glibc_variables_reach_the_job_user_s_probe_and_never_setpriv(
     assert res.ok and res.document["uid"] == NOBODY, res.error
     env = (tmp_path / "setpriv-env").read_text()
     assert "LOCPATH" not in env and "GCONV_PATH" not in env, env
+
+
+def test_what_the_review_of_glibc_s_variables_found(tmp_path: Path) -> None:
+    """A TZ naming a job-owned file was parsed as root; LD_PROFILE without an output
+    directory wrote into /var/tmp as root; '..' in an NLSPATH template or TZ and '/' in a
+    locale name reach outside the checked directories; a NUL gave a traceback (helper review)."""
+    zone = _job_owned(tmp_path / "job" / "tz", "TZif")
+    cases = {
+        "TZ": (f":{zone}", f"TZ file {zone}: {zone} is owned by nobody"),
+        "LD_PROFILE": ("libc.so.6", "LD_PROFILE's output directory /var/tmp: /var/tmp is group/other"),
+        "NLSPATH": ("/usr/share/locale/%L/../../../tmp/%N.cat", "NLSPATH template reaches outside"),
+        "LANG": ("../../../tmp/x", "LANG '../../../tmp/x' is a locale name, not a path"),
+        "MALLOC_TRACE": ("/var/\0/trace", "env 'MALLOC_TRACE': a NUL byte cannot be passed"),
+    }
+    for key, (value, named) in cases.items():
+        res = _run(tmp_path, env={key: value})
+        assert res.run.state is NodeState.REFUSED, (key, res)
+        assert named in (res.error or ""), (key, res.error)
+    res = _run(tmp_path, env={"TZ": "../../tmp/x"})
+    assert res.run.state is NodeState.REFUSED and "outside the zone directory" in (res.error or "")
+    # Nowhere to write: nothing is written, nothing refused.
+    assert _run(tmp_path, env={"MALLOC_TRACE": f"{tmp_path}/missing/trace"}).ok
+    # As the job user, its files may go to /tmp (sticky): nothing of root's is written there.
+    res = _run(tmp_path, env={"MALLOC_TRACE": "/tmp/brctl-test-trace"}, job_user="nobody",
+               python="/usr/bin/python3")
+    assert res.ok and res.document["uid"] == NOBODY, res.error
+
+
+def test_a_directory_that_cannot_be_listed_is_refused_not_passed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """searched() took an unlistable directory (a non-root ssh user; root on NFS with
+    root_squash) for an empty one, so a job-owned file in it passed (helper review)."""
+    from brctl.diagnostics import declared_env
+
+    blind = tmp_path / "zones" / "priv"
+    blind.mkdir(parents=True)
+    listdir = os.listdir
+
+    def denied(path: Any = ".") -> list[str]:
+        if str(path) == str(blind):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)
+
+    monkeypatch.setattr(declared_env.os, "listdir", denied)
+    reason = declared_env.library_dir(str(blind.parent), (0,), subdirs=None)
+    assert reason == f"{blind}: Permission denied: what it holds cannot be checked", reason
