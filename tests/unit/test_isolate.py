@@ -442,8 +442,9 @@ def test_job_user_command_with_loader_vars_does_not_need_env_on_the_declared_pat
 
 def test_a_declared_time_zone_applies_where_the_probe_runs_in_the_bootstrap_s_process(
         tmp_path: Path) -> None:
-    """The bootstrap's interpreter read the login TZ when it started; the declared one is
-    set after, in launch (time.tzset), as stage 2 and every child would see it."""
+    """The bootstrap's interpreter read the login TZ when it started; the declared one (it
+    may name a file: checked, and set only for the program exec'd next) reaches the probe,
+    which then runs in stage 2, as every child of it would see it."""
     res, seen = _env_seen(tmp_path, {"TZ": "BRT-9"})
     assert res.ok and seen is not None and seen.endswith(" tz=BRT"), (res, seen)
 
