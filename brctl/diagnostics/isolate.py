@@ -61,6 +61,8 @@ first, as with ``PYTHONPATH``. (A ``.pth`` line that ``exec``s a file it opens i
 this rule.) Python processes a probe starts (collective workers) are started by
 ``child_argv``: stage 2 under the same interpreter, isolated, with the same code,
 declared entries and allowed owners; a refusal there is passed on as the probe's.
+Replay's CUDA ranks, spawned by ``multiprocessing``, put the same guard in place before
+they import anything of their own (``replay_workload._run_ranks``).
 
 The user switch is ``setpriv --reuid --regid --init-groups``; the probe code then
 reaches the job user through an inherited file descriptor (the cache under root's

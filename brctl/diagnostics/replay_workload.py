@@ -117,18 +117,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     ctx: Any = mp.get_context("spawn" if device == "cuda" else "fork")
     if device == "cpu":
         _preload()
-    from brctl.diagnostics import replay_workload as this  # picklable by module name
-
-    procs, pipes = [], []
-    for local in range(nproc):
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=this._worker, args=(send, cfg, device,
-                                                      node_rank * nproc + local, local))
-        proc.start()
-        send.close()
-        procs.append(proc)
-        pipes.append(recv)
-    results = _collect(procs, pipes, cfg["timeout"])
+    results = _run_ranks(ctx, cfg, device, nproc, node_rank)
     errors = [r[1] for r in results if r[0] != "ok"]
     if errors:
         raise RuntimeError(errors[0])
@@ -139,6 +128,35 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         if status == "ok" and payload is not None:
             doc.update(payload)
     return doc
+
+
+def _run_ranks(ctx: Any, cfg: dict[str, Any], device: str, nproc: int,
+               node_rank: int) -> list[tuple[str, Any]]:
+    """Start this machine's ranks in ``ctx`` and collect what each reports.
+
+    Under a probe's import guard (``isolate.launch``), a spawned rank, a fresh interpreter,
+    puts the same guard in place before it imports anything of its own (a forked one has
+    it already); a rank that refused an import (``isolate.refuse_now``: its reason is on
+    the stdout it shares with this process) refuses the probe."""
+    from brctl.diagnostics import isolate
+    from brctl.diagnostics import replay_workload as this  # picklable by module name
+
+    guard = isolate.running_guard()
+    guarded = None if guard is None else (guard.allowed, guard.paths)
+    procs, pipes = [], []
+    for local in range(nproc):
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=this._worker, args=(send, cfg, device,
+                                                      node_rank * nproc + local, local, guarded))
+        proc.start()
+        send.close()
+        procs.append(proc)
+        pipes.append(recv)
+    results = _collect(procs, pipes, cfg["timeout"])
+    if any(proc.exitcode == isolate.REFUSED_EXIT for proc in procs):
+        isolate.refuse_now("a replay rank refused to import a module (the reason above)",
+                           None if guard is None else guard.scratch)
+    return results
 
 
 def _preload() -> None:
@@ -188,8 +206,17 @@ def _collect(procs: list[Any], pipes: list[Any], timeout: float) -> list[tuple[s
     return results
 
 
-def _worker(conn: Any, cfg: dict[str, Any], device: str, rank: int, local: int) -> None:
-    """One rank: train, fingerprint, send rank 0's result (or the error) to the parent."""
+def _worker(conn: Any, cfg: dict[str, Any], device: str, rank: int, local: int,
+            guarded: tuple[tuple[int, ...], list[str]] | None = None) -> None:
+    """One rank: train, fingerprint, send rank 0's result (or the error) to the parent.
+
+    ``guarded``: the probe's import guard's allowed owners and declared paths, put in
+    place here when this rank was spawned without it (``_run_ranks``)."""
+    if guarded is not None:
+        from brctl.diagnostics import isolate
+
+        if isolate.running_guard() is None:
+            isolate.guard_imports(guarded[0], None, guarded[1])
     os.environ.update(BITWISE_ENV)
     try:
         payload = _train(cfg, device, rank, local)
