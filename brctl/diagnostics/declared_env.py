@@ -144,14 +144,7 @@ def unsafe_env(env: Mapping[str, str], allowed: tuple[int, ...], *, job: bool = 
     (``/tmp``) may hold: what others made there is that user's business, not root's."""
     for key, what, path in env_code(env):
         if key in WRITTEN:
-            here = _written_dir(key, path)
-            mode = os.stat(here).st_mode & 0o7777 if os.path.isdir(here) else 0
-            shared = mode & 0o022 and not (job and mode & 0o1000)
-            reason = unsafe_owner_chain(here, allowed, sticky_ok=True) or (
-                f"{here} is group/other writable (mode {mode:04o}): others may make the name first"
-                if shared else None) or (
-                unsafe_owner_chain(path, allowed, sticky_ok=True) if os.path.lexists(path) and here != path
-                else None)
+            reason = _written(key, path, allowed, job)
         else:
             reason = unsafe_owner_chain(path, allowed, sticky_ok=True)
             if not reason and key == "LD_LIBRARY_PATH":
@@ -160,6 +153,22 @@ def unsafe_env(env: Mapping[str, str], allowed: tuple[int, ...], *, job: bool = 
                 reason = library_dir(path, allowed, subdirs=None, because="read from it")
         if reason:
             return f"{what} {path}: {reason}"
+    return None
+
+
+def _written(key: str, path: str, allowed: tuple[int, ...], job: bool) -> str | None:
+    """Why a program may not write ``path`` (a ``WRITTEN`` variable's) as ``unsafe_env``
+    says, or ``None``. The directory's mode is read only once its chain passed: only the
+    allowed owners can then replace it (a job user's race no longer ends in a traceback)."""
+    here = _written_dir(key, path)
+    reason = unsafe_owner_chain(here, allowed, sticky_ok=True)
+    if reason:
+        return reason
+    mode = os.stat(here).st_mode & 0o7777
+    if mode & 0o022 and not (job and mode & 0o1000):
+        return f"{here} is group/other writable (mode {mode:04o}): others may make the name first"
+    if here != path and os.path.lexists(path):
+        return unsafe_owner_chain(path, allowed, sticky_ok=True)
     return None
 
 
