@@ -31,6 +31,11 @@ When the command itself exits first, this exits with its status (128+N for a
 signal) at once; what it left running in the background is its business, as
 under plain ``ssh``. Standard library only; Python >= 3.9; Linux (``/proc``).
 
+Over ssh, where a cgroup can be made, the shell start (``brctl.remote.wrap.START``)
+does the set-up instead, without an interpreter, and runs this file only as
+``--watch SECONDS STARTED CGROUP`` once the command has run a second (deadline and
+lost channel, the same kill) and as ``--sweep PARENT`` where it saw an overdue cgroup.
+
 It runs before every command a node is given, so it starts lean: the C ``_signal``
 (``signal`` imports ``enum``), no ``contextlib``, and ``ctypes`` (for the subreaper
 ``prctl``) only where no cgroup could be made: ~5, ~4 and ~4 ms of node CPU each.
@@ -351,17 +356,18 @@ def _anything_left(cgroup: str | None) -> bool:
     return bool(members(cgroup)) if busy is None else busy
 
 
-def kill_tree(leader: int, cgroup: str | None = None) -> None:
+def kill_tree(leader: int | None, cgroup: str | None = None) -> None:
     """SIGTERM the whole tree below us (and ``leader``'s group, and ``cgroup``), SIGKILL
     what is left after GRACE_S (``cgroup.kill``: all of it at once, forks in flight too).
 
     ``cgroup.kill`` is written at least once, and every pid found live SIGKILLed, even
     when nothing seems left once the grace period ends: what neither the walk nor the
     cgroup's pid list shows as live must not survive a kill that reports success."""
-    try:
-        os.killpg(leader, signal.SIGTERM)
-    except OSError:
-        pass
+    if leader is not None:
+        try:
+            os.killpg(leader, signal.SIGTERM)
+        except OSError:
+            pass
     _signal_all(_tree(cgroup), signal.SIGTERM)
     give_up = now() + GRACE_S
     while now() < give_up:
@@ -406,10 +412,17 @@ def _exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def _bounded(seconds: float) -> float:
+    return seconds if seconds < MAX_S else MAX_S  # inf, nan, 1e300: no arithmetic may overflow
+
+
 def main(argv: list[str]) -> int:
-    seconds, cmd = float(argv[0]), argv[1:]
-    if not seconds < MAX_S:  # inf, nan, 1e300: no arithmetic on it may overflow
-        seconds = MAX_S
+    if argv[0] == "--watch":
+        return watch(float(argv[1]), float(argv[2]), argv[3])
+    if argv[0] == "--sweep":
+        _sweep(argv[1])
+        return 0
+    seconds, cmd = _bounded(float(argv[0])), argv[1:]
     deadline = now() + seconds
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -462,6 +475,45 @@ def _supervise(leader: int, deadline: float, seconds: float, wake_r: int, cgroup
         if status is not None:
             return _exit_code(status)
     kill_tree(leader, cgroup)
+    if reason == TIMEOUT_EXIT:
+        sys.stderr.write(f"brctl: timeout: killed after {seconds:g}s, with all it started\n")
+    return reason
+
+
+KILLING = "brctl-kill"  # this process's name (/proc/PID/comm) once a watch kills: wait for it
+
+
+def watch(seconds: float, started: float, cgroup: str) -> int:
+    """Watch a command the shell start (``brctl.remote.wrap``) put in ``cgroup``, which
+    started at ``started`` on ``now()``'s clock and may run ``seconds``: end it whole when
+    the deadline passes (124) or the channel goes away (129), as ``main`` does.
+
+    The shell started this process ``wrap.WATCH_AFTER_S`` after the command, outside its
+    cgroup, and kills it (SIGKILL) once the command is over, unless it is named
+    ``KILLING``: then it waits for the exit code. So it takes no signal of its own (the
+    shell ignores those a command's ``kill 0`` sends, and so does this process), and it
+    ends by itself only when the cgroup is empty (the shell is gone, or ran the command
+    under ``main`` instead)."""
+    deadline = started + _bounded(seconds)
+    poller = select.poll()
+    for fd in (1, 2):
+        poller.register(fd, 0)  # only POLLERR/POLLHUP: the reader went away
+    reason: int | None = None
+    while reason is None and populated(cgroup) is not False:
+        left = deadline - now()
+        if left <= 0:
+            reason = TIMEOUT_EXIT
+            break
+        if poller.poll(min(left, WAKE_S) * 1000 + 1):
+            reason = GONE_EXIT
+    if reason is None:
+        return 0
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(KILLING)
+    except OSError:
+        pass
+    kill_tree(None, cgroup)
     if reason == TIMEOUT_EXIT:
         sys.stderr.write(f"brctl: timeout: killed after {seconds:g}s, with all it started\n")
     return reason

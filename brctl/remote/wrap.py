@@ -1,16 +1,44 @@
-"""The node-side wrapper every command runs under (``brctl.diagnostics.reaper``).
+"""The node-side supervision every command runs under: a shell start, and the reaper.
 
-Its source travels in the argv (``python3 -I -S -c SOURCE SECONDS ARGV...``), so
-nothing has to be installed on the node. It enforces the timeout and kills the
-whole tree the command started (``setsid`` escapees included) on a timeout, on a
-lost channel (Ctrl-C, a dead controller) and on SIGTERM; exit 124 means "killed
-for its timeout", whatever the command did with SIGTERM.
+``shell_line`` is what a node's login shell is given: ``exec /bin/sh -c START ...``.
+``START`` (below) costs a few forks, not an interpreter, so a short command (a
+``true``, most probes) is supervised for about the CPU of ``sh -c true`` plus a
+``mkdir``, a ``rmdir`` and a ``sleep``. It
+
+- finds this session's cgroup v2 directory (``/proc/self/mountinfo``,
+  ``/proc/self/cgroup``), and where a dead supervisor left a cgroup ``ORPHAN_S`` past
+  its deadline there (or in a sibling logind session), has the reaper sweep them;
+- makes the command's cgroup, ``brctl-<deadline>-<16 hex>``, named as the reaper names
+  its own (``brctl.diagnostics.reaper``), and runs the command in it in the foreground
+  (the cgroup holds the whole tree from its first instruction: ``setsid`` escapees,
+  double forks), with every signal's default disposition and stdin as given;
+- starts, in the background and outside the cgroup, ``sleep WATCH_AFTER_S`` (or less
+  where the timeout is shorter) and then the reaper's ``--watch``: from then on the
+  reaper holds the deadline and the lost channel (stdout/stderr's reader gone) and
+  kills the whole cgroup (124, 129) with the reaper's one kill path;
+- when the command is over, kills the watch (SIGKILL) unless it is killing, in which
+  case its exit code is the answer; moves what the command left running out of the
+  cgroup (its business, as under plain ``ssh``) and removes the cgroup.
+
+The shell ignores the signals a command's ``kill 0`` sends its whole process group
+(``trap ''``; the command gets them back), since the command shares it. Where no cgroup
+can be made (cgroup v1 only, a non-root user without delegation, no ``mkdir``), the shell
+``exec``s the reaper instead, which then does everything itself (a child subreaper and a
+``/proc`` walk, or v1's freezer): ``python3 -I -S -c SOURCE SECONDS ARGV...``, its source
+travelling in the argv, so nothing has to be installed on the node. Exit 124 means
+"killed for its timeout", whatever the command did with SIGTERM.
+
+The shell script is POSIX (dash, and bash as ``sh``), free of backslashes (fish, as a
+login shell, reads them inside single quotes), and its variables start ``_b`` (the
+command's environment is the login one: a shell variable shadowing an exported one of
+the same name would change it).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
-import shlex
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,12 +48,85 @@ TIMEOUT_EXIT = 124  # brctl.diagnostics.reaper.TIMEOUT_EXIT
 GRACE_S = 2.0  # reaper.GRACE_S: SIGTERM, then SIGKILL this much later
 SLACK_S = 5.0  # how long past GRACE_S the controller waits before it gives up itself
 SYSTEM_PYTHON = NODE_PROGRAM[0]  # isolate.TRUSTED_PYTHON: what runs the reaper where it exists
+SHELL = "/bin/sh"
+WATCH_AFTER_S = 1.0  # a command still running this long gets the reaper's watch
+ORPHAN_S = 30  # reaper.ORPHAN_S
+MAX_S = 10 * 365 * 86400  # reaper.MAX_S
+_IGNORED = "HUP INT QUIT TERM USR1 USR2 ALRM"  # what the shell ignores and the command gets back
+
+# $1 seconds, $2 whole seconds for the cgroup's name, $3 the watch's delay, $4 python3,
+# $5 the configured python (where there is no python3), $6 the reaper's source; then argv.
+START = f"""_bfull() {{ trap - {_IGNORED}; exec "$_bpy" -I -S -c "$_bsrc" "$_bt" "$@"; }}
+_bold() {{
+  for _bd; do
+    _be=${{_bd##*/brctl-}}
+    _be=${{_be%-*}}
+    case $_be in ''|*[!0-9]*|??????????????????*) continue;; esac
+    [ "$((_be + {ORPHAN_S}))" -lt "$_bu" ] && return 0
+  done
+  return 1
+}}
+trap '' {_IGNORED}
+_bt=$1 _bn=$2 _bw=$3 _bpy=$4 _bsrc=$6
+command -v "$_bpy" >/dev/null 2>&1 || _bpy=$5
+shift 6
+_br= _bp=
+while read -r _b _b _b _bd _bm _bo; do
+  case $_bo in *" - cgroup2 "*) [ "$_bd" = / ] && _br=$_bm && break;; esac
+done < /proc/self/mountinfo
+while IFS= read -r _bl; do
+  case $_bl in 0::/*) _bp=${{_bl#0::}};; esac
+done < /proc/self/cgroup
+[ -n "$_br" ] && [ -n "$_bp" ] || _bfull "$@"
+_bp=$_br${{_bp%/}}
+read -r _bu0 _b < /proc/uptime
+_bu=${{_bu0%.*}}
+case $_bp in
+  */session-*.scope) _bold "${{_bp%/*}}"/session-*.scope/brctl-*;;
+  *) _bold "$_bp"/brctl-*;;
+esac && "$_bpy" -I -S -c "$_bsrc" --sweep "$_bp" </dev/null >/dev/null 2>&1
+read -r _bi < /proc/sys/kernel/random/uuid || _bfull "$@"
+_bj=${{_bi#*-}} _bk=${{_bi#*-*-}}
+_bc=$_bp/brctl-$((_bu + _bn))-${{_bi%%-*}}${{_bj%%-*}}${{_bk%%-*}}
+mkdir "$_bc" 2>/dev/null || _bfull "$@"
+(sleep "$_bw" >/dev/null 2>&1; exec "$_bpy" -I -S -c "$_bsrc" --watch "$_bt" "$_bu0" "$_bc") </dev/null &
+_bw=$!
+exec 3>&2 2>/dev/null
+(exec 2>&3 3>&-; trap - {_IGNORED}; {{ echo 0 >"$_bc/cgroup.procs"; }} 2>/dev/null || _bfull "$@"; exec "$@")
+_bx=$?
+exec 2>&3 3>&-
+read -r _bm < "/proc/$_bw/comm"
+[ "$_bm" = brctl-kill ] || kill -KILL "$_bw" 2>/dev/null
+wait "$_bw" 2>/dev/null
+_by=$?
+{{ while read -r _bq; do echo "$_bq" >"$_bp/cgroup.procs"; done <"$_bc/cgroup.procs"; }} 2>/dev/null
+rmdir "$_bc" 2>/dev/null
+case $_by in 124|129) exit "$_by";; esac
+exit "$_bx"
+"""
+assert "\\" not in START
 
 
 @functools.cache
 def _source() -> str:
+    """The reaper's source as it travels: without docstrings and comment lines, which
+    every command would carry (and every login shell parse) for nothing."""
     text = (Path(__file__).parent.parent / "diagnostics" / "reaper.py").read_text()
-    return text.split('"""', 2)[2].lstrip()  # the module docstring need not travel
+    lines = text.splitlines()
+    drop: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            first, last = body[0].lineno, body[0].end_lineno or body[0].lineno
+            if len(body) == 1:  # a body of only a docstring keeps a statement
+                lines[first - 1] = lines[first - 1][:body[0].col_offset] + "pass"
+                first += 1
+            drop.update(range(first - 1, last))
+    kept = [line for i, line in enumerate(lines)
+            if i not in drop and line.strip() and not line.lstrip().startswith("#")]
+    return "\n".join(kept) + "\n"
 
 
 def wrapped(python: str, argv: Sequence[str], timeout: float) -> list[str]:
@@ -33,8 +134,8 @@ def wrapped(python: str, argv: Sequence[str], timeout: float) -> list[str]:
     return [python, "-I", "-S", "-c", _source(), repr(float(timeout)), *argv]  # 0.0004 is not 0
 
 
-def shell_line(python: str, argv: Sequence[str], timeout: float) -> str:
-    """The command line a node's login shell runs: ``argv`` under the reaper.
+def shell_line(python: str, argv: Sequence[str], timeout: float, shell: str = SHELL) -> str:
+    """The command line a node's login shell runs: ``argv`` under ``START`` and the reaper.
 
     The reaper runs under the system ``python3``, the interpreter brctl trusts on a
     node (a configured ``python`` may be one the job user can write: probes check it
@@ -42,11 +143,11 @@ def shell_line(python: str, argv: Sequence[str], timeout: float) -> str:
     login PATH (a conda-only machine) runs it under its configured ``python``, which
     then must be as trustworthy as any program brctl starts there.
     """
-    reaper = wrapped(SYSTEM_PYTHON, argv, timeout)
-    if python == SYSTEM_PYTHON:
-        return command_line(reaper)
-    return (f"p={SYSTEM_PYTHON}; command -v {SYSTEM_PYTHON} >/dev/null 2>&1 || p={shlex.quote(python)};"
-            f' exec "$p" {command_line(reaper[1:])}')
+    seconds = float(timeout)
+    whole = math.ceil(min(seconds, MAX_S)) + 1 if seconds == seconds else MAX_S  # nan: the longest
+    return command_line(["exec", shell, "-c", START, "sh", repr(seconds), str(whole),
+                         f"{min(WATCH_AFTER_S, max(seconds, 0.0)):g}", SYSTEM_PYTHON, python,
+                         _source(), *argv])
 
 
 def exit_state(code: int, elapsed: float, timeout: float) -> NodeState:

@@ -411,7 +411,7 @@ def test_a_command_overdue_on_a_busy_connection_that_can_send_leaves_it_to_the_o
     (node,) = nodes_of(cluster)
     transport = SshTransport(ssh_config=os.devnull)
     timeout = scaled(3)
-    reaper = r"^python3 -I -S -c [\s\S]*\bsleep 1161\b"
+    reaper = r"^/bin/sh -c [\s\S]*\bsleep 1161\b"  # the supervising shell (wrap.START)
     try:
         feeding = _feeding(cluster, transport, node, scaled(120), size=2 << 30)  # busy all along
         box = _in_thread(transport, node, ["sleep", "1161"], timeout)

@@ -1,0 +1,190 @@
+"""The shell start (``brctl.remote.wrap.START``): a command run as a node's login shell
+runs it, supervised without an interpreter until it has run ``WATCH_AFTER_S``.
+
+Run here as sshd runs it (``bash -c LINE`` in a session of its own), under dash and
+under bash as ``sh`` (RHEL's ``/bin/sh``), as root with a writable cgroup v2."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from brctl.diagnostics import reaper
+from brctl.remote.wrap import START, shell_line
+from tests.integration.cluster import scaled
+from tests.procs import local_pids
+
+ENV = {**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # the system python3, as over ssh
+
+
+def _cgroup_dir() -> str | None:
+    own = reaper.own_cgroup()
+    if own is None or reaper.cgroup_root() is None:
+        return None
+    probe = os.path.join(own, f"brctl-test-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+    except OSError:
+        return None
+    os.rmdir(probe)
+    return own
+
+
+pytestmark = pytest.mark.skipif(_cgroup_dir() is None or not os.path.exists("/usr/bin/python3"),
+                                reason="needs a writable cgroup v2 and /usr/bin/python3")
+
+
+@pytest.fixture(params=["dash", "bash"])
+def shell(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "dash":
+        yield "/bin/sh"
+        return
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    where = Path(tempfile.mkdtemp(prefix="brctl-bash-sh-"))  # not pytest's 0700 tree: nobody runs it too
+    where.chmod(0o755)
+    wrapper = where / "sh"
+    wrapper.write_text(f"#!/bin/sh\nexec {shutil.which('bash')} --posix \"$@\"\n")
+    wrapper.chmod(0o755)
+    yield str(wrapper)
+    shutil.rmtree(where)
+
+
+def _line(argv: list[str], timeout: float, shell: str) -> list[str]:
+    return ["bash", "-c", shell_line("python3", argv, timeout, shell=shell)]
+
+
+def _run(argv: list[str], timeout: float, shell: str, data: bytes = b"",
+         prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*prefix, *_line(argv, timeout, shell)], input=data.decode(), env=ENV,
+                          capture_output=True, text=True, timeout=scaled(30), start_new_session=True)
+
+
+def _gone(pattern: str) -> bool:
+    deadline = time.monotonic() + scaled(5)
+    while local_pids(pattern) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not local_pids(pattern)
+
+
+def _cgroup(stdout: str) -> str:
+    (line,) = [ln for ln in stdout.splitlines() if ln.startswith("0::")]
+    return os.path.join(reaper.cgroup_root() or "/nonexistent", line[3:].lstrip("/"))
+
+
+def test_the_start_has_no_backslash_for_fish_to_read() -> None:
+    assert "\\" not in START
+
+
+def test_a_command_gets_its_stdin_output_and_exit_code_in_a_cgroup_removed_after(shell: str) -> None:
+    done = _run(["sh", "-c", "cat /proc/self/cgroup; cat; echo err >&2; exit 3"], 10, shell, b"data")
+    assert (done.returncode, done.stderr) == (3, "err\n"), done
+    assert done.stdout.endswith("data")
+    path = _cgroup(done.stdout)
+    assert re.search(r"/brctl-[0-9]+-[0-9a-f]{16}$", path) and reaper._due(os.path.basename(path)), path
+    assert not os.path.exists(path)
+
+
+def test_a_timeout_kills_the_whole_tree_whatever_it_does_with_sigterm(shell: str) -> None:
+    script = ("cat /proc/self/cgroup; trap '' TERM; setsid sh -c \"trap '' TERM; exec sleep 1201\" & "
+              "sh -c 'trap \"\" TERM; sleep 1202'; wait")
+    t0 = time.monotonic()
+    done = _run(["sh", "-c", script], scaled(1.5), shell)
+    assert done.returncode == reaper.TIMEOUT_EXIT, done
+    assert done.stderr == f"brctl: timeout: killed after {scaled(1.5):g}s, with all it started\n"
+    assert time.monotonic() - t0 <= scaled(1.5) + reaper.GRACE_S + scaled(2)
+    assert _gone(r"^sleep 120[12]")
+    assert not os.path.exists(_cgroup(done.stdout))
+
+
+def test_a_timeout_shorter_than_the_watch_s_delay_still_kills(shell: str) -> None:
+    done = _run(["sh", "-c", "setsid sleep 1203 & sleep 1204"], 0.3, shell)
+    assert done.returncode == reaper.TIMEOUT_EXIT, done
+    assert _gone(r"^sleep 120[34]")
+
+
+def test_a_lost_reader_kills_the_tree(shell: str) -> None:
+    proc = subprocess.Popen(_line(["sh", "-c", "setsid sleep 1211 & sleep 1212"], 600, shell), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + scaled(5)
+        while len(local_pids(r"^sleep 121[12]")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # Ctrl-C on the controller, a lost connection: the channel is gone
+        proc.stderr.close()
+        assert proc.wait(scaled(5)) == reaper.GONE_EXIT
+        assert _gone(r"^sleep 121[12]")
+    finally:
+        proc.kill()
+        for pid in local_pids(r"^sleep 121[12]"):
+            os.kill(pid, 9)
+
+
+def test_a_command_s_kill_0_takes_neither_the_shell_nor_the_watch(shell: str) -> None:
+    # The command shares the shell's process group; what it sends the group must not end
+    # its supervision (the reaper's setsid kept it apart) nor change its exit code.
+    done = _run(["sh", "-c", "trap '' TERM HUP INT USR1 ALRM; for s in TERM HUP INT USR1 ALRM; do "
+                 "kill -s $s 0; done; sleep 0.2; exit 4"], 10, shell)
+    assert done.returncode == 4, done
+    done = _run(["sh", "-c", "trap '' TERM HUP INT USR1; for s in TERM HUP INT USR1; do kill -s $s 0; "
+                 "done; sleep 1.3; for s in TERM HUP INT USR1; do kill -s $s 0; done; sleep 1221"],
+                scaled(2), shell)
+    assert done.returncode == reaper.TIMEOUT_EXIT, done
+    assert _gone(r"^sleep 1221")
+
+
+def test_the_command_gets_every_signal_s_default_disposition(shell: str) -> None:
+    code = ("import signal as s; print(' '.join(str(s.getsignal(getattr(s, 'SIG' + n))) for n in "
+            "'INT QUIT TERM HUP USR1 USR2 ALRM'.split()))")
+    done = _run(["/usr/bin/python3", "-c", code], 10, shell)
+    assert done.returncode == 0, done
+    # Python's own SIGINT handler is what it installs over SIG_DFL (over SIG_IGN, none)
+    assert done.stdout.startswith("<built-in function default_int_handler>"), done.stdout
+    assert "SIG_IGN" not in done.stdout, done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_where_no_cgroup_can_be_made_the_reaper_runs_the_command_itself(shell: str) -> None:
+    nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    done = _run(["sh", "-c", "cat /proc/self/cgroup; setsid sleep 1231 & sleep 1232"], scaled(1), shell,
+                prefix=nobody)
+    assert done.returncode == reaper.TIMEOUT_EXIT, done
+    assert "brctl-" not in done.stdout
+    assert _gone(r"^sleep 123[12]")
+
+
+def test_an_overdue_cgroup_a_killed_supervisor_left_is_swept_by_the_next_start(shell: str) -> None:
+    where = _cgroup_dir()
+    assert where is not None
+    now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    overdue = os.path.join(where, f"{reaper.CGROUP_PREFIX}{int(now - reaper.ORPHAN_S - 5)}-{'d' * 16}")
+    os.mkdir(overdue)
+    orphan = subprocess.Popen(["sh", "-c", f"echo 0 > {overdue}/cgroup.procs; exec setsid sleep 1241"],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + scaled(5)
+        while not local_pids(r"^sleep 1241") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(3):  # killed by one sweep, removed by it or the next once the dead are gone
+            assert _run(["true"], 10, shell).returncode == 0
+            if not os.path.exists(overdue):
+                break
+            time.sleep(0.2)
+        assert _gone(r"^sleep 1241")
+        assert not os.path.exists(overdue)
+    finally:
+        orphan.kill()
+        orphan.wait()
+        if os.path.isdir(overdue):
+            Path(overdue, "cgroup.kill").write_text("1")
+            time.sleep(0.1)
+            os.rmdir(overdue)
