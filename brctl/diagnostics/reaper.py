@@ -89,7 +89,7 @@ def _mount(fstype: str, option: str = "") -> str | None:
 def _unescaped(field: str) -> str:
     """A mountinfo path as it is: the kernel writes a space, tab, newline and backslash
     in it as ``\\ooo`` (``\\040``)."""
-    head, *rest = field.split("\\")
+    head, *rest = field.split(chr(92))  # a backslash; fish, as a login shell, reads two as one
     return head + "".join(chr(int(part[:3], 8)) + part[3:] for part in rest)
 
 
