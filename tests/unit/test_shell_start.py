@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from brctl.diagnostics import reaper
-from brctl.remote.wrap import START, _source, shell_line
+from brctl.remote.wrap import START, _source, shell_line, wrapped
 from tests.integration.cluster import scaled
 from tests.procs import local_pids
 
@@ -196,3 +197,17 @@ def test_what_travels_through_a_login_shell_survives_fish_s_single_quotes() -> N
     source = _source()
     assert "\\\\" not in source and "\\'" not in source
     compile(source, "reaper", "exec")
+
+
+@pytest.mark.parametrize("login", ["bash", "zsh", "fish"])
+def test_every_login_shell_runs_the_line(login: str) -> None:
+    """sshd hands the line to the user's login shell: whatever it is, the command runs
+    supervised (the reaper's source with a backslash pair failed every command on fish)."""
+    if shutil.which(login) is None:
+        pytest.skip(f"{login} not installed")
+    for argv, timeout, code in ((["sh", "-c", "echo ran; exit 3"], 10.0, 3), (["sleep", "1251"], 0.5, 124)):
+        for line in (shell_line("python3", argv, timeout), shlex.join(wrapped("python3", argv, timeout))):
+            done = subprocess.run([login, "-c", line], env=ENV, capture_output=True, text=True,
+                                  timeout=scaled(30), start_new_session=True)
+            assert done.returncode == code, (login, done)
+    assert _gone(r"^sleep 1251")
