@@ -340,15 +340,20 @@ def _reap() -> dict[int, int]:
         done[pid] = status
 
 
-def _tree(cgroup: str | None) -> list[int]:
+def _below(root: int | None) -> list[int]:
+    """What the walk finds below ``root`` (this process where None), never this process."""
     me = os.getpid()
-    return sorted(set(descendants(me)) | set(members(cgroup)) - {me})
+    return [pid for pid in descendants(me if root is None else root) if pid != me]
 
 
-def _anything_left(cgroup: str | None) -> bool:
-    """Whether any of the tree still runs: below us by the walk, or in ``cgroup`` as its
-    ``cgroup.events`` says (what the kernel counts, whatever /proc shows of each pid)."""
-    if descendants(os.getpid()):
+def _tree(cgroup: str | None, root: int | None = None) -> list[int]:
+    return sorted(set(_below(root)) | set(members(cgroup)) - {os.getpid()})
+
+
+def _anything_left(cgroup: str | None, root: int | None = None) -> bool:
+    """Whether any of the tree still runs: below ``root`` (us) by the walk, or in ``cgroup``
+    as its ``cgroup.events`` says (what the kernel counts, whatever /proc shows of each pid)."""
+    if _below(root):
         return True
     if cgroup is None:
         return False
@@ -356,8 +361,8 @@ def _anything_left(cgroup: str | None) -> bool:
     return bool(members(cgroup)) if busy is None else busy
 
 
-def kill_tree(leader: int | None, cgroup: str | None = None) -> None:
-    """SIGTERM the whole tree below us (and ``leader``'s group, and ``cgroup``), SIGKILL
+def kill_tree(leader: int | None, cgroup: str | None = None, root: int | None = None) -> None:
+    """SIGTERM the whole tree below ``root`` (us) (and ``leader``'s group, and ``cgroup``), SIGKILL
     what is left after GRACE_S (``cgroup.kill``: all of it at once, forks in flight too).
 
     ``cgroup.kill`` is written at least once, and every pid found live SIGKILLed, even
@@ -368,20 +373,20 @@ def kill_tree(leader: int | None, cgroup: str | None = None) -> None:
             os.killpg(leader, signal.SIGTERM)
         except OSError:
             pass
-    _signal_all(_tree(cgroup), signal.SIGTERM)
+    _signal_all(_tree(cgroup, root), signal.SIGTERM)
     give_up = now() + GRACE_S
     while now() < give_up:
         _reap()
-        if not _anything_left(cgroup):
+        if not _anything_left(cgroup, root):
             break
         time.sleep(0.05)
     for _ in range(100):  # a tree that forks while it dies needs a few rounds
         if cgroup is not None:
             _kill_cgroup(cgroup)
-        _signal_all(descendants(os.getpid()), signal.SIGKILL)
+        _signal_all(_below(root), signal.SIGKILL)
         time.sleep(0.01)
         _reap()
-        if not _anything_left(cgroup):
+        if not _anything_left(cgroup, root):
             return
 
 
@@ -418,7 +423,7 @@ def _bounded(seconds: float) -> float:
 
 def main(argv: list[str]) -> int:
     if argv[0] == "--watch":
-        return watch(float(argv[1]), float(argv[2]), argv[3])
+        return watch(float(argv[1]), float(argv[2]), argv[3], int(argv[4]))
     if argv[0] == "--sweep":
         _sweep(argv[1])
         return 0
@@ -480,26 +485,24 @@ def _supervise(leader: int, deadline: float, seconds: float, wake_r: int, cgroup
     return reason
 
 
-KILLING = "brctl-kill"  # this process's name (/proc/PID/comm) once a watch kills: wait for it
-
-
-def watch(seconds: float, started: float, cgroup: str) -> int:
-    """Watch a command the shell start (``brctl.remote.wrap``) put in ``cgroup``, which
-    started at ``started`` on ``now()``'s clock and may run ``seconds``: end it whole when
-    the deadline passes (124) or the channel goes away (129), as ``main`` does.
+def watch(seconds: float, started: float, cgroup: str, shell: int) -> int:
+    """Watch a command the shell start (``brctl.remote.wrap.START``, process ``shell``) put
+    in ``cgroup``, which started at ``started`` on ``now()``'s clock and may run
+    ``seconds``: end it whole when the deadline passes (124) or the channel goes away
+    (129), as ``main`` does: what is in the cgroup and, while the shell lives, whatever
+    runs below it (a command that moved itself out of the cgroup: ``systemd-run
+    --scope``, ``cgexec``).
 
     The shell started this process ``wrap.WATCH_AFTER_S`` after the command, outside its
-    cgroup, and kills it (SIGKILL) once the command is over, unless it is named
-    ``KILLING``: then it waits for the exit code. So it takes no signal of its own (the
-    shell ignores those a command's ``kill 0`` sends, and so does this process), and it
-    ends by itself only when the cgroup is empty (the shell is gone, or ran the command
-    under ``main`` instead)."""
+    cgroup, and sends it SIGTERM once the command is over, then waits for its exit code:
+    from the moment it kills, it ignores SIGTERM, so the shell's answer is 124 or 129.
+    It ends by itself only when the shell is gone and the cgroup is empty."""
     deadline = started + _bounded(seconds)
     poller = select.poll()
     for fd in (1, 2):
         poller.register(fd, 0)  # only POLLERR/POLLHUP: the reader went away
     reason: int | None = None
-    while reason is None and populated(cgroup) is not False:
+    while reason is None and (os.getppid() == shell or populated(cgroup) is not False):
         left = deadline - now()
         if left <= 0:
             reason = TIMEOUT_EXIT
@@ -508,12 +511,9 @@ def watch(seconds: float, started: float, cgroup: str) -> int:
             reason = GONE_EXIT
     if reason is None:
         return 0
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write(KILLING)
-    except OSError:
-        pass
-    kill_tree(None, cgroup)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the shell's "it is over" must not cut this short
+    # The walk from the shell only while it is our parent: a pid of the dead may be reused.
+    kill_tree(None, cgroup, shell if os.getppid() == shell else None)
     if reason == TIMEOUT_EXIT:
         sys.stderr.write(f"brctl: timeout: killed after {seconds:g}s, with all it started\n")
     return reason

@@ -3,35 +3,38 @@
 ``shell_line`` is what a node's login shell is given: ``exec /bin/sh -c START ...``.
 ``START`` (below) costs a few forks, not an interpreter, so a short command (a
 ``true``, most probes) is supervised for about the CPU of ``sh -c true`` plus a
-``mkdir``, a ``rmdir`` and a ``sleep``. It
+``mkdir``, a ``rmdir``, a ``setsid`` and a ``sleep``. It
 
 - finds this session's cgroup v2 directory (``/proc/self/mountinfo``,
   ``/proc/self/cgroup``), and where a dead supervisor left a cgroup ``ORPHAN_S`` past
   its deadline there (or in a sibling logind session), has the reaper sweep them;
 - makes the command's cgroup, ``brctl-<deadline>-<16 hex>``, named as the reaper names
-  its own (``brctl.diagnostics.reaper``), and runs the command in it in the foreground
-  (the cgroup holds the whole tree from its first instruction: ``setsid`` escapees,
-  double forks), with every signal's default disposition and stdin as given;
+  its own (``brctl.diagnostics.reaper``), and runs the command in it in the foreground,
+  in a session of its own (``setsid``, as the reaper spawns it: what it sends its
+  process group reaches neither the shell nor the watch), with stdin as given (the
+  cgroup holds the whole tree from its first instruction: ``setsid`` escapees, double
+  forks);
 - starts, in the background and outside the cgroup, ``sleep WATCH_AFTER_S`` (or less
   where the timeout is shorter) and then the reaper's ``--watch``: from then on the
   reaper holds the deadline and the lost channel (stdout/stderr's reader gone) and
-  kills the whole cgroup (124, 129) with the reaper's one kill path;
-- when the command is over, kills the watch (SIGKILL) unless it is killing, in which
-  case its exit code is the answer; moves what the command left running out of the
-  cgroup (its business, as under plain ``ssh``) and removes the cgroup.
+  kills the cgroup and all below the shell (124, 129) with the reaper's one kill path;
+- when the command is over, sends the watch SIGTERM (ignored once it kills: its exit
+  code is then the answer; never to a pid the shell has reaped), moves what the command
+  left running out of the cgroup (its business, as under plain ``ssh``) and removes it.
 
-The shell ignores the signals a command's ``kill 0`` sends its whole process group
-(``trap ''``; the command gets them back), since the command shares it. Where no cgroup
-can be made (cgroup v1 only, a non-root user without delegation, no ``mkdir``), the shell
-``exec``s the reaper instead, which then does everything itself (a child subreaper and a
-``/proc`` walk, or v1's freezer): ``python3 -I -S -c SOURCE SECONDS ARGV...``, its source
-travelling in the argv, so nothing has to be installed on the node. Exit 124 means
-"killed for its timeout", whatever the command did with SIGTERM.
+Where no cgroup can be made (cgroup v1 only, a non-root user without delegation, no
+``mkdir`` or ``setsid``), the shell ``exec``s the reaper instead, which then does
+everything itself (a child subreaper and a ``/proc`` walk, or v1's freezer):
+``python3 -I -S -c SOURCE SECONDS ARGV...``, its source travelling in the argv, so
+nothing has to be installed on the node. Exit 124 means "killed for its timeout",
+whatever the command did with SIGTERM. Signals the session starts with ignored stay
+ignored for the command (sshd starts it with none; the reaper reset some).
 
 The shell script is POSIX (dash, and bash as ``sh``), free of backslashes (fish, as a
-login shell, reads them inside single quotes), and its variables start ``_b`` (the
-command's environment is the login one: a shell variable shadowing an exported one of
-the same name would change it).
+login shell, reads them inside single quotes), turns off what bash's exported
+``SHELLOPTS`` may turn on (errexit, noglob, noclobber, xtrace, ...), and its variables
+start ``_b`` (the command's environment is the login one: a shell variable shadowing
+an exported one of the same name would change it).
 """
 
 from __future__ import annotations
@@ -52,11 +55,11 @@ SHELL = "/bin/sh"
 WATCH_AFTER_S = 1.0  # a command still running this long gets the reaper's watch
 ORPHAN_S = 30  # reaper.ORPHAN_S
 MAX_S = 10 * 365 * 86400  # reaper.MAX_S
-_IGNORED = "HUP INT QUIT TERM USR1 USR2 ALRM"  # what the shell ignores and the command gets back
 
 # $1 seconds, $2 whole seconds for the cgroup's name, $3 the watch's delay, $4 python3,
 # $5 the configured python (where there is no python3), $6 the reaper's source; then argv.
-START = f"""_bfull() {{ trap - {_IGNORED}; exec "$_bpy" -I -S -c "$_bsrc" "$_bt" "$@"; }}
+START = f"""set +Ceufvx
+_bfull() {{ exec "$_bpy" -I -S -c "$_bsrc" "$_bt" "$@"; }}
 _bold() {{
   for _bd; do
     _be=${{_bd##*/brctl-}}
@@ -66,39 +69,41 @@ _bold() {{
   done
   return 1
 }}
-trap '' {_IGNORED}
 _bt=$1 _bn=$2 _bw=$3 _bpy=$4 _bsrc=$6
 command -v "$_bpy" >/dev/null 2>&1 || _bpy=$5
 shift 6
+command -v setsid >/dev/null 2>&1 || _bfull "$@"
 _br= _bp=
-while read -r _b _b _b _bd _bm _bo; do
+{{ while read -r _b _b _b _bd _bm _bo; do
   case $_bo in *" - cgroup2 "*) [ "$_bd" = / ] && _br=$_bm && break;; esac
-done < /proc/self/mountinfo
-while IFS= read -r _bl; do
+done < /proc/self/mountinfo; }} 2>/dev/null
+{{ while IFS= read -r _bl; do
   case $_bl in 0::/*) _bp=${{_bl#0::}};; esac
-done < /proc/self/cgroup
+done < /proc/self/cgroup; }} 2>/dev/null
 [ -n "$_br" ] && [ -n "$_bp" ] || _bfull "$@"
 _bp=$_br${{_bp%/}}
-read -r _bu0 _b < /proc/uptime
+{{ read -r _bu0 _b < /proc/uptime; }} 2>/dev/null || _bfull "$@"
 _bu=${{_bu0%.*}}
 case $_bp in
   */session-*.scope) _bold "${{_bp%/*}}"/session-*.scope/brctl-*;;
   *) _bold "$_bp"/brctl-*;;
 esac && "$_bpy" -I -S -c "$_bsrc" --sweep "$_bp" </dev/null >/dev/null 2>&1
-read -r _bi < /proc/sys/kernel/random/uuid || _bfull "$@"
+{{ read -r _bi < /proc/sys/kernel/random/uuid; }} 2>/dev/null || _bfull "$@"
 _bj=${{_bi#*-}} _bk=${{_bi#*-*-}}
 _bc=$_bp/brctl-$((_bu + _bn))-${{_bi%%-*}}${{_bj%%-*}}${{_bk%%-*}}
 mkdir "$_bc" 2>/dev/null || _bfull "$@"
-(sleep "$_bw" >/dev/null 2>&1; exec "$_bpy" -I -S -c "$_bsrc" --watch "$_bt" "$_bu0" "$_bc") </dev/null &
+(trap 'kill "$!"; exit' TERM; sleep "$_bw" >/dev/null 2>&1 & wait "$!"
+ exec "$_bpy" -I -S -c "$_bsrc" --watch "$_bt" "$_bu0" "$_bc" "$$") </dev/null &
 _bw=$!
 exec 3>&2 2>/dev/null
-(exec 2>&3 3>&-; trap - {_IGNORED}; {{ echo 0 >"$_bc/cgroup.procs"; }} 2>/dev/null || _bfull "$@"; exec "$@")
+(exec 2>&3 3>&-; {{ echo 0 >"$_bc/cgroup.procs"; }} 2>/dev/null || _bfull "$@"; exec setsid -- "$@")
 _bx=$?
-exec 2>&3 3>&-
-read -r _bm < "/proc/$_bw/comm"
-[ "$_bm" = brctl-kill ] || kill -KILL "$_bw" 2>/dev/null
-wait "$_bw" 2>/dev/null
+{{ read -r _bs < "/proc/$_bw/stat"; }} 2>/dev/null
+_bs=${{_bs##*) }} _bs=${{_bs#* }}
+[ "${{_bs%% *}}" = "$$" ] && kill -TERM "$_bw"
+wait "$_bw"
 _by=$?
+exec 2>&3 3>&-
 {{ while read -r _bq; do echo "$_bq" >"$_bp/cgroup.procs"; done <"$_bc/cgroup.procs"; }} 2>/dev/null
 rmdir "$_bc" 2>/dev/null
 case $_by in 124|129) exit "$_by";; esac
@@ -144,7 +149,8 @@ def shell_line(python: str, argv: Sequence[str], timeout: float, shell: str = SH
     then must be as trustworthy as any program brctl starts there.
     """
     seconds = float(timeout)
-    whole = math.ceil(min(seconds, MAX_S)) + 1 if seconds == seconds else MAX_S  # nan: the longest
+    # nan is the longest; -inf or -1e300 the shortest, in a number the shell can add to
+    whole = math.ceil(min(max(seconds, -MAX_S), MAX_S)) + 1 if seconds == seconds else MAX_S
     return command_line(["exec", shell, "-c", START, "sh", repr(seconds), str(whole),
                          f"{min(WATCH_AFTER_S, max(seconds, 0.0)):g}", SYSTEM_PYTHON, python,
                          _source(), *argv])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from brctl.diagnostics import reaper
-from brctl.remote.wrap import START, _source, shell_line, wrapped
+from brctl.remote.wrap import START, WATCH_AFTER_S, _source, shell_line, wrapped
 from tests.integration.cluster import scaled
 from tests.procs import local_pids
 
@@ -130,17 +130,62 @@ def test_a_lost_reader_kills_the_tree(shell: str) -> None:
             os.kill(pid, 9)
 
 
-def test_a_command_s_kill_0_takes_neither_the_shell_nor_the_watch(shell: str) -> None:
-    # The command shares the shell's process group; what it sends the group must not end
-    # its supervision (the reaper's setsid kept it apart) nor change its exit code.
-    done = _run(["sh", "-c", "trap '' TERM HUP INT USR1 ALRM; for s in TERM HUP INT USR1 ALRM; do "
+def test_what_a_command_sends_its_process_group_reaches_neither_the_shell_nor_the_watch(shell: str) -> None:
+    # The command runs in a session of its own, as the reaper spawned it: its own group is
+    # all a ``kill 0`` reaches (a PIPE sent there ended the shell and the watch before).
+    done = _run(["sh", "-c", "trap '' TERM HUP INT USR1 PIPE; for s in TERM HUP INT USR1 PIPE; do "
                  "kill -s $s 0; done; sleep 0.2; exit 4"], 10, shell)
     assert done.returncode == 4, done
-    done = _run(["sh", "-c", "trap '' TERM HUP INT USR1; for s in TERM HUP INT USR1; do kill -s $s 0; "
-                 "done; sleep 1.3; for s in TERM HUP INT USR1; do kill -s $s 0; done; sleep 1221"],
+    done = _run(["sh", "-c", "trap '' PIPE TERM; kill -s PIPE 0; sleep 1.3; kill -s PIPE 0; sleep 1221"],
                 scaled(2), shell)
     assert done.returncode == reaper.TIMEOUT_EXIT, done
     assert _gone(r"^sleep 1221")
+    done = _run(["sh", "-c", "sleep 1222 & kill -TERM -$$; sleep 5"], 10, shell)  # the cleanup idiom
+    assert done.returncode == 143, done
+    assert _gone(r"^sleep 1222")
+
+
+def test_a_command_that_leaves_its_cgroup_is_still_killed_at_its_deadline(shell: str) -> None:
+    where = _cgroup_dir()
+    assert where is not None
+    other = os.path.join(where, f"brctl-test-other-{os.getpid()}")
+    os.mkdir(other)
+    try:  # as systemd-run --scope or cgexec would move it
+        done = _run(["sh", "-c", f"echo $$ > {other}/cgroup.procs; sleep 1223"], scaled(2), shell)
+        assert done.returncode == reaper.TIMEOUT_EXIT, done
+        assert _gone(r"^sleep 1223")
+    finally:
+        for pid in local_pids(r"^sleep 1223"):
+            os.kill(pid, 9)
+        time.sleep(0.1)
+        os.rmdir(other)
+
+
+def test_options_the_login_environment_turns_on_change_nothing(shell: str) -> None:
+    env = {**ENV, "SHELLOPTS": "errexit:noclobber:noglob:nounset"}  # xtrace: the login shell would trace too
+    done = subprocess.run(_line(["sh", "-c", "cat /proc/self/cgroup; exit 1"], 10, shell), env=env,
+                          capture_output=True, text=True, timeout=scaled(30), start_new_session=True)
+    assert (done.returncode, done.stderr) == (1, ""), done
+    assert not os.path.exists(_cgroup(done.stdout))
+
+
+@pytest.mark.parametrize("timeout", [-1e300, float("-inf"), 0.0])
+def test_a_timeout_already_past_kills_at_once(shell: str, timeout: float) -> None:
+    done = _run(["sleep", "1224"], timeout, shell)
+    assert done.returncode == reaper.TIMEOUT_EXIT, done
+    assert _gone(r"^sleep 1224")
+
+
+def test_an_argv_that_starts_with_a_dash_is_a_command_not_an_option(shell: str) -> None:
+    done = _run(["-a", "x", "true"], 10, shell)
+    assert done.returncode == 127, done
+
+
+def test_a_short_command_leaves_no_process_behind(shell: str) -> None:
+    done = _run(["sh", "-c", "echo $$"], 10, shell)
+    assert done.returncode == 0, done
+    time.sleep(0.1)
+    assert not local_pids(rf"^sleep {WATCH_AFTER_S:g}$"), "the watch's sleep outlived the command"
 
 
 def test_the_command_gets_every_signal_s_default_disposition(shell: str) -> None:
