@@ -22,21 +22,15 @@ from brctl.diagnostics import reaper
 from brctl.remote.wrap import START, WATCH_AFTER_S, _source, shell_line, wrapped
 from tests.integration.cluster import scaled
 from tests.procs import local_pids
+from tests.unit.test_reaper_cgroup import _usable_cgroup
 
 ENV = {**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # the system python3, as over ssh
 
 
 def _cgroup_dir() -> str | None:
-    own = reaper.own_cgroup()
-    if own is None or reaper.cgroup_root() is None:
-        return None
-    probe = os.path.join(own, f"brctl-test-{os.getpid()}")
-    try:
-        os.mkdir(probe)
-    except OSError:
-        return None
-    os.rmdir(probe)
-    return own
+    """Our cgroup v2 directory where a child can be made in it (not v1's freezer: the
+    start uses v2 only), else None."""
+    return _usable_cgroup() if reaper.cgroup_root() is not None else None
 
 
 pytestmark = pytest.mark.skipif(_cgroup_dir() is None or not os.path.exists("/usr/bin/python3"),
