@@ -46,15 +46,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from brctl.core.transport import NODE_PROGRAM, NodeState, command_line
+from brctl.diagnostics.reaper import GRACE_S as GRACE_S  # re-exported: the transports wait this long
+from brctl.diagnostics.reaper import MAX_S, ORPHAN_S, TIMEOUT_EXIT  # stdlib only: no import cost to speak of
 
-TIMEOUT_EXIT = 124  # brctl.diagnostics.reaper.TIMEOUT_EXIT
-GRACE_S = 2.0  # reaper.GRACE_S: SIGTERM, then SIGKILL this much later
 SLACK_S = 5.0  # how long past GRACE_S the controller waits before it gives up itself
 SYSTEM_PYTHON = NODE_PROGRAM[0]  # isolate.TRUSTED_PYTHON: what runs the reaper where it exists
 SHELL = "/bin/sh"
 WATCH_AFTER_S = 1.0  # a command still running this long gets the reaper's watch
-ORPHAN_S = 30  # reaper.ORPHAN_S
-MAX_S = 10 * 365 * 86400  # reaper.MAX_S
 
 # $1 seconds, $2 whole seconds for the cgroup's name, $3 the watch's delay, $4 python3,
 # $5 the configured python (where there is no python3), $6 the reaper's source; then argv.
@@ -65,7 +63,7 @@ _bold() {{
     _be=${{_bd##*/brctl-}}
     _be=${{_be%-*}}
     case $_be in ''|*[!0-9]*|??????????????????*) continue;; esac
-    [ "$((_be + {ORPHAN_S}))" -lt "$_bu" ] && return 0
+    [ "$((_be + {int(ORPHAN_S)}))" -lt "$_bu" ] && return 0
   done
   return 1
 }}
@@ -109,7 +107,6 @@ rmdir "$_bc" 2>/dev/null
 case $_by in 124|129) exit "$_by";; esac
 exit "$_bx"
 """
-assert "\\" not in START
 
 
 @functools.cache
@@ -149,10 +146,10 @@ def shell_line(python: str, argv: Sequence[str], timeout: float, shell: str = SH
     then must be as trustworthy as any program brctl starts there.
     """
     seconds = float(timeout)
-    # nan is the longest; -inf or -1e300 the shortest, in a number the shell can add to
-    whole = math.ceil(min(max(seconds, -MAX_S), MAX_S)) + 1 if seconds == seconds else MAX_S
-    return command_line(["exec", shell, "-c", START, "sh", repr(seconds), str(whole),
-                         f"{min(WATCH_AFTER_S, max(seconds, 0.0)):g}", SYSTEM_PYTHON, python,
+    # nan is the longest; -inf or -1e300 the shortest: numbers the shell can add to
+    bounded = min(max(seconds, -MAX_S), MAX_S) if seconds == seconds else MAX_S
+    return command_line(["exec", shell, "-c", START, "sh", repr(seconds), str(math.ceil(bounded) + 1),
+                         f"{min(WATCH_AFTER_S, max(bounded, 0.0)):g}", SYSTEM_PYTHON, python,
                          _source(), *argv])
 
 
