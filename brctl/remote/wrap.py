@@ -42,6 +42,7 @@ from __future__ import annotations
 import ast
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -109,6 +110,9 @@ exit "$_bx"
 """
 
 
+_PARSING = threading.Lock()  # CPython 3.11's ast.parse is not reentrant across threads
+
+
 @functools.cache
 def _source() -> str:
     """The reaper's source as it travels: without docstrings and comment lines, which
@@ -116,7 +120,9 @@ def _source() -> str:
     text = (Path(__file__).parent.parent / "diagnostics" / "reaper.py").read_text()
     lines = text.splitlines()
     drop: set[int] = set()
-    for node in ast.walk(ast.parse(text)):
+    with _PARSING:  # a fan-out's threads all ask at once; a parallel parse raised SystemError
+        tree = ast.parse(text)
+    for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)

@@ -1,0 +1,53 @@
+"""What ``brctl.remote.wrap`` builds on the controller, whatever the machine runs."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from brctl.remote import wrap
+
+
+@pytest.fixture
+def thread_switches_in_gc() -> Iterator[None]:
+    """A collection every few allocations, each letting another thread run (as a
+    finalizer written in Python may): what a busy fan-out does between its threads."""
+    threshold = gc.get_threshold()
+    switch = lambda *_: time.sleep(0)  # noqa: E731
+    gc.callbacks.append(switch)
+    gc.set_threshold(50)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(switch)
+        gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("thread_switches_in_gc")
+def test_every_thread_of_a_fan_out_builds_the_line_at_once() -> None:
+    # The first fan-out builds the reaper's source in all its threads together; CPython
+    # 3.11's ast.parse is not reentrant across threads (its depth counter is shared) and
+    # failed the command with "SystemError: AST constructor recursion depth mismatch".
+    failures: list[BaseException] = []
+
+    def build(start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            wrap.shell_line("python3", ["true"], 60.0)
+        except BaseException as e:
+            failures.append(e)
+
+    for _ in range(2):
+        wrap._source.cache_clear()
+        start = threading.Barrier(8)
+        threads = [threading.Thread(target=build, args=(start,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert failures == []
+    assert wrap.shell_line("python3", ["true"], 60.0) == wrap.shell_line("python3", ["true"], 60.0)
