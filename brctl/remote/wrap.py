@@ -25,10 +25,11 @@
 Where no cgroup can be made (cgroup v1 only, a non-root user without delegation, no
 ``mkdir`` or ``setsid``), the shell ``exec``s the reaper instead, which then does
 everything itself (a child subreaper and a ``/proc`` walk, or v1's freezer):
-``python3 -I -S -c SOURCE SECONDS ARGV...``, its source travelling in the argv, so
-nothing has to be installed on the node. Exit 124 means "killed for its timeout",
-whatever the command did with SIGTERM. Signals the session starts with ignored stay
-ignored for the command (sshd starts it with none; the reaper reset some).
+``python3 -I -S -c PROGRAM SECONDS ARGV...``, its source travelling in the argv
+(compressed: ``PROGRAM`` unpacks and runs it), so nothing has to be installed on the
+node. Exit 124 means "killed for its timeout", whatever the command did with SIGTERM.
+Signals the session starts with ignored stay ignored for the command (sshd starts it
+with none; the reaper reset some).
 
 The shell script is POSIX (dash, and bash as ``sh``), free of backslashes (fish, as a
 login shell, reads them inside single quotes), turns off what bash's exported
@@ -40,9 +41,11 @@ an exported one of the same name would change it).
 from __future__ import annotations
 
 import ast
+import base64
 import functools
 import math
 import threading
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,7 +59,7 @@ SHELL = "/bin/sh"
 WATCH_AFTER_S = 1.0  # a command still running this long gets the reaper's watch
 
 # $1 seconds, $2 whole seconds for the cgroup's name, $3 the watch's delay, $4 python3,
-# $5 the configured python (where there is no python3), $6 the reaper's source; then argv.
+# $5 the configured python (where there is no python3), $6 the reaper's program; then argv.
 START = f"""set +Ceufvx
 _bfull() {{ exec "$_bpy" -I -S -c "$_bsrc" "$_bt" "$@"; }}
 _bold() {{
@@ -137,9 +140,19 @@ def _source() -> str:
     return "\n".join(kept) + "\n"
 
 
+@functools.cache
+def program() -> str:
+    """What ``python3 -c`` is given to run the reaper: its source, compressed. Every
+    command line carries it and every login shell parses and copies it, started or not:
+    5.5 KB instead of 12.9 (~0.7 ms less node CPU per command). ``zlib`` and
+    ``binascii`` are built into every CPython; it holds no backslash and no single quote."""
+    packed = base64.b64encode(zlib.compress(_source().encode(), 9)).decode()
+    return f'import zlib,binascii;exec(zlib.decompress(binascii.a2b_base64("{packed}")))'
+
+
 def wrapped(python: str, argv: Sequence[str], timeout: float) -> list[str]:
     """``argv`` under the reaper with ``timeout`` seconds, run by ``python``."""
-    return [python, "-I", "-S", "-c", _source(), repr(float(timeout)), *argv]  # 0.0004 is not 0
+    return [python, "-I", "-S", "-c", program(), repr(float(timeout)), *argv]  # 0.0004 is not 0
 
 
 def shell_line(python: str, argv: Sequence[str], timeout: float, shell: str = SHELL) -> str:
@@ -156,7 +169,7 @@ def shell_line(python: str, argv: Sequence[str], timeout: float, shell: str = SH
     bounded = min(max(seconds, -MAX_S), MAX_S) if seconds == seconds else MAX_S
     return command_line(["exec", shell, "-c", START, "sh", repr(seconds), str(math.ceil(bounded) + 1),
                          f"{min(WATCH_AFTER_S, max(bounded, 0.0)):g}", SYSTEM_PYTHON, python,
-                         _source(), *argv])
+                         program(), *argv])
 
 
 def exit_state(code: int, elapsed: float, timeout: float) -> NodeState:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from brctl.diagnostics import reaper
-from brctl.remote.wrap import START, WATCH_AFTER_S, _source, shell_line, wrapped
+from brctl.remote.wrap import START, WATCH_AFTER_S, shell_line, wrapped
 from tests.integration.cluster import scaled
 from tests.procs import local_pids
 from tests.unit.test_reaper_cgroup import _usable_cgroup
@@ -228,14 +228,6 @@ def test_an_overdue_cgroup_a_killed_supervisor_left_is_swept_by_the_next_start(s
             Path(overdue, "cgroup.kill").write_text("1")
             time.sleep(0.1)
             os.rmdir(overdue)
-
-
-def test_what_travels_through_a_login_shell_survives_fish_s_single_quotes() -> None:
-    # fish reads \\ and \' inside single quotes as one character: the reaper's source, sent
-    # as a quoted argument, must hold neither (a split("\\") once made it a syntax error).
-    source = _source()
-    assert "\\\\" not in source and "\\'" not in source
-    compile(source, "reaper", "exec")
 
 
 @pytest.mark.parametrize("login", ["bash", "zsh", "fish"])

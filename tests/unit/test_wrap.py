@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import binascii
 import gc
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -43,6 +45,7 @@ def test_every_thread_of_a_fan_out_builds_the_line_at_once() -> None:
 
     for _ in range(2):
         wrap._source.cache_clear()
+        wrap.program.cache_clear()
         start = threading.Barrier(8)
         threads = [threading.Thread(target=build, args=(start,)) for _ in range(8)]
         for t in threads:
@@ -51,3 +54,15 @@ def test_every_thread_of_a_fan_out_builds_the_line_at_once() -> None:
             t.join()
     assert failures == []
     assert wrap.shell_line("python3", ["true"], 60.0) == wrap.shell_line("python3", ["true"], 60.0)
+
+
+def test_what_travels_through_a_login_shell_survives_fish_s_single_quotes() -> None:
+    # fish reads \\ and \' inside single quotes as one character: the reaper's program, sent
+    # as a quoted argument, must hold neither (a split("\\") in its source, sent as it was,
+    # once made every command on a fish node a syntax error).
+    travels = wrap.program()
+    assert "\\" not in travels and "'" not in travels
+    compile(travels, "reaper", "exec")
+    packed = travels.split('"')[1]
+    assert zlib.decompress(binascii.a2b_base64(packed)).decode() == wrap._source()
+    assert len(travels) < len(wrap._source()) / 2
