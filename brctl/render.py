@@ -142,6 +142,13 @@ class Output:
         """Whether stdout is a terminal (fit its width) or not (never cut, one line each)."""
         return _isatty(self.stdout) and not self.quiet
 
+    @property
+    def err_terminal(self) -> bool:
+        """Whether stderr is a terminal, asked of the stream as for stdout: a run whose
+        stderr is a pipe or a file (cron, the daemon) never builds rich's console only to
+        learn it, before its first connection (~10-30 ms of imports)."""
+        return _isatty(self.stderr)
+
     def stamp(self, at: float | None) -> str:
         """``at`` with date and zone (``--utc``: UTC, else local with its offset)."""
         return stamp(at, self.utc)
@@ -183,7 +190,7 @@ class Output:
 
     def node_err(self, text: str) -> None:
         """A line a node printed on its stderr, on stderr: as ``node_out``."""
-        if self.err.is_terminal:
+        if self.err_terminal:
             self.err.print(node_text(text))
         else:
             self.stderr.write(visible(text) + "\n")
@@ -231,7 +238,7 @@ class Output:
     @property
     def _bars(self) -> bool:
         """Progress bars are drawn: stderr is a terminal and no JSON is asked for."""
-        return not self.json and self.err.is_terminal
+        return not self.json and self.err_terminal
 
     def _bar(self, transient: bool = True) -> Any:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn

@@ -176,7 +176,11 @@ def test_finished_stage_bars_stay_on_the_terminal_with_their_times() -> None:
 
     from brctl.render import Output
 
-    buf = io.StringIO()
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    buf = Terminal()
     out = Output(stderr=buf)
     out._err = Console(file=buf, force_terminal=True, width=100)
     with out.stages("diagnose") as track:
