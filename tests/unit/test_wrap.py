@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import binascii
 import gc
 import threading
 import time
 import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -30,11 +32,20 @@ def thread_switches_in_gc() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("thread_switches_in_gc")
-def test_every_thread_of_a_fan_out_builds_the_line_at_once() -> None:
+def test_every_thread_of_a_fan_out_builds_the_line_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # The first fan-out builds the reaper's source in all its threads together; CPython
     # 3.11's ast.parse is not reentrant across threads (its depth counter is shared) and
     # failed the command with "SystemError: AST constructor recursion depth mismatch".
     failures: list[BaseException] = []
+    parses = 0
+    parse = ast.parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal parses
+        parses += 1
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", counted)
 
     def build(start: threading.Barrier) -> None:
         start.wait()
@@ -45,7 +56,7 @@ def test_every_thread_of_a_fan_out_builds_the_line_at_once() -> None:
 
     for _ in range(2):
         wrap._source.cache_clear()
-        wrap.program.cache_clear()
+        wrap._program.cache_clear()
         start = threading.Barrier(8)
         threads = [threading.Thread(target=build, args=(start,)) for _ in range(8)]
         for t in threads:
@@ -53,6 +64,7 @@ def test_every_thread_of_a_fan_out_builds_the_line_at_once() -> None:
         for t in threads:
             t.join()
     assert failures == []
+    assert parses == 2  # once per fan-out, not once per thread
     assert wrap.shell_line("python3", ["true"], 60.0) == wrap.shell_line("python3", ["true"], 60.0)
 
 
