@@ -52,11 +52,13 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
+from brctl.analysis.inventory import SshSection  # noqa: E402
 from brctl.core.transport import Node, NodeState  # noqa: E402
 from brctl.remote.fanout import run_all  # noqa: E402
 from brctl.remote.known_hosts import KnownHostsCache  # noqa: E402
 from brctl.remote.shard import run_sharded  # noqa: E402
 from brctl.remote.ssh import SshTransport  # noqa: E402
+from brctl.remote.wrap import shell_line  # noqa: E402
 from tests.integration.cluster import SshCluster, missing_requirements, running_cluster  # noqa: E402
 
 CURVE = "curve25519-sha256"
@@ -227,8 +229,14 @@ def bench_whole(cluster: SshCluster, rounds: int, work: Path, before: list[Path]
         contenders.append((label, [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "--", "true"],
                            env, tree))
     if shutil.which("pdsh"):
-        contenders.append(("pdsh, curve25519 pinned", ["pdsh", "-S", "-w", f"127.0.0.[2-{n + 1}]", "true"],
-                           {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}, None))
+        pdsh_env = {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {cfg}"}
+        hosts = f"127.0.0.[2-{n + 1}]"
+        contenders.append(("pdsh, curve25519 pinned", ["pdsh", "-S", "-w", hosts, "true"], pdsh_env, None))
+        # The same node-side work as brctl's: pdsh sending brctl's supervised command line
+        # (pdsh reads % in a command as its own: %% is one %).
+        line = shell_line("python3", ["true"], SshSection().command_timeout)  # brctl exec's default
+        contenders.append(("pdsh pinned, brctl's supervised command",
+                           ["pdsh", "-S", "-w", hosts, line.replace("%", "%%")], pdsh_env, None))
     for _, argv, env, cwd in contenders:  # warm-up: .pyc files written, pages cached
         run_cli(argv, env, cwd=cwd)
     figures: dict[str, dict[str, list[float]]] = {c[0]: {"wall": [], "cpu": [], "node": []} for c in contenders}
