@@ -199,6 +199,7 @@ class Connector:
         self._conns: dict[tuple[object, ...], paramiko.Transport] = {}
         self._key_locks: dict[tuple[object, ...], threading.Lock] = {}
         self._pkeys: dict[tuple[str, str | None], paramiko.PKey] = {}
+        self._failed: dict[tuple[object, ...], tuple[NodeState, str]] = {}  # the last failure per key
         self._agent: list[paramiko.PKey] | None = None
         self._agent_lock = threading.Lock()
         self.connections_opened = 0  # for tests and benchmarks
@@ -210,6 +211,12 @@ class Connector:
             ConnectError: ``auth``, saying why the key cannot be used; a ValueError
                 when ``certificate`` is not a certificate of this key.
         """
+        # Loaded once, not once per fan-out thread: cryptography checks an RSA key as it
+        # loads it (50-400 ms, the GIL held), and every thread reaches auth at once.
+        with self._lock_for(("identity file", path, certificate)):
+            return self._load_pkey(path, certificate)
+
+    def _load_pkey(self, path: str, certificate: str | None) -> paramiko.PKey:
         with self._lock:
             hit = self._pkeys.get((path, certificate))
         if hit is not None:
@@ -255,15 +262,30 @@ class Connector:
             return lock
 
     def connection(self, ep: Endpoint) -> tuple[paramiko.Transport, bool]:
-        """The cached live connection to ``ep``, or a new one; (transport, is_new)."""
+        """The cached live connection to ``ep``, or a new one; (transport, is_new).
+
+        Threads that want the same connection (every node behind one jump host) wait for
+        one attempt; when it fails, they all get its answer instead of each trying again
+        for its own ``connect_timeout`` (64 nodes behind a hung bastion took 64 of them).
+        """
+        with self._lock:
+            failed_before = self._failed.get(ep.key)
         with self._lock_for(ep.key):
             with self._lock:
                 conn = self._conns.get(ep.key)
+                failed = self._failed.get(ep.key)
+            if failed is not None and failed is not failed_before:  # it failed while we waited
+                raise ConnectError(failed[0], failed[1])
             if conn is not None and conn.is_active():
                 return conn, False
             if conn is not None:
                 self.drop(ep, conn)
-            conn = self._connect(ep)
+            try:
+                conn = self._connect(ep)
+            except ConnectError as exc:
+                with self._lock:
+                    self._failed[ep.key] = (exc.state, exc.message)  # a new object per failure
+                raise
             with self._lock:
                 self._conns[ep.key] = conn
             return conn, True

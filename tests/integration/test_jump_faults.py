@@ -16,10 +16,12 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from brctl.core.transport import Node, NodeState
+from brctl.remote.fanout import run_all
 from brctl.remote.ssh import SshTransport
 from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.cluster import SshCluster, scaled
@@ -147,3 +149,34 @@ def test_a_target_the_jump_host_cannot_reach_in_time_leaves_the_jump_connection_
         assert transport.connections_opened == 2
     finally:
         transport.close()
+
+
+@pytest.fixture
+def silent_bastion() -> Iterator[tuple[str, int]]:
+    """A jump host that completes TCP handshakes and never says a word (a hung sshd)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)  # never accepted: the kernel's backlog answers SYN, nobody reads
+        yield listener.getsockname()
+
+
+def test_nodes_behind_a_hung_jump_host_all_fail_within_one_connect_timeout(
+    silent_bastion: tuple[str, int], tmp_path: Path,
+) -> None:
+    # Each thread used to wait for the jump host's lock and then try it again itself:
+    # n nodes behind a hung bastion took n connect_timeouts (64 nodes, 10 s: ~11 minutes).
+    host, port = silent_bastion
+    timeout = scaled(1.0)
+    nodes = [Node(name=f"n{i}", address=f"127.0.0.{i + 2}", port=22, connect_timeout=timeout,
+                  known_hosts=str(tmp_path / "known_hosts"), proxy_jump=f"root@{host}:{port}")
+             for i in range(6)]
+    transport = SshTransport(ssh_config=os.devnull)
+    try:
+        t0 = time.monotonic()
+        results = run_all(transport, nodes, ["true"], timeout=scaled(5))
+        took = time.monotonic() - t0
+    finally:
+        transport.close()
+    assert {r.state for r in results.values()} == {NodeState.TIMEOUT}, results
+    assert all(r.stderr.startswith("jump host ") for r in results.values()), results
+    assert took < 2.5 * timeout, took  # one attempt (and its retries' budget), not six
