@@ -290,6 +290,7 @@ class KnownHostsCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._parsing: dict[str, threading.Lock] = {}  # one parse of a file at a time
         self._files: dict[str, tuple[tuple[int, int], KnownHosts]] = {}
         self._merged: dict[tuple[tuple[str, tuple[int, int] | None], ...], KnownHosts] = {}
 
@@ -306,17 +307,21 @@ class KnownHostsCache:
         if stamp is None:
             return KnownHosts()
         with self._lock:
-            cached = self._files.get(full)
-            if cached is not None and cached[0] == stamp:
-                return cached[1]
-        try:
-            with open(full, encoding="utf-8", errors="replace") as fh:
-                parsed = parse(fh.read(), full)
-        except OSError as exc:
-            raise KnownHostsError(f"{full}: cannot read: {exc.strerror}") from None
-        with self._lock:
-            self._files[full] = (stamp, parsed)
-        return parsed
+            parsing = self._parsing.setdefault(full, threading.Lock())
+        with parsing:  # a fan-out's threads all ask at once: one parses, the others wait for it
+            with self._lock:
+                cached = self._files.get(full)
+            if cached is not None and cached[0] in (stamp, self._stamp(full)):
+                return cached[1]  # as asked, or newer: an accept cached it meanwhile
+            try:
+                with open(full, encoding="utf-8", errors="replace") as fh:
+                    st = os.fstat(fh.fileno())
+                    parsed = parse(fh.read(), full)
+            except OSError as exc:
+                raise KnownHostsError(f"{full}: cannot read: {exc.strerror}") from None
+            with self._lock:  # under the stamp of what was read, not of what was asked
+                self._files[full] = ((st.st_mtime_ns, st.st_size), parsed)
+            return parsed
 
     def load(self, path: str) -> KnownHosts:
         """The parsed file at ``path`` (empty when it does not exist)."""
@@ -358,13 +363,26 @@ class KnownHostsCache:
             fd = os.open(full, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                chunks = []
-                while chunk := os.read(fd, 1 << 20):
-                    chunks.append(chunk)
-                listed = parse(b"".join(chunks).decode("utf-8", errors="replace"), full).lookup([name])
+                st = os.fstat(fd)
+                cached = self._files.get(full)
+                if cached is not None and cached[0] == (st.st_mtime_ns, st.st_size):
+                    parsed = cached[1]  # nobody wrote it since it was parsed: as it stands
+                else:
+                    chunks = []
+                    while chunk := os.read(fd, 1 << 20):
+                        chunks.append(chunk)
+                    parsed = parse(b"".join(chunks).decode("utf-8", errors="replace"), full)
+                listed = parsed.lookup([name])
                 if not listed:
                     os.write(fd, line.encode())
+                    grown = KnownHosts()
+                    grown.merge(parsed)
+                    grown.merge(parse(line, full))
+                    parsed = grown
+                # What this parse saw is the file as it now stands: cached under its new
+                # stamp, so the connects still in flight do not each parse it again.
+                st = os.fstat(fd)
+                self._files[full] = ((st.st_mtime_ns, st.st_size), parsed)
             finally:
                 os.close(fd)  # releases the lock
-            self._files.pop(full, None)  # the (mtime, size) stamp changes too
         return not listed or any(e.blob == blob for e in listed)

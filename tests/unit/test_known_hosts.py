@@ -6,11 +6,14 @@ import base64
 import hashlib
 import hmac
 import os
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from brctl.remote import known_hosts
 from brctl.remote.known_hosts import (
     HostKeyStatus,
     KnownHostsCache,
@@ -129,6 +132,45 @@ def test_cache_parses_once_and_rereads_on_change(tmp_path: Path) -> None:
     fresh = tmp_path / "home" / ".ssh" / "known_hosts.brctl-accepted"
     cache.accept(str(fresh), "gpu001", ED, _blob(ED, K2))
     assert oct(os.stat(fresh.parent).st_mode & 0o777) == "0o700"  # ~/.ssh as OpenSSH makes it
+
+
+def test_a_fan_out_parses_a_file_once_and_not_again_for_each_key_it_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every connect of a fan-out asks at once: one parse, not one per thread (a shard
+    worker starts cold); and an accepted key is added to the parsed file, not a reason for
+    every connect still in flight to parse it all again (64 new hosts, 12,000 lines: 108
+    parses, 10.8 s)."""
+    path = tmp_path / "known_hosts"
+    path.write_text("".join(_line(f"gpu{i:03d}", bytes([i]) * 32) + "\n" for i in range(200)))
+    whole = 0
+
+    def counted(text: str, source: str) -> Any:
+        nonlocal whole
+        whole += text.count("\n") > 1
+        time.sleep(0.01)  # a big file's parse: the other threads arrive meanwhile
+        return parse(text, source)
+
+    monkeypatch.setattr(known_hosts, "parse", counted)
+    cache = KnownHostsCache()
+
+    def connect(i: int, start: threading.Barrier) -> None:
+        start.wait()
+        seen = cache.load_all([str(path)])
+        if i >= 8:  # eight more hosts, new: accept-new adds them
+            assert seen.check(f"new{i}", 22, ED, _blob(ED, K3)) is HostKeyStatus.UNKNOWN
+            assert cache.accept(str(path), f"new{i}", ED, _blob(ED, K3))
+            assert cache.load_all([str(path)]).check(f"new{i}", 22, ED, _blob(ED, K3)) is HostKeyStatus.KNOWN
+
+    start = threading.Barrier(16)
+    threads = [threading.Thread(target=connect, args=(i, start)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert whole == 1
+    assert len(path.read_text().splitlines()) == 208
+    assert KnownHostsCache().load(str(path)).check("new15", 22, ED, _blob(ED, K3)) is HostKeyStatus.KNOWN
 
 
 def test_hashed_revoked_is_refused_like_a_plain_one() -> None:
