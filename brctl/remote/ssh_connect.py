@@ -64,6 +64,7 @@ import shlex
 import socket
 import threading
 import time
+from typing import Any
 
 from brctl.core.transport import NodeState
 from brctl.remote.known_hosts import HostKeyStatus, KnownHostsCache, fingerprint
@@ -501,14 +502,28 @@ class Connector:
         raise ConnectError(NodeState.HOSTKEY, msg)
 
     def _agent_keys(self) -> list[paramiko.PKey]:
-        """The ssh-agent's keys (``$SSH_AUTH_SOCK``), asked once per transport; none without one."""
-        with self._lock:
+        """The ssh-agent's keys (``$SSH_AUTH_SOCK``), asked once per transport; none without one.
+
+        The agent is one socket: its requests go one at a time (``_agent_lock``), the
+        signatures as well, but only they: the rest of each authentication (its round
+        trips to the node) runs side by side."""
+        with self._agent_lock:  # not the connector's lock: a slow agent holds up only auth
             if self._agent is None:
                 self._agent = []
                 if os.environ.get("SSH_AUTH_SOCK"):
                     with contextlib.suppress(OSError, paramiko.SSHException):  # no usable agent
-                        self._agent = list(paramiko.Agent().get_keys())
+                        self._agent = [self._one_request_at_a_time(k) for k in paramiko.Agent().get_keys()]
             return list(self._agent)
+
+    def _one_request_at_a_time(self, key: paramiko.AgentKey) -> paramiko.AgentKey:
+        sign = key.sign_ssh_data
+
+        def signed(*args: Any, **kwargs: Any) -> Any:
+            with self._agent_lock:
+                return sign(*args, **kwargs)
+
+        setattr(key, "sign_ssh_data", signed)  # noqa: B010 - on this key only, not the class
+        return key
 
     def _credentials(self, ep: Endpoint) -> tuple[list[paramiko.PKey], list[str]]:
         """The keys to offer, in order (files, then the agent's), and why files were skipped."""
@@ -535,11 +550,7 @@ class Connector:
             raise ConnectError(NodeState.AUTH, f"{where}: {why}{hint}")
         for pkey in keys:
             try:
-                if isinstance(pkey, paramiko.AgentKey):
-                    with self._agent_lock:  # one agent socket: never two requests at once
-                        t.auth_publickey(ep.user, pkey)
-                else:
-                    t.auth_publickey(ep.user, pkey)
+                t.auth_publickey(ep.user, pkey)  # an agent's key signs under _agent_lock
             except paramiko.AuthenticationException:
                 if time.monotonic() >= deadline - 0.05:
                     raise ConnectError(

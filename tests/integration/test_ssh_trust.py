@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from brctl.core.transport import NodeState
+from brctl.remote.fanout import run_all
 from brctl.remote.ssh import SshTransport
 from brctl.remote.ssh_config import ACCEPTED_SUFFIX
 from tests.integration.cluster import SshCluster, scaled
@@ -216,6 +217,16 @@ def test_agent_keys_are_used_and_a_locked_key_says_why(
             finally:
                 t.close()
             assert r.state is state, (agent_on, r)
+        # A fan-out: the agent's one socket signs for every node, one request at a time,
+        # while the rest of each authentication runs side by side.
+        t = SshTransport(ssh_config=str(tmp_path / "none"))
+        try:
+            every = nodes_of(ssh_cluster, identity_file=str(locked))
+            results = run_all(t, every, ["true"], timeout=scaled(10))
+        finally:
+            t.close()
+        assert {r.state for r in results.values()} == {NodeState.OK}, results
+        assert len(results) == len(ssh_cluster.names) > 1
     finally:
         agent.terminate()
         agent.wait()
