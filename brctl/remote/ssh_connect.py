@@ -200,7 +200,7 @@ class Connector:
         self._conns: dict[tuple[object, ...], paramiko.Transport] = {}
         self._key_locks: dict[tuple[object, ...], threading.Lock] = {}
         self._pkeys: dict[tuple[str, str | None], paramiko.PKey] = {}
-        self._failed: dict[tuple[object, ...], tuple[NodeState, str]] = {}  # the last failure per key
+        self._failed: dict[tuple[object, ...], tuple[Endpoint, ConnectError]] = {}  # the last failure per key
         self._agent: list[paramiko.PKey] | None = None
         self._agent_lock = threading.Lock()
         self.connections_opened = 0  # for tests and benchmarks
@@ -275,17 +275,20 @@ class Connector:
             with self._lock:
                 conn = self._conns.get(ep.key)
                 failed = self._failed.get(ep.key)
-            if failed is not None and failed is not failed_before:  # it failed while we waited
-                raise ConnectError(failed[0], failed[1])
             if conn is not None and conn.is_active():
                 return conn, False
+            # It failed while we waited, tried as we would try it (a jump host's Endpoint
+            # takes connect_timeout, identities and policy from the node behind it).
+            if failed is not None and failed is not failed_before and failed[0] == ep:
+                raise ConnectError(failed[1].state, failed[1].message, retriable=failed[1].retriable)
             if conn is not None:
                 self.drop(ep, conn)
             try:
                 conn = self._connect(ep)
             except ConnectError as exc:
                 with self._lock:
-                    self._failed[ep.key] = (exc.state, exc.message)  # a new object per failure
+                    # a new tuple per failure (told apart by identity), without its traceback
+                    self._failed[ep.key] = (ep, ConnectError(exc.state, exc.message, retriable=exc.retriable))
                 raise
             with self._lock:
                 self._conns[ep.key] = conn

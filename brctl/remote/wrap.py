@@ -142,7 +142,9 @@ def program() -> str:
     """What ``python3 -c`` is given to run the reaper: its source, compressed. Every
     command line carries it and every login shell parses and copies it, started or not:
     5.5 KB instead of 12.9 (~0.35 ms less node CPU per command). ``zlib`` and
-    ``binascii`` are built into every CPython; it holds no backslash and no single quote.
+    ``binascii`` come with every CPython a distribution ships (built in, or in
+    ``lib-dynload``, which ``-I -S`` keep, as the reaper's ``select``); it holds no
+    backslash and no single quote.
 
     Built once, under a lock: a fan-out's threads all ask at once, and ``functools.cache``
     lets each of them build it meanwhile (up to one ``ast.parse`` per thread, and CPython

@@ -1,0 +1,144 @@
+"""Fan-out threads that need the same thing of the Connector wait for one attempt at it:
+one load of an identity file; one connect to a jump host, whose failure the others get
+when they would have tried it the same way (over a real hung bastion:
+``tests/integration/test_jump_faults.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pytest
+
+from brctl.core.transport import NodeState
+from brctl.remote.ssh_config import Endpoint
+from brctl.remote.ssh_connect import ConnectError, Connector
+
+
+def test_an_identity_file_is_loaded_once_for_all_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cryptography checks an RSA key as it loads it (50-400 ms with the GIL held): every
+    # fan-out thread reaching auth at once loaded it again (31 loads of one 4096-bit key).
+    path = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    loads = 0
+    load = paramiko.PKey.from_path
+
+    def slow_load(*args: Any, **kwargs: Any) -> paramiko.PKey:
+        nonlocal loads
+        loads += 1
+        time.sleep(0.05)  # as a big RSA key's check: the other threads arrive meanwhile
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(paramiko.PKey, "from_path", slow_load)
+    connector = Connector(connect_rate=100.0, connect_retries=0, keepalive=0)
+    got: list[paramiko.PKey] = []
+    start = threading.Barrier(16)
+
+    def auth() -> None:
+        start.wait()
+        got.append(connector.pkey(str(path)))
+
+    threads = [threading.Thread(target=auth) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loads == 1
+    assert len(got) == 16 and len({id(k) for k in got}) == 1
+
+
+BASTION = Endpoint(label="jump host bastion", host="bastion.invalid", port=22, user="root", identities=(),
+                   certificates=(), known_hosts=(), accepted=None, key_names=("bastion.invalid",),
+                   policy="strict", connect_timeout=1.0)
+
+
+class _Live:
+    def is_active(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def _while_one_attempt_runs(connector: Connector, attempt: Any, first: Endpoint,
+                            second: Endpoint) -> dict[str, Any]:
+    """``first`` asks, its attempt starts; ``second`` asks meanwhile and waits: what each got."""
+    started = threading.Event()
+
+    def connect(ep: Endpoint) -> Any:
+        started.set()
+        time.sleep(0.1)
+        return attempt(ep)
+
+    connector._connect = connect  # type: ignore[method-assign]
+    got: dict[str, Any] = {}
+
+    def ask(name: str, ep: Endpoint) -> None:
+        try:
+            got[name] = connector.connection(ep)[0]
+        except ConnectError as exc:
+            got[name] = exc
+
+    one = threading.Thread(target=ask, args=("first", first))
+    one.start()
+    started.wait()
+    other = threading.Thread(target=ask, args=("second", second))
+    other.start()
+    one.join()
+    other.join()
+    return got
+
+
+def test_a_waiter_gets_the_failed_attempt_with_its_kind_when_it_would_have_tried_the_same() -> None:
+    attempts: list[Endpoint] = []
+
+    def refused(ep: Endpoint) -> Any:
+        attempts.append(ep)
+        raise ConnectError(NodeState.UNREACHABLE, "bastion: connection refused", retriable=True)
+
+    got = _while_one_attempt_runs(Connector(connect_rate=1e6, connect_retries=0, keepalive=0),
+                                  refused, BASTION, BASTION)
+    assert len(attempts) == 1
+    assert isinstance(got["second"], ConnectError) and got["second"].message == "bastion: connection refused"
+    assert got["second"].retriable  # so its own retry loop backs off and tries again, as the first's
+
+
+def test_a_waiter_that_would_try_otherwise_tries_itself() -> None:
+    # A jump host's Endpoint takes connect_timeout (and identities, policy) from the node
+    # behind it: a 60 s node must not get the 1 s node's timeout.
+    patient = dataclasses.replace(BASTION, connect_timeout=60.0)
+
+    def timed_out(ep: Endpoint) -> Any:
+        if ep.connect_timeout < 10:
+            raise ConnectError(NodeState.TIMEOUT, f"no answer within {ep.connect_timeout:g}s")
+        return _Live()
+
+    got = _while_one_attempt_runs(Connector(connect_rate=1e6, connect_retries=0, keepalive=0),
+                                  timed_out, BASTION, patient)
+    assert isinstance(got["first"], ConnectError) and isinstance(got["second"], _Live)
+
+
+def test_a_connection_made_while_waiting_is_used_not_the_failure_before_it() -> None:
+    connector = Connector(connect_rate=1e6, connect_retries=0, keepalive=0)
+    live: Any = _Live()
+    lock_for = connector._lock_for
+
+    @contextlib.contextmanager
+    def meanwhile(key: tuple[object, ...]) -> Iterator[None]:
+        # While this caller waited for the lock: one attempt failed, a later one connected.
+        connector._failed[key] = (BASTION, ConnectError(NodeState.UNREACHABLE, "reset"))
+        connector._conns[key] = live
+        with lock_for(key):
+            yield
+
+    connector._lock_for = meanwhile  # type: ignore[method-assign,assignment]
+    conn, new = connector.connection(BASTION)
+    assert conn is live and not new
+
