@@ -281,29 +281,38 @@ def parse(text: str, filename: str) -> KnownHosts:
     return kh
 
 
+Stamp = tuple[int, int, int, int, int]
+
+
+def _stamp_of(st: os.stat_result) -> Stamp:
+    """What tells a file's versions apart: a rename (a new inode) or any write (ctime, which
+    no one can set back: ``cp -p``, ``rsync -t`` and a restore keep the mtime and the size)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class KnownHostsCache:
     """Parsed files shared by every connection; each file is re-read only when it changes.
 
-    Keyed by (path, mtime_ns, size). Thread-safe. ``accept`` appends a newly seen
+    Keyed by path and ``Stamp``. Thread-safe. ``accept`` appends a newly seen
     key to an ``accept-new`` file and updates the cached index.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._parsing: dict[str, threading.Lock] = {}  # one parse of a file at a time
-        self._files: dict[str, tuple[tuple[int, int], KnownHosts]] = {}
-        self._merged: dict[tuple[tuple[str, tuple[int, int] | None], ...], KnownHosts] = {}
+        self._files: dict[str, tuple[Stamp, KnownHosts]] = {}
+        self._merged: dict[tuple[tuple[str, Stamp | None], ...], KnownHosts] = {}
 
-    def _stamp(self, full: str) -> tuple[int, int] | None:
+    def _stamp(self, full: str) -> Stamp | None:
         try:
             st = os.stat(full)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise KnownHostsError(f"{full}: cannot read: {exc.strerror}") from None
-        return (st.st_mtime_ns, st.st_size)
+        return _stamp_of(st)
 
-    def _parse_file(self, full: str, stamp: tuple[int, int] | None) -> KnownHosts:
+    def _parse_file(self, full: str, stamp: Stamp | None) -> KnownHosts:
         if stamp is None:
             return KnownHosts()
         with self._lock:
@@ -320,7 +329,7 @@ class KnownHostsCache:
             except OSError as exc:
                 raise KnownHostsError(f"{full}: cannot read: {exc.strerror}") from None
             with self._lock:  # under the stamp of what was read, not of what was asked
-                self._files[full] = ((st.st_mtime_ns, st.st_size), parsed)
+                self._files[full] = (_stamp_of(st), parsed)
             return parsed
 
     def load(self, path: str) -> KnownHosts:
@@ -365,7 +374,7 @@ class KnownHostsCache:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 st = os.fstat(fd)
                 cached = self._files.get(full)
-                if cached is not None and cached[0] == (st.st_mtime_ns, st.st_size):
+                if cached is not None and cached[0] == _stamp_of(st):
                     parsed = cached[1]  # nobody wrote it since it was parsed: as it stands
                 else:
                     chunks = []
@@ -382,7 +391,7 @@ class KnownHostsCache:
                 # What this parse saw is the file as it now stands: cached under its new
                 # stamp, so the connects still in flight do not each parse it again.
                 st = os.fstat(fd)
-                self._files[full] = ((st.st_mtime_ns, st.st_size), parsed)
+                self._files[full] = (_stamp_of(st), parsed)
             finally:
                 os.close(fd)  # releases the lock
         return not listed or any(e.blob == blob for e in listed)

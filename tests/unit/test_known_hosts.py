@@ -173,6 +173,25 @@ def test_a_fan_out_parses_a_file_once_and_not_again_for_each_key_it_accepts(
     assert KnownHostsCache().load(str(path)).check("new15", 22, ED, _blob(ED, K3)) is HostKeyStatus.KNOWN
 
 
+def test_a_file_replaced_with_its_size_and_time_kept_is_read_again(tmp_path: Path) -> None:
+    """A restore, ``cp -p`` or ``rsync -t`` puts the node's new key in place with the old
+    file's size and mtime: what was parsed before must not answer for it (the removed key
+    trusted, the new one refused as CHANGED)."""
+    accepted = tmp_path / "known_hosts.brctl-accepted"
+    accepted.write_text(_line("node1", K1) + "\n")
+    cache = KnownHostsCache()
+    assert cache.load_all([str(accepted)]).check("node1", 22, ED, _blob(ED, K1)) is HostKeyStatus.KNOWN
+    st = accepted.stat()
+    replacement = tmp_path / "restored"
+    replacement.write_text(_line("node1", K2) + "\n")
+    os.utime(replacement, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.rename(replacement, accepted)
+    assert accepted.stat().st_size == st.st_size and accepted.stat().st_mtime_ns == st.st_mtime_ns
+    assert cache.accept(str(accepted), "node1", ED, _blob(ED, K1)) is False
+    assert cache.accept(str(accepted), "node1", ED, _blob(ED, K2)) is True
+    assert cache.load_all([str(accepted)]).check("node1", 22, ED, _blob(ED, K1)) is HostKeyStatus.CHANGED
+
+
 def test_hashed_revoked_is_refused_like_a_plain_one() -> None:
     hashed = _hashed("[10.0.0.9]:2222")
     kh = parse(f"{_line('[10.0.0.9]:2222', K1)}\n{_line(hashed, K1, marker='@revoked')}\n", "kh")
