@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from brctl.core.errors import InputError
+from brctl.core.locks import KeyedLocks
 
 
 class KnownHostsError(InputError):
@@ -299,7 +300,7 @@ class KnownHostsCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._parsing: dict[str, threading.Lock] = {}  # one parse of a file at a time
+        self._parsing = KeyedLocks()  # one parse of a file at a time
         self._files: dict[str, tuple[Stamp, KnownHosts]] = {}
         self._merged: dict[tuple[tuple[str, Stamp | None], ...], KnownHosts] = {}
 
@@ -315,12 +316,10 @@ class KnownHostsCache:
     def _parse_file(self, full: str, stamp: Stamp | None) -> KnownHosts:
         if stamp is None:
             return KnownHosts()
-        with self._lock:
-            parsing = self._parsing.setdefault(full, threading.Lock())
-        with parsing:  # a fan-out's threads all ask at once: one parses, the others wait for it
+        with self._parsing(full):  # a fan-out's threads all ask at once: one parses, the others wait
             with self._lock:
                 cached = self._files.get(full)
-            if cached is not None and cached[0] in (stamp, self._stamp(full)):
+            if cached is not None and (cached[0] == stamp or cached[0] == self._stamp(full)):
                 return cached[1]  # as asked, or newer: an accept cached it meanwhile
             try:
                 with open(full, encoding="utf-8", errors="replace") as fh:

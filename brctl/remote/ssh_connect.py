@@ -66,6 +66,7 @@ import threading
 import time
 from typing import Any
 
+from brctl.core.locks import KeyedLocks
 from brctl.core.transport import NodeState
 from brctl.remote.known_hosts import HostKeyStatus, KnownHostsCache, fingerprint
 from brctl.remote.paramiko_lite import paramiko
@@ -198,7 +199,7 @@ class Connector:
         self.known = KnownHostsCache()
         self._lock = threading.Lock()
         self._conns: dict[tuple[object, ...], paramiko.Transport] = {}
-        self._key_locks: dict[tuple[object, ...], threading.Lock] = {}
+        self._lock_for = KeyedLocks()  # one attempt per connection or identity file at a time
         self._pkeys: dict[tuple[str, str | None], paramiko.PKey] = {}
         self._failed: dict[tuple[object, ...], tuple[Endpoint, ConnectError]] = {}  # the last failure per key
         self._agent: list[paramiko.PKey] | None = None
@@ -254,13 +255,6 @@ class Connector:
             with contextlib.suppress(ValueError, ConnectError):
                 out.append(self.pkey(path, cert))
         return out
-
-    def _lock_for(self, key: tuple[object, ...]) -> threading.Lock:
-        with self._lock:
-            lock = self._key_locks.get(key)
-            if lock is None:
-                lock = self._key_locks[key] = threading.Lock()
-            return lock
 
     def connection(self, ep: Endpoint) -> tuple[paramiko.Transport, bool]:
         """The cached live connection to ``ep``, or a new one; (transport, is_new).

@@ -69,14 +69,20 @@ class _Live:
 
 def _while_one_attempt_runs(connector: Connector, attempt: Any, first: Endpoint,
                             second: Endpoint) -> dict[str, Any]:
-    """``first`` asks, its attempt starts; ``second`` asks meanwhile and waits: what each got."""
-    started = threading.Event()
+    """``first`` asks and its attempt starts; the attempt ends only once ``second`` has
+    asked too (and waits for it): what each got."""
+    lock_for = connector._lock_for
+    asked = [threading.Event(), threading.Event()]  # first, second
+
+    def counted(key: tuple[object, ...]) -> threading.Lock:
+        (asked[1] if asked[0].is_set() else asked[0]).set()
+        return lock_for(key)
 
     def connect(ep: Endpoint) -> Any:
-        started.set()
-        time.sleep(0.1)
+        assert asked[1].wait(10)
         return attempt(ep)
 
+    connector._lock_for = counted  # type: ignore[assignment]
     connector._connect = connect  # type: ignore[method-assign]
     got: dict[str, Any] = {}
 
@@ -86,13 +92,12 @@ def _while_one_attempt_runs(connector: Connector, attempt: Any, first: Endpoint,
         except ConnectError as exc:
             got[name] = exc
 
-    one = threading.Thread(target=ask, args=("first", first))
-    one.start()
-    started.wait()
-    other = threading.Thread(target=ask, args=("second", second))
-    other.start()
-    one.join()
-    other.join()
+    threads = [threading.Thread(target=ask, args=(name, ep)) for name, ep in (("first", first), ("second", second))]
+    threads[0].start()
+    assert asked[0].wait(10)
+    threads[1].start()
+    for t in threads:
+        t.join()
     return got
 
 
@@ -138,7 +143,7 @@ def test_a_connection_made_while_waiting_is_used_not_the_failure_before_it() -> 
         with lock_for(key):
             yield
 
-    connector._lock_for = meanwhile  # type: ignore[method-assign,assignment]
+    connector._lock_for = meanwhile  # type: ignore[assignment]
     conn, new = connector.connection(BASTION)
     assert conn is live and not new
 
