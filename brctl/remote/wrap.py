@@ -113,10 +113,10 @@ exit "$_bx"
 """
 
 
-@functools.cache
 def _source() -> str:
-    """The reaper's source as it travels: without docstrings and comment lines, which
-    every command would carry (and every login shell parse) for nothing."""
+    """The reaper's source as it travels (in ``program``, built once): without docstrings
+    and comment lines, which every command would carry (and every login shell parse) for
+    nothing."""
     text = (Path(__file__).parent.parent / "diagnostics" / "reaper.py").read_text()
     lines = text.splitlines()
     drop: set[int] = set()

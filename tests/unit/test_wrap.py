@@ -55,7 +55,6 @@ def test_every_thread_of_a_fan_out_builds_the_line_at_once(monkeypatch: pytest.M
             failures.append(e)
 
     for _ in range(2):
-        wrap._source.cache_clear()
         wrap._program.cache_clear()
         start = threading.Barrier(8)
         threads = [threading.Thread(target=build, args=(start,)) for _ in range(8)]
@@ -65,7 +64,6 @@ def test_every_thread_of_a_fan_out_builds_the_line_at_once(monkeypatch: pytest.M
             t.join()
     assert failures == []
     assert parses == 2  # once per fan-out, not once per thread
-    assert wrap.shell_line("python3", ["true"], 60.0) == wrap.shell_line("python3", ["true"], 60.0)
 
 
 def test_what_travels_through_a_login_shell_survives_fish_s_single_quotes() -> None:
