@@ -1,7 +1,12 @@
-"""Test tiers: tests/unit (pure, no sockets) and tests/integration (real sshd on loopback).
+"""Test tiers, decided by folder and marked here (``TIERS``):
 
-Tests are marked by folder. Unit tests get sockets disabled, so a unit test that
-reaches the network fails loudly instead of silently depending on it.
+- tests/unit: pure — no process started, no socket opened (both fail the test loudly),
+  so ``scripts/test --quick`` can run it in a minute or two;
+- tests/process: starts real local processes (brctl's CLI, scripts, helpers), no network;
+- tests/integration: real sshd / Slurm / chromium on loopback;
+- tests/gpu: needs an NVIDIA GPU, skipped without one.
+
+A new tier folder gets its row in ``TIERS``; a test outside them is a usage error.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -21,17 +27,26 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Folder under tests/ -> the marker its tests get (``-m process``, ``-m "not integration"``).
+TIERS = {
+    "unit": pytest.mark.unit,
+    "process": pytest.mark.process,
+    "integration": pytest.mark.integration,
+    "gpu": pytest.mark.gpu,
+}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         tier = parts[0] if len(parts) > 1 else "unit"
-        if tier == "integration":
-            item.add_marker(pytest.mark.integration)
-        elif tier == "gpu":
-            item.add_marker(pytest.mark.gpu)
-        elif tier != "unit":
-            raise pytest.UsageError(f"test outside a known tier: {item.nodeid} (unit/integration/gpu)")
+        if tier not in TIERS:
+            raise pytest.UsageError(f"test outside a known tier: {item.nodeid} ({'/'.join(TIERS)})")
+        item.add_marker(TIERS[tier])
+
+
+def _in_unit_tier(request: pytest.FixtureRequest) -> bool:
+    return "tests/unit/" in str(request.node.fspath).replace("\\", "/")
 
 
 class _NoSockets(socket.socket):
@@ -41,7 +56,7 @@ class _NoSockets(socket.socket):
 
 @pytest.fixture(autouse=True)
 def _no_sockets_in_unit_tests(request: pytest.FixtureRequest) -> Iterator[None]:
-    if "tests/unit" not in str(request.node.fspath).replace("\\", "/"):
+    if not _in_unit_tier(request):
         yield
         return
     original = socket.socket
@@ -50,6 +65,38 @@ def _no_sockets_in_unit_tests(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         socket.socket = original  # type: ignore[misc]
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_in_unit_tests(request: pytest.FixtureRequest,
+                                monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """In tests/unit every way to start a process raises, and the test fails even when the
+    code under test caught that error: a test that needs a process belongs in tests/process."""
+    if not _in_unit_tier(request):
+        yield
+        return
+    import _posixsubprocess
+
+    tried: list[str] = []
+
+    def refuse(name: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            tried.append(name)
+            raise RuntimeError(f"unit tests must not start processes ({name}): "
+                               "move the test to tests/process")
+        return refused
+
+    # subprocess.Popen (and asyncio's, os.popen) forks through _fork_exec or posix_spawn;
+    # multiprocessing through _posixsubprocess.fork_exec or os.fork; pty through forkpty.
+    monkeypatch.setattr(subprocess, "_fork_exec", refuse("subprocess"))
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse("fork_exec"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse(f"os.{name}"))
+    yield
+    if tried:
+        pytest.fail(f"unit test started a process ({', '.join(sorted(set(tried)))}): "
+                    "move it to tests/process", pytrace=False)
 
 
 @dataclass
