@@ -45,8 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(TIERS[tier])
 
 
-def _in_unit_tier(request: pytest.FixtureRequest) -> bool:
-    return "tests/unit/" in str(request.node.fspath).replace("\\", "/")
+def _in_tier(request: pytest.FixtureRequest, *tiers: str) -> bool:
+    path = str(request.node.fspath).replace("\\", "/")
+    return any(f"/tests/{tier}/" in path for tier in tiers)
 
 
 class _NoSockets(socket.socket):
@@ -56,7 +57,9 @@ class _NoSockets(socket.socket):
 
 @pytest.fixture(autouse=True)
 def _no_sockets_in_unit_tests(request: pytest.FixtureRequest) -> Iterator[None]:
-    if not _in_unit_tier(request):
+    """No sockets in the pytest process for the pure and process tiers (their children are
+    the process tier's business: a local CLI, a script)."""
+    if not _in_tier(request, "unit", "process"):
         yield
         return
     original = socket.socket
@@ -72,7 +75,7 @@ def _no_processes_in_unit_tests(request: pytest.FixtureRequest,
                                 monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """In tests/unit every way to start a process raises, and the test fails even when the
     code under test caught that error: a test that needs a process belongs in tests/process."""
-    if not _in_unit_tier(request):
+    if not _in_tier(request, "unit"):
         yield
         return
     import _posixsubprocess

@@ -3,7 +3,7 @@
 The job's machines are local "machines" of this host (the hooks run on the
 controller anyway, and what is under test is the daemon's process and its state
 database): the representative subset of the crash-point harness whose unit tier
-(tests/unit/test_daemon_crashpoints.py) covers every step kind × boundary.
+(tests/process/test_daemon_crashpoints.py) covers every step kind × boundary.
 
 - ``kill -9`` while stop_command or restart_command runs (after the intent, the
   action begun): a new daemon takes the lease over at once (its holder's pid is

@@ -33,7 +33,7 @@ from brctl.operations.report import BROWSERS
 from brctl.state import Store
 from tests.conftest import validated
 from tests.integration.cluster import scaled
-from tests.unit.test_daemon_loop import RECORD, Clock, Script, tick
+from tests.process.test_daemon_loop import RECORD, Clock, Script, tick
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a compromised machine might answer: markup that would run if it reached the page raw.

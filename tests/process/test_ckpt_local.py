@@ -184,7 +184,7 @@ def test_marker_gates_incomplete_steps(tmp_path: Path) -> None:
     make_step(tmp_path, "n2", "step_100")
     (tmp_path / "n2" / "ckpt" / "step_100" / "DONE").write_text("")
     make_step(tmp_path, "n2", "step_200")  # still being written: no DONE yet
-    from tests.unit.test_progress import StageRecorder
+    from tests.process.test_progress import StageRecorder
 
     track = StageRecorder()
     report = ops.backup(LocalTransport(), inv, ops.plan(inv).backups(), nodes=["n2"],
@@ -227,7 +227,7 @@ def test_restore_ignores_stale_staging(brctl: Any, cluster: Any, tmp_path: Path)
 
 
 def test_restore_progress_names_each_stage(cluster: Any, tmp_path: Path) -> None:
-    from tests.unit.test_progress import StageRecorder
+    from tests.process.test_progress import StageRecorder
 
     _, inv = cluster
     want = make_step(tmp_path, "n2", "step_7")

@@ -91,7 +91,7 @@ def test_standby_check_marks_machines_on_local_nodes(brctl: Any, tmp_path: Path,
     assert "standby_stages is empty" in res.json["nodes"]["s1"]["detail"]
 
 
-DCGM_FAIL = Path(__file__).parent / "data" / "dcgm_diag_fail.json"
+DCGM_FAIL = Path(__file__).parent.parent / "unit" / "data" / "dcgm_diag_fail.json"
 
 
 def pool_inv(tmp_path: Path, spares: list[dict[str, Any]]) -> Path:
@@ -143,7 +143,7 @@ def test_standby_check_with_every_stage_skipped_is_untested(brctl: Any, tmp_path
     from brctl.operations.fleet import standby_check
     from brctl.remote.factory import RoutingTransport
     from brctl.remote.probes import ProbeRunner
-    from tests.unit.test_progress import StageRecorder
+    from tests.process.test_progress import StageRecorder
 
     track = StageRecorder()
     transport = RoutingTransport()

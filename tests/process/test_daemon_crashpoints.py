@@ -40,7 +40,7 @@ from brctl.operations.daemon_lease import this_holder
 from brctl.operations.daemon_state import DONE, FINAL, DaemonState
 from brctl.operations.jobadapter import JobAdapter, Notifier
 from brctl.state import Store
-from tests.unit.test_daemon_loop import Clock, Killed, Script, inventory, tick
+from tests.process.test_daemon_loop import Clock, Killed, Script, inventory, tick
 
 BOUNDARIES = ("before_intent", "after_intent", "after_action")
 # the plan that holds each kind of step, and that step's id in it

@@ -19,8 +19,8 @@ from brctl.operations.daemon import status
 from brctl.operations.daemon_state import DaemonState
 from brctl.operations.evict import rearm
 from brctl.state import Store
-from tests.unit.test_daemon_crashpoints import CrashingState, daemon, dead_holder, provoke
-from tests.unit.test_daemon_loop import Clock, Killed, Script, inventory, tick
+from tests.process.test_daemon_crashpoints import CrashingState, daemon, dead_holder, provoke
+from tests.process.test_daemon_loop import Clock, Killed, Script, inventory, tick
 
 
 def opaque(tmp_path: Path) -> list[str]:
@@ -96,7 +96,7 @@ def test_daemon_rearm_through_the_cli(brctl: Any, tmp_path: Path, state_dir: Pat
 def test_rearm_starts_the_restart_count_again(tmp_path: Path) -> None:
     """The cap on restarts without progress halted the daemon; the human fixed the job
     and re-armed: the next crash is restarted again, not refused on the old count."""
-    from tests.unit.test_daemon_loop import hooks_log, make
+    from tests.process.test_daemon_loop import hooks_log, make
 
     script, clock = Script(), Clock()
     inv = inventory(tmp_path, max_restarts_without_progress=2)

@@ -24,8 +24,8 @@ from brctl.operations.daemon import Daemon
 from brctl.operations.daemon_state import DONE, DaemonState
 from brctl.operations.jobadapter import JobAdapter, Notifier
 from brctl.state import Store
-from tests.unit.test_daemon_crashpoints import CrashingState, dead_holder, provoke
-from tests.unit.test_daemon_loop import Clock, Killed, Script, hooks_log, inventory, tick
+from tests.process.test_daemon_crashpoints import CrashingState, dead_holder, provoke
+from tests.process.test_daemon_loop import Clock, Killed, Script, hooks_log, inventory, tick
 
 TTL = 1.0  # seconds of wall time per lease (a heartbeat every TTL / 4)
 

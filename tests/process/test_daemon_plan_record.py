@@ -16,8 +16,8 @@ from brctl.analysis.daemon import Plan
 from brctl.analysis.daemon_plan import PlanRecord, Release, steps_for
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
-from tests.unit.test_daemon_crashpoints import daemon, dead_holder
-from tests.unit.test_daemon_loop import Clock, Script, hooks_log
+from tests.process.test_daemon_crashpoints import daemon, dead_holder
+from tests.process.test_daemon_loop import Clock, Script, hooks_log
 
 
 def record() -> PlanRecord:

@@ -20,7 +20,7 @@ from brctl.operations.audit import Audit
 from brctl.operations.daemon_state import DaemonState
 from brctl.operations.evict import evict
 from brctl.state import Store
-from tests.unit.test_daemon_loop import Clock, Script, hooks_log, inventory, make, tick
+from tests.process.test_daemon_loop import Clock, Script, hooks_log, inventory, make, tick
 
 
 def hand_evict(tmp_path: Path, node: str, at: float) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.unit.test_ckpt_local import NODES, make_step, write_inventory
-from tests.unit.test_daemon_cli import write_inv
+from tests.process.test_ckpt_local import NODES, make_step, write_inventory
+from tests.process.test_daemon_cli import write_inv
 
 
 def test_standby_check_takes_the_standby_group(brctl: Any, tmp_path: Path,

@@ -260,7 +260,7 @@ def test_health_exec_and_standby_fit_an_80_column_terminal(tmp_path: Path, args:
 
 
 def test_a_long_outlier_detail_is_a_paragraph_under_its_row(tmp_path: Path) -> None:
-    from tests.unit.test_output_contract import stacks_save
+    from tests.process.test_output_contract import stacks_save
 
     save = stacks_save(tmp_path, detail=LONG)
     lines = on_a_terminal(LOCAL, tmp_path / "state", "stacks", "--from", str(save))

@@ -47,7 +47,7 @@ def scripted(faulty: set[str], seen: list[list[str]] | None = None) -> FakeTrans
 
 
 def test_single_fault_found_in_two_rounds_and_argv_is_a_list() -> None:
-    from tests.unit.test_progress import StageRecorder
+    from tests.process.test_progress import StageRecorder
 
     seen: list[list[str]] = []
     inv = inventory(8, 2, 1, 2)

@@ -14,7 +14,7 @@ import pytest
 
 from brctl import schemas
 from tests.conftest import VALIDATED, local_release_world
-from tests.unit.test_output_contract import stacks_save
+from tests.process.test_output_contract import stacks_save
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "examples" / "local.yaml"
@@ -46,5 +46,5 @@ def test_every_shipped_schema_is_validated_against_a_real_document(
     for args in runs:
         r = brctl("-i", inv, "--json", *args)
         assert r.json["schema"], args  # validated (and recorded) here
-    documents = set(schemas.names()) - {"brctl.inventory/1"}  # tests/unit/test_output_contract
+    documents = set(schemas.names()) - {"brctl.inventory/1"}  # tests/process/test_output_contract
     assert documents - VALIDATED == set()

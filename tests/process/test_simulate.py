@@ -172,7 +172,7 @@ def test_cli_history_from_what_the_daemon_recorded(brctl: Any, state_dir: Path,
     """The real daemon loop records a GPU fault (evict) and a hang (reattempt) in a real
     SQLite database; ``--mix history`` reads them back as the mix."""
     from brctl.operations.daemon_state import DaemonState
-    from tests.unit.test_daemon_loop import Clock, Script, make, tick
+    from tests.process.test_daemon_loop import Clock, Script, make, tick
 
     inv = tmp_path / "inv.yaml"
     inv.write_text("nodes: [{name: 'n[1-4]', connection: local, gpus: 2}]\n"
@@ -274,7 +274,7 @@ def test_history_counts_an_escalation_as_one_incident(tmp_path: Path) -> None:
     """The real loop: a crash (reattempt) that comes back before a new step (rollback)
     is one incident resolved by the rollback; a crash after progress is a new one."""
     from brctl.operations.simulate import history
-    from tests.unit.test_daemon_loop import Clock, Script, inventory, make, tick
+    from tests.process.test_daemon_loop import Clock, Script, inventory, make, tick
 
     script, clock = Script(), Clock()
     daemon, store = make(tmp_path, script, clock,

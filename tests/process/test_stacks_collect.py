@@ -21,7 +21,7 @@ from brctl.operations import stacks_save
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "unit" / "data"
 GOLDEN_PID = 27080  # the process tests/unit/data/pyspy_dump.json was taken from
 MARK = "brctl-unit-stacks-target"
 TARGET = """

@@ -14,8 +14,7 @@ from brctl.operations import update as up
 from brctl.remote.fake import Reply
 from brctl.remote.probes import probe_call
 from brctl.state import Store
-
-from .update_fake import Machines, inventory_doc
+from tests.kits.update_fake import Machines, inventory_doc
 
 
 class Clock:
