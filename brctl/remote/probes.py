@@ -197,10 +197,19 @@ class ProbeResult:
 Request = Union[Mapping[str, Any], Callable[[Node], Mapping[str, Any]]]
 
 
+def _clip(text: str, keep: int = 600) -> str:
+    """``text``, or its head and tail around " … " when longer than ``keep``: a reason names
+    what it refused first (a variable, a path) and why last, and a cut at either end lost one
+    (a refusal naming two long paths came back as "ATH entry ..." or without its verdict)."""
+    if len(text) <= keep:
+        return text
+    return f"{text[:keep // 2]} … {text[-(keep // 2):]}"
+
+
 def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None]:
     """The probe's JSON document from its stdout, or a one-line reason it is unusable."""
     if not result.state.ran:
-        return None, f"{result.state.value}: {result.stderr.strip()[-300:]}"
+        return None, f"{result.state.value}: {_clip(result.stderr.strip())}"
     # The size is what the transport counted, never read from the text: a node can print a
     # line that looks like the truncation marker.
     # Kept whole: its exact bytes where they are not UTF-8 (each bad byte is 3 in the text).
@@ -215,7 +224,7 @@ def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None
     lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
     if not lines:
         tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
-        return None, f"probe printed nothing (exit {result.exit_code}): {tail[0][:300]}"
+        return None, f"probe printed nothing (exit {result.exit_code}): {_clip(tail[0])}"
     try:
         doc = json.loads(lines[-1])
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
