@@ -317,18 +317,25 @@ class KnownHostsCache:
         if stamp is None:
             return KnownHosts()
         with self._parsing(full):  # a fan-out's threads all ask at once: one parses, the others wait
+            # Stat'ed under the lock too: an accept writes the file and caches its new stamp
+            # under this lock, and a stat between the two would miss and parse it again.
             with self._lock:
                 cached = self._files.get(full)
-            if cached is not None and (cached[0] == stamp or cached[0] == self._stamp(full)):
-                return cached[1]  # as asked, or newer: an accept cached it meanwhile
+                if cached is not None and (cached[0] == stamp or cached[0] == self._stamp(full)):
+                    return cached[1]  # as asked, or newer: an accept cached it meanwhile
             try:
                 with open(full, encoding="utf-8", errors="replace") as fh:
                     st = os.fstat(fh.fileno())
                     parsed = parse(fh.read(), full)
             except OSError as exc:
                 raise KnownHostsError(f"{full}: cannot read: {exc.strerror}") from None
-            with self._lock:  # under the stamp of what was read, not of what was asked
-                self._files[full] = (_stamp_of(st), parsed)
+            read = _stamp_of(st)  # the stamp of what was read, not of what was asked
+            with self._lock:
+                # Only an accept can have cached this file meanwhile (its parses are one at a
+                # time), and it cached the file as it then stood: an older read must not
+                # replace that, so this one is kept only if it is the file as it stands.
+                if self._files.get(full) is cached or read == self._stamp(full):
+                    self._files[full] = (read, parsed)
             return parsed
 
     def load(self, path: str) -> KnownHosts:

@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from brctl.core.transport import NodeState
 from brctl.remote.ssh_config import Endpoint
 from brctl.remote.ssh_connect import ConnectError, Connector
+from tests.kits.waiting import PATIENCE, scaled, wait_event
 
 
 def test_an_identity_file_is_loaded_once_for_all_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,27 +29,42 @@ def test_an_identity_file_is_loaded_once_for_all_threads(tmp_path: Path, monkeyp
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     loads = 0
     load = paramiko.PKey.from_path
+    connector = Connector(connect_rate=100.0, connect_retries=0, keepalive=0)
+    lock_for, asked = connector._lock_for, threading.Condition()
+    askers = 0
+
+    def counted(key: tuple[object, ...]) -> threading.Lock:
+        nonlocal askers
+        with asked:
+            askers += 1
+            asked.notify_all()
+        return lock_for(key)
 
     def slow_load(*args: Any, **kwargs: Any) -> paramiko.PKey:
+        # As a big RSA key's check: the load ends only once every thread has asked for it.
         nonlocal loads
         loads += 1
-        time.sleep(0.05)  # as a big RSA key's check: the other threads arrive meanwhile
+        with asked:
+            assert asked.wait_for(lambda: askers >= 16, scaled(PATIENCE)), f"{askers} of 16 asked"
         return load(*args, **kwargs)
 
     monkeypatch.setattr(paramiko.PKey, "from_path", slow_load)
-    connector = Connector(connect_rate=100.0, connect_retries=0, keepalive=0)
+    connector._lock_for = counted  # type: ignore[assignment]
     got: list[paramiko.PKey] = []
-    start = threading.Barrier(16)
+    errors: list[BaseException] = []
 
     def auth() -> None:
-        start.wait()
-        got.append(connector.pkey(str(path)))
+        try:
+            got.append(connector.pkey(str(path)))
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
 
-    threads = [threading.Thread(target=auth) for _ in range(16)]
+    threads = [threading.Thread(target=auth, daemon=True) for _ in range(16)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(scaled(PATIENCE))
+    assert not any(t.is_alive() for t in threads) and not errors, errors
     assert loads == 1
     assert len(got) == 16 and len({id(k) for k in got}) == 1
 
@@ -79,7 +94,7 @@ def _while_one_attempt_runs(connector: Connector, attempt: Any, first: Endpoint,
         return lock_for(key)
 
     def connect(ep: Endpoint) -> Any:
-        assert asked[1].wait(10)
+        wait_event(asked[1], "the second caller to ask for the lock")
         return attempt(ep)
 
     connector._lock_for = counted  # type: ignore[assignment]
@@ -94,7 +109,7 @@ def _while_one_attempt_runs(connector: Connector, attempt: Any, first: Endpoint,
 
     threads = [threading.Thread(target=ask, args=(name, ep)) for name, ep in (("first", first), ("second", second))]
     threads[0].start()
-    assert asked[0].wait(10)
+    wait_event(asked[0], "the first caller to ask for the lock")
     threads[1].start()
     for t in threads:
         t.join()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -24,6 +23,7 @@ from brctl.operations.daemon import Daemon
 from brctl.operations.daemon_state import DONE, DaemonState
 from brctl.operations.jobadapter import JobAdapter, Notifier
 from brctl.state import Store
+from tests.kits.waiting import wait_for
 from tests.process.test_daemon_crashpoints import CrashingState, dead_holder, provoke
 from tests.process.test_daemon_loop import Clock, Killed, Script, hooks_log, inventory, tick
 
@@ -65,12 +65,9 @@ def test_the_heartbeat_renews_the_lease_while_a_resumed_plan_runs(tmp_path: Path
     def slow_restore(evicted: Node, standby: Node, members: Sequence[Node]) -> str:
         script.calls.append(("restore", (evicted.name, standby.name)))
         clock.now += 5 * TTL  # far past the TTL the lease was taken with
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # a beat or two of the heartbeat
-            lease = state.lease()
-            if lease is not None and lease["expires"] > clock.now:
-                break
-            time.sleep(TTL / 10)
+        # a beat or two of the heartbeat renews it past the clock's new now
+        wait_for(lambda: (lease := state.lease()) is not None and lease["expires"] > clock.now,
+                 "the heartbeat to renew the lease", every=TTL / 10)
         other = daemon(tmp_path, Script(), clock, DaemonState(Store(tmp_path / "state"), "llm"),
                        "intruder", dead=lambda _holder: None)  # alive, as far as it can tell
         try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-import time
 from pathlib import Path
 
 from brctl.operations.jobadapter import run_hook
+from tests.kits.waiting import deadline, scaled, wait_for
 
 
 def test_hook_output_streams_and_exit_code() -> None:
@@ -18,16 +20,30 @@ def test_hook_output_streams_and_exit_code() -> None:
 
 
 def test_a_hook_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
-    marker = tmp_path / "child-survived"
-    # the hook starts a grandchild that would write the marker after 2 s
-    code = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-            f"\"import time; time.sleep(2); open({str(marker)!r}, 'w')\"]); time.sleep(60)")
-    start = time.monotonic()
-    run = run_hook([sys.executable, "-c", code], 0.5)
-    assert run.exit_code is None and "killed after 0.5s" in run.stderr
-    assert time.monotonic() - start < 10
-    time.sleep(2.5)
-    assert not marker.exists()  # the whole process group went
+    said = tmp_path / "child.pid"
+    # the hook starts a child, says its pid, and outlives its timeout; so would the child
+    code = (f"import os, subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', "
+            f"'import time; time.sleep(600)']); open({str(said) + '.tmp'!r}, 'w').write(str(child.pid)); "
+            f"os.replace({str(said) + '.tmp'!r}, {str(said)!r}); time.sleep(600)")
+    timeout = scaled(2)  # a Python start and a Popen: ~0.1 s
+    with deadline(30, "a hook killed at its 2 s timeout (its sleep: 600 s)"):
+        run = run_hook([sys.executable, "-c", code], timeout)
+    assert run.exit_code is None and f"killed after {timeout:g}s" in run.stderr, run.stderr
+    assert said.exists(), f"the hook did not start its child within its {timeout:g} s timeout"
+    child = int(said.read_text())
+    try:
+        wait_for(lambda: not _alive(child), f"the hook's child {child} to be killed with it")
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by init, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def test_a_missing_hook_is_exit_127_with_the_reason() -> None:

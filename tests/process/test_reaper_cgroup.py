@@ -9,6 +9,7 @@ back to its subreaper and ``/proc`` walk, silently.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -16,13 +17,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from brctl.diagnostics import reaper
 from brctl.remote.wrap import wrapped
-from tests.integration.cluster import scaled
+from tests.kits.waiting import scaled, wait_for
 from tests.procs import local_pids
 
 
@@ -50,15 +52,33 @@ def _run(argv: list[str], timeout: float, prefix: tuple[str, ...] = ()) -> subpr
 
 
 def _gone(pattern: str) -> bool:
-    return not _running(pattern, until=False)
+    """True once no process matches ``pattern`` (an AssertionError if one stays)."""
+    return wait_for(lambda: not local_pids(pattern), f"no process left matching {pattern!r}")
 
 
-def _running(pattern: str, until: bool = True) -> bool:
-    """Whether ``pattern`` runs, once it does (``until``) or stops, or after 3 s."""
-    deadline = time.monotonic() + scaled(3)
-    while bool(local_pids(pattern)) != until and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return bool(local_pids(pattern))
+def _running(pattern: str) -> bool:
+    """True once a process matches ``pattern`` (an AssertionError if none comes)."""
+    return bool(wait_for(lambda: local_pids(pattern), f"a process matching {pattern!r}"))
+
+
+def _emptied(cgroup: str) -> bool:
+    """Whether nothing runs in ``cgroup`` any more (or it is removed)."""
+    try:
+        events = Path(cgroup, "cgroup.events")
+        if events.exists():  # v2: what was killed in it may linger a moment
+            return "populated 0" in events.read_text().splitlines()
+        return not Path(cgroup, "cgroup.procs").read_text().split()
+    except FileNotFoundError:
+        return True
+
+
+def _swept(cgroup: str, run: Callable[[list[str], float], object]) -> bool:
+    """Whether ``cgroup`` is removed by the sweep just run, or else by the next one once
+    what that sweep killed in it is gone."""
+    if os.path.exists(cgroup):
+        wait_for(lambda: _emptied(cgroup), f"what the sweep killed in {cgroup} to be gone")
+        run(["true"], 10)
+    return not os.path.exists(cgroup)
 
 
 def _command_cgroup(stdout: str) -> str:
@@ -170,10 +190,7 @@ def test_a_timeout_kills_a_process_whose_main_thread_exited(way: str) -> None:
         assert "ready" in done.stdout.splitlines(), done.stdout
         assert done.returncode == reaper.TIMEOUT_EXIT, done.stderr
         assert done.stderr.startswith("brctl: timeout"), done.stderr
-        deadline = time.monotonic() + scaled(3)
-        while _runs(escapee) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _runs(escapee), Path(f"/proc/{escapee}/status").read_text()
+        wait_for(lambda: not _runs(escapee), f"the escapee {escapee} to be killed")
         if way == "cgroup":
             path = _command_cgroup(done.stdout)
             assert re.search(r"/brctl-[0-9]+-[0-9a-f]{16}$", path), path
@@ -249,7 +266,8 @@ def test_a_stale_cgroup_an_older_reaper_left_is_swept_and_a_fresh_one_kept() -> 
 
 
 def _in_cgroup(path: str, argv: list[str]) -> subprocess.Popen[bytes]:
-    """``argv`` started inside cgroup ``path`` (it moves itself in before it execs)."""
+    """``argv`` started inside cgroup ``path``: it moves itself in before it execs, and
+    Popen returns only after the exec, so it is in there when this returns."""
     def enter() -> None:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
@@ -272,9 +290,7 @@ def test_a_command_whose_reaper_was_killed_is_ended_by_a_later_reaper_once_overd
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cgroup = overdue = ""
     try:
-        deadline = time.monotonic() + scaled(5)
-        while not (local_pids(r"^sleep 1181") and local_pids(r"^sleep 1182")) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert _running(r"^sleep 1181") and _running(r"^sleep 1182")
         (sleeper,) = local_pids(r"^sleep 1182")
         cgroup = _cgroup_of(sleeper)
         due = int(os.path.basename(cgroup).split("-")[1])
@@ -294,12 +310,7 @@ def test_a_command_whose_reaper_was_killed_is_ended_by_a_later_reaper_once_overd
         _rmdir(cgroup)
         assert _run(["true"], 10).returncode == 0
         assert _gone(r"^sleep 118[12]")  # the setsid escapee too: the cgroup held it
-        for _ in range(3):  # removed by that sweep, or the next once the dead are gone
-            if not os.path.exists(overdue):
-                break
-            time.sleep(0.2)
-            _run(["true"], 10)
-        assert not os.path.exists(overdue)
+        assert _swept(overdue, _run)
     finally:
         for pid in local_pids(r"^sleep 118[12]"):
             os.kill(pid, 9)
@@ -324,7 +335,6 @@ def test_a_cgroup_not_yet_overdue_is_left_alone_whatever_it_holds() -> None:
         for path, tag in ((ahead, "1191"), (ending, "1192")):
             os.mkdir(path)
             procs.append(_in_cgroup(path, ["sleep", tag]))
-        time.sleep(0.2)
         assert _run(["true"], 10).returncode == 0
         assert all(p.poll() is None for p in procs)
         assert os.path.isdir(ahead) and os.path.isdir(ending)
@@ -338,15 +348,9 @@ def test_a_cgroup_not_yet_overdue_is_left_alone_whatever_it_holds() -> None:
 
 def _rmdir(cgroup: str) -> None:
     """Remove ``cgroup`` once what left or was killed in it is gone (it lingers a moment)."""
-    for _ in range(100):
-        try:
-            os.rmdir(cgroup)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-    os.rmdir(cgroup)
+    wait_for(lambda: _emptied(cgroup), f"what was in {cgroup} to be gone")
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(cgroup)
 
 
 def test_on_a_systemd_machine_the_user_s_other_session_scopes_are_swept_too() -> None:
@@ -366,7 +370,6 @@ def test_on_a_systemd_machine_the_user_s_other_session_scopes_are_swept_too() ->
         orphan = _in_cgroup(os.path.join(dead_one, overdue), ["sleep", "1201"])
         kept = _in_cgroup(os.path.join(service, overdue), ["sleep", "1202"])
         procs = [orphan, kept]
-        time.sleep(0.2)
 
         def in_session() -> None:  # this reaper is the next command of the same user
             with open(os.path.join(mine, "cgroup.procs"), "w") as f:
@@ -488,15 +491,9 @@ def test_without_cgroup_v2_an_overdue_freezer_cgroup_is_swept() -> None:
     os.mkdir(ahead)
     orphan, kept = _in_cgroup(overdue, ["sleep", "1231"]), _in_cgroup(ahead, ["sleep", "1232"])
     try:
-        time.sleep(0.2)
         assert _run_v1(["true"], 10).returncode == 0
         assert orphan.wait(timeout=scaled(5)) == -9
-        for _ in range(3):  # removed by that sweep, or the next once the dead are gone
-            if not os.path.exists(overdue):
-                break
-            time.sleep(0.2)
-            _run_v1(["true"], 10)
-        assert not os.path.exists(overdue)
+        assert _swept(overdue, _run_v1)
         assert kept.poll() is None and os.path.isdir(ahead)
     finally:
         for p in (orphan, kept):

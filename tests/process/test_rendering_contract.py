@@ -17,6 +17,7 @@ import sys
 import termios
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -163,29 +164,33 @@ def test_follow_prints_new_records_as_they_are_written(records: tuple[Path, Path
 
 
 def test_follow_json_is_one_compact_document_per_line_and_only_when_new(
-        records: tuple[Path, Path]) -> None:
+        records: tuple[Path, Path], brctl: Any) -> None:
+    """Run in-process, its waits counted instead of slept: 15 polls find nothing new and
+    print nothing, the 16th finds the new record, the 17th wait is interrupted (^C)."""
     import json
-    import signal
 
     inv, state = records
     doc = yaml.safe_load(inv.read_text())
     doc["daemon"] = {"poll_interval": 0.1}
     inv.write_text(yaml.safe_dump(doc))
-    env = {**os.environ, "BRCTL_STATE": str(state)}
-    proc = subprocess.Popen([sys.executable, "-m", "brctl", "-i", str(inv), "--json", "daemon",
-                             "status", "--follow"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    first = json.loads(proc.stdout.readline())  # the whole status, on one line
-    assert first["schema"] == "brctl.daemon.status/1" and first["events"]
-    time.sleep(1.5)  # ~15 polls with nothing new: nothing printed
-    store = Store(state)
-    DaemonState(store, "llm").event("restart", ["n1"], {"reason": "restarted"}, time.time())
-    store.close()
-    second = json.loads(proc.stdout.readline())  # the next line is the new record
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    waits: list[float] = []
+
+    def poll_later(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 16:  # the daemon writes while status waits
+            store = Store(state)
+            DaemonState(store, "llm").event("restart", ["n1"], {"reason": "restarted"}, time.time())
+            store.close()
+        elif len(waits) == 17:
+            raise KeyboardInterrupt
+
+    r = brctl("-i", inv, "--json", "daemon", "status", "--follow",
+              env={"BRCTL_STATE": str(state)}, sleep=poll_later)
+    assert r.exit_code == 130 and waits == [0.1] * 17, r.stderr
+    first, second = (json.loads(line) for line in r.stdout.splitlines()[:2])
+    assert first["schema"] == "brctl.daemon.status/1" and first["events"]  # the whole status
     assert [e["kind"] for e in second["events"]] == ["restart"] and second["actions"] == []
+    assert len(r.stdout.splitlines()) == 2, r.stdout  # nothing for the 15 polls before
 
 
 def test_exec_output_through_a_pipe_is_the_nodes_bytes(tmp_path: Path) -> None:
