@@ -10,7 +10,7 @@ by both steps, as ``brctl ckpt verify`` does), ``plan_backups`` (peer search) an
 probabilities for k = 1..4). Also the PP=1 shape (no valid peer: the fallback path) at the largest size.
 
 Copies (``--mib N``, needs root, sshd and ``brctl.remote.ssh``): two real sshd
-machines (tests/integration/cluster.py, own mount namespaces, private
+machines (tests/kits/cluster.py, own mount namespaces, private
 /local/ckpt and /local/ckpt.brctl-backup); node01 holds one step of 4 shard files
 totalling N MiB. Timed, interleaved, median of ``--runs``: ``brctl ckpt backup`` of
 node01 → node02 through the controller (cold: the peer has nothing; node01 hashes,
@@ -89,7 +89,7 @@ def bench_copies(mib: int, runs: int) -> dict[str, float]:
     import yaml
 
     from brctl.cli import run
-    from tests.integration.cluster import SshCluster, missing_requirements
+    from tests.kits.cluster import SshCluster, missing_requirements
 
     why = missing_requirements()
     if why:

@@ -46,7 +46,7 @@ from brctl.operations.jobadapter import JobAdapter  # noqa: E402
 from brctl.remote.factory import RoutingTransport  # noqa: E402
 from brctl.remote.fake import FakeTransport, Reply  # noqa: E402
 from brctl.state import Store  # noqa: E402
-from tests.healthkit import fake_nvml, healthy_gpus  # noqa: E402
+from tests.kits.healthkit import fake_nvml, healthy_gpus  # noqa: E402
 
 DEMO_JOB = ROOT / "examples" / "demo_job.py"
 NODES = ["local1", "local2", "local3", "local4"]

@@ -1,6 +1,6 @@
 """Benchmark of ``brctl diagnose``: time to verdict on 8/16/32 sshd machines and the ladder's overhead.
 
-Each size gets a fresh cluster of real sshd machines (tests/integration/cluster.py:
+Each size gets a fresh cluster of real sshd machines (tests/kits/cluster.py:
 one sshd per machine on 127.0.0.N, own PID namespace). Every machine has a fake
 ``dcgmi`` on its PATH that prints a real-format passing ``dcgmi diag -j`` tree at once,
 and the job's logs (``--logs``) show an NCCL watchdog timeout on the first machine,
@@ -79,7 +79,7 @@ def run_size(n: int, runs: int, mode: str) -> dict[str, Any]:
     from brctl.operations.diagnose import Options, diagnose
     from brctl.playbooks import load_playbooks, playbook_dirs
     from brctl.remote.ssh import SshTransport
-    from tests.integration.cluster import SshCluster
+    from tests.kits.cluster import SshCluster
 
     books = load_playbooks(playbook_dirs(None, {}))
     with tempfile.TemporaryDirectory() as tmp_s, SshCluster(Path(tmp_s), n) as cluster:
@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="warm runs per size (median)")
     ap.add_argument("--mode", choices=["overhead", "torch"], default="overhead")
     args = ap.parse_args()
-    from tests.integration.cluster import missing_requirements
+    from tests.kits.cluster import missing_requirements
 
     why = missing_requirements()
     if why is not None:

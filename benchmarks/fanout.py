@@ -1,7 +1,7 @@
 """Fan-out benchmark: brctl's SshTransport against clush and pdsh on real sshd nodes.
 
 Starts N (default 64) real sshd "machines" with the integration tier's cluster
-(tests/integration/cluster.py: needs root, openssh-server, util-linux), then times,
+(tests/kits/cluster.py: needs root, openssh-server, util-linux), then times,
 side by side in one run, ``true`` on every node:
 
 - brctl, in process: ``fanout.run_all`` over ``SshTransport`` with fresh
@@ -59,7 +59,7 @@ from brctl.remote.known_hosts import KnownHostsCache  # noqa: E402
 from brctl.remote.shard import run_sharded  # noqa: E402
 from brctl.remote.ssh import SshTransport  # noqa: E402
 from brctl.remote.wrap import shell_line  # noqa: E402
-from tests.integration.cluster import SshCluster, missing_requirements, running_cluster  # noqa: E402
+from tests.kits.cluster import SshCluster, missing_requirements, running_cluster  # noqa: E402
 
 CURVE = "curve25519-sha256"
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from brctl.analysis.inventory import from_document  # noqa: E402
 from brctl.remote.fake import FakeTransport, Reply  # noqa: E402
 from brctl.remote.probes import ProbeRunner  # noqa: E402
-from tests.healthkit import (  # noqa: E402
+from tests.kits.healthkit import (  # noqa: E402
     ACTIVE_PORT,
     fake_nvml,
     healthy_gpus,

@@ -162,7 +162,7 @@ def part2(shapes: list[tuple[int, int]]) -> None:
     sys.path.insert(0, str(ROOT))
     from brctl.operations.replay import BuiltinWorkload, RoundLauncher, replay
     from brctl.remote.local import LocalTransport
-    from tests.replay_fault import write_fault
+    from tests.kits.replay_fault import write_fault
 
     print("| machines x ranks | replay: rounds, wall (CPU) to verdict | one round, all groups: "
           "wall (CPU) | one lone group: wall (CPU) | bisection (est.) | one at a time, worst (est.) |")

@@ -1,6 +1,6 @@
 """``brctl health`` on every node over ssh and over ``connection: slurm``, side by side.
 
-Starts a real Slurm of N machines (tests/integration/slurm_cluster.py: each machine
+Starts a real Slurm of N machines (tests/kits/slurm_cluster.py: each machine
 runs its sshd and its slurmd in one set of namespaces; needs root and the Debian
 packages slurmctld slurmd slurm-client munge), submits a job on all of them, then
 runs ``brctl health`` (the CLI's ``run``, in this process: the interpreter's start is
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from tests.integration.slurm_cluster import SlurmCluster, missing_slurm_requirements  # noqa: E402
+from tests.kits.slurm_cluster import SlurmCluster, missing_slurm_requirements  # noqa: E402
 
 FLEET = 12_000
 SMALL = 4

@@ -22,7 +22,7 @@ threads, as ``--save`` ships it); the raw path's controller CPU is measured at
 ``--raw-ranks`` and shown per rank.
 
 Collection (``--nodes N``, needs root, sshd and ``brctl.remote.ssh``): N real
-sshd machines (tests/integration/cluster.py, own PID namespaces), 2 sleeping
+sshd machines (tests/kits/cluster.py, own PID namespaces), 2 sleeping
 "ranks" on each, ``operations.stacks.collect`` with real py-spy dumps; the first
 round ships the probe bundle, later rounds reuse the connections and the cache.
 """
@@ -220,7 +220,7 @@ def bench_collection(n: int, rounds: int) -> None:
     from brctl.operations.stacks import collect
     from brctl.remote.probes import ProbeRunner
     from brctl.remote.ssh import SshTransport
-    from tests.integration.cluster import SshCluster, missing_requirements
+    from tests.kits.cluster import SshCluster, missing_requirements
 
     why = missing_requirements()
     if why:

@@ -1,7 +1,7 @@
 """Benchmark ``brctl update push`` against ``pdcp`` and ``clush --copy`` of the same file.
 
 ``python benchmarks/update.py [--size-mb 200] [--nodes 16] [--runs 1]`` (needs root,
-sshd and unshare: it starts N real sshd machines from tests/integration/cluster.py,
+sshd and unshare: it starts N real sshd machines from tests/kits/cluster.py,
 each with a private /opt/train).
 
 The release is one tarball of ``--size-mb`` random bytes (incompressible: the worst
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.cluster import SshCluster, missing_requirements  # noqa: E402
+from tests.kits.cluster import SshCluster, missing_requirements  # noqa: E402
 
 BIN = Path(sys.executable).parent
 

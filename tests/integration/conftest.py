@@ -1,11 +1,11 @@
-"""Fixtures for the integration tier: real sshd "machines" on loopback (see cluster.py).
+"""Fixtures for the integration tier: real sshd "machines" on loopback (tests/kits/cluster.py).
 
 ``make_cluster(n, private_dirs=(), prefix="node")`` starts a fresh cluster that is
 stopped when the test ends (use it to stop nodes or change things);
 ``ssh_cluster`` is a session-wide 4-node cluster with private ``/opt/train`` and
 ``/local/ckpt`` for read-only use. ``slurm_cluster`` (session-wide, 4 machines) and
 ``make_slurm_cluster(n)`` are a real Slurm whose machines run sshd and slurmd in shared
-namespaces (see slurm_cluster.py). Without root/sshd/unshare (or the Slurm packages) the
+namespaces (tests/kits/slurm_cluster.py). Without root/sshd/unshare (or the Slurm packages) the
 tests are skipped, unless ``BRCTL_REQUIRE_INTEGRATION=1`` (CI), where that is an error.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import SshCluster, missing_requirements
-from tests.integration.slurm_cluster import SlurmCluster, missing_slurm_requirements
+from tests.kits.cluster import SshCluster, missing_requirements
+from tests.kits.slurm_cluster import SlurmCluster, missing_slurm_requirements
 
 DEFAULT_PRIVATE_DIRS = ("/opt/train", "/local/ckpt")
 

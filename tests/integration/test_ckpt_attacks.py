@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.cluster import SshCluster
+from tests.kits.cluster import SshCluster
 
 pytestmark = [pytest.mark.integration]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from tests.integration.cluster import SshCluster
+from tests.kits.cluster import SshCluster
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 
 Phase 1 (GPU fault, kill -9) and phase 2 (hang, bad update, rollback) below.
 
-The job (tests/integration/trainjob.py) runs on node01,node02 with node03 as the
+The job (tests/kits/trainjob.py) runs on node01,node02 with node03 as the
 warm standby and checkpoints every 5 steps (``brctl ckpt backup`` copies each
 machine's newest step to its peer); every machine's NVML is the fake pynvml on its PYTHONPATH (the
 node's ``env`` in the test inventory). The test injects an uncorrectable ECC
@@ -42,9 +42,9 @@ import yaml
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
 from tests.conftest import validated
-from tests.healthkit import fake_nvml, healthy_gpus
-from tests.integration.cluster import SshCluster, scaled
-from tests.integration.trainjob import TAG
+from tests.kits.cluster import SshCluster, scaled
+from tests.kits.healthkit import fake_nvml, healthy_gpus
+from tests.kits.trainjob import TAG
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ RESTART = r'''
 """The test's restart script: kill the job everywhere, then launch it on --nodes."""
 import json, os, shlex, subprocess, sys, time, types
 sys.path.insert(0, os.environ["BRCTL_TEST_ROOT"])
-from tests.integration.trainjob import _ssh, start_trainjob
+from tests.kits.trainjob import _ssh, start_trainjob
 
 cfg = json.load(open(sys.argv[1]))
 nodes = sys.argv[3].split(",")

@@ -46,7 +46,7 @@ import yaml
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import Store
 from tests.conftest import validated
-from tests.integration.cluster import scaled
+from tests.kits.cluster import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 

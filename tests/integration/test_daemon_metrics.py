@@ -22,7 +22,7 @@ from typing import Any, Optional
 import pytest
 import yaml
 
-from tests.integration.cluster import scaled
+from tests.kits.cluster import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 # one sample line of the text exposition format: name{label="value",...} number

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import validated
-from tests.integration.cluster import scaled
+from tests.kits.cluster import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,8 +30,8 @@ import pytest
 import yaml
 
 from tests.conftest import validated
-from tests.integration.cluster import SshCluster, scaled
-from tests.integration.trainjob import TAG, start_trainjob
+from tests.kits.cluster import SshCluster, scaled
+from tests.kits.trainjob import TAG, start_trainjob
 
 FAULTS = Path(__file__).parent / "diagnose_faults"
 DATA = Path(__file__).parent.parent / "unit" / "data"

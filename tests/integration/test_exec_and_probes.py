@@ -7,13 +7,13 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.integration.cluster import SshCluster
+from tests.kits.cluster import SshCluster
 
 
 @pytest.fixture(scope="module")
 def cluster16(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tests.integration.cluster import SshCluster
     from tests.integration.conftest import _require
+    from tests.kits.cluster import SshCluster
 
     _require()
     cluster = SshCluster(tmp_path_factory.mktemp("c16"), 16, prefix="gpu")

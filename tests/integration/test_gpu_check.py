@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.healthkit import fake_nvml, healthy_gpus
+from tests.kits.healthkit import fake_nvml, healthy_gpus
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.healthkit import (
+from tests.kits.cluster import SshCluster
+from tests.kits.healthkit import (
     ACTIVE_PORT,
     DOWN_PORT,
     fake_nvml,
@@ -23,7 +24,6 @@ from tests.healthkit import (
     make_root,
     set_port,
 )
-from tests.integration.cluster import SshCluster
 
 pytestmark = pytest.mark.integration
 # Until the paramiko transport lands on main this test cannot reach the cluster.

@@ -28,8 +28,8 @@ import yaml
 
 from brctl.core.transport import NodeState
 from tests.conftest import validated
-from tests.healthkit import fake_nvml, healthy_gpus, make_root
-from tests.integration.cluster import SshCluster, scaled
+from tests.kits.cluster import SshCluster, scaled
+from tests.kits.healthkit import fake_nvml, healthy_gpus, make_root
 
 ROOT = Path(__file__).resolve().parents[2]
 BRCTL = Path(sys.executable).parent / "brctl"  # the console script: its cwd is not on sys.path

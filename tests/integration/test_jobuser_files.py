@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.cluster import SshCluster, scaled
+from tests.kits.cluster import SshCluster, scaled
 
 pytestmark = [pytest.mark.integration]
 

@@ -24,7 +24,6 @@ from brctl.core.transport import Node, NodeState
 from brctl.remote.fanout import run_all
 from brctl.remote.ssh import SshTransport
 from brctl.remote.wrap import GRACE_S, SLACK_S
-from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
 from tests.integration.test_transport_faults import (
     _ended,
@@ -35,6 +34,7 @@ from tests.integration.test_transport_faults import (
     _timed_out,
     _wait_for,
 )
+from tests.kits.cluster import SshCluster, scaled
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 Eight machines, two CPU "GPUs" (ranks) each, PP=2, so stage 0 is node01-04 and
 stage 1 node05-08 and DP'=2 makes four groups of two machines per round. Silent
 data corruption is injected by the test only: a ``sitecustomize`` on one node's
-``PYTHONPATH`` (``tests/replay_fault.py``) flips one bit of one matmul output per
+``PYTHONPATH`` (``tests/kits/replay_fault.py``) flips one bit of one matmul output per
 step in every rank on that machine. The groups rendezvous over TCP at their first
 node's own 127.0.0.N address (gloo on ``lo``).
 """
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.cluster import SshCluster, scaled
-from tests.replay_fault import write_fault
+from tests.kits.cluster import SshCluster, scaled
+from tests.kits.replay_fault import write_fault
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("torch")

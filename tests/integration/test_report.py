@@ -32,7 +32,7 @@ from brctl.operations.jobadapter import JobAdapter
 from brctl.operations.report import BROWSERS
 from brctl.state import Store
 from tests.conftest import validated
-from tests.integration.cluster import scaled
+from tests.kits.cluster import scaled
 from tests.process.test_daemon_loop import RECORD, Clock, Script, tick
 
 ROOT = Path(__file__).resolve().parents[2]

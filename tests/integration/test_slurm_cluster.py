@@ -7,8 +7,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from tests.integration.cluster import scaled
-from tests.integration.slurm_cluster import SlurmCluster, _ports_free, _start_time
+from tests.kits.cluster import scaled
+from tests.kits.slurm_cluster import SlurmCluster, _ports_free, _start_time
 
 
 def _ssh(cluster: SlurmCluster, name: str, command: str) -> str:

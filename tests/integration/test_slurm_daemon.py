@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from tests.conftest import validated
-from tests.healthkit import fake_nvml, healthy_gpus
-from tests.integration.cluster import scaled
-from tests.integration.slurm_cluster import SlurmCluster
+from tests.kits.cluster import scaled
+from tests.kits.healthkit import fake_nvml, healthy_gpus
+from tests.kits.slurm_cluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "brctl-slurm-daemon-job"

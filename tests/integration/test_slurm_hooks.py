@@ -13,7 +13,7 @@ import yaml
 from brctl.inventory import load_inventory
 from brctl.operations.jobadapter import JobAdapter
 from brctl.operations.slurm_job import Slurm, resolve
-from tests.integration.slurm_cluster import SlurmCluster
+from tests.kits.slurm_cluster import SlurmCluster
 
 Brctl = Callable[..., Any]
 LOOSE_CAPS = {"max_evict_fraction": 1.0, "max_evictions_per_hour": 100}

@@ -1,4 +1,4 @@
-"""``job.slurm`` over a real Slurm (tests/integration/slurm_cluster.py): the job's machines,
+"""``job.slurm`` over a real Slurm (tests/kits/slurm_cluster.py): the job's machines,
 state and restart count come from the scheduler at every command, never a stale list."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from tests.integration.slurm_cluster import SlurmCluster
+from tests.kits.slurm_cluster import SlurmCluster
 
 Brctl = Callable[..., Any]
 

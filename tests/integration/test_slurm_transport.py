@@ -14,8 +14,8 @@ from typing import Any, Optional
 import pytest
 import yaml
 
-from tests.integration.cluster import scaled
-from tests.integration.slurm_cluster import SlurmCluster
+from tests.kits.cluster import scaled
+from tests.kits.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ import pytest
 from brctl.core.transport import Node, NodeState
 from brctl.remote import ssh_openssh
 from brctl.remote.ssh import SshTransport
-from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_trust import _ssh_g
+from tests.kits.cluster import SshCluster, scaled
 
 pytestmark = pytest.mark.integration
 

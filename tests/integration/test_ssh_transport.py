@@ -16,7 +16,7 @@ import pytest
 from brctl.core.transport import Node, NodeState, RunResult
 from brctl.remote.ssh import SshTransport
 from brctl.remote.ssh_config import ACCEPTED_SUFFIX
-from tests.integration.cluster import SshCluster, _write_ed25519, scaled, silent_listener
+from tests.kits.cluster import SshCluster, _write_ed25519, scaled, silent_listener
 
 pytestmark = pytest.mark.integration
 MakeCluster = Callable[..., SshCluster]

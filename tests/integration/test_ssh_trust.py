@@ -15,8 +15,8 @@ from brctl.core.transport import NodeState
 from brctl.remote.fanout import run_all
 from brctl.remote.ssh import SshTransport
 from brctl.remote.ssh_config import ACCEPTED_SUFFIX
-from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import nodes_of
+from tests.kits.cluster import SshCluster, scaled
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster import SshCluster, scaled
-from tests.integration.trainjob import TAG, start_trainjob
+from tests.kits.cluster import SshCluster, scaled
+from tests.kits.trainjob import TAG, start_trainjob
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ from typing import Callable
 import yaml
 
 from tests.conftest import validated
-from tests.integration.cluster import SshCluster, scaled
+from tests.kits.cluster import SshCluster, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,9 +28,9 @@ from brctl.remote.paramiko_lite import paramiko
 from brctl.remote.ssh import SshTransport
 from brctl.remote.ssh_liveness import cannot_send
 from brctl.remote.wrap import GRACE_S, SLACK_S
-from tests.integration.cluster import SshCluster, scaled
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
-from tests.procs import local_pids
+from tests.kits.cluster import SshCluster, scaled
+from tests.kits.procs import local_pids
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

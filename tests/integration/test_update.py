@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import validated
-from tests.integration.cluster import SshCluster, scaled
+from tests.kits.cluster import SshCluster, scaled
 
 pytestmark = pytest.mark.integration
 

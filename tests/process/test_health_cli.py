@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from tests.healthkit import ACTIVE_PORT, DOWN_PORT, fake_nvml, healthy_gpus, make_root, set_port
+from tests.kits.healthkit import ACTIVE_PORT, DOWN_PORT, fake_nvml, healthy_gpus, make_root, set_port
 
 
 def write_inv(tmp_path: Path, nodes: dict[str, dict[str, str]], health: dict[str, Any],

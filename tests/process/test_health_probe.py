@@ -15,7 +15,7 @@ from brctl.core.transport import Node
 from brctl.diagnostics import health_probe as hp
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner
-from tests.healthkit import (
+from tests.kits.healthkit import (
     ACTIVE_PORT,
     DOWN_PORT,
     fake_nvml,

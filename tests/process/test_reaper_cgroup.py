@@ -24,8 +24,8 @@ import pytest
 
 from brctl.diagnostics import reaper
 from brctl.remote.wrap import wrapped
+from tests.kits.procs import local_pids
 from tests.kits.waiting import scaled, wait_for
-from tests.procs import local_pids
 
 
 def _usable_cgroup() -> str | None:

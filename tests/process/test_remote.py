@@ -294,7 +294,7 @@ def test_ctrl_c_while_commands_are_still_being_handed_out_kills_those_started(
 
     from brctl.core.errors import InterruptedRun
     from brctl.remote import threads
-    from tests.procs import local_pids
+    from tests.kits.procs import local_pids
 
     submit, handed = ThreadPoolExecutor.submit, list[tuple[object, ...]]()
 

@@ -20,9 +20,9 @@ import pytest
 
 from brctl.diagnostics import reaper
 from brctl.remote.wrap import START, WATCH_AFTER_S, shell_line, wrapped
-from tests.integration.cluster import scaled
+from tests.kits.cluster import scaled
+from tests.kits.procs import local_pids
 from tests.process.test_reaper_cgroup import _usable_cgroup
-from tests.procs import local_pids
 
 ENV = {**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # the system python3, as over ssh
 

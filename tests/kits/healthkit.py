@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-FAKE_NVML_DIR = Path(__file__).resolve().parent / "fixtures" / "health" / "fakenvml"
+FAKE_NVML_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "health" / "fakenvml"
 
 ACTIVE_PORT = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "400 Gb/sec (4X NDR)",
                "link_layer": "InfiniBand", "link_downed": 0, "symbol_error": 0}

@@ -73,17 +73,15 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+# One definition of the timeout scale; the cluster's users import it from here too.
+from tests.kits.waiting import scaled
+
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 FIRST_PORT = 2222
 # Files in root's home whose contents would slow every login or leak between nodes.
 EMPTY_RC_FILES = ("/root/.bashrc", "/root/.profile", "/root/.bash_profile", "/root/.bash_login")
 PRIVATE_HOME_DIRS = ("/root/.cache", "/root/.local")
-
-
-def scaled(seconds: float) -> float:
-    """``seconds`` times ``$BRCTL_TIMEOUT_SCALE`` (default 1): slow CI stretches timeouts."""
-    return seconds * float(os.environ.get("BRCTL_TIMEOUT_SCALE", "1") or 1)
 
 
 def missing_requirements() -> Optional[str]:

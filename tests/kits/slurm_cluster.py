@@ -50,7 +50,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.integration.cluster import SshCluster, missing_requirements, scaled
+from tests.kits.cluster import SshCluster, missing_requirements, scaled
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "sbatch")
 FIRST_PORT_BLOCK = 17000

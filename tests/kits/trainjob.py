@@ -61,12 +61,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.integration.cluster import SshCluster, scaled
+from tests.kits.cluster import SshCluster, scaled
 
 TAG = "brctl-trainjob"
 
 TRAIN_SCRIPT = r'''
-"""brctl's integration-test training job (see tests/integration/trainjob.py)."""
+"""brctl's integration-test training job (see tests/kits/trainjob.py)."""
 import os, subprocess, sys, time
 
 
