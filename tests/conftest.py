@@ -36,6 +36,26 @@ TIERS = {
 }
 
 
+# Session-wide clusters (tests/integration/conftest.py): under pytest-xdist each worker would
+# start its own, so the tests sharing one are one xdist group (``--dist loadgroup``).
+SHARED_CLUSTERS = ("ssh_cluster", "slurm_cluster")
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The group of tests that must share a worker with ``item``: those using the same
+    session cluster, or the same module-scoped fixture (its module); None: any worker."""
+    names = getattr(item, "fixturenames", ())
+    for name in SHARED_CLUSTERS:
+        if name in names:
+            return name
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info is not None else ()):
+        if defs and defs[-1].scope == "module":
+            return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
@@ -43,6 +63,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier not in TIERS:
             raise pytest.UsageError(f"test outside a known tier: {item.nodeid} ({'/'.join(TIERS)})")
         item.add_marker(TIERS[tier])
+        group = _xdist_group(item) if tier == "integration" else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _in_tier(request: pytest.FixtureRequest, *tiers: str) -> bool:

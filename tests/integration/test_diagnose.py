@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import yaml
 from tests.conftest import validated
 from tests.kits.cluster import SshCluster, scaled
 from tests.kits.trainjob import TAG, start_trainjob
+from tests.kits.waiting import wait_for
 
 FAULTS = Path(__file__).parent / "diagnose_faults"
 DATA = Path(__file__).parent.parent / "unit" / "data"
@@ -40,13 +40,14 @@ NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def _inventory(tmp_path: Path, cluster: SshCluster, gpus: int,
                node_env: dict[str, dict[str, str]],
-               process_match: str = "brctl-test-never-running") -> Path:
+               process_match: str = "brctl-test-never-running",
+               allgather_timeout: float = 20) -> Path:
     inv: dict[str, Any] = cluster.inventory(
         job={"name": "t", "process_match": process_match}, node_env=node_env,
         python=sys.executable,
         # The collective timeouts count from readiness (torch imported, all ranks met);
         # the start-up limit absorbs torch's import on two loaded cores.
-        extra={"diagnose": {"alltoall_timeout": scaled(30), "allgather_timeout": scaled(20),
+        extra={"diagnose": {"alltoall_timeout": scaled(30), "allgather_timeout": scaled(allgather_timeout),
                             "startup_timeout": scaled(240),
                             "alltoall_bytes": 65536, "allgather_bytes": 4096, "iterations": 2}})
     for entry in inv["nodes"]:
@@ -118,7 +119,10 @@ def test_corrupted_and_slow_alltoall_name_their_machines(brctl: Any, ssh_cluster
 def test_hung_allgather_names_the_machine_after_repairing(brctl: Any, ssh_cluster: SshCluster,
                                                           tmp_path: Path, state_dir: Path) -> None:
     env = {"node04": {"PYTHONPATH": str(FAULTS / "hang_allgather")}}
-    inv = _inventory(tmp_path, ssh_cluster, 1, env)
+    # Each round with node04 waits its all-gather out (timeout + the probe's 5 s grace): 6 s
+    # is far above a healthy 4 KiB all-gather's milliseconds after readiness, and three such
+    # rounds cost 33 s where 20 s cost 75.
+    inv = _inventory(tmp_path, ssh_cluster, 1, env, allgather_timeout=6)
     res, doc = _run(brctl, inv, "--symptom", "hang")
     assert res.exit_code == 1, res.stderr
     assert doc["stages"][1]["faulty"] == [], doc["stages"][1]["nodes"]
@@ -155,10 +159,7 @@ def test_live_training_processes_refuse_and_force_proceeds(brctl: Any, ssh_clust
         "stages: [{name: eud}]\n")
     with start_trainjob(ssh_cluster, tmp_path / "job", nodes=["node02"], nproc=1,
                         step_seconds=0.5) as job:
-        deadline = time.monotonic() + scaled(30)
-        while not job.pids("node02") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert job.pids("node02"), "the training job did not start"
+        wait_for(lambda: job.pids("node02"), "the training job's rank on node02")
         refused = brctl("-i", inv, "--json", "diagnose", "--playbooks", books,
                         "--symptom", "eud-only")
         assert refused.exit_code == 4, refused.stderr
