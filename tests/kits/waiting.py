@@ -5,6 +5,7 @@ generous timeout and fails naming what it awaited; ``wait_event`` does the same 
 ``threading.Event``; ``deadline`` asserts that a block ended before a budget at least five
 times its expected time and far below the timeout it proves was not waited out. Every
 budget is multiplied by ``$BRCTL_TIMEOUT_SCALE`` (``scaled``), which slow CI stretches.
+``alive`` tells whether a pid still runs, for waits on a process that is not our child.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -63,3 +65,12 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
     yield
     took = time.monotonic() - start
     assert took < scaled(seconds), f"{what} took {took:.1f} s, past its {scaled(seconds):.0f} s deadline"
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (dead, not yet reaped: where pid 1 does not reap,
+    for ever) does not, and ``os.kill(pid, 0)`` cannot tell the two apart."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

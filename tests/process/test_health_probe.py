@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from tests.kits.healthkit import (
     make_root,
     set_port,
 )
+from tests.kits.waiting import wait_for
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2271, name=python3, GPU has fallen off the bus."
 XID13 = "NVRM: Xid (PCI:0000:86:00): 13, pid=9001, name=pt.py, Graphics Exception"
@@ -122,10 +122,8 @@ def test_processes_found_by_regex(tmp_path: Path) -> None:
     marker = f"brctl-health-test-{os.getpid()}"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", marker])
     try:
-        deadline = time.monotonic() + 10
-        while marker.encode() not in Path(f"/proc/{child.pid}/cmdline").read_bytes():
-            assert time.monotonic() < deadline, "child never exec'd"
-            time.sleep(0.01)  # fork happened, exec not yet: the cmdline is still ours
+        wait_for(lambda: marker.encode() in Path(f"/proc/{child.pid}/cmdline").read_bytes(),
+                 "the child's exec (until then its cmdline is ours)")
         found = hp.sample_processes("/", marker)["pids"]
         assert found == [child.pid]
         assert hp.sample_processes("/", "no-such-process-xyz")["pids"] == []

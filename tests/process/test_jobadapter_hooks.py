@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from brctl.operations.jobadapter import run_hook
-from tests.kits.waiting import deadline, scaled, wait_for
+from tests.kits.waiting import alive, deadline, scaled, wait_for
 
 
 def test_hook_output_streams_and_exit_code() -> None:
@@ -32,18 +32,10 @@ def test_a_hook_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> 
     assert said.exists(), f"the hook did not start its child within its {timeout:g} s timeout"
     child = int(said.read_text())
     try:
-        wait_for(lambda: not _alive(child), f"the hook's child {child} to be killed with it")
+        wait_for(lambda: not alive(child), f"the hook's child {child} to be killed with it")
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by init, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def test_a_missing_hook_is_exit_127_with_the_reason() -> None:

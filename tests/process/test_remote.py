@@ -18,6 +18,7 @@ from brctl.remote.fake import FakeTransport, Reply
 from brctl.remote.fanout import run_all
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner, probe_bundle
+from tests.kits.waiting import PATIENCE, alive, deadline, scaled, wait_for
 
 
 def local(name: str, **kw: object) -> Node:
@@ -25,15 +26,17 @@ def local(name: str, **kw: object) -> Node:
 
 
 def test_fanout_bounds_concurrency_and_keeps_order() -> None:
-    live, peak, lock = 0, 0, threading.Lock()
+    live, peak, changed = 0, 0, threading.Condition()
 
     def handler(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
+        # The first ones hold their slot until four run at once: a peak of 4 is seen,
+        # not hoped for from a sleep (a fifth, were it let in, would push it past 4).
         nonlocal live, peak
-        with lock:
+        with changed:
             live += 1
             peak = max(peak, live)
-        time.sleep(0.02)
-        with lock:
+            changed.notify_all()
+            assert changed.wait_for(lambda: peak >= 4, scaled(PATIENCE)), f"peak {peak}"
             live -= 1
         return Reply(stdout=node.name)
 
@@ -70,21 +73,16 @@ def test_fanout_deadline_times_out_nodes_never_started() -> None:
 
 def test_local_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    script = f"sleep 30 & echo $! > {pidfile}; wait"
-    start = time.monotonic()
-    res = LocalTransport().run(local("a"), ["sh", "-c", script], timeout=0.5)
+    script = f"sleep 600 & echo $! > {pidfile}; wait"
+    with deadline(10, "a 0.5 s timeout of a command that waits 600 s"):
+        res = LocalTransport().run(local("a"), ["sh", "-c", script], timeout=0.5)
     assert res.state is NodeState.TIMEOUT and res.exit_code is None
-    assert time.monotonic() - start < 5
     child = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"background child {child} survived the timeout")
+    try:
+        wait_for(lambda: not alive(child), f"the background child {child} to be killed")
+    finally:
+        if alive(child):
+            os.kill(child, 9)
 
 
 def test_local_env_stdin_and_exit_codes() -> None:
@@ -219,7 +217,6 @@ def test_interrupt_names_the_unfinished_nodes() -> None:
     def handler(node: Node, argv: Sequence[str], stdin: bytes | None) -> Reply:
         if node.name == "a":
             raise KeyboardInterrupt  # stands in for Ctrl-C arriving while we wait
-        time.sleep(0.2)
         return Reply()
 
     with pytest.raises(InterruptedRun) as err:
@@ -264,7 +261,11 @@ def test_local_timeout_kills_a_sigterm_ignoring_setsid_escapee(tmp_path: Path) -
     res = LocalTransport().run(local("a"), ["sh", "-c", script], timeout=1)
     assert res.state is NodeState.TIMEOUT and res.exit_code is None, res
     pid = int(pidfile.read_text())
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    try:
+        wait_for(lambda: not alive(pid), f"the SIGTERM-ignoring escapee {pid} to be killed")
+    finally:
+        if alive(pid):
+            os.kill(pid, 9)
 
 
 def test_a_child_tracked_after_cancel_is_stopped_too() -> None:
@@ -280,7 +281,7 @@ def test_a_child_tracked_after_cancel_is_stopped_too() -> None:
     try:
         children.cancel()
         with children.tracked(proc):
-            assert proc.wait(timeout=5) == -signal.SIGTERM
+            assert proc.wait(timeout=scaled(PATIENCE)) == -signal.SIGTERM
     finally:
         proc.kill()
         proc.wait()
@@ -300,9 +301,8 @@ def test_ctrl_c_while_commands_are_still_being_handed_out_kills_those_started(
 
     def submit_until_ctrl_c(pool: ThreadPoolExecutor, *args: object) -> object:
         if len(handed) == 2:
-            deadline = time.monotonic() + 5  # both started, then the operator's Ctrl-C
-            while len(local_pids(r"^sleep 1241")) < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            # both started, then the operator's Ctrl-C
+            wait_for(lambda: len(local_pids(r"^sleep 1241")) == 2, "the two commands handed out")
             raise KeyboardInterrupt
         handed.append(args)
         return submit(pool, *args)  # type: ignore[arg-type]
@@ -313,10 +313,7 @@ def test_ctrl_c_while_commands_are_still_being_handed_out_kills_those_started(
         with pytest.raises(InterruptedRun) as err:
             threads.run_threads(LocalTransport(), nodes, ["sleep", "1241"], timeout=60)
         assert "not finished: n[0-3]" in err.value.message
-        deadline = time.monotonic() + 5
-        while local_pids(r"^sleep 1241") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not local_pids(r"^sleep 1241")
+        wait_for(lambda: not local_pids(r"^sleep 1241"), "the started commands to be killed")
     finally:
         for pid in local_pids(r"^sleep 1241"):
             os.kill(pid, 9)

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -20,9 +21,9 @@ import pytest
 
 from brctl.diagnostics import reaper
 from brctl.remote.wrap import START, WATCH_AFTER_S, shell_line, wrapped
-from tests.kits.cluster import scaled
 from tests.kits.procs import local_pids
-from tests.process.test_reaper_cgroup import _usable_cgroup
+from tests.kits.waiting import deadline, scaled, wait_for
+from tests.process.test_reaper_cgroup import _rmdir, _swept, _usable_cgroup
 
 ENV = {**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # the system python3, as over ssh
 
@@ -64,10 +65,8 @@ def _run(argv: list[str], timeout: float, shell: str, data: bytes = b"",
 
 
 def _gone(pattern: str) -> bool:
-    deadline = time.monotonic() + scaled(5)
-    while local_pids(pattern) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not local_pids(pattern)
+    """True once no process matches ``pattern`` (an AssertionError if one stays)."""
+    return wait_for(lambda: not local_pids(pattern), f"no process left matching {pattern!r}")
 
 
 def _cgroup(stdout: str) -> str:
@@ -91,11 +90,11 @@ def test_a_command_gets_its_stdin_output_and_exit_code_in_a_cgroup_removed_after
 def test_a_timeout_kills_the_whole_tree_whatever_it_does_with_sigterm(shell: str) -> None:
     script = ("cat /proc/self/cgroup; trap '' TERM; setsid sh -c \"trap '' TERM; exec sleep 1201\" & "
               "sh -c 'trap \"\" TERM; sleep 1202'; wait")
-    t0 = time.monotonic()
-    done = _run(["sh", "-c", script], scaled(1.5), shell)
+    # ~1.5 s and the 2 s grace expected; what it would wait out: sleeps of 20 minutes
+    with deadline(20 + reaper.GRACE_S, "a 1.5 s timeout of a tree that ignores SIGTERM"):
+        done = _run(["sh", "-c", script], scaled(1.5), shell)
     assert done.returncode == reaper.TIMEOUT_EXIT, done
     assert done.stderr == f"brctl: timeout: killed after {scaled(1.5):g}s, with all it started\n"
-    assert time.monotonic() - t0 <= scaled(1.5) + reaper.GRACE_S + scaled(2)
     assert _gone(r"^sleep 120[12]")
     assert not os.path.exists(_cgroup(done.stdout))
 
@@ -110,9 +109,7 @@ def test_a_lost_reader_kills_the_tree(shell: str) -> None:
     proc = subprocess.Popen(_line(["sh", "-c", "setsid sleep 1211 & sleep 1212"], 600, shell), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + scaled(5)
-        while len(local_pids(r"^sleep 121[12]")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: len(local_pids(r"^sleep 121[12]")) == 2, "the command's two sleeps")
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.close()  # Ctrl-C on the controller, a lost connection: the channel is gone
         proc.stderr.close()
@@ -151,8 +148,7 @@ def test_a_command_that_leaves_its_cgroup_is_still_killed_at_its_deadline(shell:
     finally:
         for pid in local_pids(r"^sleep 1223"):
             os.kill(pid, 9)
-        time.sleep(0.1)
-        os.rmdir(other)
+        _rmdir(other)
 
 
 def test_options_the_login_environment_turns_on_change_nothing(shell: str) -> None:
@@ -175,11 +171,39 @@ def test_an_argv_that_starts_with_a_dash_is_a_command_not_an_option(shell: str) 
     assert done.returncode == 127, done
 
 
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` is gone, exiting, a zombie, or has SIGTERM or SIGKILL pending: what
+    a kill sent before the caller looked makes of a process not yet scheduled to die."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (OSError, IndexError):
+        return True
+    fatal = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGKILL - 1))
+    pending = [int(line.split()[1], 16) for line in status.splitlines()
+               if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return stat[0] in ("Z", "X") or bool(int(stat[6]) & PF_EXITING) or any(p & fatal for p in pending)
+
+
+PF_EXITING = 0x4  # /proc/PID/stat's flags: the process is in exit()
+
+
 def test_a_short_command_leaves_no_process_behind(shell: str) -> None:
-    done = _run(["sh", "-c", "echo $$"], 10, shell)
-    assert done.returncode == 0, done
-    time.sleep(0.1)
-    assert not local_pids(rf"^sleep {WATCH_AFTER_S:g}$"), "the watch's sleep outlived the command"
+    """The watch's ``sleep`` is killed before the shell exits (not left to end on its own
+    a second later): when the shell is over, every such sleep of its session is ending."""
+    proc = subprocess.Popen(_line(["sh", "-c", "echo $$"], 10, shell), env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = proc.communicate(timeout=scaled(30))
+    assert proc.returncode == 0, (out, err)
+    left = [pid for pid in local_pids(rf"^sleep {WATCH_AFTER_S:g} $") if _session(pid) == proc.pid]
+    assert all(_ended(pid) for pid in left), f"the watch's sleep outlived the command: {left}"
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def test_the_command_gets_every_signal_s_default_disposition(shell: str) -> None:
@@ -211,23 +235,16 @@ def test_an_overdue_cgroup_a_killed_supervisor_left_is_swept_by_the_next_start(s
     orphan = subprocess.Popen(["sh", "-c", f"echo 0 > {overdue}/cgroup.procs; exec setsid sleep 1241"],
                               start_new_session=True)
     try:
-        deadline = time.monotonic() + scaled(5)
-        while not local_pids(r"^sleep 1241") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        for _ in range(3):  # killed by one sweep, removed by it or the next once the dead are gone
-            assert _run(["true"], 10, shell).returncode == 0
-            if not os.path.exists(overdue):
-                break
-            time.sleep(0.2)
+        wait_for(lambda: local_pids(r"^sleep 1241"), "the orphan's sleep")
+        assert _run(["true"], 10, shell).returncode == 0  # the sweep kills it
         assert _gone(r"^sleep 1241")
-        assert not os.path.exists(overdue)
+        assert _swept(overdue, lambda argv, timeout: _run(argv, timeout, shell))
     finally:
         orphan.kill()
         orphan.wait()
         if os.path.isdir(overdue):
             Path(overdue, "cgroup.kill").write_text("1")
-            time.sleep(0.1)
-            os.rmdir(overdue)
+            _rmdir(overdue)
 
 
 @pytest.mark.parametrize("login", ["bash", "zsh", "fish"])

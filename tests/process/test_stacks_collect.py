@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,20 @@ from brctl.operations import stacks as op
 from brctl.operations import stacks_save
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner
+from tests.kits.waiting import wait_for
 
 DATA = Path(__file__).parent.parent / "unit" / "data"
 GOLDEN_PID = 27080  # the process tests/unit/data/pyspy_dump.json was taken from
 MARK = "brctl-unit-stacks-target"
 TARGET = """
 import os, sys, threading, time
+def waiting():  # the test dumps the ranks once each says so and sleeps
+    open(os.path.join(os.environ["READY"], os.environ["RANK"]), "w").close()
 def stuck_reading_batch():
+    waiting()
     time.sleep(600)
 def wait_for_peers():
+    waiting()
     threading.Event().wait()
 def train_step():
     if os.environ["RANK"] == os.environ.get("BAD_RANK"):
@@ -97,17 +101,29 @@ def test_parse_rejects_garbage(text: str) -> None:
         parse_dump(text, 1)
 
 
+def _asleep(pid: int) -> bool:
+    """Whether ``pid``'s main thread is blocked (state S)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.fixture
-def job() -> Iterator[dict[int, int]]:
-    """Four ranks of a fake job on this host (rank 2 stuck elsewhere); rank → pid."""
+def job(tmp_path: Path) -> Iterator[dict[int, int]]:
+    """Four ranks of a fake job on this host (rank 2 stuck elsewhere); rank → pid, once
+    each is in its wait: it said so just before, and its main thread is blocked."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
     procs = []
     for rank in range(4):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": "4",
-               "BAD_RANK": "2", "HF_TOKEN": "hunter2-secret"}
+               "BAD_RANK": "2", "HF_TOKEN": "hunter2-secret", "READY": str(ready)}
         procs.append(subprocess.Popen([sys.executable, "-c", TARGET, MARK], env=env,
                                       start_new_session=True))
-    time.sleep(1.0)  # let them reach their wait
     try:
+        wait_for(lambda: all((ready / str(rank)).exists() and _asleep(p.pid)
+                             for rank, p in enumerate(procs)), "the four ranks to reach their wait")
         yield {rank: p.pid for rank, p in enumerate(procs)}
     finally:
         for p in procs:

@@ -193,6 +193,8 @@ def test_pp1_reports_fallback() -> None:
 
 
 def test_deterministic() -> None:
+    """Two calls, one answer: no unseeded randomness. One process cannot show that the
+    plan does not hang on the hash seed's set order: test_placement_hash_seeds does."""
     topo = _topo((24, 4, 4, 3, 1, 1, "tp-cp-ep-pp-dp"))
     domains = {m: f"r{i // 6}" for i, m in enumerate(topo.machines)}
     assert plan_backups(topo, domains) == plan_backups(topo, domains)
