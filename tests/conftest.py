@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +35,15 @@ TIERS = {
     "integration": pytest.mark.integration,
     "gpu": pytest.mark.gpu,
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Started in the background from a script (`scripts/test &`, nohup), the suite inherits
+    # SIGINT ignored, and so would every brctl it starts: Python then never raises
+    # KeyboardInterrupt, and the Ctrl-C tests' SIGINT is lost. A Python handler is reset to
+    # the default in a child at exec, so installing Python's own makes children interruptible.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Session-wide clusters (tests/integration/conftest.py): under pytest-xdist each worker would
