@@ -23,7 +23,9 @@ from tests.kits.waiting import wait_for
 
 DATA = Path(__file__).parent.parent / "unit" / "data"
 GOLDEN_PID = 27080  # the process tests/unit/data/pyspy_dump.json was taken from
-MARK = "brctl-unit-stacks-target"
+# Per test process: a run of this file in another checkout, or another xdist worker, on
+# the same host starts ranks of its own that the same pattern would find.
+MARK = f"brctl-unit-stacks-{os.getpid()}-target"  # pid 12 must not match 123
 TARGET = """
 import os, sys, threading, time
 def waiting():  # the test dumps the ranks once each says so and sleeps
