@@ -75,6 +75,7 @@ def _texts(seed: int, count: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow  # ~25 s a seed on 2 loaded cores: the full run's, not --quick's
 @pytest.mark.parametrize("seed", range(4))
 def test_the_fast_path_never_accepts_or_reads_what_the_pure_loader_does_not(seed: int) -> None:
     texts = [t for t in _texts(seed, 1500) if not inventory._PURE_ONLY.search(t)]
