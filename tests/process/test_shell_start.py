@@ -22,7 +22,7 @@ import pytest
 from brctl.diagnostics import reaper
 from brctl.remote.wrap import START, WATCH_AFTER_S, shell_line, wrapped
 from tests.kits.procs import local_pids
-from tests.kits.waiting import deadline, scaled, wait_for
+from tests.kits.waiting import PATIENCE, deadline, scaled, wait_for
 from tests.process.test_reaper_cgroup import _rmdir, _swept, _usable_cgroup
 
 ENV = {**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # the system python3, as over ssh
@@ -235,7 +235,10 @@ def test_an_overdue_cgroup_a_killed_supervisor_left_is_swept_by_the_next_start(s
     orphan = subprocess.Popen(["sh", "-c", f"echo 0 > {overdue}/cgroup.procs; exec setsid sleep 1241"],
                               start_new_session=True)
     try:
-        wait_for(lambda: local_pids(r"^sleep 1241"), "the orphan's sleep")
+        # The shell moves itself in, then setsid (a group leader's) forks the sleep there and
+        # exits: once it has, the sleep is in the cgroup, or was already swept by another
+        # start on this host (waiting to see it running lost that race under load).
+        assert orphan.wait(timeout=scaled(PATIENCE)) == 0
         assert _run(["true"], 10, shell).returncode == 0  # the sweep kills it
         assert _gone(r"^sleep 1241")
         assert _swept(overdue, lambda argv, timeout: _run(argv, timeout, shell))
