@@ -159,17 +159,19 @@ def named_job(ref: JobRef, ask: Callable[[list[str]], str]) -> Optional[str]:
     """The id of the job ``job.slurm`` names (None: no such job runs now).
 
     Raises:
-        InputError: the name matches several running jobs (exit 2: say which one).
+        InputError: the name matches several running jobs of its user (exit 2: say which
+            one), or a name comes without its user.
     """
     if ref.id is not None:
         return ref.id
-    argv = ["squeue", "-h", "-t", "RUNNING", "-o", "%i", "-n", str(ref.name)]
-    argv += [f"--user={ref.user}"] if ref.user else []
+    if not ref.user:  # the inventory's load refuses this: every user's jobs would match
+        raise InputError(f"job.slurm: the job named {ref.name!r} needs its user (job.slurm.user)")
+    argv = ["squeue", "-h", "-t", "RUNNING", "-o", "%i", "-n", str(ref.name), f"--user={ref.user}"]
     argv += [f"--clusters={ref.cluster}"] if ref.cluster else []
     ids = [line for line in ask(argv).split() if line[:1].isdigit()]
     if len(ids) > 1:
         raise InputError(f"job.slurm: {len(ids)} running jobs are named {ref.name!r}: {', '.join(ids[:8])}",
-                         hint="give job.slurm.user, or the id as job.slurm.job")
+                         hint="give the id as job.slurm.job")
     return ids[0] if ids else None
 
 
