@@ -19,6 +19,10 @@ back (a retry without the nodes Slurm named first: their failure aborts the step
 ``stream`` (checkpoint shards) is one single-task srun whose stdin and stdout are the
 bytes themselves.
 
+srun runs in a session of its own, under ``brctl.remote.srun_watch``: when brctl dies
+without its Ctrl-C path (SIGKILL, the OOM killer), the watcher sees brctl's pipe close
+and gives srun SIGTERM (it cancels its step), so no command runs on to its own timeout.
+
 The interpreter, as over ssh (``brctl.remote.wrap.shell_line``): the system ``python3``
 on the task's PATH, else (a conda-only machine) the node's configured ``python``; the
 task and the reaper below it run under the same one. Output is bounded as over ssh:
@@ -28,6 +32,7 @@ task and the reaper below it run under the same one. Output is bounded as over s
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import os
@@ -35,8 +40,10 @@ import queue
 import re
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -71,6 +78,30 @@ _STARTED = re.compile(r"\bNode (\S+), \d+ tasks started")  # srun -v (the prefix
 def _task_source() -> str:
     text = (Path(__file__).parent.parent / "diagnostics" / "srun_task.py").read_text()
     return text.split('"""', 2)[2].lstrip()  # the module docstring need not travel
+
+
+@functools.cache
+def _death_pipe() -> int:
+    """The read end of a pipe whose write end this process holds until it dies (never
+    closed, never inherited): its EOF tells every srun watcher that brctl is gone."""
+    read, _write = os.pipe()  # both close-on-exec; a watcher gets the read end by pass_fds
+    return read
+
+
+def watched(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], int]:
+    """``argv`` (an srun) under ``brctl.remote.srun_watch``, which ends it when brctl dies
+    (SIGKILL included); and the fd to pass. srun is resolved here, so that a missing
+    one is this Popen's OSError as before.
+
+    Raises:
+        FileNotFoundError: no such program on ``environ``'s PATH.
+    """
+    found = shutil.which(argv[0], path=environ.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    fd = _death_pipe()
+    source = (Path(__file__).parent / "srun_watch.py").read_text()
+    return [sys.executable, "-I", "-S", "-c", source, str(fd), found, *argv[1:]], fd
 
 
 @dataclass(frozen=True)
@@ -307,7 +338,8 @@ class SlurmTransport:
 
         with _nodelist(names) as nodelist:
             try:
-                proc = subprocess.Popen(self._command(batch, nodelist, nonce), stdin=subprocess.PIPE,
+                cmd, fd = watched(self._command(batch, nodelist, nonce), self._env)
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(fd,),
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         env=self._env, start_new_session=True)
             except OSError as exc:
@@ -356,7 +388,8 @@ class SlurmTransport:
         # the reaper alone (its argv after the interpreter): no record
         cmd = [*self._srun(batch, node.name), *interpreter(batch.python), *batch.argv[1:]]
         try:
-            proc = subprocess.Popen(cmd, stdin=stdin or subprocess.DEVNULL,
+            cmd, fd = watched(cmd, self._env)
+            proc = subprocess.Popen(cmd, stdin=stdin or subprocess.DEVNULL, pass_fds=(fd,),
                                     stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=self._env, start_new_session=True)
         except OSError as exc:

@@ -6,6 +6,10 @@ allocation of its own.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -225,3 +229,66 @@ def test_machines_taken_from_slurm_are_reached_over_srun_with_slurm_connection(
     assert res.exit_code == 0, res.stderr
     assert {n: r["stdout"] for n, r in res.json["nodes"].items()} == \
         {n: f"{n} {job}\n" for n in ("node01", "node02", "node03")}  # a step of the job: srun
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (children first found by /proc's PPid)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = set(), [pid]
+    while todo:
+        top = todo.pop()
+        kids = [p for p, pp in parents.items() if pp == top and p not in found]
+        found.update(kids)
+        todo.extend(kids)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+def test_srun_does_not_outlive_brctl(slurm_cluster: SlurmCluster, job: str, tmp_path: Path,
+                                     how: signal.Signals) -> None:
+    """Issue 35, item 6: srun runs in its own session; when brctl died without its Ctrl-C
+    path, every srun and every command lived on to its own timeout (600 s here) on every
+    node. SIGKILL: each srun's watcher sees brctl's pipe close and ends it; SIGTERM and
+    SIGHUP take the Ctrl-C path (exit 130, "interrupted")."""
+    inv = write_inventory(slurm_cluster, tmp_path, job)
+    names = ("node01", "node02")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "-w", ",".join(names), "--timeout",
+         "600", "--", "sh", "-c", "setsid sleep 599 & sleep 599"],
+        env={**slurm_cluster.slurm_env(), "SLURM_CONF": str(slurm_cluster.conf)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + scaled(30)
+        while not all(slurm_cluster.node_pids(n, "sleep 599") for n in names):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the commands never started"
+            time.sleep(0.1)
+        below = _descendants(proc.pid)  # the watchers and their sruns
+        assert below
+        proc.send_signal(how)
+        _, err = proc.communicate(timeout=scaled(30))
+        if how != signal.SIGKILL:
+            assert proc.returncode == 130 and b"interrupted" in err, err
+        # srun gone before its 600 s timeout: < 30 s x $BRCTL_TIMEOUT_SCALE
+        deadline = time.monotonic() + scaled(30)
+        while any(_alive(p) for p in below) or any(slurm_cluster.node_pids(n, "sleep 599")
+                                                    for n in names):
+            assert time.monotonic() < deadline, "an srun or a command outlived brctl"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
