@@ -5,6 +5,11 @@ list of migrations; ``Store.migrate`` applies the ones not yet applied, recorded
 per component in ``schema_versions``. Migrations never change once released: add
 a new step instead. Writes are short transactions; many processes may share the
 file (the daemon, cron-run commands), so a busy timeout is set.
+
+A damaged file is an input error, never a crash: any ``sqlite3.DatabaseError``
+while it is opened, read or written is ``StateDamaged`` (exit 2, naming the
+database and how to recover), so the shipped unit, which does not restart on
+exit 2, stops instead of looping on it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,22 @@ from brctl.core.errors import InputError
 
 DB_NAME = "brctl.db"
 _BUSY_TIMEOUT_MS = 30_000  # the daemon and a cron job may write at the same moment
+
+
+RECOVER = ("restore a copy of it, or move it aside (brctl starts a new one; the daemon's "
+           "history, quarantine and ETTR records stay in the old file)")
+
+
+class StateDamaged(InputError):
+    """The state database cannot be read or written (damaged, or not a database)."""
+
+
+def _damaged(path: Path, exc: sqlite3.Error) -> StateDamaged:
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return StateDamaged(f"state database {path}: {exc}",
+                            hint="another brctl holds it for longer than the busy timeout; "
+                                 "run again")
+    return StateDamaged(f"state database {path}: {exc}", hint=RECOVER)
 
 
 @dataclass(frozen=True)
@@ -49,6 +70,8 @@ class Store:
                 "CREATE TABLE IF NOT EXISTS schema_versions ("
                 " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
             )
+        except sqlite3.DatabaseError as exc:
+            raise _damaged(self.path, exc) from None
         except (OSError, sqlite3.Error) as exc:
             raise InputError(f"state database {self.path}: {exc}",
                              hint="set $BRCTL_STATE to a writable directory") from None
@@ -75,20 +98,28 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on error)."""
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on error); ``StateDamaged`` for
+        a ``sqlite3.DatabaseError`` on the way."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                raise _damaged(self.path, exc) from None
 
     def query(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
-        """Run a read query."""
+        """Run a read query (``StateDamaged`` for a ``sqlite3.DatabaseError``)."""
         with self._lock:
-            return list(self._db.execute(sql, params))
+            try:
+                return list(self._db.execute(sql, params))
+            except sqlite3.DatabaseError as exc:
+                raise _damaged(self.path, exc) from None
 
     def close(self) -> None:
         """Close the connection."""

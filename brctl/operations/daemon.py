@@ -245,6 +245,11 @@ class Daemon:
             current = self.state.action(action.key)  # a parent plan may have finished it
             if action.kind != "plan" or current is None or current.state != INTENT:
                 continue
+            if current.damaged:  # nobody can say what it would do: a human decides
+                self._after_plan(self.executor.abandon(
+                    current.key, None, f"not resumed: daemon_actions row {current.key}: "
+                                       f"{current.damaged}"))
+                continue
             parent = current.payload.get("follows")
             if parent and (p := self.state.action(str(parent))) is not None and p.state == INTENT:
                 continue  # the parent resumes its follow-up itself

@@ -100,6 +100,9 @@ class Executor:
             skey = f"{key}/{step.id}"
             self.state.fence(self.generation())
             rec = self.state.action(skey)
+            if rec is not None and rec.damaged:  # what it did cannot be read: a human decides
+                return self._close(key, steps[i + 1:], ABANDONED, f"step {step.id}: daemon_"
+                                   f"actions row {skey}: {rec.damaged}", restarted)
             if rec is not None and rec.state == DONE:
                 if step.kind == "replay":
                     self.after_replay(key, doc, ReplayOutcome.from_json(rec.payload))

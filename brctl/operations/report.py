@@ -22,7 +22,7 @@ from typing import Any, Optional
 from brctl.analysis.incident_report import Eviction, IncidentReport, incident_report, record_of
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.lost_time import Cause, StepStart
-from brctl.core.errors import ExitCode, InputError, UsageError
+from brctl.core.errors import ExitCode, InputError, UsageError, exit_code_of
 from brctl.operations.daemon_state import SKIPPED, DaemonState
 from brctl.state import Store
 
@@ -35,8 +35,10 @@ PNG_SIZE = (1280, 1600)
 _SCREENSHOT_TIMEOUT = 90.0
 
 
-def gather(inv: Inventory, store: Store, *, window: float, points: int) -> IncidentReport:
-    """The report of ``inv``'s job from the state database (nothing is contacted).
+def gather(inv: Inventory, store: Store, *, window: float, points: int
+           ) -> tuple[IncidentReport, list[dict[str, str]]]:
+    """The report of ``inv``'s job from the state database (nothing is contacted), and
+    the rows skipped because they did not decode (``{table, key, why}``).
 
     Raises:
         UsageError: no job in the inventory, or a bad window or point count.
@@ -53,9 +55,10 @@ def gather(inv: Inventory, store: Store, *, window: float, points: int) -> Incid
              if a.kind != "plan" and a.state != SKIPPED]
     evictions = [Eviction(e.node, e.at, e.reason, e.source, e.operator, e.released)
                  for e in state.eviction_history() if e.job == inv.job.name]
-    return incident_report(inv.job.name, state.intervals(), records, steps, evictions,
-                           state.members(inv.job.nodes), inv.job.nodes, window=window,
-                           points=points)
+    report = incident_report(inv.job.name, state.intervals(), records, steps, evictions,
+                             state.members(inv.job.nodes), inv.job.nodes, window=window,
+                             points=points)
+    return report, [d.to_json() for d in state.skipped()]
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,13 @@ class EttrReport:
     observed_seconds: float
     series: tuple[tuple[float, Optional[float]], ...]
     lost: Mapping[Cause, float]
+    skipped: tuple[dict[str, str], ...] = ()  # rows that did not decode: not counted
 
     @property
     def exit_code(self) -> ExitCode:
-        """0: nothing recorded yet is a fact to report (the output says so), not a finding."""
-        return ExitCode.OK
+        """3 when rows were skipped (the figures may lack them); else 0: nothing recorded
+        yet is a fact to report (the output says so), not a finding."""
+        return exit_code_of(incomplete=bool(self.skipped))
 
     def to_json(self) -> dict[str, Any]:
         """``{cumulative, window_seconds, window, productive_seconds, observed_seconds, series,
@@ -82,15 +87,16 @@ class EttrReport:
                 "window": self.window_ettr, "productive_seconds": self.productive_seconds,
                 "observed_seconds": self.observed_seconds,
                 "series": [{"at": t, "ettr": v} for t, v in self.series],
-                "lost_seconds": dict(self.lost)}
+                "lost_seconds": dict(self.lost), "skipped_rows": list(self.skipped)}
 
 
 def ettr(inv: Inventory, store: Store, *, window: float, points: int) -> EttrReport:
     """ETTR of ``inv``'s job: the same figures as the report (the window's ratio is the
     series' last sample, which ends at the last observed second)."""
-    r = gather(inv, store, window=window, points=points)
+    r, skipped = gather(inv, store, window=window, points=points)
     return EttrReport(r.cumulative, window, r.series[-1][1] if r.series else None,
-                      r.productive_seconds, r.observed_seconds, r.series, r.lost)
+                      r.productive_seconds, r.observed_seconds, r.series, r.lost,
+                      tuple(skipped))
 
 
 @dataclass(frozen=True)
@@ -100,16 +106,18 @@ class Written:
     report: IncidentReport
     html: Path
     png: Optional[Path]
+    skipped: tuple[dict[str, str], ...] = ()  # rows that did not decode: not on the page
 
     @property
     def exit_code(self) -> ExitCode:
-        """0: a report is written, also of a job with nothing recorded yet (it says so)."""
-        return ExitCode.OK
+        """3 when rows were skipped; else 0: a report is written, also of a job with
+        nothing recorded yet (it says so)."""
+        return exit_code_of(incomplete=bool(self.skipped))
 
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.report/1``."""
         return {"html": str(self.html), "png": str(self.png) if self.png else None,
-                **self.report.to_json()}
+                **self.report.to_json(), "skipped_rows": list(self.skipped)}
 
 
 def browser(environ: Mapping[str, str]) -> Optional[str]:
@@ -135,13 +143,13 @@ def write_report(inv: Inventory, store: Store, page: Callable[[IncidentReport], 
                          f"{', '.join(BROWSERS)})",
                          hint="install Debian's chromium (apt-get install chromium), "
                               "or share the HTML page")
-    report = gather(inv, store, window=window, points=points)
+    report, skipped = gather(inv, store, window=window, points=points)
     write_atomic(html, page(report))
     picture = None
     if chromium is not None:
         picture = html.with_suffix(".png")
         screenshot(chromium, html, picture, timeout=_SCREENSHOT_TIMEOUT * timeout_scale)
-    return Written(report, html, picture)
+    return Written(report, html, picture, tuple(skipped))
 
 
 def write_atomic(path: Path, text: str) -> None:
