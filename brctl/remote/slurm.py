@@ -53,9 +53,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Optional
 
+from brctl.core.capture import Capture
 from brctl.core.errors import InputError
 from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.children import Children
+from brctl.remote.local import drain
 from brctl.remote.slurm_frame import Frames, payload
 from brctl.remote.threads import CANCEL_WAIT_S, ArgvFor, StdinFor, interrupted
 from brctl.remote.wrap import GRACE_S, SLACK_S, SYSTEM_PYTHON, exit_state, wrapped
@@ -381,7 +383,9 @@ class SlurmTransport:
                stdin: Optional[BinaryIO] = None, stdout: Optional[BinaryIO] = None) -> RunResult:
         """Bulk bytes (checkpoint shards) through one single-task srun, under the reaper:
         srun hands ``stdin`` to the task and its stdout to ``stdout`` as they come, and
-        exits with the task's exit code. One node's own bytes: no record to frame."""
+        exits with the task's exit code. One node's own bytes: no record to frame. stderr,
+        and stdout when no ``stdout`` is given (the relay's receiving side), are kept as
+        over ssh: the first and last ``output_keep`` bytes, read to the end, with the total."""
         t0 = time.monotonic()
         job, allocated = self.allocation()
         [batch] = batches([node], argv, None, timeout, job, allocated)
@@ -394,19 +398,21 @@ class SlurmTransport:
                                     env=self._env, start_new_session=True)
         except OSError as exc:
             return _result(node.name, NodeState.UNREACHABLE, t0, f"srun: {exc.strerror}")
+        out, err = Capture(node.output_keep), Capture(node.output_keep)
         with self._children.tracked(proc):
-            try:
-                out, err = proc.communicate(timeout=batch.launch + timeout + GRACE_S + SLACK_S)
-            except subprocess.TimeoutExpired:
+            # bounded as over ssh: each stream's first and last output_keep bytes, read to
+            # its end (a node's gigabytes of stderr must not become controller memory)
+            if not drain(proc, out, err, t0 + batch.launch + timeout + GRACE_S + SLACK_S):
                 _stop(proc)
                 return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
-        said = err.decode(errors="replace")
+            proc.wait()
+        said = err.text()
         if proc.returncode != 0 and re.search(r"^srun: error: (Task launch|Unable to|.*[Ii]nvalid job)",
                                                said, re.M):
             return _result(node.name, NodeState.UNREACHABLE, t0, said.strip().splitlines()[-1][:300])
         state = exit_state(proc.returncode, time.monotonic() - t0, timeout)
-        return RunResult(node.name, state, None if state is NodeState.TIMEOUT else proc.returncode,
-                         (out or b"").decode(errors="replace"), said, time.monotonic() - t0)
+        return RunResult.captured(node.name, state, None if state is NodeState.TIMEOUT else proc.returncode,
+                                  out, err, time.monotonic() - t0)
 
     def cancel(self) -> None:
         """Ctrl-C: srun cancels its step on SIGTERM (the reapers end their trees); start no more."""

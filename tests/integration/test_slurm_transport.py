@@ -159,6 +159,30 @@ def test_a_stream_carries_bulk_bytes_through_a_single_task_srun(
     assert (failed.state.value, failed.exit_code) == ("failed", 3)
 
 
+def test_a_streams_output_is_bounded_as_over_ssh(slurm_cluster: SlurmCluster, job: str) -> None:
+    """Issue 35, item 2: over Slurm the checkpoint relay kept all a node wrote on stderr
+    (and on stdout, the receiving side) in controller memory, about 3x its size: one node
+    could OOM the controller during a restore. Now the first and last output_keep bytes of
+    each stream, the true totals (read to the end), and the probe document cap applies."""
+    from brctl.core.transport import Node
+    from brctl.remote.probes import parse_document
+    from brctl.remote.slurm import JobRef, SlurmTransport
+
+    transport = SlurmTransport(job=JobRef(id=job), environ=slurm_cluster.slurm_env())
+    node = Node("node02", "node02", connection="slurm", connect_timeout=scaled(10),
+                output_keep=1000)
+    big = 24 << 20
+    res = transport.stream(node, ["sh", "-c", f"head -c {big} /dev/zero | tr '\\0' e >&2; "
+                                  f"head -c {big} /dev/zero | tr '\\0' o; printf '{{}}'"],
+                           timeout=scaled(60))
+    assert res.state.value == "ok", res.stderr[-300:]
+    assert (res.stdout_total, res.stderr_total) == (big + 2, big)
+    assert res.stdout.startswith("o" * 1000) and res.stdout.endswith("o" * 998 + "{}")
+    assert len(res.stdout) < 3000 and len(res.stderr) < 3000
+    doc, why = parse_document(res)  # the receiver's answer: a probe document, capped
+    assert doc is None and why is not None and "too large" in why, why
+
+
 @pytest.mark.slow
 def test_a_dead_machine_is_unreachable_and_the_others_still_answer(
         make_slurm_cluster: Callable[..., SlurmCluster], tmp_path: Path,
