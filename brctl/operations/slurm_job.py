@@ -199,7 +199,9 @@ class Slurm:
         if want.job is not None:
             found = [j for j in [self.job(str(want.job))] if j is not None]
         else:
-            assert want.name is not None and want.user is not None  # the load's rule
+            if want.name is None or not want.user:  # the load refuses this: never every user's jobs
+                raise InputError(f"job.slurm: {want.describe()}: a name needs its user",
+                                 hint="give job.slurm.user (or job.user), or the id as job.slurm.job")
             found = self.named(want.name, want.user)
             live = [j for j in found if j.state in ACTIVE]
             if len(live) > 1:

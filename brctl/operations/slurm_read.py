@@ -248,9 +248,11 @@ def read_text_job(line: str, where: str) -> SlurmJob:
         Unreadable: not the fields asked for (exit 3).
     """
     parts = line.split("|")
-    if len(parts) != len(TEXT_FIELDS) + 1 or parts[-1].strip():
+    if len(parts) < len(TEXT_FIELDS) + 1 or parts[-1].strip():
         raise Unreadable(f"{where}: not {len(TEXT_FIELDS)} '|'-ended fields: {line[:120]!r}")
-    job_id, state, nodelist, restarts, user, required, reason = (p.strip() for p in parts[:-1])
+    # Reason is last: were a '|' ever in it, the fields before it still read right
+    job_id, state, nodelist, restarts, user, required = (p.strip() for p in parts[:6])
+    reason = "|".join(parts[6:-1]).strip()
     if not re.fullmatch(r"\d+(_\d+|\+\d+)?", job_id):
         raise Unreadable(f"{where}: field JobID: got {job_id[:40]!r}, expected a job id")
     if not _STATE_WORD.fullmatch(state):

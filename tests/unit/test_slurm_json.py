@@ -202,6 +202,17 @@ def test_malformed_squeue_output_is_exit_3(answer: bytes) -> None:
         slurm.find(SlurmJobSection(job="1"))
 
 
+def test_22_05_text_reads_a_reason_last() -> None:
+    line = b"8|PENDING||2|alice|node[01-02]|Resources|odd|\n"
+    slurm = Canned("22.05.8", {"jobs": []}, answer=lambda argv: (0, line, b"") if "-O" in argv
+                   else (0, b"8|node03|\n", b"") if "%i|%x|" in argv else None)
+    job = slurm.job("8")
+    assert job is not None and (job.state, job.restarts, job.required, job.reason, job.excluded) == \
+        ("PENDING", 2, "node[01-02]", "Resources|odd", "node03")
+    with pytest.raises(InputError, match="a name needs its user"):
+        slurm.find(SlurmJobSection(name="train"))
+
+
 def test_slurm_that_does_not_say_its_release_is_exit_3() -> None:
     slurm = Canned("x", {"jobs": []}, answer=lambda argv: (0, b"what?\n", b"")
                    if "--version" in argv else None)
