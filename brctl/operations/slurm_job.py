@@ -90,7 +90,7 @@ class Slurm:
         """``command``'s JSON document (exit 3 when it is not one)."""
         try:
             doc = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             raise IncompleteError(f"{command} --json: not JSON: {text[:120]!r}") from None
         if not isinstance(doc, dict):
             raise IncompleteError(f"{command} --json: not a JSON object")

@@ -134,7 +134,10 @@ class _Entry:
         self.where = where
 
     def fail(self, field: str, expected: str) -> Unreadable:
-        got = repr(self.entry.get(field))[:80]
+        value = self.entry.get(field)
+        # a container is named by its type: its repr could be huge, or nested past recursion
+        got = repr(value)[:80] if isinstance(value, (str, int, float, bool, type(None))) else \
+            f"a JSON {'object' if isinstance(value, dict) else 'array'}"
         return Unreadable(f"{self.where}: field {field!r}: got {got}, expected {expected}",
                           hint="brctl reads Slurm 22.05-25.05 (data parsers v0.0.38-v0.0.43); "
                                "report the Slurm release if it is one of these")
@@ -257,7 +260,7 @@ def read_text_job(line: str, where: str) -> SlurmJob:
         raise Unreadable(f"{where}: field JobID: got {job_id[:40]!r}, expected a job id")
     if not _STATE_WORD.fullmatch(state):
         raise Unreadable(f"{where}: field State: got {state[:40]!r}, expected a state")
-    if not restarts.isdigit():
+    if not re.fullmatch(r"[0-9]{1,9}", restarts):  # str.isdigit() takes '²', which int() refuses
         raise Unreadable(f"{where}: field RestartCnt: got {restarts[:40]!r}, expected a count")
     return SlurmJob(job_id=job_id, name="", state=state, reason=reason, nodes=(),
                     nodelist=nodelist, restarts=int(restarts), user=user, required=required)

@@ -166,6 +166,7 @@ def test_an_unreadable_job_is_exit_3_naming_field_and_parser(parser: str, field:
 
 
 @pytest.mark.parametrize("line", ["8|RUNNING|node01|", "8|RUNNING|node01|x|alice||None|",
+                                  "8|RUNNING|node01|\u00b2|alice||None|",
                                   "8 7|RUNNING|node01|0|alice||None|", "8|run ning|n|0|a||None|"])
 def test_unreadable_22_05_text_is_exit_3(line: str) -> None:
     slurm = Canned("22.05.8", {"jobs": []}, answer=lambda argv: (0, line.encode() + b"\n", b"")
@@ -194,7 +195,10 @@ def test_the_machines_come_from_scontrol_from_23_02() -> None:
     assert not any(c[0] == "sinfo" for c in slurm.calls)
 
 
-@pytest.mark.parametrize("answer", [b"{truncated", b"[]", json.dumps({"jobs": "x"}).encode()])
+@pytest.mark.parametrize("answer", [b"{truncated", b"[]", json.dumps({"jobs": "x"}).encode(),
+                                    b'{"jobs": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+                                    b'{"jobs": [{"job_id": 1, "job_state": ' + b"[" * 900 +
+                                    b"]" * 900 + b"}]}"])
 def test_malformed_squeue_output_is_exit_3(answer: bytes) -> None:
     slurm = Canned("23.11.0", {"jobs": []},
                    answer=lambda argv: (0, answer, b"") if "--json" in argv else None)
