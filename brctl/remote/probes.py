@@ -197,6 +197,14 @@ class ProbeResult:
 Request = Union[Mapping[str, Any], Callable[[Node], Mapping[str, Any]]]
 
 
+class NotFinite(ValueError):
+    """A node's JSON holds ``NaN``, ``Infinity`` or ``-Infinity`` (not JSON numbers)."""
+
+
+def _not_finite(name: str) -> Any:
+    raise NotFinite(f"{name} is not a finite number")
+
+
 def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None]:
     """The probe's JSON document from its stdout, or a one-line reason it is unusable."""
     if not result.state.ran:
@@ -217,7 +225,9 @@ def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None
         tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
         return None, f"probe printed nothing (exit {result.exit_code}): {tail[0][:300]}"
     try:
-        doc = json.loads(lines[-1])
+        doc = json.loads(lines[-1], parse_constant=_not_finite)
+    except NotFinite as exc:  # Python's json reads NaN and Infinity: numbers are finite here
+        return None, f"probe answer refused: {exc}"
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return None, f"probe output is not JSON: {lines[-1][:200]!r}"
     if not isinstance(doc, dict):
