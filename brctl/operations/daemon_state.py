@@ -155,6 +155,16 @@ class DaemonState:
                                 "GROUP BY kind", (self.job,))
         return {r["kind"]: int(r["n"]) for r in rows}
 
+    def action_counts(self) -> dict[tuple[str, str], int]:
+        """(kind, state) → actions of the job's whole history in that state, every state.
+
+        A row reaches a final state once and keeps it (rows are never removed), so
+        the final states' counts only grow: ``/metrics`` counts those; ``intent`` goes
+        up and down (a gauge)."""
+        rows = self.store.query("SELECT kind, state, COUNT(*) AS n FROM daemon_actions "
+                                "WHERE job = ? GROUP BY kind, state", (self.job,))
+        return {(str(r["kind"]), str(r["state"])): int(r["n"]) for r in rows}
+
     # the action log ---------------------------------------------------------
     def _fence(self, db: sqlite3.Connection, generation: Optional[int]) -> None:
         """Raise ``LeaseLost`` unless ``generation`` still holds the job's lease (None: unfenced,
