@@ -9,7 +9,14 @@ its shard with its share of the concurrency and of the connect rate, and streams
 each node's result back as it finishes, so progress (``on_done``) stays live.
 
 Workers are started with ``spawn`` (never ``fork``: the parent has transport
-threads whose locks a forked child could inherit held). Each costs an interpreter
+threads whose locks a forked child could inherit held), as ``python -I``: spawn
+runs ``python -c 'from multiprocessing.spawn import ...'`` (and its resource
+tracker likewise), and ``-c`` puts the cwd first on ``sys.path``, so a
+``multiprocessing.py`` in the operator's cwd would run as root in every worker.
+Isolated, a worker imports only from the interpreter's own paths until spawn hands
+it the parent's ``sys.path``. ``-P`` exists only from Python 3.11, so the
+executable multiprocessing starts is a two-line ``sh`` wrapper adding ``-I``, made
+once per process in a private ``mkdtemp`` directory (removed at exit). Each costs an interpreter
 start plus the paramiko import (~0.3 s of CPU), so sharding pays off from a few
 hundred fresh connections up; connections die with the workers, so a caller that
 reuses connections (the daemon) keeps ``processes=1``.
@@ -17,11 +24,18 @@ reuses connections (the daemon) keeps ``processes=1``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
+import os
 import pickle
 import queue as queue_mod
+import shlex
+import shutil
 import signal
+import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,6 +62,24 @@ def picklable(*values: object) -> bool:
     except (pickle.PicklingError, AttributeError, TypeError):
         return False
     return True
+
+
+_ISOLATED_LOCK = threading.Lock()
+_isolated: list[str] = []  # the wrapper, once made
+
+
+def isolated_python() -> str:
+    """An executable that runs this interpreter as ``python -I "$@"`` (made once)."""
+    with _ISOLATED_LOCK:
+        if not _isolated:
+            where = tempfile.mkdtemp(prefix="brctl-python-")  # 0700, ours
+            atexit.register(shutil.rmtree, where, True)
+            path = os.path.join(where, "python")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I \"$@\"\n")
+            _isolated.append(path)
+        return _isolated[0]
 
 
 def _worker(
@@ -147,6 +179,8 @@ def run_sharded(
     import multiprocessing  # here: ~8 ms to import, and most fan-outs never shard
 
     ctx = multiprocessing.get_context("spawn")
+    # before the first Queue: its semaphore starts the resource tracker with this too
+    ctx.set_executable(isolated_python())
     out = ctx.Queue()
     workers = [
         ctx.Process(
