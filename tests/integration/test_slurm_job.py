@@ -144,11 +144,12 @@ def test_22_05_looks_up_one_job_never_the_queue(slurm: SlurmCluster, tmp_path: P
     env["SLURM_CONF"] = str(slurm.conf)
     forged = "x|RUNNING|node01|0|root||None|"
     held = slurm.sbatch("sleep 300", "--hold", "-J", forged)
-    job = slurm.sbatch("exec srun sleep 300", "-N", "1", "-w", "node03", "-J", "train")
+    # names of their own: an earlier test's job of the same name may still be COMPLETING
+    job = slurm.sbatch("exec srun sleep 300", "-N", "1", "-w", "node03", "-J", "lookup")
     slurm.wait_job(job, {"RUNNING"})
     doc = brctl("-i", _inventory(slurm, tmp_path, {"job": int(held)}), "--json", "nodes", env=env).json
     assert (doc["job"]["state"], doc["job"]["members"]) == ("PENDING", [])
-    doc = brctl("-i", _inventory(slurm, tmp_path, {"name": "train", "user": "root"}), "--json",
+    doc = brctl("-i", _inventory(slurm, tmp_path, {"name": "lookup", "user": "root"}), "--json",
                 "nodes", env=env).json
     assert (doc["job"]["state"], doc["job"]["members"]) == ("RUNNING", ["node03"])
     calls = log.read_text().splitlines()
@@ -162,22 +163,26 @@ def test_a_job_named_without_its_user(slurm: SlurmCluster, tmp_path: Path, brctl
     running job was taken for it. Now the load asks for the user, and a name is looked up
     among that user's jobs only."""
     env = {"SLURM_CONF": str(slurm.conf)}
-    other = ("--uid=nobody", "-o", "/dev/null", "--chdir=/tmp", "-J", "train")
+    other = ("--uid=nobody", "-o", "/dev/null", "--chdir=/tmp", "-J", "shared")
     theirs = slurm.sbatch("sleep 300", "--hold", *other)
-    ours = slurm.sbatch("exec srun sleep 300", "-N", "1", "-w", "node02", "-J", "train")
+    ours = slurm.sbatch("exec srun sleep 300", "-N", "1", "-w", "node02", "-J", "shared")
     slurm.wait_job(ours, {"RUNNING"})
-    res = brctl("-i", _inventory(slurm, tmp_path, {"name": "train"}), "nodes", env=env)
+    res = brctl("-i", _inventory(slurm, tmp_path, {"name": "shared"}), "nodes", env=env)
     assert res.exit_code == 2 and "needs its user: job.slurm.user (or job.user)" in res.stderr, \
         res.stderr
-    inv = _inventory(slurm, tmp_path, {"name": "train", "user": "root"})
-    doc = brctl("-i", inv, "--json", "nodes", env=env).json
+    inv = _inventory(slurm, tmp_path, {"name": "shared", "user": "root"})
+    res = brctl("-i", inv, "--json", "nodes", env=env)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    doc = res.json
     assert (doc["job"]["members"], doc["job"]["source"]) == (["node02"], f"Slurm job {ours} (RUNNING)")
     # our job ends, theirs runs: ours is said to be over, theirs never taken for it
     slurm.slurm("scancel", ours)
     slurm.slurm("scontrol", "release", theirs)
     slurm.wait_job(theirs, {"RUNNING"})
     slurm.wait_job(ours, {"CANCELLED"})
-    doc = brctl("-i", inv, "--json", "nodes", env=env).json
+    res = brctl("-i", inv, "--json", "nodes", env=env)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    doc = res.json
     assert (doc["job"]["state"], doc["job"]["members"]) == ("CANCELLED", [])
     assert doc["job"]["source"].startswith(f"Slurm job {ours} (CANCELLED")
     res = brctl("-i", inv, "exec", "-w", "@job", "hostname", env=env)
