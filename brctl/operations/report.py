@@ -23,6 +23,8 @@ from brctl.analysis.incident_report import Eviction, IncidentReport, incident_re
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.lost_time import Cause, StepStart
 from brctl.core.errors import ExitCode, InputError, UsageError, exit_code_of
+from brctl.diagnostics import safefs
+from brctl.operations import safe_write
 from brctl.operations.daemon_state import SKIPPED, DaemonState
 from brctl.state import Store
 
@@ -153,26 +155,10 @@ def write_report(inv: Inventory, store: Store, page: Callable[[IncidentReport], 
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """``path`` replaced by ``text`` in one rename: a reader never sees half a page."""
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    except OSError as exc:
-        raise InputError(f"cannot write in {directory}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as exc:
-        os.unlink(tmp)
-        raise InputError(f"cannot write {path}: {exc.strerror}") from None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """``path`` replaced by ``text`` in one rename: a reader never sees half a page. As
+    root into a directory others may share: reached following only root's or the
+    operator's links, written by its fd (``operations.safe_write``)."""
+    safe_write.replace(path, text.encode("utf-8"), "-o")
 
 
 def screenshot(chromium: str, html: Path, png: Path, *, timeout: float) -> None:
@@ -186,9 +172,13 @@ def screenshot(chromium: str, html: Path, png: Path, *, timeout: float) -> None:
     """
     width, height = PNG_SIZE
     with tempfile.TemporaryDirectory(prefix="brctl-chromium-") as profile:
+        # Chromium writes by path, following links: into this private directory, never
+        # beside the page; brctl moves the picture in through a checked directory fd.
+        shot = os.path.join(profile, "shot.png")
         argv = [chromium, *_QUIET_FLAGS, *(["--no-sandbox"] if os.geteuid() == 0 else []),
-                f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                f"--screenshot={png}", html.resolve().as_uri()]
+                f"--user-data-dir={os.path.join(profile, 'profile')}",
+                f"--window-size={width},{height}", f"--screenshot={shot}",
+                html.resolve().as_uri()]
         try:  # its own process group: a timeout ends Chromium's helpers too
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -200,7 +190,23 @@ def screenshot(chromium: str, html: Path, png: Path, *, timeout: float) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise InputError(f"report --png: {chromium} took longer than {timeout:.0f}s") from None
-    if proc.returncode != 0 or not png.exists() or png.stat().st_size == 0:
-        tail = (err or "").strip().splitlines()[-3:]
-        raise InputError(f"report --png: {chromium} exited {proc.returncode} without a picture"
-                         + (f": {' / '.join(tail)}" if tail else ""))
+        picture = _read_picture(profile)
+        if proc.returncode != 0 or not picture:
+            tail = (err or "").strip().splitlines()[-3:]
+            raise InputError(f"report --png: {chromium} exited {proc.returncode} without a "
+                             "picture" + (f": {' / '.join(tail)}" if tail else ""))
+        safe_write.replace(png, picture, "--png")
+
+
+def _read_picture(profile: str) -> bytes:
+    """The screenshot Chromium left in its private directory ('' when none), no link followed."""
+    try:
+        dfd = safefs.open_dir(safefs.resolve_path(profile, safefs.TRUSTED))
+        try:
+            fd = safefs.open_file(dfd, "shot.png")
+        finally:
+            os.close(dfd)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
