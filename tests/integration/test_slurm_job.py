@@ -159,31 +159,34 @@ def test_22_05_looks_up_one_job_never_the_queue(slurm: SlurmCluster, tmp_path: P
 
 def test_a_job_named_without_its_user(slurm: SlurmCluster, tmp_path: Path, brctl: Brctl) -> None:
     """Issue 35, item 7: a name alone matched every user's jobs: another user's held job of
-    that name made every command exit 2, and once the real job was over another user's
-    running job was taken for it. Now the load asks for the user, and a name is looked up
-    among that user's jobs only."""
+    that name made every command exit 2, and once the real job was over the other user's
+    live job was taken for it. Now the load asks for the user, and a name is looked up
+    among that user's jobs only. (Their job stays held: it is as live as a running one to
+    the lookup, and a job of nobody's cannot run here, under pytest's 0700 directories.)"""
     env = {"SLURM_CONF": str(slurm.conf)}
-    other = ("--uid=nobody", "-o", "/dev/null", "--chdir=/tmp", "-J", "shared")
-    theirs = slurm.sbatch("sleep 300", "--hold", *other)
-    ours = slurm.sbatch("exec srun sleep 300", "-N", "1", "-w", "node02", "-J", "shared")
-    slurm.wait_job(ours, {"RUNNING"})
-    res = brctl("-i", _inventory(slurm, tmp_path, {"name": "shared"}), "nodes", env=env)
-    assert res.exit_code == 2 and "needs its user: job.slurm.user (or job.user)" in res.stderr, \
-        res.stderr
-    inv = _inventory(slurm, tmp_path, {"name": "shared", "user": "root"})
-    res = brctl("-i", inv, "--json", "nodes", env=env)
-    assert res.exit_code == 0, res.stdout + res.stderr
-    doc = res.json
-    assert (doc["job"]["members"], doc["job"]["source"]) == (["node02"], f"Slurm job {ours} (RUNNING)")
-    # our job ends, theirs runs: ours is said to be over, theirs never taken for it
-    slurm.slurm("scancel", ours)
-    slurm.slurm("scontrol", "release", theirs)
-    slurm.wait_job(theirs, {"RUNNING"})
-    slurm.wait_job(ours, {"CANCELLED"})
-    res = brctl("-i", inv, "--json", "nodes", env=env)
-    assert res.exit_code == 0, res.stdout + res.stderr
-    doc = res.json
-    assert (doc["job"]["state"], doc["job"]["members"]) == ("CANCELLED", [])
-    assert doc["job"]["source"].startswith(f"Slurm job {ours} (CANCELLED")
-    res = brctl("-i", inv, "exec", "-w", "@job", "hostname", env=env)
-    assert res.exit_code == 3 and "not running" in res.stderr, res.stderr
+    try:
+        slurm.sbatch("sleep 300", "--hold", "--uid=nobody", "-o", "/dev/null", "--chdir=/tmp",
+                     "-J", "shared")
+        ours = slurm.sbatch("exec srun sleep 300", "-N", "1", "-w", "node02", "-J", "shared")
+        slurm.wait_job(ours, {"RUNNING"})
+        res = brctl("-i", _inventory(slurm, tmp_path, {"name": "shared"}), "nodes", env=env)
+        assert res.exit_code == 2 and "needs its user: job.slurm.user (or job.user)" in res.stderr, \
+            res.stderr
+        inv = _inventory(slurm, tmp_path, {"name": "shared", "user": "root"})
+        res = brctl("-i", inv, "--json", "nodes", env=env)
+        assert res.exit_code == 0, res.stdout + res.stderr
+        doc = res.json
+        assert (doc["job"]["members"], doc["job"]["source"]) == (["node02"],
+                                                                 f"Slurm job {ours} (RUNNING)")
+        # our job ends, theirs lives on: ours is said to be over, theirs never taken for it
+        slurm.slurm("scancel", ours)
+        slurm.wait_job(ours, {"CANCELLED"})
+        res = brctl("-i", inv, "--json", "nodes", env=env)
+        assert res.exit_code == 0, res.stdout + res.stderr
+        doc = res.json
+        assert (doc["job"]["state"], doc["job"]["members"]) == ("CANCELLED", [])
+        assert doc["job"]["source"].startswith(f"Slurm job {ours} (CANCELLED")
+        res = brctl("-i", inv, "exec", "-w", "@job", "hostname", env=env)
+        assert res.exit_code == 3 and "not running" in res.stderr, res.stderr
+    finally:
+        slurm.slurm("scancel", "--user=nobody", check=False)  # reset() cancels root's jobs only
