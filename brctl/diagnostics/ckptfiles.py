@@ -66,7 +66,7 @@ import stat
 import time
 from typing import Any
 
-from brctl.diagnostics import safefs
+from brctl.diagnostics import ckptspace, safefs
 from brctl.diagnostics.protocol import serve
 from brctl.diagnostics.safefs import SymlinkRefused, UnsafeName
 
@@ -450,7 +450,8 @@ def check_files(base_fd: int, files: list[dict[str, Any]], *, rehash: bool = Tru
 
 
 def prepare(req: dict[str, Any]) -> dict[str, Any]:
-    """Create ``<root>/<source>/<step>/`` (0700) and drop a stale manifest there."""
+    """Create ``<root>/<source>/<step>/`` (0700), drop a stale manifest there and check
+    the room for ``need`` bytes (``brctl.diagnostics.ckptspace``)."""
     opened = open_area({**req, "area": "backup"}, create=True)
     assert opened is not None
     root_fd, root = opened
@@ -465,10 +466,11 @@ def prepare(req: dict[str, Any]) -> dict[str, Any]:
         except FileNotFoundError:
             pass
         finally:
+            answer = ckptspace.ready(step_fd, req)  # partials swept, room checked
             os.close(step_fd)
     finally:
         os.close(root_fd)
-    return {"ok": True, "root": root}
+    return {**answer, "root": root}
 
 
 def _write_manifest(step_fd: int, doc: dict[str, Any]) -> None:
