@@ -50,3 +50,15 @@ def test_a_planted_multiprocessing_py_in_the_cwd_never_runs_in_a_worker(
     assert [r.state.value for r in results.values()] == ["ok"] * 4
     pids = {r.stdout.split()[1] for r in results.values()}
     assert len(pids) == 2 and str(os.getpid()) not in pids  # two real worker processes
+
+
+def test_where_no_wrapper_may_run_the_fan_out_stays_in_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every temp directory noexec (a hardened controller): no worker started unisolated."""
+    from brctl.remote import shard
+
+    monkeypatch.setattr(shard, "_isolated", [""])  # as _make_wrapper found no place
+    nodes = [Node(f"n{i}", f"10.0.0.{i}") for i in range(1, 5)]
+    results = run_sharded(factory, nodes, ["true"], processes=2, timeout=30, deadline=120)
+    assert [r.state.value for r in results.values()] == ["ok"] * 4
+    assert {r.stdout.split()[1] for r in results.values()} == {str(os.getpid())}
