@@ -9,7 +9,10 @@ file (the daemon, cron-run commands), so a busy timeout is set.
 A damaged file is an input error, never a crash: any ``sqlite3.DatabaseError``
 while it is opened, read or written is ``StateDamaged`` (exit 2, naming the
 database and how to recover), so the shipped unit, which does not restart on
-exit 2, stops instead of looping on it.
+exit 2, stops instead of looping on it. A database that is only busy or out of room
+(locked past the busy timeout, a full disk, an I/O error) is ``StateBusy``: exit 3,
+which the unit restarts on, since waiting mends it and stopping would leave the job
+unwatched.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from brctl.core.errors import InputError
+from brctl.core.errors import IncompleteError, InputError
 
 DB_NAME = "brctl.db"
 _BUSY_TIMEOUT_MS = 30_000  # the daemon and a cron job may write at the same moment
@@ -36,11 +39,23 @@ class StateDamaged(InputError):
     """The state database cannot be read or written (damaged, or not a database)."""
 
 
-def _damaged(path: Path, exc: sqlite3.Error) -> StateDamaged:
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-        return StateDamaged(f"state database {path}: {exc}",
-                            hint="another brctl holds it for longer than the busy timeout; "
-                                 "run again")
+class StateBusy(IncompleteError):
+    """The state database is there but cannot be used now (locked past the busy timeout,
+    its disk full, an I/O error): exit 3, so a retry (the daemon's unit restarts on 3, not
+    on 2) picks up where it stopped instead of leaving the job unwatched for good."""
+
+
+# SQLite's transient conditions, as its messages name them (SQLITE_BUSY/LOCKED/FULL/IOERR);
+# a damaged page or a file that is not a database is never one of them.
+_TRANSIENT = ("locked", "busy", "disk is full", "disk i/o error")
+
+
+def _damaged(path: Path, exc: sqlite3.Error) -> StateDamaged | StateBusy:
+    if isinstance(exc, sqlite3.OperationalError) and any(
+            word in str(exc).lower() for word in _TRANSIENT):
+        return StateBusy(f"state database {path}: {exc}",
+                         hint="another brctl may hold it past the busy timeout, or its "
+                              "filesystem is full or failing; run again once it is free")
     return StateDamaged(f"state database {path}: {exc}", hint=RECOVER)
 
 

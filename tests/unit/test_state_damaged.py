@@ -126,3 +126,26 @@ def test_the_daemon_abandons_a_plan_whose_record_does_not_decode_and_pages(
     assert '"plan", "abandoned"' in (tmp_path / "notify.jsonl").read_text()
     assert state.action(f"{key}/restore/s1").state == "unknown"  # type: ignore[union-attr]
     assert not any(c[0] == "restore" for c in script.calls)
+
+
+def test_a_database_locked_past_the_busy_timeout_is_exit_3_not_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock held past the busy timeout (an operator's sqlite3 shell, a long cron write)
+    is retryable: exit 3, which the unit restarts on, never exit 2, which would stop the
+    daemon for good (a damaged page stays exit 2: the tests above)."""
+    from brctl.core.errors import ExitCode
+    from brctl.state import StateBusy
+
+    monkeypatch.setattr("brctl.state._BUSY_TIMEOUT_MS", 50)
+    store = Store(tmp_path)
+    holder = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
+    try:
+        with pytest.raises(StateBusy) as raised, store.transaction() as db:
+            db.execute("CREATE TABLE t (x)")
+        assert raised.value.code == ExitCode.INCOMPLETE
+        assert str(tmp_path / DB_NAME) in str(raised.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        store.close()
