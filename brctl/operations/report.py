@@ -146,11 +146,12 @@ def write_report(inv: Inventory, store: Store, page: Callable[[IncidentReport], 
                          hint="install Debian's chromium (apt-get install chromium), "
                               "or share the HTML page")
     report, skipped = gather(inv, store, window=window, points=points)
-    write_atomic(html, page(report))
+    text = page(report)
+    write_atomic(html, text)
     picture = None
     if chromium is not None:
         picture = html.with_suffix(".png")
-        screenshot(chromium, html, picture, timeout=_SCREENSHOT_TIMEOUT * timeout_scale)
+        screenshot(chromium, text, picture, timeout=_SCREENSHOT_TIMEOUT * timeout_scale)
     return Written(report, html, picture, tuple(skipped))
 
 
@@ -161,9 +162,12 @@ def write_atomic(path: Path, text: str) -> None:
     safe_write.replace(path, text.encode("utf-8"), "-o")
 
 
-def screenshot(chromium: str, html: Path, png: Path, *, timeout: float) -> None:
-    """Have headless Chromium load ``html`` (a local file, no network) and save ``png``.
+def screenshot(chromium: str, page: str, png: Path, *, timeout: float) -> None:
+    """Have headless Chromium load ``page`` (HTML text, no network) and save ``png``.
 
+    Chromium (root's, ``--no-sandbox``) loads a copy of the page brctl writes by fd into
+    its private temporary directory, never the ``-o`` path: that one sits in a directory
+    the job user may write, who could swap it for a link to a root-only file in between.
     Runs with a fresh profile in a temporary directory, no background networking;
     ``--no-sandbox`` only as root (Chromium refuses to start otherwise).
 
@@ -175,10 +179,15 @@ def screenshot(chromium: str, html: Path, png: Path, *, timeout: float) -> None:
         # Chromium writes by path, following links: into this private directory, never
         # beside the page; brctl moves the picture in through a checked directory fd.
         shot = os.path.join(profile, "shot.png")
+        copy = os.path.join(profile, "page.html")
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(page.encode("utf-8"))
         argv = [chromium, *_QUIET_FLAGS, *(["--no-sandbox"] if os.geteuid() == 0 else []),
                 f"--user-data-dir={os.path.join(profile, 'profile')}",
                 f"--window-size={width},{height}", f"--screenshot={shot}",
-                html.resolve().as_uri()]
+                Path(copy).as_uri()]
         try:  # its own process group: a timeout ends Chromium's helpers too
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -106,11 +106,50 @@ def test_the_png_is_never_written_by_chromium_through_a_planted_link(tmp_path: P
     chromium.write_text(FAKE_CHROMIUM.format(python=sys.executable))
     chromium.chmod(0o755)
     victim = _victim(tmp_path)
-    html = tmp_path / "page.html"
-    html.write_text("<html></html>")
     png = tmp_path / "page.png"
     png.symlink_to(victim)
-    screenshot(str(chromium), html, png, timeout=60)
+    screenshot(str(chromium), "<html></html>", png, timeout=60)
     assert victim.read_text() == "root's file\n"
     assert not png.is_symlink() and png.read_bytes() == b"\x89PNG fake"
     assert stat.S_ISREG(png.lstat().st_mode)
+
+
+RACING_CHROMIUM = """#!{python}
+import os, sys, urllib.parse, urllib.request
+out = os.environ["BRCTL_TEST_OUT_PAGE"]
+os.unlink(out)  # the job user's swap, between brctl's rename and Chromium's load
+os.symlink(os.environ["BRCTL_TEST_VICTIM"], out)
+url = sys.argv[-1]
+with open(os.environ["BRCTL_TEST_URL"], "w") as fh:
+    fh.write(url)
+path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+with open(path, "rb") as fh:  # by path, following links, as Chromium
+    seen = fh.read()
+for arg in sys.argv[1:]:
+    if arg.startswith("--screenshot="):
+        with open(arg.split("=", 1)[1], "wb") as fh:
+            fh.write(b"PNG of " + seen)
+"""
+
+
+def test_chromium_loads_a_private_copy_never_the_job_swappable_page(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trust-core #10: root's Chromium loaded ``-o``'s path; the job user, who may write that
+    directory, swapped the page for a link to a root-only file -> a picture of the secret."""
+    chromium = tmp_path / "chromium"
+    chromium.write_text(RACING_CHROMIUM.format(python=sys.executable))
+    chromium.chmod(0o755)
+    victim = tmp_path / "id_rsa"
+    victim.write_text("SECRET KEY\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    html, png = shared / "r.html", shared / "r.png"
+    write_atomic(html, "<html>the page</html>")
+    monkeypatch.setenv("BRCTL_TEST_OUT_PAGE", str(html))
+    monkeypatch.setenv("BRCTL_TEST_VICTIM", str(victim))
+    monkeypatch.setenv("BRCTL_TEST_URL", str(tmp_path / "url"))
+    screenshot(str(chromium), "<html>the page</html>", png, timeout=60)
+    assert png.read_bytes() == b"PNG of <html>the page</html>"
+    url = (tmp_path / "url").read_text()
+    assert url.startswith("file://") and str(shared) not in url
+    assert url.endswith("/page.html")
