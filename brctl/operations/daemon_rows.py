@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -225,10 +226,38 @@ class Reader:
             self.damaged("daemon_events", f"id {row['id']}", exc)
             return None
 
-    def eviction(self, row: sqlite3.Row) -> Optional[Eviction]:
-        """``eviction(row)``, or None (kept as damaged)."""
+    def eviction(self, row: sqlite3.Row, closed_at: Optional[float] = None) -> Optional[Eviction]:
+        """``eviction(row)``, or None (kept as damaged); with ``closed_at`` (the daemon's
+        decisions) a damaged row whose node reads is ``closed(row, closed_at)`` instead."""
         try:
             return eviction(row)
         except (BadRow, TypeError, ValueError) as exc:
             self.damaged("evictions", row_key(row, "node"), exc)
-            return None
+            return None if closed_at is None else closed(row, closed_at)
+
+
+def closed(row: sqlite3.Row, at: float) -> Optional[Eviction]:
+    """A damaged ``evictions`` row as a decision must take it (fail closed): when its node
+    reads, a quarantine that is open unless its release reads, at ``at`` (the newest it
+    can be: it counts in every cap window) unless its time reads; None when no node."""
+    node = row["node"]
+    if not isinstance(node, str):
+        return None
+
+    def kept(read: Callable[..., Any], column: str, default: Any, **null: bool) -> Any:
+        try:
+            return read(row[column], column, **null)
+        except BadRow:
+            return default
+    return Eviction(node, kept(text, "job", "?"), kept(text, "reason", "damaged record"),
+                    kept(text, "source", "damaged"), kept(number, "at", at),
+                    kept(number, "released", None, null=True),
+                    kept(text, "operator", None, null=True))
+
+
+def at_or(value: object, at: float) -> float:
+    """An ``evictions.at`` value, or ``at`` (the newest it can be) when it does not read."""
+    try:
+        return float(number(value, "at"))
+    except BadRow:
+        return at

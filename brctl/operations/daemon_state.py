@@ -266,7 +266,7 @@ class DaemonState:
         """
         with self.store.transaction() as db:
             self._fence(db, generation)
-            times = [float(r["at"]) for r in db.execute("SELECT at FROM evictions")]
+            times = [rows_.at_or(r["at"], at) for r in db.execute("SELECT at FROM evictions")]
             why = caps(times)
             db.execute(
                 "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
@@ -428,15 +428,16 @@ class DaemonState:
                              (at, node))
             return cur.rowcount == 1
 
-    def quarantined(self) -> dict[str, Eviction]:
-        """Open records, any job (a bad machine is bad for every job)."""
-        rows = self.store.query("SELECT * FROM evictions WHERE released IS NULL ORDER BY at")
-        return {e.node: e for r in rows if (e := self.rows.eviction(r)) is not None}
+    def quarantined(self, closed_at: Optional[float] = None) -> dict[str, Eviction]:
+        """Open records, any job (a bad machine is bad for every job). A damaged row is
+        skipped, or with ``closed_at`` (decisions) kept as ``daemon_rows.closed`` says."""
+        return {e.node: e for e in self.eviction_history(closed_at) if e.released is None}
 
-    def eviction_history(self) -> list[Eviction]:
-        """Every eviction record, oldest first (caps and failure-rate history)."""
+    def eviction_history(self, closed_at: Optional[float] = None) -> list[Eviction]:
+        """Every eviction record, oldest first (caps and failure-rate history); a damaged
+        row as ``quarantined`` says."""
         rows = self.store.query("SELECT * FROM evictions ORDER BY at")
-        return [e for r in rows if (e := self.rows.eviction(r)) is not None]
+        return [e for r in rows if (e := self.rows.eviction(r, closed_at)) is not None]
 
     # standby pool -------------------------------------------------------------
     def mark_checked(self, node: str, ok: bool, detail: str, at: float,

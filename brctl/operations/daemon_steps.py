@@ -194,7 +194,7 @@ class Executor:
         for rec in self.state.unfinished():
             if rec.kind != "evict" or rec.payload.get("by") != "hand":
                 continue
-            nodes = [e.node for e in self.state.eviction_history()
+            nodes = [e.node for e in self.state.eviction_history(self.clock())
                      if e.source == "hand" and e.at == rec.created] or [rec.node or ""]
             if now - rec.created < self.adapter.timeout * (len(nodes) + 1):
                 continue

@@ -149,3 +149,43 @@ def test_a_database_locked_past_the_busy_timeout_is_exit_3_not_2(
         holder.execute("ROLLBACK")
         holder.close()
         store.close()
+
+
+def _quarantine_n3(state_dir: Path, damage: str) -> DaemonState:
+    store = Store(state_dir)
+    state = DaemonState(store, "llm")
+    assert state.admit("plan-q", {}, "ecc", 1000.0, evict=["n3"], source="daemon",
+                       operator=None, caps=lambda times: None) is None
+    db = sqlite3.connect(state_dir / DB_NAME)
+    db.execute(f"UPDATE evictions SET {damage} WHERE node = 'n3'")
+    db.commit()
+    db.close()
+    return state
+
+
+@pytest.mark.parametrize("damage", ["reason = x'00ff'", "at = 'yesterday'", "source = x'01'", "released = 'later'"])
+def test_a_damaged_quarantine_row_keeps_the_machine_quarantined_for_decisions(
+        state_dir: Path, damage: str) -> None:
+    """trust-core #13: a quarantine row that did not decode made the machine look healthy
+    (the standby pool could take it back); the daemon's decisions fail closed."""
+    state = _quarantine_n3(state_dir, damage)
+    assert "n3" in state.quarantined(closed_at=2000.0)
+    assert [e.node for e in state.eviction_history(closed_at=2000.0)] == ["n3"]
+    assert state.quarantined() == {}  # a report skips it and names it
+    assert [(d.table, d.key) for d in state.skipped()] == [("evictions", "n3")]
+
+
+def test_a_damaged_eviction_row_counts_in_the_caps_at_the_newest_time(state_dir: Path) -> None:
+    """An ``at`` that does not read was a crash (float('yesterday')) in admit, and was left
+    out of the caps by the history; it counts at the newest it can be: now."""
+    state = _quarantine_n3(state_dir, "at = 'yesterday'")
+    seen: list[list[float]] = []
+
+    def caps(times: list[float]) -> str | None:
+        seen.append(times)
+        return "at most 1 eviction per hour" if [t for t in times if t > 5000 - 3600] else None
+    why = state.admit("plan-2", {}, "ecc", 5000.0, evict=["n4"], source="daemon",
+                      operator=None, caps=caps)
+    assert why == "at most 1 eviction per hour" and seen == [[5000.0]]
+    assert "n4" not in state.quarantined(closed_at=5000.0)
+    assert [e.at for e in state.eviction_history(closed_at=5000.0)] == [5000.0]
