@@ -212,23 +212,23 @@ class DaemonState:
             raise StaleTarget(f"the record of {key} does not decode: {exc}") from None
 
     def finish(self, key: str, state: str, at: float, reason: Optional[str] = None,
-               payload: Optional[dict[str, Any]] = None, generation: Optional[int] = None) -> None:
+               payload: Optional[dict[str, Any]] = None, generation: Optional[int] = None) -> bool:
         """Mark an action ``done``/``failed``/``refused``/... (and keep its result in ``payload``).
+        Only a row still ``intent`` changes: a final state is never left (that is what keeps
+        ``/metrics``' counts of final states monotonic); False, nothing written, when the
+        row was already final (or is not there).
 
         Raises:
             LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
         """
         with self.store.transaction() as db:
             self._fence(db, generation)
-            if payload is not None:
-                db.execute("UPDATE daemon_actions SET payload = ? WHERE key = ?",
-                           (json.dumps(payload, default=str), key))
-            if reason is None:
-                db.execute("UPDATE daemon_actions SET state = ?, finished = ? WHERE key = ?",
-                           (state, at, key))
-            else:
-                db.execute("UPDATE daemon_actions SET state = ?, finished = ?, reason = ? "
-                           "WHERE key = ?", (state, at, rows_.storable(reason), key))
+            cur = db.execute(
+                "UPDATE daemon_actions SET state = ?, finished = ?, reason = COALESCE(?, reason),"
+                " payload = COALESCE(?, payload) WHERE key = ? AND state = ?",
+                (state, at, None if reason is None else rows_.storable(reason),
+                 None if payload is None else json.dumps(payload, default=str), key, INTENT))
+            return cur.rowcount == 1
 
     def skip(self, key: str, kind: str, node: Optional[str], payload: dict[str, Any],
              reason: str, at: float, generation: Optional[int] = None) -> None:

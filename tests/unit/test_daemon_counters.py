@@ -60,3 +60,21 @@ def test_the_counter_spans_the_whole_history_not_the_newest_thousand_rows(tmp_pa
     _monotonic(before, after)
     assert after[("restart", "done")] == 1000.0 and after[("evict", "skipped")] == 5.0
     store.close()
+
+
+def test_a_final_row_is_never_finished_again_so_its_count_holds(tmp_path: Path) -> None:
+    """trust-core #12: finish() updated any row (``WHERE key = ?``): a second finish of a
+    final row (done -> unknown on a later reconciliation) made ``done`` fall."""
+    store = Store(tmp_path / "state")
+    state = DaemonState(store, "llm")
+    state.intend("p/evict/n1", "evict", "n1", {"args": {}}, "ecc", 1.0)
+    assert state.finish("p/evict/n1", "done", 2.0, "drained", {"ran": True}) is True
+    before = _scrape(state)
+    assert state.finish("p/evict/n1", "unknown", 3.0, "again", {"ran": False}) is False
+    after = _scrape(state)
+    _monotonic(before["brctl_daemon_actions_total"], after["brctl_daemon_actions_total"])
+    assert after["brctl_daemon_actions_total"].get(("evict", "unknown"), 0.0) == 0.0
+    rec = state.action("p/evict/n1")
+    assert rec is not None and (rec.state, rec.reason, rec.payload) == ("done", "drained",
+                                                                        {"ran": True})
+    assert state.finish("nobody", "done", 4.0) is False
