@@ -51,35 +51,62 @@ def check_room(fd: int, need: int, margin: float) -> dict[str, int]:
 
 
 def sweep_partials(dir_fd: int) -> int:
-    """Remove this uid's ``PARTIAL_PREFIX`` files below ``dir_fd``; how many went."""
+    """Remove this uid's ``PARTIAL_PREFIX`` files below ``dir_fd``; how many went.
+
+    Iterative, one fd open at a time (a copied tree may nest deeper than Python's
+    recursion limit, or the fd limit): down by ``O_NOFOLLOW`` name, back up by ``..``,
+    checked to be the very directory it came from (else the sweep stops there); a
+    directory that does not open is left alone."""
     gone = 0
-    with os.scandir(dir_fd) as it:
-        entries = list(it)
-    for entry in entries:
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                              dir_fd=dir_fd)
-            except OSError:
-                continue
-            try:
-                gone += sweep_partials(sub)
-            finally:
-                os.close(sub)
-        elif (entry.name.startswith(PARTIAL_PREFIX) and stat.S_ISREG(st.st_mode)
-              and st.st_uid == os.geteuid()):
-            os.unlink(entry.name, dir_fd=dir_fd)
-            gone += 1
-    return gone
-
-
-def ready(step_fd: int, req: dict) -> dict:  # type: ignore[type-arg]
-    """``prepare``'s last word on a step dir: partials swept, room checked for the
-    request's ``need`` bytes and ``margin``; ``{ok, room}`` or ``{ok: False, no_room}``."""
-    sweep_partials(step_fd)  # what a failed, timed-out or killed receive left
+    stack: list[tuple[list[str], tuple[int, int]]] = []  # (subdirs left, its dev/ino)
+    fd = os.dup(dir_fd)
     try:
-        room = check_room(step_fd, int(req.get("need", 0)), float(req.get("margin", 0)))
+        while True:
+            with os.scandir(fd) as it:
+                entries = list(it)
+            subdirs = []
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(entry.name)
+                elif (entry.name.startswith(PARTIAL_PREFIX) and stat.S_ISREG(st.st_mode)
+                      and st.st_uid == os.geteuid()):
+                    os.unlink(entry.name, dir_fd=fd)
+                    gone += 1
+            here = os.fstat(fd)
+            stack.append((subdirs, (here.st_dev, here.st_ino)))
+            while True:  # the next directory down, backing up past the finished ones
+                names = stack[-1][0]
+                if not names:
+                    stack.pop()
+                    if not stack:
+                        return gone
+                    up = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                    os.close(fd)
+                    fd = up
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) != stack[-1][1]:
+                        return gone  # moved while it was swept: not followed
+                    continue
+                try:
+                    child = os.open(names.pop(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                    dir_fd=fd)
+                except OSError:
+                    continue
+                break
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def ready(area_fd: int, req: dict) -> dict:  # type: ignore[type-arg]
+    """``prepare``'s last word on a source's backup area: partials swept in all of it (a
+    killed receive of an older step left them too), room checked for the request's
+    ``need`` bytes and ``margin``; ``{ok, room}`` or ``{ok: False, no_room}``."""
+    sweep_partials(area_fd)  # what a failed, timed-out or killed receive left
+    try:
+        room = check_room(area_fd, int(req.get("need", 0)), float(req.get("margin", 0)))
     except NoRoom as exc:
         return {"ok": False, "no_room": {"need": exc.need, "free": exc.free, "margin": exc.margin}}
     return {"ok": True, "room": room}

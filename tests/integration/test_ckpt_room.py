@@ -19,15 +19,18 @@ import hashlib
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from brctl.diagnostics import ckptfiles, ckptmove
+from brctl.diagnostics import ckptfiles, ckptmove, ckptspace
 from tests.unit.test_ckpt_local import make_step, write_inventory
 
 
@@ -157,3 +160,73 @@ def test_the_root_reserve_is_not_room(tmp_path: Path, mount: Callable[..., Path]
     doc = ckptfiles.handle({**req, "op": "prepare",
                             "need": stat.f_bavail * stat.f_frsize + reserve // 2})
     assert doc["ok"] is False and doc["no_room"]["free"] <= stat.f_bavail * stat.f_frsize
+
+
+def test_a_killed_receive_of_an_older_step_does_not_block_the_next_backup(
+        tmp_path: Path, mount: Callable[..., Path]) -> None:
+    """trust-core #7: prepare swept partials only below the new step's dir and only commit
+    pruned incomplete older steps: a receive of step_1 killed -9 mid-file left the peer
+    full, step_2's room check failed, step_2 never committed, and so on for good."""
+    peer = mount(tmp_path / "n4", "tmpfs", "8m")
+    ckpt = peer / "ckpt"
+    ckpt.mkdir()
+    req = {"dir": str(ckpt), "source": "n1", "margin": 0}
+    first = ckptfiles.handle({**req, "op": "prepare", "step": "step_1", "need": 6 << 20})
+    assert first["ok"] is True, first
+    data = os.urandom(6 << 20)
+    receive = {**req, "op": "receive", "area": "backup", "step": "step_1",
+               "files": [{"path": "step_1/big.pt", "size": len(data), "mode": 0o640,
+                          "sha256": hashlib.sha256(data).hexdigest()}]}
+    proc = subprocess.Popen([sys.executable, "-m", "brctl.diagnostics.ckptmove",
+                             json.dumps(receive)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, cwd=Path(__file__).parents[2])
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(data[:5 << 20])
+        proc.stdin.flush()
+        deadline = time.monotonic() + 30  # until most of it is on the peer
+        while sum(os.path.getsize(p) for p in _partials(peer)) < 4 << 20:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _partials(peer) and shutil.disk_usage(peer).free <= 4 << 20  # < 5 MiB: full
+    second = ckptfiles.handle({**req, "op": "prepare", "step": "step_2", "need": 5 << 20})
+    assert second["ok"] is True, second
+    assert _partials(peer) == []
+    area = Path(second["root"]) / "n1"
+    assert sorted(p.name for p in area.iterdir()) == ["step_2"]
+
+
+def test_the_partial_sweep_walks_a_tree_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    """trust-core #9: sweep_partials recursed once per level: a copied step deeper than the
+    recursion limit (lowered here to 100, the tree 300 deep) was a RecursionError at every
+    prepare. It holds no fd per level either (the fd limit lowered here to 64)."""
+    top = tmp_path / "deep"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(300):
+            os.mkdir("d", dir_fd=fd)
+            sub = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        os.close(os.open(".brctl-partial-0123456789ab", os.O_WRONLY | os.O_CREAT, 0o600,
+                         dir_fd=fd))
+    finally:
+        os.close(fd)
+    (top / "d" / ".brctl-partial-ba9876543210").write_bytes(b"x")
+    (top / "d" / "kept.pt").write_bytes(b"x")
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = sys.getrecursionlimit()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    sys.setrecursionlimit(100)
+    try:
+        assert ckptspace.sweep_partials(fd) == 2
+    finally:
+        sys.setrecursionlimit(limit)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        os.close(fd)
+    assert (top / "d" / "kept.pt").exists() and _partials(top) == []
