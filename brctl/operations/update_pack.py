@@ -39,6 +39,36 @@ from brctl.diagnostics import safefs, safetar
 
 EXCLUDE = frozenset({".git", "__pycache__"})  # VCS metadata and bytecode are not code
 _GZIP_LEVEL = 1  # code compresses ~4x even at level 1; higher levels cost CPU, gain little
+MAX_BYTES = 1 << 30  # update.max_bytes: a tree's files together, read whole into memory
+_SPARSE_MIN = 1 << 20  # a file this big holding under 1/8 of its size in blocks is sparse
+
+
+@dataclass
+class _Bounds:
+    """What one directory walk may read: the root's filesystem only, ``left`` bytes."""
+
+    dev: int
+    left: int
+    limit: int
+
+    def check(self, rel: str, st: os.stat_result, shown: str) -> None:
+        """Refuse (naming ``rel``) another filesystem, a sparse file, or one past the cap."""
+        if st.st_dev != self.dev:  # tar --one-file-system: a FUSE mount serves anything
+            raise InputError(f"{shown}: entry {rel!r} is on another filesystem (a mount "
+                             "point in the tree); brctl packs one filesystem only",
+                             hint="copy what it holds into the release, or unmount it")
+        if not stat.S_ISREG(st.st_mode):
+            return
+        if st.st_size >= _SPARSE_MIN and st.st_blocks * 512 < st.st_size // 8:
+            raise InputError(f"{shown}: entry {rel!r} is sparse ({st.st_size} bytes, "
+                             f"{st.st_blocks * 512} on disk); not packed",
+                             hint="a release holds real files: remove it or write it out")
+        self.left -= st.st_size
+        if self.left < 0:
+            raise InputError(f"{shown}: entry {rel!r} ({st.st_size} bytes) takes the release "
+                             f"past update.max_bytes ({self.limit} bytes); not packed",
+                             hint="move large data out of the release, or raise "
+                                  "update.max_bytes in the inventory")
 
 
 @dataclass(frozen=True)
@@ -81,21 +111,26 @@ def _refused(shown: str, rel: str, exc: OSError) -> InputError:
                       "while the release was packed, or is not a file, directory or symlink)")
 
 
-def _file(dir_fd: int, name: str, rel: str, shown: str) -> tuple[tarfile.TarInfo, bytes]:
+def _file(dir_fd: int, name: str, rel: str, shown: str,
+          bounds: _Bounds) -> tuple[tarfile.TarInfo, bytes]:
     try:
         fd = safefs.open_file(dir_fd, name)  # O_NOFOLLOW, non-blocking, regular files only
     except OSError as exc:
         raise _refused(shown, rel, exc) from None
     with os.fdopen(fd, "rb") as fh:
-        info = _info(rel, os.fstat(fd), shown)
+        st = os.fstat(fd)
+        info = _info(rel, st, shown)
+        bounds.check(rel, st, shown)
         data = fh.read(info.size)
     if len(data) != info.size:
         raise InputError(f"{shown}: entry {rel!r} shrank while it was packed; push again")
     return info, data
 
 
-def _walk(root_fd: int, shown: str) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+def _walk(root_fd: int, shown: str,
+          max_bytes: int = MAX_BYTES) -> list[tuple[tarfile.TarInfo, bytes | None]]:
     out: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    bounds = _Bounds(os.fstat(root_fd).st_dev, max_bytes, max_bytes)
     pending: list[tuple[int, str]] = [(os.dup(root_fd), "")]
     try:
         while pending:
@@ -110,8 +145,9 @@ def _walk(root_fd: int, shown: str) -> list[tuple[tarfile.TarInfo, bytes | None]
                             raise _refused(shown, rel, exc) from None
                         pending.append((sub, f"{rel}/"))
                         out.append((_info(rel, os.fstat(sub), shown), None))
+                        bounds.check(rel, os.fstat(sub), shown)
                     elif stat.S_ISREG(st.st_mode):
-                        out.append(_file(dir_fd, name, rel, shown))
+                        out.append(_file(dir_fd, name, rel, shown, bounds))
                     elif stat.S_ISLNK(st.st_mode):
                         try:
                             target = os.readlink(name, dir_fd=dir_fd)
@@ -159,12 +195,13 @@ def _open_dir(real: str, src: str) -> int:
         raise InputError(f"{src}: {exc.strerror or exc}") from None
 
 
-def pack_directory(src: Path) -> bytes:
-    """A deterministic ``.tar.gz`` of ``src`` (entries relative to it), read by fd."""
+def pack_directory(src: Path, max_bytes: int = MAX_BYTES) -> bytes:
+    """A deterministic ``.tar.gz`` of ``src`` (entries relative to it), read by fd: one
+    filesystem, no sparse file, ``max_bytes`` of files at most (``_Bounds``)."""
     shown = str(src)
     fd = _open_dir(_resolve(shown), shown)
     try:
-        members = _walk(fd, shown)
+        members = _walk(fd, shown, max_bytes)
     finally:
         os.close(fd)
     raw = io.BytesIO()
@@ -272,7 +309,7 @@ def check_release(data: bytes, source: str) -> None:
                              ) from None
 
 
-def pack(src: str, rev: str | None, store_dir: Path) -> Artifact:
+def pack(src: str, rev: str | None, store_dir: Path, max_bytes: int = MAX_BYTES) -> Artifact:
     """Pack ``src`` (or ``rev`` of the git repository ``src``) into ``store_dir``.
 
     Raises:
@@ -290,7 +327,7 @@ def pack(src: str, rev: str | None, store_dir: Path) -> Artifact:
         source = f"git:{real}@{commit}"
         check_release(data, f"{src}@{rev}")
     elif stat.S_ISDIR(st.st_mode):
-        data, source = pack_directory(Path(real)), f"dir:{real}"
+        data, source = pack_directory(Path(real), max_bytes), f"dir:{real}"
         check_release(data, src)
     elif stat.S_ISREG(st.st_mode):
         data, source = read_tarball(Path(real)), f"tar:{real}"

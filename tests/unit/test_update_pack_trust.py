@@ -205,3 +205,52 @@ def test_git_s_refusal_of_a_job_owned_repository_names_the_owner(
     assert f"owned by nobody (uid {JOB})" in res.stderr and "safe.directory" in res.stderr
     assert "git config --global" not in res.stderr  # brctl does not tell root to trust it
     assert "Traceback" not in res.stderr
+
+
+def test_a_tree_past_update_max_bytes_is_refused_naming_the_member(brctl, tmp_path: Path) -> None:
+    """trust-core #4: every member was read whole into memory, with no bound: a job user's
+    tree of 500 GB made root's controller (or the daemon beside it) run out of memory."""
+    import yaml
+
+    inv, src = local_release_world(tmp_path)
+    doc = yaml.safe_load(inv.read_text())
+    doc["update"]["max_bytes"] = 16384
+    inv.write_text(yaml.safe_dump(doc))
+    (src / "weights.bin").write_bytes(os.urandom(20000))
+    res = brctl("-i", inv, "update", "push", src, "-V", "v1")
+    assert res.exit_code == 2, res.stdout + res.stderr
+    assert "entry 'weights.bin' (20000 bytes) takes the release past update.max_bytes " \
+           "(16384 bytes)" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not list(tmp_path.glob("nodes/*/releases/v1"))
+
+
+def test_a_sparse_member_is_refused_naming_it(tmp_path: Path) -> None:
+    """A sparse file costs the job user nothing and root reads it whole (holes as zeros)."""
+    src = tmp_path / "src"
+    (src / "data").mkdir(parents=True)
+    (src / "train.py").write_text("print(1)\n")
+    with open(src / "data" / "huge.bin", "wb") as fh:
+        fh.truncate(64 << 20)
+    with pytest.raises(InputError, match=r"entry 'data/huge.bin' is sparse \(67108864 bytes"):
+        update_pack.pack_directory(src, max_bytes=1 << 40)
+
+
+def test_a_mount_inside_the_tree_is_refused_naming_it(tmp_path: Path) -> None:
+    """trust-core #11: the walk crossed filesystems: a job user's FUSE mount in the tree
+    serves root whatever it likes (growing sizes, reads that never return). A tmpfs here."""
+    src = tmp_path / "src"
+    (src / "lib" / "mnt").mkdir(parents=True)
+    (src / "train.py").write_text("print(1)\n")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs",
+                           str(src / "lib" / "mnt")], capture_output=True, text=True)
+    if done.returncode != 0:
+        if os.environ.get("BRCTL_REQUIRE_INTEGRATION") == "1":
+            pytest.fail(f"mount: {done.stderr.strip()}")
+        pytest.skip(f"mount: {done.stderr.strip()}")
+    try:
+        (src / "lib" / "mnt" / "served.py").write_text("print('from the mount')\n")
+        with pytest.raises(InputError, match=r"entry 'lib/mnt' is on another filesystem"):
+            update_pack.pack_directory(src)
+    finally:
+        subprocess.run(["umount", "-l", str(src / "lib" / "mnt")], check=False)
