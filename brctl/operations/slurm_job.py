@@ -20,8 +20,11 @@ something brctl cannot read (the field and the data parser named) → exit 3.
 from __future__ import annotations
 
 import json
+import os
 import re
+import selectors
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Optional
@@ -38,6 +41,7 @@ from brctl.operations.slurm_read import SlurmJob as SlurmJob
 from brctl.operations.slurm_read import SlurmNode as SlurmNode
 
 _MAX_OUTPUT = 256 << 20  # bytes of one client command's output brctl will parse
+_KEEP_STDERR = 64 << 10  # the last bytes of its stderr kept (for the message)
 _JSON_FROM = (23, 2)  # the first release whose squeue --json applies -j and -u
 _GONE = re.compile(r"Invalid job id specified")  # squeue -j ID of a job purged after MinJobAge
 
@@ -56,17 +60,26 @@ class Slurm:
     def _call(self, argv: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
         full = [argv[0], *(["-M", self.cluster] if self.cluster else []), *argv[1:]]
         try:
-            done = subprocess.run(full, capture_output=True, timeout=self.section.timeout,
-                                  env=self.environ, stdin=subprocess.DEVNULL, check=False)
+            proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=self.environ, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise InputError(f"{argv[0]}: not found: job.slurm needs Slurm's client commands "
                              "(squeue, sinfo, scontrol) on the controller's PATH") from None
-        except subprocess.TimeoutExpired:
-            raise IncompleteError(f"{' '.join(full[:3])}: no answer within "
-                                  f"{self.section.timeout:g} s (slurm.timeout)") from None
-        if len(done.stdout) > _MAX_OUTPUT:
+        try:
+            out, err = _bounded(proc, time.monotonic() + self.section.timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        if out is None:
             raise IncompleteError(f"{argv[0]}: more than {_MAX_OUTPUT >> 20} MiB of output")
-        return done
+        if err is None:
+            raise IncompleteError(f"{' '.join(full[:3])}: no answer within "
+                                  f"{self.section.timeout:g} s (slurm.timeout)")
+        return subprocess.CompletedProcess(full, proc.returncode, out, err)
 
     @staticmethod
     def _failed(argv: Sequence[str], done: subprocess.CompletedProcess[bytes]) -> IncompleteError:
@@ -288,3 +301,34 @@ def _machine(inv: Inventory, info: Mapping[str, SlurmNode], name: str, job: Slur
     except SchemaError as exc:
         raise IncompleteError(f"Slurm's machine {name}: {exc.detail}") from None
     return replace(machine, job_user=inv.job.user) if inv.job.user else machine
+
+
+def _bounded(proc: subprocess.Popen[bytes], give_up: float) -> tuple[Optional[bytes],
+                                                                       Optional[bytes]]:
+    """``proc``'s (stdout, stderr) read as they come, never more than ``_MAX_OUTPUT`` of
+    stdout in memory (stdout None: more than that) nor ``_KEEP_STDERR`` of stderr (its
+    tail); stderr None: not done by ``give_up``. The caller kills what is left."""
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as sel:
+        for pipe, buf in ((proc.stdout, out), (proc.stderr, err)):
+            assert pipe is not None
+            sel.register(pipe, selectors.EVENT_READ, buf)
+        while sel.get_map():
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return b"", None
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.extend(data)
+                if key.data is out and len(out) > _MAX_OUTPUT:
+                    return None, b""
+                if key.data is err and len(err) > _KEEP_STDERR:
+                    del err[:len(err) - _KEEP_STDERR]
+    try:
+        proc.wait(max(0.0, give_up - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return b"", None
+    return bytes(out), bytes(err)

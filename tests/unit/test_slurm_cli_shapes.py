@@ -63,3 +63,41 @@ def test_an_unreadable_entry_is_exit_3_naming_field_and_parser(tmp_path: Path, b
     assert "Traceback" not in res.stderr and "has no" not in res.stderr
     doc = brctl("-i", _inventory(tmp_path), "--json", "nodes", env=env).json
     assert doc["schema"] == "brctl.error/1" and doc["exit"] == 3
+
+
+FLOODING_SQUEUE = """#!{python}
+import os, sys, time
+sent = 0
+while sent < (64 << 20):  # a user with very many jobs: far more than brctl parses
+    sys.stdout.buffer.write(b"x" * (64 << 10))
+    sys.stdout.buffer.flush()
+    sent += 64 << 10
+    with open({progress!r}, "ab") as fh:  # one byte per chunk written
+        fh.write(b".")
+time.sleep(3600)
+"""
+
+
+def test_squeue_output_is_bounded_while_it_is_read(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """trust-slurm #2: ``capture_output=True`` buffered all of squeue's output before the
+    ``_MAX_OUTPUT`` check, so the cap bounded nothing (and the answer came at the timeout).
+    Now brctl stops reading, and kills squeue, one chunk past the cap."""
+    import sys
+
+    from brctl.config.slurm import SlurmSection
+    from brctl.core.errors import IncompleteError
+    from brctl.operations import slurm_job
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    progress = tmp_path / "sent"
+    squeue = bin_dir / "squeue"
+    squeue.write_text(FLOODING_SQUEUE.format(python=sys.executable, progress=str(progress)))
+    squeue.chmod(0o755)
+    monkeypatch.setattr(slurm_job, "_MAX_OUTPUT", 1 << 20)
+    slurm = slurm_job.Slurm(SlurmSection(timeout=60.0),
+                            environ={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    with pytest.raises(IncompleteError, match=r"squeue: more than 1 MiB of output"):
+        slurm.run("squeue", "-h")
+    assert progress.stat().st_size * (64 << 10) < 4 << 20  # stopped reading: not 64 MiB
