@@ -207,7 +207,8 @@ class Slurm:
         ``want.user``'s jobs only (the load refuses a name without a user).
 
         Raises:
-            InputError: Slurm has no such job, or the name matches several live jobs.
+            InputError: Slurm has no such job.
+            IncompleteError: the name matches several live jobs (``_the_live_one``).
         """
         if want.job is not None:
             found = [j for j in [self.job(str(want.job))] if j is not None]
@@ -216,11 +217,7 @@ class Slurm:
                 raise InputError(f"job.slurm: {want.describe()}: a name needs its user",
                                  hint="give job.slurm.user (or job.user), or the id as job.slurm.job")
             found = self.named(want.name, want.user)
-            live = [j for j in found if j.state in ACTIVE]
-            if len(live) > 1:
-                raise InputError(f"job.slurm: {len(live)} live Slurm jobs are {want.describe()}: "
-                                 f"{', '.join(j.job_id for j in live)}",
-                                 hint="give job.slurm.job: ID to say which")
+            live = _the_live_one([j for j in found if j.state in ACTIVE], want)
             found = live or sorted(found, key=lambda j: _id_key(j.job_id))[-1:]
         if not found:
             raise InputError(f"job.slurm: Slurm has no {want.describe()} (squeue forgets "
@@ -228,6 +225,23 @@ class Slurm:
                              hint="check the id with squeue, or update job.slurm")
         job = found[0]
         return replace(job, nodes=self.hostnames(job.nodelist)) if job.running else job
+
+
+def _the_live_one(live: list[SlurmJob], want: SlurmJobSection) -> list[SlurmJob]:
+    """The job among several live ones of that name: the job user can ``sbatch -J NAME
+    --hold`` a job of the same name at any time, which must neither be taken for the job
+    nor stop brctl. Held jobs (``JobHeld*``) drop out while another is live; then the one
+    running, or the only one left; else exit 3 (retried), never 2 (final under the unit)."""
+    if len(live) < 2:
+        return live
+    left = [j for j in live if not j.reason.startswith("JobHeld")] or live
+    running = [j for j in left if j.running]
+    if len(running) == 1 or len(left) == 1:
+        return running[:1] or left
+    raise IncompleteError(f"job.slurm: {len(left)} live Slurm jobs are {want.describe()}: "
+                          f"{', '.join(j.job_id for j in left)}; which one is the job is "
+                          "not known",
+                          hint="give job.slurm.job: ID to say which")
 
 
 def _id_key(job_id: str) -> tuple[int, ...]:

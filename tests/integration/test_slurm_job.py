@@ -190,3 +190,18 @@ def test_a_job_named_without_its_user(slurm: SlurmCluster, tmp_path: Path, brctl
         assert res.exit_code == 3 and "not running" in res.stderr, res.stderr
     finally:
         slurm.slurm("scancel", "--user=nobody", check=False)  # reset() cancels root's jobs only
+
+
+def test_the_job_users_own_held_job_of_the_name_is_not_the_job(
+        slurm: SlurmCluster, tmp_path: Path, brctl: Brctl) -> None:
+    """trust-slurm #1: the job user may ``sbatch -J NAME --hold`` a job of the job's own
+    name: two live jobs of that name were exit 2 (final under the shipped unit)."""
+    env = {"SLURM_CONF": str(slurm.conf)}
+    slurm.sbatch("sleep 300", "--hold", "-J", "twin")
+    ours = slurm.sbatch("exec srun sleep 300", "-N", "1", "-w", "node02", "-J", "twin")
+    slurm.wait_job(ours, {"RUNNING"})
+    res = brctl("-i", _inventory(slurm, tmp_path, {"name": "twin", "user": "root"}), "--json",
+                "nodes", env=env)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert (res.json["job"]["members"], res.json["job"]["source"]) == (
+        ["node02"], f"Slurm job {ours} (RUNNING)")

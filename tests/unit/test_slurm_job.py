@@ -78,12 +78,24 @@ def test_the_job_is_picked_from_json() -> None:
     job = slurm.find(SlurmJobSection(job="8"))
     assert (job.job_id, job.state, job.nodes) == ("8", "RUNNING", ("node01", "node02"))
     assert ("scontrol", "show", "hostnames", "node[01-02]") in slurm.calls
-    with pytest.raises(InputError, match=r"2 live Slurm jobs .* 9, 8"):
-        slurm.find(SlurmJobSection(name="train", user="alice"))
+    assert slurm.find(SlurmJobSection(name="train", user="alice")).job_id == "8"  # running
     waiting = slurm.find(SlurmJobSection(job="9"))
     assert waiting.nodes == () and not waiting.running  # never a list while it waits
     with pytest.raises(InputError, match="Slurm has no job 77"):
         slurm.find(SlurmJobSection(job="77"))
+
+
+def test_the_job_users_own_held_job_of_the_name_is_never_the_job_nor_exit_2() -> None:
+    """trust-slurm #1: the job user's ``sbatch -J train --hold`` made two live jobs of the
+    name: exit 2 at ``daemon run``'s start, which the unit does not restart on."""
+    held = _entry(12, "PENDING", nodes="", state_reason="JobHeldUser")
+    want = SlurmJobSection(name="train", user="alice")
+    assert _canned(_entry(8, "RUNNING"), held).find(want).job_id == "8"
+    waiting = _canned(_entry(8, "PENDING", nodes="", state_reason="BeginTime"), held)
+    assert waiting.find(want).job_id == "8"  # the real job, requeued, between runs
+    with pytest.raises(IncompleteError, match=r"2 live Slurm jobs .* 8, 13") as info:
+        _canned(_entry(8, "RUNNING"), _entry(13, "RUNNING"), held).find(want)
+    assert info.value.code == 3
 
 
 def test_a_finished_name_resolves_to_its_newest_job() -> None:
