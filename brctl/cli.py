@@ -14,6 +14,7 @@ import importlib
 import io
 import os
 import pkgutil
+import signal
 import sys
 from typing import Optional, TextIO
 
@@ -239,6 +240,10 @@ def main() -> None:
     """Console-script entry point."""
     sys.stdout = _PipeSafe(sys.stdout)
     sys.stderr = _PipeSafe(sys.stderr)
+    # SIGTERM and SIGHUP take the Ctrl-C path: remote commands are stopped, not orphaned
+    # (the daemon's own SIGTERM handler replaces this one while it runs)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
     code = run(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()

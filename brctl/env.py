@@ -120,7 +120,9 @@ class Env:
             if ref:  # only then: brctl.remote.slurm costs a run without Slurm ~10 ms to import
                 from brctl.remote.slurm import JobRef
 
-                job = JobRef(ref.job, ref.name, ref.user, ref.cluster)
+                # the id this command resolved: a name asked again could find a newcomer
+                job = JobRef(inv.job.scheduler_id if inv.job and inv.job.scheduler_id else ref.job,
+                             ref.name, ref.user, ref.cluster)
             transport = RoutingTransport(
                 connect_rate=inv.ssh.connect_rate, slurm_partition=inv.slurm.partition,
                 slurm_job=job, environ=self.environ)

@@ -74,9 +74,38 @@ def json_document(schema: str, payload: Mapping[str, Any], version: int = 1, *,
     if status is not None:
         head["status"] = STATUS_WORDS[int(status)]
     doc = {**head, **payload}
-    if compact:
-        return json.dumps(doc, separators=(",", ":"), default=_jsonable)
-    return json.dumps(doc, indent=2, default=_jsonable)
+    try:  # the last guard: NaN and Infinity are not JSON, and no reader but Python's takes them
+        if compact:
+            return json.dumps(doc, separators=(",", ":"), default=_jsonable, allow_nan=False)
+        return json.dumps(doc, indent=2, default=_jsonable, allow_nan=False)
+    except ValueError as exc:
+        where = _non_finite(payload, "")
+        if where is None:
+            raise
+        from brctl.core.errors import RemoteDataError
+
+        raise RemoteDataError(f"--json: {where[0]} is {where[1]}, not a finite number; JSON has "
+                              f"no NaN or Infinity, so the document is refused ({exc})",
+                              hint="a value that should have been refused where it entered "
+                                   "got this far: please report it") from None
+
+
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """The key path of the first non-finite number in ``value`` and the number, or None."""
+    import math
+
+    if hasattr(value, "to_json"):
+        value = value.to_json()
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "(the document)", value
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[str, Any]] = ((f"{path}.{k}" if path else str(k), v)
+                                            for k, v in value.items())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next((hit for p, v in items if (hit := _non_finite(v, p)) is not None), None)
 
 
 def _jsonable(obj: Any) -> Any:

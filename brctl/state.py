@@ -5,6 +5,14 @@ list of migrations; ``Store.migrate`` applies the ones not yet applied, recorded
 per component in ``schema_versions``. Migrations never change once released: add
 a new step instead. Writes are short transactions; many processes may share the
 file (the daemon, cron-run commands), so a busy timeout is set.
+
+A damaged file is an input error, never a crash: any ``sqlite3.DatabaseError``
+while it is opened, read or written is ``StateDamaged`` (exit 2, naming the
+database and how to recover), so the shipped unit, which does not restart on
+exit 2, stops instead of looping on it. A database that is only busy or out of room
+(locked past the busy timeout, a full disk, an I/O error) is ``StateBusy``: exit 3,
+which the unit restarts on, since waiting mends it and stopping would leave the job
+unwatched.
 """
 
 from __future__ import annotations
@@ -17,10 +25,38 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from brctl.core.errors import InputError
+from brctl.core.errors import IncompleteError, InputError
 
 DB_NAME = "brctl.db"
 _BUSY_TIMEOUT_MS = 30_000  # the daemon and a cron job may write at the same moment
+
+
+RECOVER = ("restore a copy of it, or move it aside (brctl starts a new one; the daemon's "
+           "history, quarantine and ETTR records stay in the old file)")
+
+
+class StateDamaged(InputError):
+    """The state database cannot be read or written (damaged, or not a database)."""
+
+
+class StateBusy(IncompleteError):
+    """The state database is there but cannot be used now (locked past the busy timeout,
+    its disk full, an I/O error): exit 3, so a retry (the daemon's unit restarts on 3, not
+    on 2) picks up where it stopped instead of leaving the job unwatched for good."""
+
+
+# SQLite's transient conditions, as its messages name them (SQLITE_BUSY/LOCKED/FULL/IOERR);
+# a damaged page or a file that is not a database is never one of them.
+_TRANSIENT = ("locked", "busy", "disk is full", "disk i/o error")
+
+
+def _damaged(path: Path, exc: sqlite3.Error) -> StateDamaged | StateBusy:
+    if isinstance(exc, sqlite3.OperationalError) and any(
+            word in str(exc).lower() for word in _TRANSIENT):
+        return StateBusy(f"state database {path}: {exc}",
+                         hint="another brctl may hold it past the busy timeout, or its "
+                              "filesystem is full or failing; run again once it is free")
+    return StateDamaged(f"state database {path}: {exc}", hint=RECOVER)
 
 
 @dataclass(frozen=True)
@@ -49,6 +85,8 @@ class Store:
                 "CREATE TABLE IF NOT EXISTS schema_versions ("
                 " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
             )
+        except sqlite3.DatabaseError as exc:
+            raise _damaged(self.path, exc) from None
         except (OSError, sqlite3.Error) as exc:
             raise InputError(f"state database {self.path}: {exc}",
                              hint="set $BRCTL_STATE to a writable directory") from None
@@ -75,20 +113,28 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on error)."""
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on error); ``StateDamaged`` for
+        a ``sqlite3.DatabaseError`` on the way."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                raise _damaged(self.path, exc) from None
 
     def query(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
-        """Run a read query."""
+        """Run a read query (``StateDamaged`` for a ``sqlite3.DatabaseError``)."""
         with self._lock:
-            return list(self._db.execute(sql, params))
+            try:
+                return list(self._db.execute(sql, params))
+            except sqlite3.DatabaseError as exc:
+                raise _damaged(self.path, exc) from None
 
     def close(self) -> None:
         """Close the connection."""

@@ -368,7 +368,9 @@ def build(raw: RawInventory, source: str) -> Inventory:
             status_command=j.status_command,
             evict_command=j.evict_command,
             unevict_command=j.unevict_command,
-            slurm=j.slurm,
+            # a name is looked up among job.slurm.user's jobs, else job.user's
+            slurm=replace(j.slurm, user=j.user) if j.slurm is not None and j.slurm.name is not None
+            and not j.slurm.user else j.slurm,
             source="inventory" if j.slurm is None else f"Slurm {j.slurm.describe()} (not asked yet)",
         )
         if j.user:  # job-writable code on any machine (standbys too) runs as the job's user
@@ -397,6 +399,12 @@ def _job_names(job: JobSection, source: str) -> list[str]:
         raise SchemaError(source, "job.slurm", "give the job's id (job:) or its name (name:), "
                           "one of them", hint="e.g. slurm: {job: 123456} or slurm: {name: "
                           "pretrain, user: alice}")
+    if job.slurm is not None and job.slurm.name is not None and not (job.slurm.user or job.user):
+        # a name alone matches every user's jobs: another user's job would pass for this one
+        raise SchemaError(source, "job.slurm", f"a job given by name ({job.slurm.name!r}) needs "
+                          "its user: job.slurm.user (or job.user), or give its id as job:",
+                          hint=f"e.g. slurm: {{name: {job.slurm.name}, user: alice}} or slurm: "
+                               "{job: 123456}")
     try:
         listed = nodeset.expand(job.nodes) if job.nodes is not None else []
     except Exception as exc:

@@ -36,7 +36,7 @@ class GroupRun:
         steps: per-step fingerprints (hex, or ``nan``/``inf``).
         error: why the group gave no fingerprints.
         seconds: wall time of the group.
-        losses: per-step loss when the workload reports it.
+        losses: per-step loss when the workload reports it (None: not finite, diverged).
     """
 
     nodes: Group
@@ -44,7 +44,7 @@ class GroupRun:
     steps: tuple[str, ...] = ()
     error: Optional[str] = None
     seconds: float = 0.0
-    losses: tuple[float, ...] = ()
+    losses: tuple[Optional[float], ...] = ()
 
 
 @dataclass(frozen=True)

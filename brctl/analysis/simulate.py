@@ -467,6 +467,8 @@ def with_setting(sc: Scenario, key: str, value: float) -> Scenario:
         return replace(sc, standby=_count(key, value))
     if key == "machines":
         return replace(sc, machines=_count(key, value))
+    if not math.isfinite(value):
+        raise ValueError(f"{key} {value:g}: expected a finite number")
     if value <= 0 and key != "daemon.max_restarts_without_progress":
         raise ValueError(f"{key} {value:g}: expected a value greater than 0")
     if key == "ckpt_interval":
@@ -479,7 +481,10 @@ def with_setting(sc: Scenario, key: str, value: float) -> Scenario:
     return replace(sc, daemon=replace(sc.daemon, **{name: kind(value)}))
 
 
+MAX_COUNT = 1_000_000  # machines or standbys: a fleet, not a float's range
+
+
 def _count(key: str, value: float) -> int:
-    if value < 0 or value != int(value):
-        raise ValueError(f"{key} {value:g}: expected a whole number >= 0")
+    if not 0 <= value <= MAX_COUNT or value != int(value):  # NaN and infinities fail too
+        raise ValueError(f"{key} {value:g}: expected a whole number from 0 to {MAX_COUNT}")
     return int(value)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from brctl.commands._render_report import warn_skipped
 from brctl.core.nodeset import fold, fold_in_order
 from brctl.operations.daemon_report import DaemonReport, StatusReport
 from brctl.operations.evict import EvictReport, RearmReport
@@ -77,6 +78,7 @@ def render_status(out: Output, report: StatusReport, view: StatusView | None = N
     (``--since/--node/--kind``).
     """
     view = view or StatusView()
+    warn_skipped(out, report.skipped)
     if out.json:
         out.emit_json("daemon.status", status_json(report, view), status=report.exit_code)
         return

@@ -311,9 +311,16 @@ _JS_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_JS.encode()).digest()).d
 _CSP = f"default-src 'none'; style-src 'unsafe-inline'; script-src '{_JS_HASH}'"
 
 
+def warn_skipped(out: Output, skipped: Sequence[Mapping[str, str]]) -> None:
+    """One warning per state database row left out because it did not decode (exit 3)."""
+    for d in skipped:
+        out.warn(f"state database: skipped {d['table']} row {d['key']}: {d['why']}")
+
+
 def render_report(out: Output, written: Written) -> None:
     """Where the page went, and its headline numbers."""
     r = written.report
+    warn_skipped(out, written.skipped)
     if out.json:
         out.emit_json("report", written.to_json())
         return
@@ -329,6 +336,7 @@ def render_report(out: Output, written: Written) -> None:
 
 def render_ettr(out: Output, job: str, report: EttrReport) -> None:
     """Cumulative and windowed ETTR, the chart with its axes, lost time by cause."""
+    warn_skipped(out, report.skipped)
     if out.json:
         out.emit_json("ettr", {"job": job, **report.to_json()})
         return

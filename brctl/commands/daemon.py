@@ -56,7 +56,9 @@ def run(
     lease and records nothing. With
     daemon.metrics_port, /metrics (Prometheus text; every
     family labelled job) serves brctl_node_health{node,status},
-    brctl_daemon_events_total{kind}, brctl_daemon_actions_total{kind,state},
+    brctl_daemon_events_total{kind}, brctl_daemon_actions_total{kind,state} (actions
+    that reached each final state over the job's whole history: it never
+    decreases), brctl_daemon_actions_in_flight{kind,state} (begun, not finished),
     brctl_standby_ready, brctl_ettr{window}, brctl_daemon_halted (1 while a cap holds
     the daemon back), brctl_daemon_last_poll_timestamp_seconds, brctl_job_step (the
     stall alert: changes(brctl_job_step[30m]) == 0) and brctl_build_info{version,python}.

@@ -85,7 +85,10 @@ def push(
     A release holds directories, regular files and symlinks to its own files;
     anything else (a link to a directory or outside SRC, a device, an absolute or
     '..' name) is refused with exit 2, naming it, before anything is sent; the
-    machines check the same rules again. Machines that already hold the verified
+    machines check the same rules again. SRC is packed as root without trusting
+    its owner: only links owned by root or you are followed to it, members are
+    read by directory fd without following links, and a member others cannot
+    read is refused (exit 2) rather than shipped readable by all. Machines that already hold the verified
     release are skipped; a transfer cut short resumes from where it stopped.
     Exit 0 when staged everywhere (and, with --urgent, switched and restarted),
     1 when a machine failed (e.g. the artifact arrived corrupted), 3 when machines

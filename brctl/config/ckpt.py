@@ -22,6 +22,13 @@ def _name(value: str | None) -> str | None:
     return value
 
 
+def _margin(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value < 2 ** 62:  # NaN and infinities fail too
+        raise ValueError(f"got {value!r}, expected a fraction of the filesystem (0.05) or bytes")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class CkptSection:
     """Checkpoint backup settings (``brctl ckpt``)."""
@@ -39,3 +46,6 @@ class CkptSection:
     domain_label: str = "rack"  # node label naming the failure domain backups should avoid
     keep: int = sfield(2, check=at_least_one)  # complete backup steps kept per source machine
     parallel: int = sfield(8, check=at_least_one)  # file copies in flight at once
+    # Kept free on a backup peer's filesystem after a copy: a fraction of it below 1,
+    # else bytes. A step that would not leave it is refused before its first byte.
+    backup_margin: float = sfield(0.05, check=_margin)

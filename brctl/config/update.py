@@ -29,3 +29,6 @@ class UpdateSection:
     # releases kept on each machine (and artifacts on the controller) after a switch:
     # the most recently pushed ones, plus always the job's, the previous and the pending one
     keep: int = field(5, check=at_least_one)
+    # `update push DIR`: the tree's files together may hold at most this many bytes (the
+    # controller reads them whole, as root, from a tree the job user may own)
+    max_bytes: int = field(1 << 30, check=at_least_one)

@@ -66,7 +66,7 @@ import stat
 import time
 from typing import Any
 
-from brctl.diagnostics import safefs
+from brctl.diagnostics import ckptspace, safefs
 from brctl.diagnostics.protocol import serve
 from brctl.diagnostics.safefs import SymlinkRefused, UnsafeName
 
@@ -450,7 +450,8 @@ def check_files(base_fd: int, files: list[dict[str, Any]], *, rehash: bool = Tru
 
 
 def prepare(req: dict[str, Any]) -> dict[str, Any]:
-    """Create ``<root>/<source>/<step>/`` (0700) and drop a stale manifest there."""
+    """Create ``<root>/<source>/<step>/`` (0700), drop its stale manifest, the source's
+    incomplete older steps and partials, and check the room (``ckptspace``)."""
     opened = open_area({**req, "area": "backup"}, create=True)
     assert opened is not None
     root_fd, root = opened
@@ -458,17 +459,19 @@ def prepare(req: dict[str, Any]) -> dict[str, Any]:
         src_fd = safefs.make_dir(root_fd, safefs.check_component(req["source"]), exist_ok=True)
         try:
             step_fd = safefs.make_dir(src_fd, safefs.check_component(req["step"]), exist_ok=True)
+            try:
+                os.unlink(MANIFEST, dir_fd=step_fd)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(step_fd)
+            _prune(src_fd, req["step"], 1 << 62)  # only the incomplete older steps: a killed
+            answer = ckptspace.ready(src_fd, req)  # receive's debris must not block this one
         finally:
             os.close(src_fd)
-        try:
-            os.unlink(MANIFEST, dir_fd=step_fd)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(step_fd)
     finally:
         os.close(root_fd)
-    return {"ok": True, "root": root}
+    return {**answer, "root": root}
 
 
 def _write_manifest(step_fd: int, doc: dict[str, Any]) -> None:

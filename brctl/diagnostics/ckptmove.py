@@ -18,7 +18,9 @@ request's ``step`` (one path component), checked before anything is opened:
 - ``receive``: read those bytes from stdin into a backup step (``area: backup``, made
   by ``ckptfiles prepare``) or a restore staging dir (``area: staging``): each file
   under a new ``O_EXCL`` temp name, checked against its sha256, fsynced, renamed over
-  its name. Answers one JSON document (``written``, ``mismatched``, ``missing``).
+  its name. Answers one JSON document (``written``, ``mismatched``, ``missing``). A
+  receive that fails (``ENOSPC``: named so in its ``probe_error``) removes its temp
+  file; one killed leaves it to the next ``prepare`` (``ckptspace.sweep_partials``).
 
 Restore ops (request on stdin, like every probe):
 
@@ -41,6 +43,7 @@ Restore ops (request on stdin, like every probe):
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -68,6 +71,7 @@ from brctl.diagnostics.ckptfiles import (
     resolve,
     why_refused,
 )
+from brctl.diagnostics.ckptspace import PARTIAL_PREFIX
 from brctl.diagnostics.protocol import PROBE_SCHEMA, serve
 from brctl.diagnostics.safefs import UnsafeName
 
@@ -343,7 +347,7 @@ def _receive_one(base: int, f: dict[str, Any], data: IO[bytes]) -> bool | None:
     """True: written; False: wrong checksum (dropped); None: the stream ended early."""
     parent, name = posixpath.split(f["path"])
     pfd = safefs.make_dirs(base, parent) if parent else os.dup(base)
-    tmp = f".brctl-partial-{secrets.token_hex(6)}"
+    tmp = f"{PARTIAL_PREFIX}{secrets.token_hex(6)}"
     try:
         fd = safefs.open_file(pfd, tmp, os.O_WRONLY | os.O_CREAT, 0o600)
         digest, left = hashlib.sha256(), int(f["size"])
@@ -356,7 +360,11 @@ def _receive_one(base: int, f: dict[str, Any], data: IO[bytes]) -> bool | None:
                 _write_all(fd, block)
                 left -= len(block)
             os.fsync(fd)
-        finally:
+        except BaseException:  # ENOSPC, a lost stream: leave the filesystem as found
+            os.close(fd)
+            os.unlink(tmp, dir_fd=pfd)
+            raise
+        else:
             os.close(fd)
         if left > 0 or digest.hexdigest() != f["sha256"]:
             os.unlink(tmp, dir_fd=pfd)
@@ -403,7 +411,9 @@ def main(argv: list[str], stdin: IO[bytes], stdout: IO[bytes]) -> int:
     except REFUSALS as exc:
         doc = {"refused": why_refused(exc)}
     except Exception as exc:  # one JSON answer, never a traceback
-        doc = {"probe_error": f"{type(exc).__name__}: {exc}"}
+        # the receiver's own cause, by name (ENOSPC): the sender's EPIPE is only its echo
+        code = errno.errorcode.get(exc.errno or 0) if isinstance(exc, OSError) else None
+        doc = {"probe_error": f"{code or type(exc).__name__}: {exc}"}
     if req.get("op") == "send":  # no document: stdout is the data
         sys.stderr.write(f"brctl: send stopped: {doc.get('refused') or doc.get('probe_error')}\n")
         return REFUSED_EXIT if "refused" in doc else 1

@@ -297,7 +297,7 @@ def _train(cfg: dict[str, Any], device: str, rank: int, local: int) -> dict[str,
         dist.destroy_process_group()
     if rank != 0:
         return None
-    return {"steps": steps, "losses": [None if math.isnan(x) else x for x in losses],
+    return {"steps": steps, "losses": [x if math.isfinite(x) else None for x in losses],
             "step_seconds": step_seconds}
 
 

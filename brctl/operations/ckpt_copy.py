@@ -41,6 +41,7 @@ from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.diagnostics.ckptmove import REFUSED_EXIT
 from brctl.diagnostics.safefs import UnsafeName, check_component, check_relpath
 from brctl.operations import Finished, Track, untracked
+from brctl.operations.ckpt_room import lanes, no_room, receiver_failed, room_request
 from brctl.remote.probes import ProbeResult, ProbeRunner, parse_document
 
 PROBE = "brctl.diagnostics.ckptfiles"
@@ -241,17 +242,6 @@ class Lane:
     files: tuple[ShardFile, ...]
 
 
-def lanes(files: Sequence[ShardFile], parallel: int) -> list[list[ShardFile]]:
-    """``files`` in at most ``parallel`` groups of about equal bytes (largest first)."""
-    groups: list[list[ShardFile]] = [[] for _ in range(max(1, min(parallel, len(files))))]
-    sizes = [0] * len(groups)
-    for f in sorted(files, key=lambda f: (-f.size, f.rel)):
-        i = sizes.index(min(sizes))
-        groups[i].append(f)
-        sizes[i] += f.size
-    return [sorted(g, key=lambda f: f.rel) for g in groups if g]
-
-
 class Relay:
     """Runs lanes, ``parallel`` at a time, over one transport and probe runner."""
 
@@ -317,6 +307,8 @@ def _lane_outcome(lane: Lane, sent: RunResult | None, got: RunResult) -> str | N
     doc, err = parse_document(got)
     if doc is not None and "refused" in doc:
         return NodeRefused(f"{dst}: {doc['refused']}")
+    if (why_dst := receiver_failed(dst, got, err)) and (sent is None or sent.exit_code != REFUSED_EXIT):
+        return why_dst  # its cause (ENOSPC on the peer), not the sender's EPIPE that follows
     if sent is not None and sent.state is not NodeState.OK:
         why = sent.stderr.strip().splitlines()[-1:] or [sent.state.value]
         if sent.exit_code == REFUSED_EXIT:
@@ -485,9 +477,15 @@ class _Backup:
             self.finish(p, "planned")
 
     def prepare(self, pending: list[_Pending]) -> list[_Pending]:
-        """Create the step's directory on the peer (and its backup root) and drop a stale manifest."""
-        return self.batch({p.owner: {"op": "prepare", "source": p.owner, "step": p.step}
-                           for p in pending}, pending)[0]
+        """Create the step's directory on the peer (and its backup root), drop a stale
+        manifest and partials, and check the peer can take the step (``ckpt_room``)."""
+        going, docs = self.batch({p.owner: {"op": "prepare", "source": p.owner, "step": p.step,
+                                            **room_request(p.todo, self.cfg.backup_margin)}
+                                  for p in pending}, pending)
+        for p in going:
+            if (why := no_room(p.peer, p.owner, docs[p.owner])) is not None:
+                self.finish(p, "refused", why, copied=0)
+        return [p for p in going if docs[p.owner].get("no_room") is None]
 
     def copy(self, pending: list[_Pending]) -> list[_Pending]:
         """Stream every missing file; machines with a failed lane stop here."""

@@ -37,11 +37,11 @@ from brctl.operations.ckpt_copy import (
     checked_files,
     checked_step,
     entries,
-    lanes,
     names,
     probe_state,
     skip_notes,
 )
+from brctl.operations.ckpt_room import lanes
 from brctl.remote.probes import ProbeResult, ProbeRunner
 
 # -- restore ------------------------------------------------------------------------------

@@ -245,6 +245,11 @@ class Daemon:
             current = self.state.action(action.key)  # a parent plan may have finished it
             if action.kind != "plan" or current is None or current.state != INTENT:
                 continue
+            if current.damaged:  # nobody can say what it would do: a human decides
+                self._after_plan(self.executor.abandon(
+                    current.key, None, f"not resumed: daemon_actions row {current.key}: "
+                                       f"{current.damaged}"))
+                continue
             parent = current.payload.get("follows")
             if parent and (p := self.state.action(str(parent))) is not None and p.state == INTENT:
                 continue  # the parent resumes its follow-up itself
@@ -263,7 +268,7 @@ class Daemon:
         why = resume_refusal(
             doc, written=written, now=self.clock(), max_age=self.cfg.max_plan_age,
             members=self.members(), swapped=_swapped(kinds, states),
-            quarantined=self.state.quarantined(),
+            quarantined=self.state.quarantined(self.clock()),
             restart_pending=any(kinds[i] == "restart" and st is None for i, st in states.items()),
             restarts_without_progress=self.restarts_without_progress,
             max_restarts=self.cfg.max_restarts_without_progress)
@@ -278,7 +283,7 @@ class Daemon:
 
     def _check_pool(self) -> None:
         checks = self.state.checks()
-        quarantined = self.state.quarantined()
+        quarantined = self.state.quarantined(self.clock())
         members = set(self.members())
         todo = [self.inv.node(n) for n in self.inv.standby
                 if n not in checks and n not in quarantined and n not in members]
@@ -331,7 +336,7 @@ class Daemon:
             self.restarts_without_progress = 0
             self.crash_history = []
         quarantined = {n: (f"hand: {e.operator or 'someone'}: {e.reason}" if e.source == "hand"
-                           else e.source) for n, e in self.state.quarantined().items()}
+                           else e.source) for n, e in self.state.quarantined(self.clock()).items()}
         obs = Observation(now, health.evict, health.unanswered, step, running, health.stopped_on,
                           quarantined)
         result = PollResult(now, step, moved, dry_run=self.dry_run)
@@ -398,7 +403,7 @@ class Daemon:
         by_hand = incident.nodes if incident.kind == "hand_evict" else ()
         doc = {"incident": incident.to_json(), "symptom": finding.symptom,
                "source": "hand" if by_hand else "daemon",
-               "by": tuple(sorted({self.state.quarantined()[n].operator or "" for n in by_hand}))}
+               "by": tuple(sorted({self.state.quarantined(self.clock())[n].operator or "" for n in by_hand}))}
         why = self._admit(f"{self.job.name}/plan/{event_id}", plan, [n.name for n in nodes], doc,
                           stop=True, by_hand=by_hand)
         if why is not None:
@@ -410,7 +415,7 @@ class Daemon:
         carry it out; the refusal, or None."""
         spares = pick_standbys(self.inv.standby, in_use=members, count=len(plan.evict),
                                checked=[n for n, (ok, _, _) in self.state.checks().items() if ok],
-                               quarantined=self.state.quarantined())
+                               quarantined=self.state.quarantined(self.clock()))
         replacements = dict(zip(plan.evict, spares))
         short = shortfall(plan, spares)
         counted = replace(plan, evict=tuple(n for n in plan.evict if n not in set(by_hand)))
@@ -425,7 +430,7 @@ class Daemon:
                           stop=stop and self.job.stop_command is not None, already_evicted=by_hand)
         doc = PlanRecord(plan, steps, tuple(members), replacements, **extra)
         if self.dry_run:  # decide and show; record nothing
-            why = caps([e.at for e in self.state.eviction_history()])
+            why = caps([e.at for e in self.state.eviction_history(self.clock())])
         else:
             why = self.state.admit(key, doc.to_json(), plan.reason, self.clock(), evict=counted.evict,
                                    source="daemon", operator=None, caps=caps,

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from brctl.analysis.daemon_plan import Holder, holder_dead
 from brctl.operations.daemon_state import DaemonState
+from brctl.state import StateBusy, StateDamaged
 
 RENEWALS_PER_TTL = 4  # a lease survives three missed renewals
 
@@ -85,7 +86,7 @@ class Heartbeat:
         while not self._stop.wait(self.ttl / RENEWALS_PER_TTL):
             try:
                 renewed = self.state.renew_lease(self.generation, self.clock(), self.ttl)
-            except sqlite3.Error:  # a busy database: the next beat retries
+            except (sqlite3.Error, StateBusy, StateDamaged):  # a busy database: the next beat retries
                 continue
             if not renewed:
                 self.lost.set()

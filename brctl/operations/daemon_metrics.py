@@ -4,7 +4,12 @@ A private ``CollectorRegistry`` (no global default registry) whose collector
 reads the daemon's state at scrape time; every family carries the ``job`` label:
 
 - ``brctl_node_health{node,status}``: 1 ok, 0.5 warn, 0 fail, -1 no verdict.
-- ``brctl_daemon_events_total{kind}``, ``brctl_daemon_actions_total{kind,state}``.
+- ``brctl_daemon_events_total{kind}``; ``brctl_daemon_actions_total{kind,state}``:
+  actions of the job's whole history that reached each final state (done, failed,
+  refused, abandoned, unknown, skipped: a row reaches one once and keeps it, so the
+  counter never decreases and ``increase()``/``rate()`` count real actions).
+- ``brctl_daemon_actions_in_flight{kind,state}``: actions written as ``intent``
+  and not finished yet (a gauge: it goes down when they finish).
 - ``brctl_standby_ready``: checked standbys ready to swap in.
 - ``brctl_ettr{window="all"|"1h"}``: effective training time ratio.
 - ``brctl_daemon_halted``: 1 while a cap holds the daemon back (it stays up; a
@@ -23,14 +28,13 @@ from __future__ import annotations
 
 import platform
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import brctl
 from brctl.analysis.ettr import ratio
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.daemon_state import FINAL, INTENT, DaemonState
 
 HEALTH_VALUE = {"ok": 1.0, "warn": 0.5, "fail": 0.0}  # anything else (no verdict): -1
 
@@ -66,11 +70,20 @@ class _Collector:
         for kind, n in sorted(self.state.event_counts().items()):
             c.add_metric([job, kind], float(n))
         yield c
-        a = CounterMetricFamily("brctl_daemon_actions", "Actions by kind and state",
+        counts = self.state.action_counts()  # the whole history, not the newest rows
+        a = CounterMetricFamily("brctl_daemon_actions",
+                                "Actions that reached each final state, by kind",
                                 labels=["job", "kind", "state"])
-        for (kind, st), n in sorted(Counter((x.kind, x.state) for x in self.state.actions()).items()):
-            a.add_metric([job, kind, st], float(n))
+        flight = GaugeMetricFamily("brctl_daemon_actions_in_flight",
+                                   "Actions begun (intent) and not finished, by kind",
+                                   labels=["job", "kind", "state"])
+        for (kind, st), n in sorted(counts.items()):
+            if st in FINAL:
+                a.add_metric([job, kind, st], float(n))
+            elif st == INTENT:
+                flight.add_metric([job, kind, st], float(n))
         yield a
+        yield flight
         ready = GaugeMetricFamily("brctl_standby_ready", "Checked standby machines ready to swap in",
                                   labels=["job"])
         ready.add_metric([job], float(view.standby_ready))

@@ -85,6 +85,7 @@ class StatusReport:
     actions: list[dict[str, Any]]
     quarantined: list[dict[str, Any]]
     now: float
+    skipped: list[dict[str, str]] = field(default_factory=list)  # rows that did not decode
 
     @property
     def alive(self) -> bool:
@@ -93,14 +94,16 @@ class StatusReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        """1 when no daemon watches the job, else 0."""
-        return ExitCode.OK if self.alive else ExitCode.FINDINGS
+        """3 when rows were skipped (they did not decode), else 1 when no daemon watches
+        the job, else 0."""
+        return exit_code_of(incomplete=bool(self.skipped), findings=not self.alive)
 
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.daemon-status/1``."""
         return {"job": self.job, "running": self.alive, "lease": self.lease,
                 "last_poll": self.last_poll, "summary": self.summary, "events": self.events,
-                "actions": self.actions, "quarantined": self.quarantined}
+                "actions": self.actions, "quarantined": self.quarantined,
+                "skipped_rows": self.skipped}
 
 
 def status(inv: Inventory, state_dir: Path, *, events: int = 20) -> StatusReport:
@@ -120,10 +123,13 @@ def read_status(inv: Inventory, store: Store, *, events: int = 20) -> StatusRepo
         raise UsageError(f"daemon status: {inv.source} has no job: section")
     state = DaemonState(store, inv.job.name)
     last = state.status()
+    lease = state.lease()
+    recent = state.events(events)
+    actions = [a.to_json() for a in state.actions(limit=events)]
+    quarantined = [q.to_json() for q in state.quarantined().values()]
     return StatusReport(
-        inv.job.name, state.lease(), last[0] if last else None, last[1] if last else {},
-        state.events(events), [a.to_json() for a in state.actions(limit=events)],
-        [q.to_json() for q in state.quarantined().values()], time.time())
+        inv.job.name, lease, last[0] if last else None, last[1] if last else {},
+        recent, actions, quarantined, time.time(), [d.to_json() for d in state.skipped()])
 
 
 def follow(inv: Inventory, store: Store, first: StatusReport, *, events: int, every: float,

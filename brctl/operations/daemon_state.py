@@ -23,6 +23,11 @@ Shared by ``brctl daemon``, ``evict``/``unevict``, ``standby`` and ``ettr``:
 - ``job_members``: the job's machines in rank order, after swaps.
 - ``ettr_intervals``: productive / unproductive time.
 - ``daemon_status``: the last poll, for ``brctl daemon status``.
+
+Every row read back is untrusted (``operations.daemon_rows``): one that does not
+decode is skipped and kept in ``damaged`` (table, key, why) for the reporting
+commands to name (exit 3); an action whose record is unreadable comes back
+marked ``damaged``, and the daemon abandons that plan with a page.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import os
 import socket
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from brctl.analysis.daemon import StandbyOutcome
@@ -40,6 +44,8 @@ from brctl.analysis.daemon_plan import PlanRecord
 from brctl.analysis.diagnose_decide import Decision
 from brctl.analysis.ettr import Interval
 from brctl.core.errors import RefusedError
+from brctl.operations import daemon_rows as rows_
+from brctl.operations.daemon_rows import Action, Damaged, Eviction, Lease
 from brctl.state import Component, Store
 
 COMPONENT = Component("daemon", [
@@ -95,73 +101,9 @@ class StaleTarget(RefusedError):
     a standby no longer checked): nothing was written; the plan is abandoned."""
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A lease taken: its fencing generation, and whose expired or dead lease it replaced."""
-
-    generation: int
-    took_over: Optional[str] = None  # "<owner>: <why it was dead>", or None
-
-
-def _text(value: str) -> str:
-    """``value`` as SQLite can store it: a lone surrogate (how Python decodes a file name
-    that is not UTF-8, e.g. a job's step name relayed by a node) is written as ``\\udcff``
-    instead of failing the transaction, and with it the daemon, at every restart."""
-    return value.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def owner_id() -> str:
     """This process as a lease owner: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass(frozen=True)
-class Action:
-    """One row of the action log."""
-
-    id: int
-    key: str
-    kind: str
-    node: Optional[str]
-    payload: dict[str, Any]
-    state: str
-    reason: str
-    created: float
-    finished: Optional[float]
-
-    def to_json(self) -> dict[str, Any]:
-        """``{id, key, kind, node, payload, state, reason, created, finished}``."""
-        return {"id": self.id, "key": self.key, "kind": self.kind, "node": self.node,
-                "payload": self.payload, "state": self.state, "reason": self.reason,
-                "created": self.created, "finished": self.finished}
-
-
-@dataclass(frozen=True)
-class Eviction:
-    """A quarantine record; open while ``released`` is None."""
-
-    node: str
-    job: str
-    reason: str
-    source: str
-    at: float
-    released: Optional[float]
-    operator: Optional[str] = None
-
-    def to_json(self) -> dict[str, Any]:
-        """``{node, job, reason, source, operator, at, released}``."""
-        return {"node": self.node, "job": self.job, "reason": self.reason, "source": self.source,
-                "operator": self.operator, "at": self.at, "released": self.released}
-
-
-def _eviction(r: sqlite3.Row) -> Eviction:
-    return Eviction(r["node"], r["job"], r["reason"], r["source"], r["at"], r["released"],
-                    r["operator"])
-
-
-def _action(row: sqlite3.Row) -> Action:
-    return Action(row["id"], row["key"], row["kind"], row["node"], json.loads(row["payload"]),
-                  row["state"], row["reason"], row["created"], row["finished"])
 
 
 class DaemonState:
@@ -171,7 +113,12 @@ class DaemonState:
         """Args: store: the open state database; job: the job's name (records are per job)."""
         self.store = store
         self.job = job
+        self.rows = rows_.Reader()  # decodes what is read back, keeps what did not decode
         store.migrate(COMPONENT)
+
+    def skipped(self) -> list[Damaged]:
+        """The rows read so far that did not decode, in the order they were met."""
+        return self.rows.skipped()
 
     # events -----------------------------------------------------------------
     def event(self, kind: str, nodes: Sequence[str], detail: dict[str, Any], at: float) -> int:
@@ -187,8 +134,7 @@ class DaemonState:
         rows = self.store.query(
             "SELECT * FROM daemon_events WHERE job = ? AND at >= ? ORDER BY id DESC LIMIT ?",
             (self.job, since, limit))
-        return [{"id": r["id"], "at": r["at"], "kind": r["kind"], "nodes": json.loads(r["nodes"]),
-                 "detail": json.loads(r["detail"])} for r in reversed(rows)]
+        return [e for r in reversed(rows) if (e := self.rows.event(r)) is not None]
 
     def halt(self) -> Optional[str]:
         """Why the job's daemon is halted, or None: the newest ``halted`` event unless a
@@ -198,7 +144,9 @@ class DaemonState:
                                 "kind IN ('halted', 'rearmed') ORDER BY id DESC LIMIT 1", (self.job,))
         if not rows or rows[0]["kind"] != "halted":
             return None
-        detail = json.loads(rows[0]["detail"])
+        detail = self.rows.obj(rows[0]["detail"], "daemon_events", "halted", "detail")
+        if detail is None:  # still halted: what halted it is a human's to read
+            return "halted (its record does not decode)"
         return str(detail.get("why") or detail.get("reason") or "halted")
 
     def event_counts(self) -> dict[str, int]:
@@ -206,6 +154,16 @@ class DaemonState:
         rows = self.store.query("SELECT kind, COUNT(*) AS n FROM daemon_events WHERE job = ? "
                                 "GROUP BY kind", (self.job,))
         return {r["kind"]: int(r["n"]) for r in rows}
+
+    def action_counts(self) -> dict[tuple[str, str], int]:
+        """(kind, state) → actions of the job's whole history in that state, every state.
+
+        A row reaches a final state once and keeps it (rows are never removed), so
+        the final states' counts only grow: ``/metrics`` counts those; ``intent`` goes
+        up and down (a gauge)."""
+        rows = self.store.query("SELECT kind, state, COUNT(*) AS n FROM daemon_actions "
+                                "WHERE job = ? GROUP BY kind, state", (self.job,))
+        return {(str(r["kind"]), str(r["state"])): int(r["n"]) for r in rows}
 
     # the action log ---------------------------------------------------------
     def _fence(self, db: sqlite3.Connection, generation: Optional[int]) -> None:
@@ -245,28 +203,32 @@ class DaemonState:
             db.execute(
                 "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
                 " created) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.job, key, kind, node, json.dumps(payload), INTENT, _text(reason), at))
+                (self.job, key, kind, node, json.dumps(payload), INTENT, rows_.storable(reason), at))
             row = db.execute("SELECT * FROM daemon_actions WHERE key = ?", (key,)).fetchone()
-        return _action(row)
+        try:
+            return rows_.action(row)
+        except (rows_.BadRow, TypeError, ValueError) as exc:  # a damaged row under this key
+            self.rows.damaged("daemon_actions", key, exc)
+            raise StaleTarget(f"the record of {key} does not decode: {exc}") from None
 
     def finish(self, key: str, state: str, at: float, reason: Optional[str] = None,
-               payload: Optional[dict[str, Any]] = None, generation: Optional[int] = None) -> None:
+               payload: Optional[dict[str, Any]] = None, generation: Optional[int] = None) -> bool:
         """Mark an action ``done``/``failed``/``refused``/... (and keep its result in ``payload``).
+        Only a row still ``intent`` changes: a final state is never left (that is what keeps
+        ``/metrics``' counts of final states monotonic); False, nothing written, when the
+        row was already final (or is not there).
 
         Raises:
             LeaseLost: ``generation`` no longer holds the job's lease (nothing written).
         """
         with self.store.transaction() as db:
             self._fence(db, generation)
-            if payload is not None:
-                db.execute("UPDATE daemon_actions SET payload = ? WHERE key = ?",
-                           (json.dumps(payload, default=str), key))
-            if reason is None:
-                db.execute("UPDATE daemon_actions SET state = ?, finished = ? WHERE key = ?",
-                           (state, at, key))
-            else:
-                db.execute("UPDATE daemon_actions SET state = ?, finished = ?, reason = ? "
-                           "WHERE key = ?", (state, at, _text(reason), key))
+            cur = db.execute(
+                "UPDATE daemon_actions SET state = ?, finished = ?, reason = COALESCE(?, reason),"
+                " payload = COALESCE(?, payload) WHERE key = ? AND state = ?",
+                (state, at, None if reason is None else rows_.storable(reason),
+                 None if payload is None else json.dumps(payload, default=str), key, INTENT))
+            return cur.rowcount == 1
 
     def skip(self, key: str, kind: str, node: Optional[str], payload: dict[str, Any],
              reason: str, at: float, generation: Optional[int] = None) -> None:
@@ -283,9 +245,9 @@ class DaemonState:
             db.execute(
                 "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
                 " created, finished) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.job, key, kind, node, json.dumps(payload), SKIPPED, _text(reason), at, at))
+                (self.job, key, kind, node, json.dumps(payload), SKIPPED, rows_.storable(reason), at, at))
             db.execute("UPDATE daemon_actions SET state = ?, finished = ?, reason = ? "
-                       "WHERE key = ? AND state = ?", (SKIPPED, at, _text(reason), key, INTENT))
+                       "WHERE key = ? AND state = ?", (SKIPPED, at, rows_.storable(reason), key, INTENT))
 
     def admit(self, key: str, payload: dict[str, Any], reason: str, at: float, *,
               evict: Sequence[str], source: str, operator: Optional[str],
@@ -304,19 +266,19 @@ class DaemonState:
         """
         with self.store.transaction() as db:
             self._fence(db, generation)
-            times = [float(r["at"]) for r in db.execute("SELECT at FROM evictions")]
+            times = [rows_.at_or(r["at"], at) for r in db.execute("SELECT at FROM evictions")]
             why = caps(times)
             db.execute(
                 "INSERT OR IGNORE INTO daemon_actions(job, key, kind, node, payload, state, reason,"
                 " created, finished) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (self.job, key, kind, evict[0] if kind != "plan" and evict else None,
                  json.dumps(payload, default=str), REFUSED if why else INTENT,
-                 _text(why or reason), at, at if why else None))
+                 rows_.storable(why or reason), at, at if why else None))
             if why is None:
                 db.executemany(
                     "INSERT OR IGNORE INTO evictions(node, job, reason, source, at, operator)"
                     " VALUES(?, ?, ?, ?, ?, ?)",
-                    [(n, self.job, _text(reason), source, at, operator) for n in evict])
+                    [(n, self.job, rows_.storable(reason), source, at, operator) for n in evict])
         return why
 
     def plan_of(self, key: str) -> Optional[Action]:
@@ -324,10 +286,12 @@ class DaemonState:
         rows = self.store.query("SELECT * FROM daemon_actions WHERE job = ? AND kind = 'plan' "
                                 "AND ? LIKE key || '/%' ORDER BY length(key) DESC LIMIT 1",
                                 (self.job, key))
-        return _action(rows[0]) if rows else None
+        return self.rows.action(rows[0], True) if rows else None
 
-    def actions(self, states: Iterable[str] = (), limit: int = 1000) -> list[Action]:
-        """Actions of this job, oldest first (all states when ``states`` is empty)."""
+    def actions(self, states: Iterable[str] = (), limit: int = 1000, *,
+                damaged_too: bool = False) -> list[Action]:
+        """Actions of this job, oldest first (all states when ``states`` is empty); rows
+        that do not decode are skipped (kept in ``damaged``) unless ``damaged_too``."""
         wanted = list(states)
         sql = "SELECT * FROM daemon_actions WHERE job = ?"
         params: list[object] = [self.job]
@@ -335,12 +299,12 @@ class DaemonState:
             sql += f" AND state IN ({','.join('?' * len(wanted))})"
             params += wanted
         rows = self.store.query(sql + " ORDER BY id DESC LIMIT ?", [*params, limit])
-        return [_action(r) for r in reversed(rows)]
+        return [a for r in reversed(rows) if (a := self.rows.action(r, damaged_too)) is not None]
 
     def action(self, key: str) -> Optional[Action]:
-        """The action recorded under ``key``, or None."""
+        """The action recorded under ``key``, or None (it may be ``damaged``)."""
         rows = self.store.query("SELECT * FROM daemon_actions WHERE key = ?", (key,))
-        return _action(rows[0]) if rows else None
+        return self.rows.action(rows[0], True) if rows else None
 
     def last_progress(self) -> float:
         """When the job last made progress (end of the newest productive interval), or 0."""
@@ -376,7 +340,7 @@ class DaemonState:
         out: list[tuple[Decision, str, float]] = []
         for row in rows:
             try:
-                doc = PlanRecord.from_json(json.loads(row["payload"]))
+                doc = PlanRecord.from_json(rows_.loads(row["payload"], "payload"))
             except ValueError:  # unreadable: not a crash plan the ladder can climb from
                 continue
             if doc.incident_kind == "crash" and not doc.follows:
@@ -385,7 +349,7 @@ class DaemonState:
 
     def unfinished(self) -> list[Action]:
         """Plans and steps written as intent and never finished (a crash or kill -9 in between)."""
-        return self.actions([INTENT])
+        return self.actions([INTENT], damaged_too=True)
 
     # lease ------------------------------------------------------------------
     def acquire_lease(self, owner: str, holder: Optional[dict[str, Any]], now: float, ttl: float,
@@ -406,7 +370,8 @@ class DaemonState:
             row = db.execute("SELECT * FROM daemon_lease WHERE job = ?", (self.job,)).fetchone()
             took_over = None
             if row is not None and row["owner"] and row["expires"] > now:
-                why = dead(json.loads(row["holder"]) if row["holder"] else None)
+                why = dead(self.rows.obj(row["holder"], "daemon_lease", self.job, "holder")
+                           if row["holder"] else None)
                 if why is None:
                     raise RefusedError(
                         f"daemon: job {self.job!r} is leased by {row['owner']} for another "
@@ -444,7 +409,14 @@ class DaemonState:
         if not rows:
             return None
         doc = dict(rows[0])
-        doc["holder"] = json.loads(doc["holder"]) if doc["holder"] else None
+        doc["holder"] = (self.rows.obj(doc["holder"], "daemon_lease", self.job, "holder")
+                         if doc["holder"] else None)
+        try:
+            doc["expires"] = rows_.number(doc["expires"], "expires")
+            doc["acquired"] = rows_.number(doc["acquired"], "acquired")
+        except rows_.BadRow as exc:
+            self.rows.damaged("daemon_lease", self.job, exc)
+            return None
         return doc
 
     # quarantine -------------------------------------------------------------
@@ -456,15 +428,16 @@ class DaemonState:
                              (at, node))
             return cur.rowcount == 1
 
-    def quarantined(self) -> dict[str, Eviction]:
-        """Open records, any job (a bad machine is bad for every job)."""
-        rows = self.store.query("SELECT * FROM evictions WHERE released IS NULL ORDER BY at")
-        return {r["node"]: _eviction(r) for r in rows}
+    def quarantined(self, closed_at: Optional[float] = None) -> dict[str, Eviction]:
+        """Open records, any job (a bad machine is bad for every job). A damaged row is
+        skipped, or with ``closed_at`` (decisions) kept as ``daemon_rows.closed`` says."""
+        return {e.node: e for e in self.eviction_history(closed_at) if e.released is None}
 
-    def eviction_history(self) -> list[Eviction]:
-        """Every eviction record, oldest first (caps and failure-rate history)."""
+    def eviction_history(self, closed_at: Optional[float] = None) -> list[Eviction]:
+        """Every eviction record, oldest first (caps and failure-rate history); a damaged
+        row as ``quarantined`` says."""
         rows = self.store.query("SELECT * FROM evictions ORDER BY at")
-        return [_eviction(r) for r in rows]
+        return [e for r in rows if (e := self.rows.eviction(r, closed_at)) is not None]
 
     # standby pool -------------------------------------------------------------
     def mark_checked(self, node: str, ok: bool, detail: str, at: float,
@@ -477,7 +450,7 @@ class DaemonState:
             db.execute("INSERT INTO standby_checks(node, ok, at, detail, outcome) "
                        "VALUES(?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET ok = excluded.ok,"
                        " at = excluded.at, detail = excluded.detail, outcome = excluded.outcome",
-                       (node, int(ok), at, _text(detail), outcome))
+                       (node, int(ok), at, rows_.storable(detail), outcome))
 
     def outcomes(self) -> dict[str, StandbyOutcome]:
         """node → checked | failed | untested of its last self-check."""
@@ -575,7 +548,15 @@ class DaemonState:
     def status(self) -> Optional[tuple[float, dict[str, Any]]]:
         """(when, summary) of the last poll, or None."""
         rows = self.store.query("SELECT at, doc FROM daemon_status WHERE job = ?", (self.job,))
-        return (rows[0]["at"], json.loads(rows[0]["doc"])) if rows else None
+        if not rows:
+            return None
+        doc = self.rows.obj(rows[0]["doc"], "daemon_status", self.job, "doc")
+        try:
+            at = float(rows_.number(rows[0]["at"], "at"))
+        except rows_.BadRow as exc:
+            self.rows.damaged("daemon_status", self.job, exc)
+            return None
+        return (at, doc) if doc is not None else None
 
 
 def _check_unquarantined(db: sqlite3.Connection, nodes: Sequence[str]) -> None:

@@ -100,6 +100,9 @@ class Executor:
             skey = f"{key}/{step.id}"
             self.state.fence(self.generation())
             rec = self.state.action(skey)
+            if rec is not None and rec.damaged:  # what it did cannot be read: a human decides
+                return self._close(key, steps[i + 1:], ABANDONED, f"step {step.id}: daemon_"
+                                   f"actions row {skey}: {rec.damaged}", restarted)
             if rec is not None and rec.state == DONE:
                 if step.kind == "replay":
                     self.after_replay(key, doc, ReplayOutcome.from_json(rec.payload))
@@ -191,7 +194,7 @@ class Executor:
         for rec in self.state.unfinished():
             if rec.kind != "evict" or rec.payload.get("by") != "hand":
                 continue
-            nodes = [e.node for e in self.state.eviction_history()
+            nodes = [e.node for e in self.state.eviction_history(self.clock())
                      if e.source == "hand" and e.at == rec.created] or [rec.node or ""]
             if now - rec.created < self.adapter.timeout * (len(nodes) + 1):
                 continue

@@ -109,7 +109,7 @@ def evict(inv: Inventory, pattern: str, reason: str, *, dry_run: bool, force: bo
     nodes = machines_of(inv, pattern, "evict")
     if not reason.strip():
         raise UsageError("evict: --reason must say why (it goes to the scheduler and the log)")
-    quarantined = state.quarantined()
+    quarantined = state.quarantined(at)
     new = [n for n in nodes if n not in quarantined]
     job_size = len(inv.job.nodes) if inv.job is not None else len(inv.nodes)
     members = state.members(inv.job.nodes) if inv.job is not None else []
@@ -133,7 +133,7 @@ def evict(inv: Inventory, pattern: str, reason: str, *, dry_run: bool, force: bo
         return EvictReport("evict", tuple(unchanged[n] for n in nodes), dry_run, audit.operator)
     key = f"{state.job}/hand-evict/{fold(new)}/{at:.6f}"
     if dry_run:
-        why = caps([e.at for e in state.eviction_history()])
+        why = caps([e.at for e in state.eviction_history(at)])
     else:
         why = state.admit(key, {"by": "hand", "operator": audit.operator, "force": force}, reason,
                           at, evict=new, source="hand", operator=audit.operator, caps=caps,

@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
-from brctl.analysis.probe_doc import REAL, malformed
+from brctl.analysis.probe_doc import OPT_FINITE, malformed
 from brctl.analysis.replay import (
     ReplayPlan,
     RoundSpec,
@@ -308,11 +308,13 @@ class RoundLauncher:
             if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
                 return GroupRun(group, "error", error=f"{group[0]}: no fingerprints in the answer",
                                 seconds=seconds)
-            why = malformed(doc.get("losses"), ([REAL], None), "document.losses")
+            # a diverged loss comes as null (its step's fingerprint says nan/inf): numbers
+            # from a node are finite, and NaN/Infinity are not JSON
+            why = malformed(doc.get("losses"), ([OPT_FINITE], None), "document.losses")
             if why is not None:  # the node's answer: any JSON, an int past a float's range too
                 return GroupRun(group, "error", error=f"{group[0]}: malformed replay answer: {why}",
                                 seconds=seconds)
-            losses = tuple(float(x) for x in doc.get("losses") or [])
+            losses = tuple(None if x is None else float(x) for x in doc.get("losses") or [])
             return GroupRun(group, "ok", tuple(steps), seconds=seconds, losses=losses)
         failed = [(m, r) for m, r in zip(group, raw) if r.state is not NodeState.OK]
         if failed:

@@ -6,6 +6,7 @@ job's recorded incidents (``--mix history``) and turns a ``--sweep`` into one sc
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,6 +89,9 @@ def load_mix(name: str) -> tuple[IncidentKind, ...]:
     return tuple(_kind(entry, name, i) for i, entry in enumerate(kinds))
 
 
+MAX_RATE = 1000.0  # incidents per machine-day: past this nothing trains, and the draws never end
+
+
 def _kind(entry: Any, path: str, i: int) -> IncidentKind:
     key = f"kinds[{i}]"
     if not isinstance(entry, dict):
@@ -98,9 +102,12 @@ def _kind(entry: Any, path: str, i: int) -> IncidentKind:
         raise InputError(f"mix {path}: {key}: unknown key(s) {', '.join(map(str, unknown))}",
                          file=path, key=key)
     rate = entry.get("rate")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate < 0:
-        raise InputError(f"mix {path}: {key}.rate: expected incidents per machine-day >= 0, "
-                         f"got {rate!r}", file=path, key=f"{key}.rate")
+    # YAML reads .inf, .nan and 1e400 as floats: a rate is finite and in range where it enters
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) \
+            or not 0 <= rate <= MAX_RATE:  # NaN fails too
+        raise InputError(f"mix {path}: {key}.rate: expected a finite number of incidents per "
+                         f"machine-day from 0 to {MAX_RATE:g}, got {rate!r}",
+                         file=path, key=f"{key}.rate")
     signal, resolution = entry.get("signal"), entry.get("resolution")
     if signal not in SIGNALS:
         raise InputError(f"mix {path}: {key}.signal: got {signal!r}, expected one of "
@@ -124,6 +131,9 @@ def parse_setting(text: str, flag: str) -> tuple[str, list[float]]:
         numbers = []
     if not key or not numbers:
         raise UsageError(f"{flag} {text!r}: expected KEY=NUMBER[,NUMBER...], e.g. standby.size=2,4,8")
+    for spelled, number in zip(values.split(","), numbers):
+        if not math.isfinite(number):  # float() reads nan, inf and 1e400
+            raise UsageError(f"{flag} {key.strip()}: {spelled.strip()!r} is not a finite number")
     return key.strip(), numbers
 
 

@@ -48,7 +48,7 @@ class SlurmHooks:
         self.job_id = job.job_id if isinstance(job, SlurmJob) else job
 
     def _job(self) -> Optional[SlurmJob]:
-        return next((j for j in self.slurm.jobs() if j.job_id == self.job_id), None)
+        return self.slurm.job(self.job_id)
 
     def _steps(self, steps: Sequence[Sequence[str]], effect: Callable[[], str]) -> HookRun:
         """Run client commands in order, stopping at the first failure; one record whose
@@ -151,7 +151,7 @@ class SlurmHooks:
             job = self._job()
             before = self.slurm.hostnames(job.nodelist) if job and job.nodelist else ()
         except BrctlError as exc:
-            return HookRun(("squeue", "--json"), 1, "", exc.message, 0.0)
+            return HookRun(("squeue", "-j", self.job_id), 1, "", exc.message, 0.0)
         if job is None:
             return HookRun(("scontrol", "requeuehold", self.job_id), 2, "",
                            f"Slurm has no job {self.job_id}", 0.0)
@@ -169,7 +169,7 @@ class SlurmHooks:
         try:
             job = self._job()
         except BrctlError as exc:
-            return HookRun(("squeue", "--json"), 1, "", exc.message, 0.0)
+            return HookRun(("squeue", "-j", self.job_id), 1, "", exc.message, 0.0)
         if job is None or job.state not in ("RUNNING", "CONFIGURING", "SUSPENDED"):
             state = job.state if job is not None else "unknown to Slurm"
             return HookRun(("scontrol", "requeuehold", self.job_id), 0,

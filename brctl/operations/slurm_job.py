@@ -1,23 +1,32 @@
 """The job from Slurm: ``job.slurm`` resolved to machines, state and restart count.
 
-Asked afresh at every command (never cached: a stale machine list is worse than none):
-``squeue --json`` (every field is a JSON value, so a job name such as ``x NodeList=evil``
-cannot pose as another field; 22.05 applies no filters to --json, so the job is picked
-here), ``scontrol show hostnames`` for the node list in machine order, ``sinfo --json`` for
-machines the inventory does not list (NodeAddr, GPU Gres) and for the standby pool. Every
-client command is an argv list with a timeout; what it prints is checked before use (node
-names become file names and argv words on the controller).
+Asked afresh at every command (never cached: a stale machine list is worse than none), and
+only about the one job, never the whole queue (a queue of ~40,000 jobs is more than any
+client answer brctl will parse): from 23.02 ``squeue --json -j ID`` (a name: ``squeue --json
+-u USER``, the user's jobs only), where every field is a JSON value, so a job name such as
+``x NodeList=evil`` cannot pose as another field; on 22.05, whose ``--json`` applies no
+filter, ``squeue -h -j ID -O ...`` with fields no user can fill (``operations.slurm_read``
+reads both, and every data parser's shapes). ``scontrol show hostnames`` for the node list
+in machine order, ``sinfo --json`` (from 23.02 ``scontrol --json show nodes``: sinfo's
+JSON became a summary by state) for machines the inventory does not list (NodeAddr, GPU
+Gres) and for the standby pool. Every client command is an argv list with a timeout; what
+it prints is checked before use (node names become file names and argv words on the
+controller).
 
-Errors: Slurm has no such job → exit 2 (InputError); Slurm did not answer → exit 3.
+Errors: Slurm has no such job → exit 2 (InputError); Slurm did not answer, or answered
+something brctl cannot read (the field and the data parser named) → exit 3.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import selectors
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Optional
 
 from brctl.analysis.inventory import Inventory, Job, NodeEntry, resolve_entries
@@ -25,74 +34,16 @@ from brctl.config.slurm import SlurmJobSection, SlurmSection
 from brctl.core.errors import IncompleteError, InputError
 from brctl.core.schema import SchemaError
 from brctl.core.transport import Node
+from brctl.operations.slurm_read import ACTIVE as ACTIVE
+from brctl.operations.slurm_read import RUNNING as RUNNING
+from brctl.operations.slurm_read import TEXT_FORMAT, parser_of, read_job, read_node, read_text_job
+from brctl.operations.slurm_read import SlurmJob as SlurmJob
+from brctl.operations.slurm_read import SlurmNode as SlurmNode
 
-RUNNING = "RUNNING"
-# States in which the job holds (or will hold) machines; the rest are over.
-ACTIVE = frozenset({"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED",
-                    "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING",
-                    "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 _MAX_OUTPUT = 256 << 20  # bytes of one client command's output brctl will parse
-_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    """One job as Slurm reports it."""
-
-    job_id: str
-    name: str
-    state: str
-    reason: str
-    nodes: tuple[str, ...]  # machine order; only while RUNNING (never a stale list)
-    restarts: int
-    user: str
-    required: str = ""  # ReqNodeList as Slurm prints it (a folded set)
-    excluded: str = ""  # ExcNodeList
-    nodelist: str = ""  # the allocation as Slurm prints it (a finished job's last one, too)
-
-    @property
-    def running(self) -> bool:
-        """RUNNING: the job's processes are on its machines."""
-        return self.state == RUNNING
-
-    @property
-    def waiting(self) -> bool:
-        """Queued or between runs (PENDING after a requeue, CONFIGURING, …): not running, not over."""
-        return self.state in ACTIVE and self.state != RUNNING
-
-    def describe(self) -> str:
-        """``Slurm job 42 (RUNNING, 1 restart)`` for ``brctl nodes`` and messages."""
-        extra = f", {self.restarts} restart{'s' if self.restarts != 1 else ''}" if self.restarts else ""
-        why = f": {self.reason}" if self.reason and self.reason != "None" and not self.running else ""
-        return f"Slurm job {self.job_id} ({self.state}{why}{extra})"
-
-
-@dataclass(frozen=True)
-class SlurmNode:
-    """One machine as ``sinfo --json`` reports it."""
-
-    name: str
-    address: str
-    gpus: int
-    state: str  # idle, allocated, mixed, down, …
-    flags: tuple[str, ...]  # DRAIN, NOT_RESPONDING, …
-    partitions: tuple[str, ...]
-    reason: str
-
-    @property
-    def drained(self) -> bool:
-        """Drained or draining: the scheduler places nothing new there."""
-        return "DRAIN" in self.flags
-
-    @property
-    def idle(self) -> bool:
-        """Idle, responding, not drained and reserved for nobody: free to take into a job."""
-        return self.state == "idle" and not self.flags
-
-    @property
-    def idle_reserved(self) -> bool:
-        """Idle and responding, reserved (a reservation's pool) but not drained."""
-        return self.state == "idle" and set(self.flags) <= {"RESERVED", "MAINTENANCE"}
+_KEEP_STDERR = 64 << 10  # the last bytes of its stderr kept (for the message)
+_JSON_FROM = (23, 2)  # the first release whose squeue --json applies -j and -u
+_GONE = re.compile(r"Invalid job id specified")  # squeue -j ID of a job purged after MinJobAge
 
 
 class Slurm:
@@ -104,37 +55,69 @@ class Slurm:
         self.section = section
         self.cluster = cluster
         self.environ = dict(environ) if environ is not None else None
+        self._version: Optional[tuple[int, int]] = None
 
-    def run(self, *argv: str) -> str:
-        """stdout of one client command; exit 3 when Slurm does not answer."""
+    def _call(self, argv: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
         full = [argv[0], *(["-M", self.cluster] if self.cluster else []), *argv[1:]]
         try:
-            done = subprocess.run(full, capture_output=True, timeout=self.section.timeout,
-                                  env=self.environ, stdin=subprocess.DEVNULL, check=False)
+            proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=self.environ, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise InputError(f"{argv[0]}: not found: job.slurm needs Slurm's client commands "
                              "(squeue, sinfo, scontrol) on the controller's PATH") from None
-        except subprocess.TimeoutExpired:
-            raise IncompleteError(f"{' '.join(full[:3])}: no answer within "
-                                  f"{self.section.timeout:g} s (slurm.timeout)") from None
-        if done.returncode != 0:
-            err = done.stderr.decode(errors="replace").strip().splitlines()
-            raise IncompleteError(f"{' '.join(full[:4])} exited {done.returncode}: "
-                                  f"{(err or ['no message'])[-1][:300]}")
-        if len(done.stdout) > _MAX_OUTPUT:
+        try:
+            out, err = _bounded(proc, time.monotonic() + self.section.timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        if out is None:
             raise IncompleteError(f"{argv[0]}: more than {_MAX_OUTPUT >> 20} MiB of output")
+        if err is None:
+            raise IncompleteError(f"{' '.join(full[:3])}: no answer within "
+                                  f"{self.section.timeout:g} s (slurm.timeout)")
+        return subprocess.CompletedProcess(full, proc.returncode, out, err)
+
+    @staticmethod
+    def _failed(argv: Sequence[str], done: subprocess.CompletedProcess[bytes]) -> IncompleteError:
+        err = done.stderr.decode(errors="replace").strip().splitlines()
+        return IncompleteError(f"{' '.join(argv[:4])} exited {done.returncode}: "
+                               f"{(err or ['no message'])[-1][:300]}")
+
+    def run(self, *argv: str) -> str:
+        """stdout of one client command; exit 3 when Slurm does not answer."""
+        done = self._call(argv)
+        if done.returncode != 0:
+            raise self._failed(argv, done)
         return done.stdout.decode(errors="replace")
 
     def json(self, *argv: str) -> Mapping[str, Any]:
         """A ``--json`` client command's document."""
-        text = self.run(*argv)
+        return self.json_text(argv[0], self.run(*argv))
+
+    @staticmethod
+    def json_text(command: str, text: str) -> Mapping[str, Any]:
+        """``command``'s JSON document (exit 3 when it is not one)."""
         try:
             doc = json.loads(text)
-        except ValueError:
-            raise IncompleteError(f"{argv[0]} --json: not JSON: {text[:120]!r}") from None
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+            raise IncompleteError(f"{command} --json: not JSON: {text[:120]!r}") from None
         if not isinstance(doc, dict):
-            raise IncompleteError(f"{argv[0]} --json: not a JSON object")
+            raise IncompleteError(f"{command} --json: not a JSON object")
         return doc
+
+    def version(self) -> tuple[int, int]:
+        """Slurm's release (major, minor) as ``squeue --version`` says it (asked once)."""
+        if self._version is None:
+            text = self.run("squeue", "--version")
+            found = re.match(r"slurm(?:-wlm)? (\d+)\.(\d+)\b", text.strip())
+            if found is None:
+                raise IncompleteError(f"squeue --version: not a Slurm release: {text[:80]!r}")
+            self._version = (int(found.group(1)), int(found.group(2)))
+        return self._version
 
     def hostnames(self, folded: str) -> tuple[str, ...]:
         """``scontrol show hostnames``: a folded node list in Slurm's own order."""
@@ -147,23 +130,71 @@ class Slurm:
             check_machine_name(name, f"scontrol show hostnames {folded}")
         return names
 
-    def jobs(self) -> list[SlurmJob]:
-        """Every job squeue reports (node lists still folded, in ``required``'s place)."""
-        out = []
-        for entry in _items(self.json("squeue", "--json"), "jobs"):
-            job = _job(entry)
-            if job is not None:
-                out.append(job)
-        return out
+    def _jobs(self, argv: Sequence[str]) -> Optional[list[SlurmJob]]:
+        """The jobs ``squeue ARGV`` shows (from 23.02 ``--json``, 22.05's text form before);
+        None when Slurm says the job id it was given is not one it knows (gone).
+
+        Every entry must read (exit 3 naming the one that does not): a job skipped would
+        pass for a job that is gone.
+        """
+        json_form = self.version() >= _JSON_FROM
+        argv = ["squeue", "--json", *argv] if json_form else \
+            ["squeue", "-h", "-t", "all", *argv, "-O", TEXT_FORMAT]
+        done = self._call(argv)
+        if done.returncode != 0:
+            if "-j" in argv and _GONE.search(done.stderr.decode(errors="replace")):
+                return None
+            raise self._failed(argv, done)
+        asked = " ".join(argv[1:-2] if not json_form else argv[1:])
+        if not json_form:
+            where = f"squeue {asked} (Slurm {'.'.join(map(str, self.version()))}, text)"
+            lines = done.stdout.decode(errors="replace").splitlines()
+            return [read_text_job(line, f"{where}: line {i + 1}")
+                    for i, line in enumerate(lines) if line.strip()]
+        doc = self.json_text(argv[0], done.stdout.decode(errors="replace"))
+        items = doc.get("jobs")
+        where = f"squeue {asked} (data parser {parser_of(doc)})"
+        if not isinstance(items, list):
+            raise IncompleteError(f"{where}: no 'jobs' list")
+        return [read_job(item, f"{where}: jobs[{i}]") for i, item in enumerate(items)]
+
+    def job(self, job_id: str) -> Optional[SlurmJob]:
+        """The job with this id as Slurm shows it now; None when Slurm no longer knows it.
+
+        One job is asked for, never the whole queue: ``squeue --json -j ID`` from 23.02,
+        22.05's ``squeue -h -j ID -O ...`` before (its --json ignores -j).
+        """
+        jobs = self._jobs(["-j", job_id])
+        found = [j for j in jobs or () if j.job_id == job_id]  # -j 7 shows an array's tasks
+        if found and self.version() < _JSON_FROM:
+            # 22.05's -O has no ExcNodeList: its -o letter, after the id
+            text = self.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%x|")
+            rows = [line.split("|") for line in text.splitlines()]
+            found = [replace(found[0], excluded=row[1]) for row in rows
+                     if len(row) == 3 and row[0] == job_id] or found
+        return found[0] if found else None
+
+    def named(self, name: str, user: str) -> list[SlurmJob]:
+        """``user``'s jobs named ``name`` (every state Slurm still remembers)."""
+        if self.version() >= _JSON_FROM:
+            return [j for j in self._jobs(["-u", user]) or () if j.name == name and j.user == user]
+        # 22.05: Slurm filters by name and user; the name itself is never parsed
+        return [replace(j, name=name) for j in self._jobs(["-n", name, "-u", user]) or ()
+                if j.user == user]
 
     def nodes(self) -> dict[str, SlurmNode]:
-        """Every machine sinfo reports, by name."""
-        out = {}
-        for entry in _items(self.json("sinfo", "--json"), "nodes"):
-            node = _node(entry)
-            if node is not None:
-                out[node.name] = node
-        return out
+        """Every machine Slurm reports, by name (each entry must read: exit 3 naming it):
+        22.05's ``sinfo --json``; from 23.02 that is a summary by node state, and the
+        machines themselves are ``scontrol --json show nodes``."""
+        argv = ("scontrol", "--json", "show", "nodes") if self.version() >= _JSON_FROM else \
+            ("sinfo", "--json")
+        doc = self.json(*argv)
+        items = doc.get("nodes")
+        where = f"{' '.join(argv)} (data parser {parser_of(doc)})"
+        if not isinstance(items, list):
+            raise IncompleteError(f"{where}: no 'nodes' list")
+        nodes = (read_node(item, f"{where}: nodes[{i}]") for i, item in enumerate(items))
+        return {node.name: node for node in nodes}
 
     def reservation_nodes(self, name: str) -> tuple[str, ...]:
         """The machines of reservation ``name``."""
@@ -172,22 +203,21 @@ class Slurm:
         return self.hostnames(found.group(1)) if found else ()
 
     def find(self, want: SlurmJobSection) -> SlurmJob:
-        """The job ``want`` names, with its machines expanded.
+        """The job ``want`` names, with its machines expanded; a name is looked up among
+        ``want.user``'s jobs only (the load refuses a name without a user).
 
         Raises:
-            InputError: Slurm has no such job, or the name matches several live jobs.
+            InputError: Slurm has no such job.
+            IncompleteError: the name matches several live jobs (``_the_live_one``).
         """
-        jobs = self.jobs()
         if want.job is not None:
-            found = [j for j in jobs if j.job_id == str(want.job)]
+            found = [j for j in [self.job(str(want.job))] if j is not None]
         else:
-            found = [j for j in jobs if j.name == want.name
-                     and (want.user is None or j.user == want.user)]
-            live = [j for j in found if j.state in ACTIVE]
-            if len(live) > 1:
-                raise InputError(f"job.slurm: {len(live)} live Slurm jobs are {want.describe()}: "
-                                 f"{', '.join(j.job_id for j in live)}",
-                                 hint="give job.slurm.job: ID (or user:) to say which")
+            if want.name is None or not want.user:  # the load refuses this: never every user's jobs
+                raise InputError(f"job.slurm: {want.describe()}: a name needs its user",
+                                 hint="give job.slurm.user (or job.user), or the id as job.slurm.job")
+            found = self.named(want.name, want.user)
+            live = _the_live_one([j for j in found if j.state in ACTIVE], want)
             found = live or sorted(found, key=lambda j: _id_key(j.job_id))[-1:]
         if not found:
             raise InputError(f"job.slurm: Slurm has no {want.describe()} (squeue forgets "
@@ -197,53 +227,25 @@ class Slurm:
         return replace(job, nodes=self.hostnames(job.nodelist)) if job.running else job
 
 
+def _the_live_one(live: list[SlurmJob], want: SlurmJobSection) -> list[SlurmJob]:
+    """The job among several live ones of that name: the job user can ``sbatch -J NAME
+    --hold`` a job of the same name at any time, which must neither be taken for the job
+    nor stop brctl. Held jobs (``JobHeld*``) drop out while another is live; then the one
+    running, or the only one left; else exit 3 (retried), never 2 (final under the unit)."""
+    if len(live) < 2:
+        return live
+    left = [j for j in live if not j.reason.startswith("JobHeld")] or live
+    running = [j for j in left if j.running]
+    if len(running) == 1 or len(left) == 1:
+        return running[:1] or left
+    raise IncompleteError(f"job.slurm: {len(left)} live Slurm jobs are {want.describe()}: "
+                          f"{', '.join(j.job_id for j in left)}; which one is the job is "
+                          "not known",
+                          hint="give job.slurm.job: ID to say which")
+
+
 def _id_key(job_id: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.split(r"[_+]", job_id) if p.isdigit())
-
-
-def _items(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    items = doc.get(key)
-    if not isinstance(items, list):
-        raise IncompleteError(f"Slurm's JSON has no {key!r} list")
-    return [i for i in items if isinstance(i, dict)]
-
-
-def _text(entry: Mapping[str, Any], key: str) -> str:
-    value = entry.get(key)
-    return value if isinstance(value, str) else ""
-
-
-def _job(entry: Mapping[str, Any]) -> Optional[SlurmJob]:
-    """One squeue entry, or None when its id or state is malformed."""
-    job_id, state = entry.get("job_id"), entry.get("job_state")
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or not isinstance(state, str):
-        return None
-    array, task = entry.get("array_job_id"), entry.get("array_task_id")
-    shown = f"{array}_{task}" if isinstance(array, int) and array and isinstance(task, int) \
-        and not isinstance(task, bool) else str(job_id)
-    restarts = entry.get("restart_cnt")
-    return SlurmJob(
-        job_id=shown, name=_text(entry, "name"), state=state.upper(),
-        reason=_text(entry, "state_reason"), nodes=(), nodelist=_text(entry, "nodes"),
-        restarts=restarts if isinstance(restarts, int) and not isinstance(restarts, bool) else 0,
-        user=_text(entry, "user_name"), required=_text(entry, "required_nodes"),
-        excluded=_text(entry, "excluded_nodes"))
-
-
-def _node(entry: Mapping[str, Any]) -> Optional[SlurmNode]:
-    name = _text(entry, "name")
-    if not name:
-        return None
-    flags = entry.get("state_flags")
-    parts = entry.get("partitions")
-    gres = _GPU_GRES.findall(_text(entry, "gres"))
-    return SlurmNode(
-        name=name, address=_text(entry, "address") or name,
-        gpus=sum(int(n) for n in gres),
-        state=_text(entry, "state").lower(),
-        flags=tuple(str(f) for f in flags) if isinstance(flags, list) else (),
-        partitions=tuple(str(p) for p in parts) if isinstance(parts, list) else (),
-        reason=_text(entry, "reason"))
 
 
 def check_machine_name(name: str, where: str) -> None:
@@ -313,3 +315,34 @@ def _machine(inv: Inventory, info: Mapping[str, SlurmNode], name: str, job: Slur
     except SchemaError as exc:
         raise IncompleteError(f"Slurm's machine {name}: {exc.detail}") from None
     return replace(machine, job_user=inv.job.user) if inv.job.user else machine
+
+
+def _bounded(proc: subprocess.Popen[bytes], give_up: float) -> tuple[Optional[bytes],
+                                                                       Optional[bytes]]:
+    """``proc``'s (stdout, stderr) read as they come, never more than ``_MAX_OUTPUT`` of
+    stdout in memory (stdout None: more than that) nor ``_KEEP_STDERR`` of stderr (its
+    tail); stderr None: not done by ``give_up``. The caller kills what is left."""
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as sel:
+        for pipe, buf in ((proc.stdout, out), (proc.stderr, err)):
+            assert pipe is not None
+            sel.register(pipe, selectors.EVENT_READ, buf)
+        while sel.get_map():
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return b"", None
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.extend(data)
+                if key.data is out and len(out) > _MAX_OUTPUT:
+                    return None, b""
+                if key.data is err and len(err) > _KEEP_STDERR:
+                    del err[:len(err) - _KEEP_STDERR]
+    try:
+        proc.wait(max(0.0, give_up - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return b"", None
+    return bytes(out), bytes(err)

@@ -16,6 +16,7 @@ from typing import Any
 
 from brctl.analysis.topology import TopologyError
 from brctl.core.errors import InputError
+from brctl.operations import safe_write
 from brctl.operations.stacks import (
     Collection,
     JobShape,
@@ -45,8 +46,8 @@ def save(root: Path, collections: Sequence[Collection], shape: JobShape) -> None
     if any(r.output is None and r.stack is not None
            for col in collections for nc in col.nodes.values() for r in nc.ranks):
         raise ValueError("stacks.save needs py-spy's raw JSON: collect with raw=True")
+    tree = safe_write.Tree(root, "--save")  # by fd, new files only: DIR may be shared
     try:
-        root.mkdir(parents=True, exist_ok=True)
         rounds = []
         for i, col in enumerate(collections):
             base = _round_dir(root, i)
@@ -57,21 +58,20 @@ def save(root: Path, collections: Sequence[Collection], shape: JobShape) -> None
                                           "world_size": r.world_size} for r in nc.ranks]}
                 if not nc.ranks:
                     continue
-                ndir = base / name
-                ndir.mkdir(parents=True, exist_ok=True)
+                ndir = os.path.relpath(base / name, root)
                 for r in nc.ranks:
                     if r.output is not None:
-                        (ndir / f"{r.rank}-{r.pid}.json").write_text(r.output)
+                        tree.write_new(f"{ndir}/{r.rank}-{r.pid}.json", r.output)
                     else:
-                        (ndir / f"{r.rank}-{r.pid}.error").write_text((r.error or "") + "\n")
+                        tree.write_new(f"{ndir}/{r.rank}-{r.pid}.error", (r.error or "") + "\n")
             rounds.append({"dir": os.path.relpath(base, root), "started": col.started,
                            "seconds": round(col.seconds, 3), "nodes": nodes})
         job = {"schema": SAVE_SCHEMA, "machines": list(shape.machines), "gpus": list(shape.gpus),
                "tp": shape.tp, "pp": shape.pp, "cp": shape.cp, "ep": shape.ep,
                "order": shape.order, "rounds": rounds}
-        (root / "job.json").write_text(json.dumps(job, indent=2) + "\n")
-    except OSError as exc:
-        raise InputError(f"--save {root}: {exc.strerror or exc}") from None
+        tree.write_new("job.json", json.dumps(job, indent=2) + "\n")
+    finally:
+        tree.close()
 
 
 def _need(data: Any, key: str, kind: type, where: str) -> Any:

@@ -451,7 +451,7 @@ def push(ctx: UpdateContext, src: str, version: str, *, rev: Optional[str] = Non
 
 def _push(ctx: UpdateContext, src: str, version: str, rev: Optional[str], urgent: bool,
           window_s: Optional[float]) -> PushReport:
-    art = update_pack.pack(src, rev, ctx.artifacts)
+    art = update_pack.pack(src, rev, ctx.artifacts, ctx.inventory.update.max_bytes)
     _register_release(ctx, version, art)
     targets = ctx.targets()
     views, failures = inspect(ctx, targets)

@@ -78,7 +78,7 @@ class LocalTransport:
             out, err = Capture(node.output_keep), Capture(node.output_keep)
             if feed is not None and proc.stdin is not None:
                 threading.Thread(target=_feed, args=(proc.stdin, feed), daemon=True).start()
-            gave_up = not _drain(proc, out, err, start + timeout + GRACE_S + SLACK_S)
+            gave_up = not drain(proc, out, err, start + timeout + GRACE_S + SLACK_S)
             if gave_up:
                 _kill_group(proc)
             code = proc.wait()
@@ -96,7 +96,7 @@ class LocalTransport:
         """Nothing to close."""
 
 
-def _drain(proc: subprocess.Popen[bytes], out: Capture, err: Capture, give_up: float) -> bool:
+def drain(proc: subprocess.Popen[bytes], out: Capture, err: Capture, give_up: float) -> bool:
     """Read stdout and stderr to their end (True), or until ``give_up`` (False).
 
     A command that exited leaving a background child on its stdout is done

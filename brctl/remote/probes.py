@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import threading
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -206,6 +207,21 @@ def _clip(text: str, keep: int = 600) -> str:
     return f"{text[:keep // 2]} … {text[-(keep // 2):]}"
 
 
+class NotFinite(ValueError):
+    """A node's JSON holds ``NaN``, ``Infinity`` or ``-Infinity`` (not JSON numbers)."""
+
+
+def _not_finite(name: str) -> Any:
+    raise NotFinite(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused when it overflows: ``1e400`` parses to infinity
+    without ever spelling ``Infinity``."""
+    value = float(text)
+    return value if math.isfinite(value) else _not_finite(text[:40])
+
+
 def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None]:
     """The probe's JSON document from its stdout, or a one-line reason it is unusable."""
     if not result.state.ran:
@@ -226,7 +242,9 @@ def parse_document(result: RunResult) -> tuple[dict[str, Any] | None, str | None
         tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
         return None, f"probe printed nothing (exit {result.exit_code}): {_clip(tail[0])}"
     try:
-        doc = json.loads(lines[-1])
+        doc = json.loads(lines[-1], parse_constant=_not_finite, parse_float=_finite_float)
+    except NotFinite as exc:  # Python's json reads NaN and Infinity: numbers are finite here
+        return None, f"probe answer refused: {exc}"
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return None, f"probe output is not JSON: {lines[-1][:200]!r}"
     if not isinstance(doc, dict):

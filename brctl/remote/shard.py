@@ -9,7 +9,15 @@ its shard with its share of the concurrency and of the connect rate, and streams
 each node's result back as it finishes, so progress (``on_done``) stays live.
 
 Workers are started with ``spawn`` (never ``fork``: the parent has transport
-threads whose locks a forked child could inherit held). Each costs an interpreter
+threads whose locks a forked child could inherit held), as ``python -I``: spawn
+runs ``python -c 'from multiprocessing.spawn import ...'`` (and its resource
+tracker likewise), and ``-c`` puts the cwd first on ``sys.path``, so a
+``multiprocessing.py`` in the operator's cwd would run as root in every worker.
+Isolated, a worker imports only from the interpreter's own paths until spawn hands
+it the parent's ``sys.path``. ``-P`` exists only from Python 3.11, so the
+executable multiprocessing starts is a two-line ``sh`` wrapper adding ``-I``, made
+once per process in a private ``mkdtemp`` directory (removed at exit) on a
+filesystem that allows exec; where none does, the fan-out runs in threads. Each costs an interpreter
 start plus the paramiko import (~0.3 s of CPU), so sharding pays off from a few
 hundred fresh connections up; connections die with the workers, so a caller that
 reuses connections (the daemon) keeps ``processes=1``.
@@ -17,11 +25,18 @@ reuses connections (the daemon) keeps ``processes=1``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
+import os
 import pickle
 import queue as queue_mod
+import shlex
+import shutil
 import signal
+import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,6 +63,36 @@ def picklable(*values: object) -> bool:
     except (pickle.PicklingError, AttributeError, TypeError):
         return False
     return True
+
+
+_ISOLATED_LOCK = threading.Lock()
+_isolated: list[str] = []  # the wrapper, once made
+
+
+def isolated_python() -> str | None:
+    """An executable that runs this interpreter as ``python -I "$@"`` (made once), or
+    None where no temp directory may hold one (all mounted ``noexec``)."""
+    with _ISOLATED_LOCK:
+        if not _isolated:
+            _isolated.append(_make_wrapper() or "")
+        return _isolated[0] or None
+
+
+def _make_wrapper() -> str | None:
+    for base in (tempfile.gettempdir(), os.path.expanduser("~/.cache"), "/run", "/var/tmp"):
+        try:
+            if os.statvfs(base).f_flag & os.ST_NOEXEC:  # a hardened /tmp: try the next
+                continue
+            where = tempfile.mkdtemp(prefix="brctl-python-", dir=base)  # 0700, ours
+        except OSError:
+            continue
+        atexit.register(shutil.rmtree, where, True)
+        path = os.path.join(where, "python")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I \"$@\"\n")
+        return path
+    return None
 
 
 def _worker(
@@ -144,9 +189,19 @@ def run_sharded(
     shards = [todo[i::processes] for i in range(processes) if todo[i::processes]]
     per_shard = max(1, math.ceil(concurrency / len(shards)))
     deadline_at = None if deadline is None else time.time() + deadline
+    isolated = isolated_python()
+    if isolated is None:  # no isolated worker can start here: the threads, in this process
+        transport = factory()
+        try:
+            return run_threads(transport, todo, argv, timeout=timeout, stdin=stdin,
+                               concurrency=concurrency, deadline=deadline, on_done=on_done)
+        finally:
+            transport.close()
     import multiprocessing  # here: ~8 ms to import, and most fan-outs never shard
 
     ctx = multiprocessing.get_context("spawn")
+    # before the first Queue: its semaphore starts the resource tracker with this too
+    ctx.set_executable(isolated)
     out = ctx.Queue()
     workers = [
         ctx.Process(

@@ -19,6 +19,10 @@ back (a retry without the nodes Slurm named first: their failure aborts the step
 ``stream`` (checkpoint shards) is one single-task srun whose stdin and stdout are the
 bytes themselves.
 
+srun runs in a session of its own, under ``brctl.remote.srun_watch``: when brctl dies
+without its Ctrl-C path (SIGKILL, the OOM killer), the watcher sees brctl's pipe close
+and gives srun SIGTERM (it cancels its step), so no command runs on to its own timeout.
+
 The interpreter, as over ssh (``brctl.remote.wrap.shell_line``): the system ``python3``
 on the task's PATH, else (a conda-only machine) the node's configured ``python``; the
 task and the reaper below it run under the same one. Output is bounded as over ssh:
@@ -28,6 +32,7 @@ task and the reaper below it run under the same one. Output is bounded as over s
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import os
@@ -35,8 +40,10 @@ import queue
 import re
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -46,9 +53,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Optional
 
+from brctl.core.capture import Capture
 from brctl.core.errors import InputError
 from brctl.core.transport import Node, NodeState, RunResult, with_env
 from brctl.remote.children import Children
+from brctl.remote.local import drain
 from brctl.remote.slurm_frame import Frames, payload
 from brctl.remote.threads import CANCEL_WAIT_S, ArgvFor, StdinFor, interrupted
 from brctl.remote.wrap import GRACE_S, SLACK_S, SYSTEM_PYTHON, exit_state, wrapped
@@ -71,6 +80,30 @@ _STARTED = re.compile(r"\bNode (\S+), \d+ tasks started")  # srun -v (the prefix
 def _task_source() -> str:
     text = (Path(__file__).parent.parent / "diagnostics" / "srun_task.py").read_text()
     return text.split('"""', 2)[2].lstrip()  # the module docstring need not travel
+
+
+@functools.cache
+def _death_pipe() -> int:
+    """The read end of a pipe whose write end this process holds until it dies (never
+    closed, never inherited): its EOF tells every srun watcher that brctl is gone."""
+    read, _write = os.pipe()  # both close-on-exec; a watcher gets the read end by pass_fds
+    return read
+
+
+def watched(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], int]:
+    """``argv`` (an srun) under ``brctl.remote.srun_watch``, which ends it when brctl dies
+    (SIGKILL included); and the fd to pass. srun is resolved here, so that a missing
+    one is this Popen's OSError as before.
+
+    Raises:
+        FileNotFoundError: no such program on ``environ``'s PATH.
+    """
+    found = shutil.which(argv[0], path=environ.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    fd = _death_pipe()
+    source = (Path(__file__).parent / "srun_watch.py").read_text()
+    return [sys.executable, "-I", "-S", "-c", source, str(fd), found, *argv[1:]], fd
 
 
 @dataclass(frozen=True)
@@ -159,17 +192,19 @@ def named_job(ref: JobRef, ask: Callable[[list[str]], str]) -> Optional[str]:
     """The id of the job ``job.slurm`` names (None: no such job runs now).
 
     Raises:
-        InputError: the name matches several running jobs (exit 2: say which one).
+        InputError: the name matches several running jobs of its user (exit 2: say which
+            one), or a name comes without its user.
     """
     if ref.id is not None:
         return ref.id
-    argv = ["squeue", "-h", "-t", "RUNNING", "-o", "%i", "-n", str(ref.name)]
-    argv += [f"--user={ref.user}"] if ref.user else []
+    if not ref.user:  # the inventory's load refuses this: every user's jobs would match
+        raise InputError(f"job.slurm: the job named {ref.name!r} needs its user (job.slurm.user)")
+    argv = ["squeue", "-h", "-t", "RUNNING", "-o", "%i", "-n", str(ref.name), f"--user={ref.user}"]
     argv += [f"--clusters={ref.cluster}"] if ref.cluster else []
     ids = [line for line in ask(argv).split() if line[:1].isdigit()]
     if len(ids) > 1:
         raise InputError(f"job.slurm: {len(ids)} running jobs are named {ref.name!r}: {', '.join(ids[:8])}",
-                         hint="give job.slurm.user, or the id as job.slurm.job")
+                         hint="give the id as job.slurm.job")
     return ids[0] if ids else None
 
 
@@ -305,7 +340,8 @@ class SlurmTransport:
 
         with _nodelist(names) as nodelist:
             try:
-                proc = subprocess.Popen(self._command(batch, nodelist, nonce), stdin=subprocess.PIPE,
+                cmd, fd = watched(self._command(batch, nodelist, nonce), self._env)
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(fd,),
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         env=self._env, start_new_session=True)
             except OSError as exc:
@@ -347,31 +383,36 @@ class SlurmTransport:
                stdin: Optional[BinaryIO] = None, stdout: Optional[BinaryIO] = None) -> RunResult:
         """Bulk bytes (checkpoint shards) through one single-task srun, under the reaper:
         srun hands ``stdin`` to the task and its stdout to ``stdout`` as they come, and
-        exits with the task's exit code. One node's own bytes: no record to frame."""
+        exits with the task's exit code. One node's own bytes: no record to frame. stderr,
+        and stdout when no ``stdout`` is given (the relay's receiving side), are kept as
+        over ssh: the first and last ``output_keep`` bytes, read to the end, with the total."""
         t0 = time.monotonic()
         job, allocated = self.allocation()
         [batch] = batches([node], argv, None, timeout, job, allocated)
         # the reaper alone (its argv after the interpreter): no record
         cmd = [*self._srun(batch, node.name), *interpreter(batch.python), *batch.argv[1:]]
         try:
-            proc = subprocess.Popen(cmd, stdin=stdin or subprocess.DEVNULL,
+            cmd, fd = watched(cmd, self._env)
+            proc = subprocess.Popen(cmd, stdin=stdin or subprocess.DEVNULL, pass_fds=(fd,),
                                     stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=self._env, start_new_session=True)
         except OSError as exc:
             return _result(node.name, NodeState.UNREACHABLE, t0, f"srun: {exc.strerror}")
+        out, err = Capture(node.output_keep), Capture(node.output_keep)
         with self._children.tracked(proc):
-            try:
-                out, err = proc.communicate(timeout=batch.launch + timeout + GRACE_S + SLACK_S)
-            except subprocess.TimeoutExpired:
+            # bounded as over ssh: each stream's first and last output_keep bytes, read to
+            # its end (a node's gigabytes of stderr must not become controller memory)
+            if not drain(proc, out, err, t0 + batch.launch + timeout + GRACE_S + SLACK_S):
                 _stop(proc)
                 return _result(node.name, NodeState.TIMEOUT, t0, f"stream stalled or ran past {timeout:g}s")
-        said = err.decode(errors="replace")
+            proc.wait()
+        said = err.text()
         if proc.returncode != 0 and re.search(r"^srun: error: (Task launch|Unable to|.*[Ii]nvalid job)",
                                                said, re.M):
             return _result(node.name, NodeState.UNREACHABLE, t0, said.strip().splitlines()[-1][:300])
         state = exit_state(proc.returncode, time.monotonic() - t0, timeout)
-        return RunResult(node.name, state, None if state is NodeState.TIMEOUT else proc.returncode,
-                         (out or b"").decode(errors="replace"), said, time.monotonic() - t0)
+        return RunResult.captured(node.name, state, None if state is NodeState.TIMEOUT else proc.returncode,
+                                  out, err, time.monotonic() - t0)
 
     def cancel(self) -> None:
         """Ctrl-C: srun cancels its step on SIGTERM (the reapers end their trees); start no more."""

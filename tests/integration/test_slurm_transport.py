@@ -6,6 +6,10 @@ allocation of its own.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -155,6 +159,30 @@ def test_a_stream_carries_bulk_bytes_through_a_single_task_srun(
     assert (failed.state.value, failed.exit_code) == ("failed", 3)
 
 
+def test_a_streams_output_is_bounded_as_over_ssh(slurm_cluster: SlurmCluster, job: str) -> None:
+    """Issue 35, item 2: over Slurm the checkpoint relay kept all a node wrote on stderr
+    (and on stdout, the receiving side) in controller memory, about 3x its size: one node
+    could OOM the controller during a restore. Now the first and last output_keep bytes of
+    each stream, the true totals (read to the end), and the probe document cap applies."""
+    from brctl.core.transport import Node
+    from brctl.remote.probes import parse_document
+    from brctl.remote.slurm import JobRef, SlurmTransport
+
+    transport = SlurmTransport(job=JobRef(id=job), environ=slurm_cluster.slurm_env())
+    node = Node("node02", "node02", connection="slurm", connect_timeout=scaled(10),
+                output_keep=1000)
+    big = 8 << 20  # far past output_keep: what is kept is head and tail, the rest counted
+    res = transport.stream(node, ["sh", "-c", f"head -c {big} /dev/zero | tr '\\0' e >&2; "
+                                  f"head -c {big} /dev/zero | tr '\\0' o; printf '{{}}'"],
+                           timeout=scaled(60))
+    assert res.state.value == "ok", res.stderr[-300:]
+    assert (res.stdout_total, res.stderr_total) == (big + 2, big)
+    assert res.stdout.startswith("o" * 1000) and res.stdout.endswith("o" * 998 + "{}")
+    assert len(res.stdout) < 3000 and len(res.stderr) < 3000
+    doc, why = parse_document(res)  # the receiver's answer: a probe document, capped
+    assert doc is None and why is not None and "too large" in why, why
+
+
 @pytest.mark.slow
 def test_a_dead_machine_is_unreachable_and_the_others_still_answer(
         make_slurm_cluster: Callable[..., SlurmCluster], tmp_path: Path,
@@ -225,3 +253,67 @@ def test_machines_taken_from_slurm_are_reached_over_srun_with_slurm_connection(
     assert res.exit_code == 0, res.stderr
     assert {n: r["stdout"] for n, r in res.json["nodes"].items()} == \
         {n: f"{n} {job}\n" for n in ("node01", "node02", "node03")}  # a step of the job: srun
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (children first found by /proc's PPid)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = set(), [pid]
+    while todo:
+        top = todo.pop()
+        kids = [p for p, pp in parents.items() if pp == top and p not in found]
+        found.update(kids)
+        todo.extend(kids)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGKILL", "SIGTERM", "SIGHUP"])
+def test_srun_does_not_outlive_brctl(slurm_cluster: SlurmCluster, job: str, tmp_path: Path,
+                                     how: signal.Signals) -> None:
+    """Issue 35, item 6: srun runs in its own session; when brctl died without its Ctrl-C
+    path, every srun and every command lived on to its own timeout (600 s here) on every
+    node. SIGKILL: each srun's watcher sees brctl's pipe close and ends it; SIGTERM and
+    SIGHUP take the Ctrl-C path (exit 130, "interrupted")."""
+    inv = write_inventory(slurm_cluster, tmp_path, job)
+    names = ("node01", "node02")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "brctl", "-i", str(inv), "exec", "-w", ",".join(names), "--timeout",
+         "600", "--", "sh", "-c", "setsid sleep 599 & sleep 599"],
+        env={**slurm_cluster.slurm_env(), "SLURM_CONF": str(slurm_cluster.conf)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + scaled(30)
+        while not all(slurm_cluster.node_pids(n, "sleep 599") for n in names):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the commands never started"
+            time.sleep(0.1)
+        below = _descendants(proc.pid)  # the watchers and their sruns
+        assert below
+        proc.send_signal(how)
+        _, err = proc.communicate(timeout=scaled(30))
+        if how != signal.SIGKILL:
+            assert proc.returncode == 130 and b"interrupted" in err, err
+        # srun gone before its 600 s timeout: < 30 s x $BRCTL_TIMEOUT_SCALE
+        deadline = time.monotonic() + scaled(30)
+        while any(_alive(p) for p in below) or any(slurm_cluster.node_pids(n, "sleep 599")
+                                                    for n in names):
+            assert time.monotonic() < deadline, "an srun or a command outlived brctl"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -243,11 +243,16 @@ def test_a_job_given_by_name_is_looked_up_among_running_jobs() -> None:
     assert slurm.named_job(slurm.JobRef(id="9"), ask) == "9" and asked == []
     assert slurm.named_job(slurm.JobRef(name="one", user="alice"), ask) == "123"
     assert "--user=alice" in asked[-1]
-    assert slurm.named_job(slurm.JobRef(name="none"), ask) is None
+    assert slurm.named_job(slurm.JobRef(name="none", user="alice"), ask) is None
     from brctl.core.errors import InputError
 
     with pytest.raises(InputError, match="2 running jobs"):
-        slurm.named_job(slurm.JobRef(name="two"), ask)
+        slurm.named_job(slurm.JobRef(name="two", user="alice"), ask)
+    # a name without its user would match every user's jobs: refused, nothing asked
+    asked.clear()
+    with pytest.raises(InputError, match="needs its user"):
+        slurm.named_job(slurm.JobRef(name="one"), ask)
+    assert asked == []
 
 
 def test_a_line_too_long_to_keep_is_dropped_through_its_newline() -> None:

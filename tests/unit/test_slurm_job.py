@@ -3,7 +3,6 @@ the parsing of what Slurm's client commands print (hostile or malformed answers)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from brctl.core.errors import IncompleteError, InputError
 from brctl.inventory import load_inventory
 from brctl.operations.slurm_hooks import drain_reason
 from brctl.operations.slurm_job import Slurm
+from tests.unit.test_slurm_json import Canned
 
 BASE = "nodes:\n  - name: node[01-04]\n"
 
@@ -31,12 +31,18 @@ def test_a_slurm_job_has_no_machines_until_asked(tmp_path: Path) -> None:
     assert inv.slurm == SlurmSection(partition="gpu")
     inv = _load(tmp_path, "job:\n  slurm: {name: pretrain, user: alice}\n")
     assert inv.job.slurm.describe() == "job named 'pretrain' (user alice)"
+    # without job.slurm.user, the name is looked up among job.user's jobs
+    inv = _load(tmp_path, "job:\n  user: bob\n  slurm: {name: pretrain}\n")
+    assert inv.job.slurm == SlurmJobSection(name="pretrain", user="bob")
 
 
 @pytest.mark.parametrize(("text", "where"), [
     ("job:\n  tp: 1\n", r"inv.yaml:3: job.nodes: required key is missing \(or give job.slurm"),
     ("job:\n  slurm: {job: 1, name: x}\n", r"inv.yaml:4: job.slurm: give the job's id"),
     ("job:\n  slurm: {}\n", r"inv.yaml:4: job.slurm: give the job's id"),
+    # a name alone would match every user's jobs (issue 35, item 7)
+    ("job:\n  slurm: {name: train}\n", r"inv.yaml:4: job.slurm: a job given by name \('train'\) "
+     r"needs its user: job.slurm.user \(or job.user\), or give its id"),
     ("job:\n  slurm:\n    job: '1; scancel -u alice'\n", r"inv.yaml:5: job.slurm.job: got"),
     ("job:\n  slurm:\n    name: --uid=0\n", r"inv.yaml:5: job.slurm.name: got"),
     ("job:\n  slurm:\n    jobid: 7\n", r"inv.yaml:5: job.slurm.jobid: unknown key"),
@@ -49,50 +55,52 @@ def test_bad_slurm_sections_are_exit_2_at_their_line(tmp_path: Path, text: str, 
     assert info.value.code == 2
 
 
-class Canned(Slurm):
-    """Slurm whose client commands answer from a dict (argv[0:2] → stdout)."""
-
-    def __init__(self, answers: dict[str, str]) -> None:
-        super().__init__(SlurmSection())
-        self.answers = answers
-        self.calls: list[tuple[str, ...]] = []
-
-    def run(self, *argv: str) -> str:
-        self.calls.append(argv)
-        return self.answers[" ".join(argv[:2])]
-
-
-def _squeue(*jobs: dict[str, Any]) -> str:
-    return json.dumps({"jobs": list(jobs)})
+def _squeue(*jobs: dict[str, Any]) -> dict[str, Any]:
+    return {"meta": {"plugin": {"data_parser": "data_parser/v0.0.40"}}, "jobs": list(jobs)}
 
 
 def _entry(job_id: Any, state: str = "RUNNING", **kw: Any) -> dict[str, Any]:
-    return {"job_id": job_id, "job_state": state, "name": "train", "user_name": "alice",
-            "nodes": "node[01-02]", "restart_cnt": 0, **kw}
+    return {"job_id": job_id, "job_state": [state], "name": "train", "user_name": "alice",
+            "nodes": "node[01-02]", "restart_cnt": 0, "array_job_id": 0, "array_task_id": None,
+            "required_nodes": "", "excluded_nodes": "", "state_reason": "None", **kw}
 
 
-def test_the_job_is_picked_from_json_and_hostile_entries_are_skipped() -> None:
-    slurm = Canned({"squeue --json": _squeue(
-        {"job_id": "7 NodeList=evil", "job_state": "RUNNING"},  # malformed: skipped
-        {"job_id": True, "job_state": "RUNNING"},
-        _entry(5, "COMPLETED"), _entry(9, "PENDING", nodes=""), _entry(8, "RUNNING"),
-        _entry(6, "COMPLETED", name="other")),
-        "scontrol show": "node01\nnode02\n"})
+def _canned(*jobs: dict[str, Any], hostnames: str = "node01\nnode02\n") -> Canned:
+    def answer(argv: Any) -> Any:
+        return (0, hostnames.encode(), b"") if list(argv[:3]) == ["scontrol", "show", "hostnames"] \
+            else None
+    return Canned("23.11.0", _squeue(*jobs), answer=answer)
+
+
+def test_the_job_is_picked_from_json() -> None:
+    slurm = _canned(_entry(5, "COMPLETED"), _entry(9, "PENDING", nodes=""), _entry(8, "RUNNING"),
+                    _entry(6, "COMPLETED", name="other"))
     job = slurm.find(SlurmJobSection(job="8"))
     assert (job.job_id, job.state, job.nodes) == ("8", "RUNNING", ("node01", "node02"))
     assert ("scontrol", "show", "hostnames", "node[01-02]") in slurm.calls
-    with pytest.raises(InputError, match=r"2 live Slurm jobs .* 9, 8"):
-        slurm.find(SlurmJobSection(name="train"))
+    assert slurm.find(SlurmJobSection(name="train", user="alice")).job_id == "8"  # running
     waiting = slurm.find(SlurmJobSection(job="9"))
     assert waiting.nodes == () and not waiting.running  # never a list while it waits
     with pytest.raises(InputError, match="Slurm has no job 77"):
         slurm.find(SlurmJobSection(job="77"))
 
 
+def test_the_job_users_own_held_job_of_the_name_is_never_the_job_nor_exit_2() -> None:
+    """trust-slurm #1: the job user's ``sbatch -J train --hold`` made two live jobs of the
+    name: exit 2 at ``daemon run``'s start, which the unit does not restart on."""
+    held = _entry(12, "PENDING", nodes="", state_reason="JobHeldUser")
+    want = SlurmJobSection(name="train", user="alice")
+    assert _canned(_entry(8, "RUNNING"), held).find(want).job_id == "8"
+    waiting = _canned(_entry(8, "PENDING", nodes="", state_reason="BeginTime"), held)
+    assert waiting.find(want).job_id == "8"  # the real job, requeued, between runs
+    with pytest.raises(IncompleteError, match=r"2 live Slurm jobs .* 8, 13") as info:
+        _canned(_entry(8, "RUNNING"), _entry(13, "RUNNING"), held).find(want)
+    assert info.value.code == 3
+
+
 def test_a_finished_name_resolves_to_its_newest_job() -> None:
-    slurm = Canned({"squeue --json": _squeue(_entry(5, "COMPLETED"), _entry(11, "FAILED"),
-                                             _entry(10, "NODE_FAIL"))})
-    job = slurm.find(SlurmJobSection(name="train"))
+    slurm = _canned(_entry(5, "COMPLETED"), _entry(11, "FAILED"), _entry(10, "NODE_FAIL"))
+    job = slurm.find(SlurmJobSection(name="train", user="alice"))
     assert (job.job_id, job.state, job.nodes) == ("11", "FAILED", ())
     assert "Slurm has no job named 'train' (user bob)" in _no_job(slurm, SlurmJobSection(
         name="train", user="bob"))
@@ -104,15 +112,9 @@ def _no_job(slurm: Slurm, want: SlurmJobSection) -> str:
     return info.value.message
 
 
-@pytest.mark.parametrize("answer", ["{truncated", "[]", json.dumps({"jobs": "x"})])
-def test_malformed_squeue_output_is_exit_3(answer: str) -> None:
-    with pytest.raises(IncompleteError):
-        Canned({"squeue --json": answer}).find(SlurmJobSection(job="1"))
-
-
 @pytest.mark.parametrize("name", ["-rf", "../etc", "node01;reboot", "a b"])
 def test_a_hostile_machine_name_from_slurm_is_refused(name: str) -> None:
-    slurm = Canned({"squeue --json": _squeue(_entry(3)), "scontrol show": f"node01\n{name}\n"})
+    slurm = _canned(_entry(3), hostnames=f"node01\n{name}\n")
     with pytest.raises(IncompleteError, match="will not use"):
         slurm.find(SlurmJobSection(job="3"))
 
@@ -128,7 +130,7 @@ def test_drain_reasons_are_one_prefixed_line() -> None:
 def test_the_jobs_slurm_state_is_the_daemons_running_signal(state: str, running: Any) -> None:
     from brctl.operations.slurm_hooks import SlurmHooks
 
-    slurm = Canned({"squeue --json": _squeue(_entry(3, state)), "scontrol show": "node01\n"})
+    slurm = _canned(_entry(3, state), hostnames="node01\n")
     assert SlurmHooks(slurm, "3").running() is running  # a job that is over: a stopped job
     assert SlurmHooks(slurm, "4").running() is False  # gone
 
@@ -136,8 +138,7 @@ def test_the_jobs_slurm_state_is_the_daemons_running_signal(state: str, running:
 def test_the_daemon_reads_the_allocation_only_while_it_runs() -> None:
     from brctl.operations.slurm_hooks import SlurmHooks
 
-    slurm = Canned({"squeue --json": _squeue(_entry(3), _entry(4, "PENDING", restart_cnt=2)),
-                    "scontrol show": "node01\nnode02\n"})
+    slurm = _canned(_entry(3), _entry(4, "PENDING", restart_cnt=2))
     seen = SlurmHooks(slurm, "3").allocation()
     assert seen is not None and seen.nodes == ("node01", "node02")
     waiting = SlurmHooks(slurm, "4").allocation()
