@@ -1,0 +1,237 @@
+"""The job side of ``brctl stacks``: one line in a training job serves its rank's evidence.
+
+Opt in, one of::
+
+    torchrun ... -m brctl.job -- train.py ARGS          # or: python -m brctl.job -- train.py
+    torchrun ... -m brctl.job -m megatron.train ARGS    # a module instead of a script
+
+    import brctl.job; brctl.job.serve()                  # first line of the training script
+    brctl.job.report_step(step)                          # optional, after each step
+
+Each rank then runs PyTorch's worker server (the one
+``torch.distributed.elastic.control_plane.worker_main`` starts) on
+``$BRCTL_JOB_SOCKET_DIR/rank-<RANK>.sock``; the directory defaults to
+``/tmp/brctl-job-<uid>/``, is made mode 0700 and must belong to the job's user.
+That layout is public (launch lines and brctl's probe name it) and does not move.
+The server answers PyTorch's own handlers (``fr_trace_json``: the flight
+recorder of every process group; ``dump_traceback``; ``ping``) and brctl's,
+``brctl_job``: ``{"v": 1, "rank", "pid", "world_size", "step", "groups": {name:
+{"desc", "ranks"}}}``, the process-group table (global ranks) that gloo's
+recorder lacks, and the last step the job reported. The socket is removed at exit.
+
+Why a per-rank path: torch uses ``TORCH_WORKER_SERVER_SOCKET`` verbatim, so under
+torchrun every local rank would inherit one path.
+
+Standard library only at top level, torch imported inside functions, nothing else
+of brctl: it works after ``pip install --no-deps brctl`` or from ``PYTHONPATH`` in
+a training image. Serving never stops training: a problem is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import runpy
+import signal
+import stat
+import sys
+import threading
+from typing import Any
+
+SOCKET_DIR_ENV = "BRCTL_JOB_SOCKET_DIR"
+HANDLER = "brctl_job"
+FORMAT = 1
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"step": None, "server": None, "path": None, "handler": False}
+
+
+def socket_dir() -> str:
+    """Where this job's rank sockets live: ``$BRCTL_JOB_SOCKET_DIR`` or ``/tmp/brctl-job-<uid>``."""
+    return os.environ.get(SOCKET_DIR_ENV) or f"/tmp/brctl-job-{os.getuid()}"
+
+
+def socket_path(rank: int, directory: str | None = None) -> str:
+    """The socket of global rank ``rank``: ``<socket_dir>/rank-<rank>.sock``."""
+    return os.path.join(directory or socket_dir(), f"rank-{int(rank)}.sock")
+
+
+def report_step(step: int) -> None:
+    """Record the last completed training step (brctl's handler reports it)."""
+    _state["step"] = int(step)
+
+
+def _own_dir(path: str) -> None:
+    """Make ``path`` (mode 0700) or accept it only as this user's private directory: a
+    directory another user made (``/tmp`` is shared) could hold its sockets instead."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} is not a directory (a symlink or a file is never used)")
+    if st.st_uid != os.getuid():
+        raise OSError(f"{path} belongs to uid {st.st_uid}, not to this job's uid {os.getuid()}")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def group_table() -> dict[str, dict[str, Any]]:
+    """This rank's process groups: name → {"desc", "ranks": global ranks in group order}.
+
+    gloo's flight recorder has no ``pg_config``, so the members of a group come
+    from here. A rank knows only the groups it belongs to; names are job-wide.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return {}
+    from torch.distributed.distributed_c10d import _world
+
+    out: dict[str, dict[str, Any]] = {}
+    for pg, name in list(_world.pg_names.items()):
+        members = _world.pg_group_ranks.get(pg) or {}
+        ranks = [g for g, _ in sorted(members.items(), key=lambda kv: kv[1])]
+        out[str(name)] = {"desc": str(getattr(pg, "group_desc", "") or ""), "ranks": ranks}
+    return out
+
+
+def facts() -> dict[str, Any]:
+    """What ``brctl_job`` answers (also usable in-process)."""
+    rank = os.environ.get("RANK")
+    size = os.environ.get("WORLD_SIZE")
+    return {"v": FORMAT, "rank": int(rank) if rank and rank.isdigit() else None,
+            "pid": os.getpid(), "world_size": int(size) if size and size.isdigit() else None,
+            "step": _state["step"], "groups": group_table()}
+
+
+def _handle(req: Any, resp: Any) -> None:
+    try:
+        body, status = json.dumps(facts()).encode(), 200
+    except Exception as exc:  # never let a handler error take the server thread down
+        body, status = json.dumps({"v": FORMAT, "error": repr(exc)[:300]}).encode(), 500
+    resp.set_status(status)
+    resp.set_content(body, "application/json")
+
+
+def _register() -> None:
+    from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+        _get_handler_names,
+        _register_handler,
+    )
+
+    if not _state["handler"] and HANDLER not in _get_handler_names():
+        _register_handler(HANDLER, _handle)
+    _state["handler"] = True
+
+
+def serve(rank: int | None = None) -> str | None:
+    """Start this rank's worker server on its socket; the path, or None when it cannot.
+
+    ``rank`` defaults to ``$RANK`` (set by torchrun, Slurm wrappers, Megatron's
+    launchers). Called twice, it returns the path already served. The socket is
+    removed when the process exits normally (``atexit``) or at ``stop()``.
+    """
+    with _lock:
+        if _state["path"] is not None:
+            return str(_state["path"])
+        if rank is None:
+            env = os.environ.get("RANK", "")
+            if not env.isdigit():
+                _warn("RANK is not set: no socket (run under torchrun or pass rank=)")
+                return None
+            rank = int(env)
+        directory = socket_dir()
+        path = socket_path(rank, directory)
+        try:
+            _own_dir(directory)
+            _remove_stale(path)
+            _register()
+            from torch._C._distributed_c10d import _WorkerServer
+
+            server = _WorkerServer(path)
+        except Exception as exc:  # diagnostics never stop training
+            _warn(f"cannot serve {path}: {exc}")
+            return None
+        _state.update(server=server, path=path)
+        atexit.register(stop)
+        _on_sigterm()
+        return path
+
+
+def _on_sigterm() -> None:
+    """Remove the socket on SIGTERM too (torchrun stops its workers so), where the job
+    left SIGTERM at its default: then die of it as before."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        stop()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _remove_stale(path: str) -> None:
+    """Remove a socket a killed run of this rank left (only a socket, and only ours)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid():
+        os.unlink(path)
+    else:
+        raise OSError(f"{path} exists and is not this user's socket")
+
+
+def stop() -> None:
+    """Stop the server and remove its socket (idempotent)."""
+    with _lock:
+        server, path = _state["server"], _state["path"]
+        _state.update(server=None, path=None)
+    if server is not None:
+        try:
+            server.shutdown()
+        except Exception as exc:
+            _warn(f"worker server shutdown: {exc}")
+    if path is not None:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+
+
+def _warn(text: str) -> None:
+    print(f"brctl.job: {text}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m brctl.job [--] SCRIPT ARGS`` or ``python -m brctl.job -m MODULE ARGS``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args or (args[0] == "-m" and len(args) < 2):
+        print("usage: python -m brctl.job [--] SCRIPT [ARGS...] | -m MODULE [ARGS...]",
+              file=sys.stderr)
+        raise SystemExit(2)
+    serve()
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            runpy.run_path(args[0], run_name="__main__")
+    finally:
+        stop()
+
+
+if __name__ == "__main__":
+    # run the imported module's main, not this copy's: ``import brctl.job`` in the
+    # training script must see the state (step, server) this launch set up
+    from brctl import job as _job
+
+    _job.main()
