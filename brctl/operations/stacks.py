@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any
 
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
@@ -50,69 +50,15 @@ from brctl.core.errors import (
 )
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.diagnostics.pyspy_frames import PACKED, RAW
+from brctl.operations.stacks_recorder import RecorderAnswerError, recorder_fields
+from brctl.operations.stacks_types import Collection as Collection
+from brctl.operations.stacks_types import JobShape as JobShape
+from brctl.operations.stacks_types import NodeCollection as NodeCollection
+from brctl.operations.stacks_types import RankDump as RankDump
 from brctl.remote.probes import Bundle, ProbeResult, ProbeRunner
 
 PROBE = "brctl.diagnostics.stacks_probe"
-
-
-class RankDump(NamedTuple):
-    """One rank process found on a machine and its stack (or why there is none).
-
-    A NamedTuple, not a frozen dataclass: one per rank, 131,072 in a round.
-    """
-
-    rank: int
-    pid: int
-    output: str | None  # py-spy's JSON text, as printed (collected raw, for --save)
-    error: str | None
-    local_rank: int | None = None
-    world_size: int | None = None
-    stack: Stack | None = None  # the main thread's frames, as the probe reduced them
-
-
-@dataclass(frozen=True)
-class NodeCollection:
-    """What one machine answered: ``state`` is the transport state, or ``probe_error``."""
-
-    node: str
-    state: str
-    error: str | None
-    ranks: tuple[RankDump, ...] = ()
-    workers: int = 0  # data-loader / checkpoint processes found under the ranks
-    seconds: float = 0.0
-
-    @property
-    def answered(self) -> bool:
-        """The probe ran and returned its document."""
-        return self.state == "ok"
-
-
-@dataclass(frozen=True)
-class Collection:
-    """One round over the job's machines."""
-
-    nodes: dict[str, NodeCollection]
-    started: float  # wall-clock time.time() at the start of the round
-    seconds: float
-    py_spy_shipped: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class JobShape:
-    """What ``Topology.build`` needs, as saved in ``job.json``."""
-
-    machines: tuple[str, ...]
-    gpus: tuple[int, ...]
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    order: str = "tp-cp-ep-dp-pp"
-
-    def topology(self, rank_machines: Sequence[str] | None = None) -> Topology:
-        """The topology, with the live rank → machine mapping when known."""
-        return Topology.build(self.machines, list(self.gpus), tp=self.tp, pp=self.pp, cp=self.cp,
-                              ep=self.ep, order=self.order, rank_machines=rank_machines)
+RECENT = 20  # collectives per group each rank's summary keeps (the arrival window)
 
 
 @dataclass(frozen=True)
@@ -197,8 +143,9 @@ def _node_collection(name: str, doc: dict[str, Any] | None, error: str | None,
         state = run.state.value if not run.state.ran else "probe_error"
         return NodeCollection(name, state, error or "no answer", seconds=run.seconds)
     try:
-        return _parse_answer(name, doc, run, known if known is not None else {})
-    except (MalformedAnswer, PySpyFormatError) as exc:
+        nc = _parse_answer(name, doc, run, known if known is not None else {})
+        return replace(nc, **recorder_fields(doc)) if "recorder" in doc else nc
+    except (MalformedAnswer, PySpyFormatError, RecorderAnswerError) as exc:
         return NodeCollection(name, "probe_error", f"malformed stacks probe answer: {exc}",
                               seconds=run.seconds)
 
@@ -310,6 +257,7 @@ def collect(
     expected: dict[str, list[int]] | None = None,
     raw: bool = False,
     known: FrameCache | None = None,
+    socket_timeout: float | None = 2.0,
 ) -> Collection:
     """One round: find and dump every rank on ``nodes``.
 
@@ -326,6 +274,9 @@ def collect(
         raw: ship py-spy's JSON as it printed it (for ``save``) instead of the
             probe's reduced frames.
         known: frame-table rows already read (shared across rounds: equal frames, one object).
+        socket_timeout: seconds for each request to a rank's socket (``brctl.job``'s or
+            torch's worker server: the flight recorder, brctl's table, a traceback);
+            None: the sockets are not read.
 
     Returns:
         The round's collection; a machine's failure is recorded, never raised.
@@ -336,6 +287,8 @@ def collect(
     def request(node: Node) -> dict[str, Any]:
         req: dict[str, Any] = {"process_match": process_match, "py_spy": paths.get(node.name),
                                "dump_timeout": dump_timeout, "raw": raw}
+        if socket_timeout is not None:
+            req["recorder"] = {"timeout": socket_timeout, "k": RECENT}
         if node.connection == "local" and expected is not None:
             # local machines share this host's processes: each dumps only the ranks
             # the inventory places on it, so no process is attached twice at once

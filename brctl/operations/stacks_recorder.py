@@ -1,0 +1,78 @@
+"""The recorder half of a stacks probe answer: each rank's channel, state and summary.
+
+A node's answer is hostile input: ``recorder_fields`` checks every row's shape.
+A row without an integer rank, or more rows than ranks a machine can hold, is
+the machine's error (``RecorderAnswerError``); a row whose other fields are out
+of shape is that rank's error (state ``unread``, the fields dropped). The
+summaries stay as they came: the collective analysis decodes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brctl.operations.stacks_types import RankRead
+
+CHANNELS = frozenset({"brctl-socket", "torch-socket", "none"})
+STATES = frozenset({"read", "unread", "unresponsive"})
+MAX_ROWS = 1 << 14  # rows one machine may send (its ranks: 8-72 on real machines)
+MAX_TEXT = 600
+
+
+class RecorderAnswerError(ValueError):
+    """The ``recorder`` fields of an answer are not the probe's (says where)."""
+
+
+def _text(value: Any) -> str | None:
+    return value[:MAX_TEXT] if type(value) is str else None
+
+
+def _row(i: int, row: Any) -> RankRead:
+    if type(row) is not dict or type(rank := row.get("rank")) is not int or rank < 0:
+        raise RecorderAnswerError(f"recorder[{i}]: expected an object with a rank")
+    pid, channel, state = row.get("pid"), row.get("channel"), row.get("state")
+    summary = row.get("summary")
+    bad = [name for name, ok in (
+        ("pid", type(pid) is int and pid >= 0), ("channel", channel in CHANNELS),
+        ("state", state in STATES), ("proc_state", type(row.get("proc_state")) is str),
+        ("traceback", type(row.get("traceback")) is bool),
+        ("table", type(row.get("table")) is bool),
+        ("summary", summary is None or type(summary) is dict),
+        ("error", row.get("error") is None or type(row.get("error")) is str),
+        ("wchan", row.get("wchan") is None or type(row.get("wchan")) is str)) if not ok]
+    if bad:
+        return RankRead(rank, pid if type(pid) is int else 0, "none", "unread",
+                          error=f"a malformed recorder row ({', '.join(bad)} out of shape)")
+    return RankRead(rank, int(pid or 0), str(channel), str(state), str(row["proc_state"])[:4],
+                      row["traceback"],
+                      row["table"], _text(row.get("error")), summary, _text(row.get("wchan")))
+
+
+def recorder_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """``NodeCollection``'s recorder fields from a probe answer (empty: a probe that was
+    not asked, or an older one)."""
+    rows = doc.get("recorder")
+    if rows is None:
+        return {}
+    if type(rows) is not list or len(rows) > MAX_ROWS:
+        raise RecorderAnswerError(f"recorder: expected a list of at most {MAX_ROWS} rows")
+    records: dict[int, RankRead] = {}
+    for i, row in enumerate(rows):
+        rec = _row(i, row)
+        if rec.rank in records:
+            raise RecorderAnswerError(f"recorder[{i}]: rank {rec.rank} twice")
+        records[rec.rank] = rec
+    unread, errors = doc.get("unread", 0), doc.get("socket_errors", [])
+    if type(unread) is not int or unread < 0:
+        raise RecorderAnswerError("unread: expected a count")
+    if type(errors) is not list or len(errors) > 64 or any(type(e) is not str for e in errors):
+        raise RecorderAnswerError("socket_errors: expected at most 64 strings")
+    out: dict[str, Any] = {"recorder": records, "unread": unread,
+                           "socket_errors": tuple(e[:MAX_TEXT] for e in errors)}
+    raw = doc.get("fr_raw")
+    if raw is not None:
+        if type(raw) is not dict or any(not (type(k) is str and k.isdigit() and type(v) is str)
+                                        for k, v in raw.items()):
+            raise RecorderAnswerError("fr_raw: expected pid → the recorder's JSON text")
+        out["fr_raw"] = {int(k): v for k, v in raw.items()}
+    return out
