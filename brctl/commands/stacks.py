@@ -63,6 +63,7 @@ def stacks(
     from brctl.core.errors import UsageError
     from brctl.operations import stacks as op
     from brctl.operations import stacks_save
+    from brctl.operations.stacks_save_fr import save_recorder
 
     env: Env = ctx.obj
     if from_dir is not None and save is not None:
@@ -78,6 +79,7 @@ def stacks(
                 raw=save is not None)
         if save is not None:
             stacks_save.save(Path(save), collections, shape)
+            save_recorder(Path(save), collections)
     report = op.analyse(collections, shape)
     render(env.output, report)
     return int(report.exit_code)

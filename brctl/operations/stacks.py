@@ -50,7 +50,7 @@ from brctl.core.errors import (
 )
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.diagnostics.pyspy_frames import PACKED, RAW
-from brctl.operations.stacks_recorder import RecorderAnswerError, recorder_fields
+from brctl.operations.stacks_recorder import RecorderAnswerError, rank_reads, recorder_fields
 from brctl.operations.stacks_types import Collection as Collection
 from brctl.operations.stacks_types import JobShape as JobShape
 from brctl.operations.stacks_types import NodeCollection as NodeCollection
@@ -97,6 +97,7 @@ class StacksReport:
                           "workers": nc.workers, "seconds": round(nc.seconds, 3)}
                       for n, nc in last.nodes.items()},
             "unanswered": sorted(self.node_errors),
+            "ranks": rank_reads(last),
         }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brctl.operations.stacks_types import RankRead
+from brctl.operations.stacks_types import Collection, RankRead
 
 CHANNELS = frozenset({"brctl-socket", "torch-socket", "none"})
 STATES = frozenset({"read", "unread", "unresponsive"})
@@ -71,8 +71,32 @@ def recorder_fields(doc: dict[str, Any]) -> dict[str, Any]:
                            "socket_errors": tuple(e[:MAX_TEXT] for e in errors)}
     raw = doc.get("fr_raw")
     if raw is not None:
-        if type(raw) is not dict or any(not (type(k) is str and k.isdigit() and type(v) is str)
-                                        for k, v in raw.items()):
-            raise RecorderAnswerError("fr_raw: expected pid → the recorder's JSON text")
+        if type(raw) is not dict or not all(type(k) is str and k.isdigit() and _raw_ok(v)
+                                            for k, v in raw.items()):
+            raise RecorderAnswerError("fr_raw: expected pid → {dump: the recorder's JSON text, "
+                                      "clock_ns, table}")
         out["fr_raw"] = {int(k): v for k, v in raw.items()}
+    return out
+
+
+def _raw_ok(v: Any) -> bool:
+    return (type(v) is dict and type(v.get("dump")) is str and type(v.get("clock_ns")) is int
+            and (v.get("table") is None or type(v.get("table")) is dict))
+
+
+def rank_reads(col: Collection) -> dict[str, dict[str, Any]]:
+    """Per rank (a string key, as JSON has), how it was read in this round: its machine,
+    pid, ``channel``, ``state``, ``proc_state``, whether brctl's table and the traceback
+    answered, the socket's error, why py-spy gave no stack (``stack_error``), where the
+    kernel holds it (``wchan``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for node, nc in col.nodes.items():
+        if not nc.recorder:
+            continue
+        stack_errors = {rd.rank: rd.error for rd in nc.ranks}
+        for rank, rec in sorted(nc.recorder.items()):
+            out.setdefault(str(rank), {
+                "node": node, "pid": rec.pid, "channel": rec.channel, "state": rec.state,
+                "proc_state": rec.proc_state, "table": rec.table, "traceback": rec.traceback,
+                "error": rec.error, "stack_error": stack_errors.get(rank), "wchan": rec.wchan})
     return out

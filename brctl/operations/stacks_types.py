@@ -64,7 +64,8 @@ class NodeCollection:
     recorder: dict[int, RankRead] = field(default_factory=dict)  # rank → its sockets' word
     unread: int = 0  # processes whose environment was refused and no socket named
     socket_errors: tuple[str, ...] = ()  # a refused socket directory, a peer not the job's
-    fr_raw: dict[int, str] = field(default_factory=dict)  # pid → recorder JSON (--save)
+    # pid → {"dump": the recorder's JSON text, "clock_ns", "table"} (for --save)
+    fr_raw: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def answered(self) -> bool:

@@ -46,6 +46,7 @@ def test_a_row_out_of_shape_is_that_ranks_error() -> None:
     ({"recorder": [], "unread": -1}, "unread"),
     ({"recorder": [], "socket_errors": [1]}, "socket_errors"),
     ({"recorder": [], "fr_raw": {"x": "{}"}}, "fr_raw"),
+    ({"recorder": [], "fr_raw": {"1": {"dump": "{}", "clock_ns": "5"}}}, "fr_raw"),
 ])
 def test_an_answer_out_of_shape_is_the_machines_error(doc: dict[str, Any], where: str) -> None:
     with pytest.raises(RecorderAnswerError, match=where.replace("[", r"\[").replace("]", r"\]")):
@@ -56,8 +57,9 @@ def test_the_machine_answer_carries_them() -> None:
     run = RunResult(node="n1", state=NodeState.OK, exit_code=0, stdout="", stderr="",
                     seconds=0.1)
     good = {"format": RAW, "processes": [], "dumps": [], "recorder": [_row()], "unread": 0,
-            "socket_errors": [], "fr_raw": {"10": "{}"}}
+            "socket_errors": [],
+            "fr_raw": {"10": {"dump": "{}", "clock_ns": 5, "table": None}}}
     bad = {**good, "recorder": "x"}
     cols = read_answers({"n1": ProbeResult("n1", run, good, None), "n2": ProbeResult("n2", run, bad, None)})
-    assert cols["n1"].recorder[0].summary == {"v": 1} and cols["n1"].fr_raw == {10: "{}"}
+    assert cols["n1"].recorder[0].summary == {"v": 1} and cols["n1"].fr_raw[10]["clock_ns"] == 5
     assert cols["n2"].state == "probe_error" and "recorder" in str(cols["n2"].error)
