@@ -14,10 +14,16 @@ Each rank then runs PyTorch's worker server (the one
 ``/tmp/brctl-job-<uid>/``, is made mode 0700 and must belong to the job's user.
 That layout is public (launch lines and brctl's probe name it) and does not move.
 The server answers PyTorch's own handlers (``fr_trace_json``: the flight
-recorder of every process group; ``dump_traceback``; ``ping``) and brctl's,
-``brctl_job``: ``{"v": 1, "rank", "pid", "world_size", "step", "groups": {name:
-{"desc", "ranks"}}}``, the process-group table (global ranks) that gloo's
-recorder lacks, and the last step the job reported. The socket is removed at exit.
+recorder of every process group; ``dump_traceback``; ``ping``). brctl's own facts,
+``{"v": 1, "rank", "pid", "world_size", "step", "groups": {name: {"desc",
+"ranks"}}}`` (the process-group table, global ranks, that gloo's recorder lacks,
+and the last step the job reported), are served beside it on
+``rank-<RANK>.brctl.sock`` by a small thread of this module, in the same HTTP form
+(``POST /handler/brctl_job``). Not as a handler of torch's server: a Python
+handler registered there (``_register_handler``) aborts the process at exit
+(torch 2.13: its registry drops the Python callable after the interpreter is
+gone, "PyThreadState_Get: the function must be called with the GIL held"; every
+rank of a job that finished exited 134). Both sockets are removed at exit.
 
 Why a per-rank path: torch uses ``TORCH_WORKER_SERVER_SOCKET`` verbatim, so under
 torchrun every local rank would inherit one path.
@@ -35,6 +41,7 @@ import json
 import os
 import runpy
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -45,7 +52,8 @@ HANDLER = "brctl_job"
 FORMAT = 1
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"step": None, "server": None, "path": None, "handler": False}
+MAX_REQUEST = 8192  # bytes of a request brctl's socket reads
+_state: dict[str, Any] = {"step": None, "server": None, "path": None, "facts": None}
 
 
 def socket_dir() -> str:
@@ -56,6 +64,11 @@ def socket_dir() -> str:
 def socket_path(rank: int, directory: str | None = None) -> str:
     """The socket of global rank ``rank``: ``<socket_dir>/rank-<rank>.sock``."""
     return os.path.join(directory or socket_dir(), f"rank-{int(rank)}.sock")
+
+
+def facts_path(path: str) -> str:
+    """Where brctl's facts are served beside torch's socket ``path``: ``rank-<R>.brctl.sock``."""
+    return path[: -len(".sock")] + ".brctl.sock" if path.endswith(".sock") else path + ".brctl"
 
 
 def report_step(step: int) -> None:
@@ -106,24 +119,53 @@ def facts() -> dict[str, Any]:
             "step": _state["step"], "groups": group_table()}
 
 
-def _handle(req: Any, resp: Any) -> None:
+def _answer() -> bytes:
     try:
-        body, status = json.dumps(facts()).encode(), 200
-    except Exception as exc:  # never let a handler error take the server thread down
-        body, status = json.dumps({"v": FORMAT, "error": repr(exc)[:300]}).encode(), 500
-    resp.set_status(status)
-    resp.set_content(body, "application/json")
+        body, status = json.dumps(facts()).encode(), "200 OK"
+    except Exception as exc:  # never let an error take the serving thread down
+        body, status = json.dumps({"v": FORMAT, "error": repr(exc)[:300]}).encode(), "500 Error"
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
-def _register() -> None:
-    from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
-        _get_handler_names,
-        _register_handler,
-    )
+class _FactsServer:
+    """brctl's facts on a Unix socket, one short request at a time, from a daemon thread
+    (it waits in ``accept`` with the GIL released; silent, as any Python code, while the
+    main thread holds the GIL in native code)."""
 
-    if not _state["handler"] and HANDLER not in _get_handler_names():
-        _register_handler(HANDLER, _handle)
-    _state["handler"] = True
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        os.chmod(path, 0o600)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._loop, name="brctl-job", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed by stop()
+            with conn:
+                try:
+                    conn.settimeout(2.0)
+                    got = b""
+                    while b"\r\n\r\n" not in got and len(got) < MAX_REQUEST:
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            break
+                        got += chunk
+                    if got:
+                        conn.sendall(_answer())
+                except OSError:
+                    continue
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
 
 
 def serve(rank: int | None = None) -> str | None:
@@ -147,14 +189,19 @@ def serve(rank: int | None = None) -> str | None:
         try:
             _own_dir(directory)
             _remove_stale(path)
-            _register()
+            _remove_stale(facts_path(path))
             from torch._C._distributed_c10d import _WorkerServer
 
             server = _WorkerServer(path)
         except Exception as exc:  # diagnostics never stop training
             _warn(f"cannot serve {path}: {exc}")
             return None
-        _state.update(server=server, path=path)
+        try:
+            own: _FactsServer | None = _FactsServer(facts_path(path))
+        except OSError as exc:
+            own = None
+            _warn(f"cannot serve {facts_path(path)}: {exc}")
+        _state.update(server=server, path=path, facts=own)
         atexit.register(stop)
         _on_sigterm()
         return path
@@ -190,17 +237,19 @@ def _remove_stale(path: str) -> None:
 def stop() -> None:
     """Stop the server and remove its socket (idempotent)."""
     with _lock:
-        server, path = _state["server"], _state["path"]
-        _state.update(server=None, path=None)
+        server, path, own = _state["server"], _state["path"], _state["facts"]
+        _state.update(server=None, path=None, facts=None)
+    if own is not None:
+        own.close()
     if server is not None:
         try:
             server.shutdown()
         except Exception as exc:
             _warn(f"worker server shutdown: {exc}")
-    if path is not None:
+    for name in (path, facts_path(path)) if path is not None else ():
         with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
+            if stat.S_ISSOCK(os.lstat(name).st_mode):
+                os.unlink(name)
 
 
 def _warn(text: str) -> None:
