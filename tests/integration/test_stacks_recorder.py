@@ -1,0 +1,127 @@
+"""brctl stacks reads the flight recorder of a real hung gloo job over the sshd cluster.
+
+One 8-rank job, TP2 PP2 DP2 over four machines (two ranks each, Megatron's order:
+node04 holds ranks 6 and 7 of stage 1), opted in with ``brctl.job`` and run as an
+unprivileged uid. Rank 7 skips its data-parallel all_reduce at step 4 and goes on
+to the world's loss all_reduce, so the job hangs: rank 5 waits in
+``DATA_PARALLEL_GROUP`` sequence 4 (members 5 and 7), everyone else in the loss
+all_reduce. The one hang serves three reads: with ptrace and the sockets; without
+the sockets (the job's socket directory moved away: a job that did not opt in);
+and with the probe denied ``CAP_SYS_PTRACE`` (py-spy and environ refused: the
+sockets alone).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.cluster import SshCluster, scaled
+from tests.integration.frjob import start_frjob
+from tests.integration.trainjob import TAG
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+UID = 61032  # the job's user: an unprivileged uid no one else here runs as
+SOCKETS = Path(f"/tmp/brctl-job-{UID}")  # brctl.job's default directory for that uid
+
+
+def _inventory(cluster: SshCluster, tmp_path: Path, python: str = sys.executable) -> Path:
+    import yaml
+
+    inv = cluster.inventory(job={"tp": 2, "pp": 2, "process_match": TAG}, python=python)
+    for entry in inv["nodes"]:
+        entry["gpus"] = 2
+    path = tmp_path / f"inventory-{Path(python).name}.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def _no_ptrace_python(tmp_path: Path) -> str:
+    """An interpreter for the probe that cannot ptrace: the machine's sshd without
+    CAP_SYS_PTRACE, as a container without SYS_PTRACE runs it."""
+    wrapper = tmp_path / "python-no-ptrace"
+    wrapper.write_text("#!/bin/sh\nexec setpriv --bounding-set=-sys_ptrace "
+                       f"--inh-caps=-sys_ptrace {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def _saved_group(save: Path, node: str, rank: int, desc: str) -> dict[str, Any]:
+    """The group ``desc`` of ``rank``'s saved recorder, summarised as the probe does."""
+    from brctl.diagnostics.recorder import summarise
+
+    [meta] = (save / node).glob(f"{rank}-*.fr-meta.json")
+    dump = json.loads(meta.with_name(meta.name.replace("-meta", "")).read_text())
+    info = json.loads(meta.read_text())
+    summary = summarise(dump, info["table"], info["clock_ns"])
+    [group] = [g for g in summary["groups"].values() if g["desc"] == desc]
+    return dict(group)
+
+
+def _wait_log(job: Any, rank: int, text: str, timeout: float = 120) -> None:
+    import time
+
+    deadline = time.monotonic() + scaled(timeout)
+    while text not in job.log(rank):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank} never logged {text!r}: {job.log(rank)[-300:]}")
+        time.sleep(0.2)
+
+
+def test_a_skipped_collective_read_three_ways(
+    ssh_cluster: SshCluster, tmp_path: Path, brctl: Callable[..., Any]
+) -> None:
+    shutil.rmtree(SOCKETS, ignore_errors=True)
+    inv = _inventory(ssh_cluster, tmp_path)
+    with start_frjob(ssh_cluster, tp=2, pp=2, nproc=2, uid=UID,
+                     env={"FRJOB_SKIP_RANK": "7", "FRJOB_FAULT_STEP": "4"}) as job:
+        _wait_log(job, 7, "skipped dp all_reduce")
+        for rank in range(8):
+            _wait_log(job, rank, "step 3 loss")
+
+        # 1. ptrace allowed, sockets served
+        save = tmp_path / "save"
+        res = brctl("-i", inv, "--json", "stacks", "--rounds", "2", "--interval", "1",
+                    "--save", save)
+        doc = res.json
+        reads = doc["ranks"]
+        assert sorted(reads, key=int) == [str(r) for r in range(8)], reads
+        for rank, read in reads.items():
+            assert (read["channel"], read["state"], read["table"], read["traceback"]) == (
+                "brctl-socket", "read", True, True), (rank, read)
+            assert read["node"] == job.machine_of(int(rank)) and read["stack_error"] is None
+        # the evidence as saved: the recorder as each rank answered, its clock and table
+        dp = {r: _saved_group(save, job.machine_of(r), r, "DATA_PARALLEL_GROUP")
+              for r in (5, 7)}
+        assert dp[5]["ranks"] == dp[7]["ranks"] == [5, 7]
+        assert dp[5]["pending"]["seq"] == 4 and dp[5]["pending"]["op"] == "all_reduce"
+        assert dp[7]["last_enqueued"] == 3 and dp[7]["pending"] is None
+
+        # 2. the same job as one that did not opt in: no socket where brctl looks
+        hidden = SOCKETS.with_name(SOCKETS.name + ".hidden")
+        SOCKETS.rename(hidden)
+        try:
+            res = brctl("-i", inv, "--json", "stacks")
+        finally:
+            hidden.rename(SOCKETS)
+        assert {r["channel"] for r in res.json["ranks"].values()} == {"none"}
+        assert {r["state"] for r in res.json["ranks"].values()} == {"read"}  # py-spy read them
+
+        # 3. the probe may not ptrace: py-spy and environ refused, the sockets remain
+        denied = _inventory(ssh_cluster, tmp_path, _no_ptrace_python(tmp_path))
+        res = brctl("-i", denied, "--json", "stacks", "--rounds", "2", "--interval", "1")
+        doc = res.json
+        reads = doc["ranks"]
+        assert sorted(reads, key=int) == [str(r) for r in range(8)], (reads, res.stderr)
+        for rank, read in reads.items():
+            assert "py-spy may not ptrace" in read["stack_error"], read  # refused, and why
+            assert (read["channel"], read["state"]) == ("brctl-socket", "read"), (rank, read)
+            assert read["node"] == job.machine_of(int(rank))
+    shutil.rmtree(SOCKETS, ignore_errors=True)  # SIGKILLed ranks leave their sockets
