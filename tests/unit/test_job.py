@@ -72,3 +72,14 @@ def test_no_rank_no_socket(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     monkeypatch.delenv("RANK", raising=False)
     assert job.serve() is None
     assert "RANK is not set" in capsys.readouterr().err
+
+
+def test_the_examples_parse_and_opt_in() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    plain = (root / "torchrun_job.py").read_text()
+    megatron = (root / "megatron_style_job.py").read_text()
+    for text in (plain, megatron):
+        ast.parse(text)
+    assert "brctl.job.serve()" in plain and "-m brctl.job --" in megatron
