@@ -73,11 +73,13 @@ class StacksReport:
     @property
     def exit_code(self) -> ExitCode:
         """4 when brctl refused a machine (a safety rule there), else 3 when machines gave
-        no answer, else 1 when an eviction is proposed, else 0."""
+        no answer or a rank could not be read, else 1 when an eviction is proposed, else 0."""
         return exit_code_of(
             refused=any(nc.state == NodeState.REFUSED.value for c in self.collections[-1:]
                         for nc in c.nodes.values()),
-            incomplete=bool(self.node_errors), findings=bool(self.analysis.evict))
+            # an unread rank (py-spy refused, no socket) makes the run incomplete too
+            incomplete=bool(self.node_errors) or bool(getattr(self.analysis, "unread", ())),
+            findings=bool(self.analysis.evict))
 
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.stacks/2`` (classes, outliers, suspect_groups, evict)."""
