@@ -32,6 +32,13 @@ def test_rows_become_records() -> None:
     assert (got["unread"], got["socket_errors"]) == (2, ("dir refused",))
 
 
+def test_one_rank_twice_keeps_the_first_row() -> None:
+    """Two processes with one RANK (two jobs match): the rank screen judges, from the
+    packed rows; the recorder keeps the first process's row."""
+    got = recorder_fields({"recorder": [_row(), _row(pid=11, state="unread")]})
+    assert got["recorder"][0].pid == 10
+
+
 def test_a_row_out_of_shape_is_that_ranks_error() -> None:
     got = recorder_fields({"recorder": [_row(state="fine", summary=[1], table="yes")]})
     rec = got["recorder"][0]
@@ -42,7 +49,6 @@ def test_a_row_out_of_shape_is_that_ranks_error() -> None:
 @pytest.mark.parametrize("doc, where", [
     ({"recorder": {"0": {}}}, "recorder: expected a list"),
     ({"recorder": [{"rank": "0"}]}, "recorder[0]: expected an object with a rank"),
-    ({"recorder": [_row(), _row()]}, "rank 0 twice"),
     ({"recorder": [], "unread": -1}, "unread"),
     ({"recorder": [], "socket_errors": [1]}, "socket_errors"),
     ({"recorder": [], "fr_raw": {"x": "{}"}}, "fr_raw"),
