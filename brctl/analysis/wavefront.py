@@ -1,0 +1,339 @@
+"""The collective wavefront: which group is stuck, who never joined, who waits on whom.
+
+Pure functions on the decoded recorder records (``collectives.RankRecord``), one
+mapping rank → record per capture. Per process-group instance (matched across
+ranks by name: ``pg_id`` is per process):
+
+- **Members** come from the job's table or ``pg_config`` (a rank's record
+  carries them), else from any other member's record (names are job-wide),
+  else from the inventory's layout: the kind named by the group's description
+  (``DATA_PARALLEL_GROUP`` → dp …), or the smallest kind whose instance holds
+  every rank that reported the name.
+- **The frontier** is the lowest sequence number any member has pending.
+  Members that enqueued it joined; members whose last enqueued is below it are
+  missing; members without a record gave no answer (a dead rank's absence is
+  evidence: the survivors decide).
+- **In flight is not stuck**: a healthy job nearly always has a collective
+  pending (on gloo ``retired`` even lags a finished one). The frontier is stuck
+  only if its earliest enqueue is older than ``stuck_after`` seconds, each age
+  taken on the clock of the machine that recorded it (read in the same answer,
+  so machines' clocks never meet), or if the same (group, sequence) is pending
+  in two captures ``--interval`` apart.
+- **Only a stuck collective names culprits.** Ops, sizes or dtypes that differ
+  from the joined ranks' majority at the frontier name a mismatch culprit (a
+  tie in a two-rank group is broken by what the group's other instances ran at
+  that sequence number). Otherwise a missing rank that is itself pending in a
+  stuck collective of another group is that group's victim (the wait-for graph
+  across groups); a missing rank pending in no stuck recorded collective is the
+  culprit (compute, the data loader, an unrecorded gloo p2p: its stack says
+  which). Every rank joined and none completed is the communicator itself
+  (GPU, NCCL or network): a ``communicator`` suspect, never an eviction alone.
+  A wait-for cycle with no rank outside it names the cycle's ranks.
+
+Linear in the ranks times their groups; the arrival analysis is ``stragglers.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from brctl.analysis.collectives import GroupRecord, RankRecord
+from brctl.analysis.topology import KINDS, Topology
+
+# Megatron-LM's group descriptions → brctl's kinds (``new_group(group_desc=...)``)
+DESC_KINDS = {"TENSOR_MODEL_PARALLEL_GROUP": "tp", "DATA_PARALLEL_GROUP": "dp",
+              "PIPELINE_MODEL_PARALLEL_GROUP": "pp", "CONTEXT_PARALLEL_GROUP": "cp",
+              "EXPERT_MODEL_PARALLEL_GROUP": "ep", "EXPERT_DATA_PARALLEL_GROUP": "edp"}
+
+Signature = tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]  # op, sizes, dtypes
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One process-group instance: its name, members and place in the layout."""
+
+    name: str
+    desc: str
+    members: tuple[int, ...]
+    kind: str  # the topology kind whose instance it is, "world", or "" (not in the layout)
+    index: int | None  # that instance's group id
+    source: str  # where the members came from: table | layout | reporters
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """The frontier of one instance with a collective pending."""
+
+    group: Instance
+    seq: int
+    op: str
+    verdict: str  # in_flight | stuck | mismatch | communicator
+    age_s: float  # the oldest enqueue of the frontier, on its recording machine's clock
+    joined: tuple[int, ...]
+    missing: tuple[int, ...]  # answered, and never enqueued the frontier
+    no_answer: tuple[int, ...]  # members with no recorder answer
+    waits: tuple[tuple[int, str, int], ...] = ()  # (missing rank, group, seq it is pending in)
+    mismatched: tuple[int, ...] = ()
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """A row of ``collective_groups``."""
+        g = self.group
+        return {"group": g.name, "desc": g.desc, "ranks": list(g.members), "kind": g.kind,
+                "index": g.index, "members_from": g.source, "seq": self.seq, "op": self.op,
+                "verdict": self.verdict, "age_s": round(self.age_s, 3),
+                "joined": list(self.joined), "missing": list(self.missing),
+                "no_answer": list(self.no_answer), "mismatched": list(self.mismatched),
+                "waits": [{"rank": r, "group": n, "seq": s} for r, n, s in self.waits],
+                "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A rank the collective evidence blames, and for what."""
+
+    rank: int
+    why: str  # never_entered | mismatch | no_answer | cycle
+    verdict: GroupVerdict
+
+    @property
+    def text(self) -> str:
+        """``rank 5 never entered all_reduce #1042 of DATA_PARALLEL_GROUP (ranks 1,5,9,13)``."""
+        v, g = self.verdict, self.verdict.group
+        where = f"{v.op} #{v.seq} of {g.desc or 'group ' + g.name} (ranks {_short(g.members)})"
+        return {"never_entered": f"rank {self.rank} never entered {where}",
+                "mismatch": f"rank {self.rank} called {v.detail} in {where}",
+                "no_answer": f"rank {self.rank} gave no recorder answer and is missing from "
+                             f"{where}",
+                "cycle": f"rank {self.rank} is in a wait-for cycle through {where}",
+                }[self.why]
+
+
+def _short(ranks: Sequence[int]) -> str:
+    shown = ",".join(map(str, ranks[:8]))
+    return shown + (f",… ({len(ranks)})" if len(ranks) > 8 else "")
+
+
+def _layout_instance(name: str, desc: str, reporters: Sequence[int], topo: Topology
+                     ) -> tuple[tuple[int, ...], str, int | None]:
+    """Members, kind and index from the layout: the described kind, else the smallest that fits."""
+    if name == "0" or desc == "default_pg":  # the default group is the world
+        return tuple(range(topo.world)), "world", 0
+    wanted = DESC_KINDS.get(desc)
+    kinds = [wanted] if wanted else [k for k in KINDS if topo.size(k) > 1]
+    for kind in kinds:
+        gid = topo.group_id(reporters[0], kind)
+        if all(topo.group_id(r, kind) == gid for r in reporters):
+            return tuple(topo.group_ranks(kind, gid)), kind, gid
+    return tuple(sorted(reporters)), "", None
+
+
+def _place(members: tuple[int, ...], desc: str, topo: Topology) -> tuple[str, int | None]:
+    """The kind and index whose instance is exactly ``members`` (or "" where none is)."""
+    if len(members) == topo.world:
+        return "world", 0
+    wanted = DESC_KINDS.get(desc)
+    for kind in ([wanted] if wanted else []) + [k for k in KINDS if k != wanted]:
+        if topo.size(kind) != len(members):
+            continue
+        gid = topo.group_id(members[0], kind)
+        if tuple(topo.group_ranks(kind, gid)) == tuple(sorted(members)):
+            return kind, gid
+    return "", None
+
+
+def instances(records: Mapping[int, RankRecord], topo: Topology) -> dict[str, Instance]:
+    """Every group name any rank reported, with its members and place in the layout."""
+    reporters: dict[str, list[int]] = {}
+    told: dict[str, tuple[int, ...]] = {}
+    descs: dict[str, str] = {}
+    for rank, rec in records.items():
+        for name, g in rec.groups.items():
+            reporters.setdefault(name, []).append(rank)
+            if g.desc:
+                descs.setdefault(name, g.desc)
+            if g.ranks is not None:
+                told.setdefault(name, g.ranks)
+    out: dict[str, Instance] = {}
+    for name, reps in reporters.items():
+        desc = descs.get(name, "")
+        if name in told:
+            members = tuple(sorted(told[name]))
+            kind, index = _place(members, desc, topo)
+            out[name] = Instance(name, desc, members, kind, index, "table")
+        else:
+            members, kind, index = _layout_instance(name, desc, sorted(reps), topo)
+            out[name] = Instance(name, desc, members, kind, index,
+                                 "layout" if kind else "reporters")
+    return out
+
+
+def _signature(g: GroupRecord) -> Signature | None:
+    p = g.pending
+    return None if p is None else (p.op, p.sizes, p.dtypes)
+
+
+def _describe(sig: Signature) -> str:
+    op, sizes, dtypes = sig
+    return f"{op} {list(map(list, sizes))} {','.join(dtypes)}"
+
+
+def _frontier(inst: Instance, records: Mapping[int, RankRecord], earlier: Mapping[int, RankRecord],
+              stuck_after: float) -> GroupVerdict | None:
+    """The instance's frontier and whether it is stuck (before culprits are decided)."""
+    views: dict[int, GroupRecord] = {}
+    no_answer = []
+    for r in inst.members:
+        rec = records.get(r)
+        if rec is None:
+            no_answer.append(r)
+        elif (g := rec.groups.get(inst.name)) is not None and g.last_enqueued >= 0:
+            views[r] = g
+    pend = [g.pending.seq for g in views.values() if g.pending is not None]
+    if not pend:
+        return None
+    seq = min(pend)
+    joined = tuple(r for r, g in views.items() if g.last_enqueued >= seq)
+    missing = tuple(r for r, g in views.items() if g.last_enqueued < seq)
+    at = {r: g for r, g in views.items() if g.pending is not None and g.pending.seq == seq}
+    age = max((records[r].clock_ns - g.pending.enqueued_ns) / 1e9
+              for r, g in at.items() if g.pending is not None)
+    again = any((e := earlier.get(r)) is not None and (eg := e.groups.get(inst.name)) is not None
+                and eg.pending is not None and eg.pending.seq == seq for r in at)
+    stuck = age >= stuck_after or again
+    op = Counter(g.pending.op for g in at.values() if g.pending is not None).most_common(1)[0][0]
+    detail = "pending in two captures" if again and age < stuck_after else ""
+    return GroupVerdict(inst, seq, op, "stuck" if stuck else "in_flight", max(age, 0.0),
+                        tuple(sorted(joined)), tuple(sorted(missing)), tuple(no_answer),
+                        detail=detail)
+
+
+def _tie_break(v: GroupVerdict, tied: Sequence[Signature], records: Mapping[int, RankRecord],
+               same_kind: Sequence[Instance]) -> Signature | None:
+    """The tied call the group's other instances made at this sequence number, if one wins:
+    their pending op, sizes and dtypes where they wait there too, else their op."""
+    exact: Counter[Signature] = Counter()
+    ops: Counter[str] = Counter()
+    for inst in same_kind:
+        if inst.name == v.group.name:
+            continue
+        for r in inst.members:
+            rec = records.get(r)
+            g = rec.groups.get(inst.name) if rec is not None else None
+            if g is None:
+                continue
+            sig = _signature(g)
+            if sig is not None and g.pending is not None and g.pending.seq == v.seq:
+                exact[sig] += 1
+            op = g.op_at(v.seq)
+            if op is not None:
+                ops[op] += 1
+    for votes in ([(exact[sig], sig) for sig in tied], [(ops[sig[0]], sig) for sig in tied]):
+        votes.sort(key=lambda x: -x[0])
+        if votes and votes[0][0] > 0 and (len(votes) == 1 or votes[1][0] < votes[0][0]):
+            return votes[0][1]
+    return None
+
+
+def _mismatch(v: GroupVerdict, records: Mapping[int, RankRecord],
+              by_desc: Mapping[str, Sequence[Instance]]) -> tuple[tuple[int, ...], str, str]:
+    """Ranks whose frontier op, sizes or dtypes differ from the majority, what they called,
+    and the group's op there."""
+    sigs: dict[int, Signature] = {}
+    for r in v.joined:
+        g = records[r].groups[v.group.name]
+        sig = _signature(g)
+        if sig is not None and g.pending is not None and g.pending.seq == v.seq:
+            sigs[r] = sig
+    counts = Counter(sigs.values())
+    if len(counts) < 2:
+        return (), "", v.op
+    best = max(counts.values())
+    tied = [s for s, c in counts.items() if c == best]
+    normal = tied[0] if len(tied) == 1 else _tie_break(v, tied, records,
+                                                        by_desc.get(v.group.desc, ()))
+    if normal is None:  # undecidable: every disagreeing rank is named
+        odd = tuple(sorted(sigs))
+        return odd, " / ".join(sorted({_describe(s) for s in sigs.values()})), v.op
+    odd = tuple(sorted(r for r, s in sigs.items() if s != normal))
+    calls = sorted({_describe(sigs[r]) for r in odd})
+    return odd, f"{' / '.join(calls)} where the group calls {_describe(normal)}", normal[0]
+
+
+def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord]
+           ) -> tuple[list[GroupVerdict], dict[int, Culprit], frozenset[int]]:
+    """The wait-for graph across groups: verdicts with who waits where, culprits, victims."""
+    stuck = [v for v in verdicts if v.verdict != "in_flight"]
+    pending_in: dict[int, tuple[str, int]] = {}
+    for v in stuck:
+        for r in v.joined:
+            g = records[r].groups[v.group.name]
+            if g.pending is not None and g.pending.seq == v.seq:
+                pending_in.setdefault(r, (v.group.name, v.seq))
+    culprits: dict[int, Culprit] = {}
+    out: list[GroupVerdict] = []
+    for v in verdicts:
+        if v.verdict == "mismatch":
+            for r in v.mismatched:
+                culprits[r] = Culprit(r, "mismatch", v)
+        if v.verdict in ("stuck", "mismatch"):
+            waits = tuple((r, *pending_in[r]) for r in v.missing if r in pending_in)
+            for r in v.missing:
+                if r not in pending_in:
+                    culprits.setdefault(r, Culprit(r, "never_entered", v))
+            for r in v.no_answer:
+                culprits.setdefault(r, Culprit(r, "no_answer", v))
+            v = GroupVerdict(**{**v.__dict__, "waits": waits})
+        out.append(v)
+    if not culprits and any(v.missing for v in out if v.verdict == "stuck"):
+        for v in out:  # everyone missing waits elsewhere: a cycle, no rank outside it
+            for r in v.missing if v.verdict == "stuck" else ():
+                culprits.setdefault(r, Culprit(r, "cycle", v))
+    waiting = frozenset(pending_in).difference(culprits)
+    return out, culprits, waiting
+
+
+@dataclass(frozen=True)
+class Wavefront:
+    """Every instance's frontier verdict, and the ranks the collective evidence blames."""
+
+    groups: tuple[GroupVerdict, ...]
+    culprits: tuple[Culprit, ...]
+    waiting: frozenset[int]  # ranks pending in a stuck collective (victims unless culprits)
+
+
+def wavefront(captures: Sequence[Mapping[int, RankRecord]], topo: Topology,
+              stuck_after: float = 60.0) -> tuple[Wavefront, dict[str, Instance]]:
+    """Verdicts and culprits from the captures (oldest first; the last decides).
+
+    Args:
+        captures: rank → record, one mapping per capture.
+        topo: the job's topology (members from the layout where no table says).
+        stuck_after: seconds a frontier may be pending before it is stuck.
+    """
+    records = captures[-1] if captures else {}
+    earlier = captures[-2] if len(captures) > 1 else {}
+    insts = instances(records, topo)
+    by_desc: dict[str, list[Instance]] = {}
+    for inst in insts.values():
+        by_desc.setdefault(inst.desc, []).append(inst)
+    verdicts: list[GroupVerdict] = []
+    for inst in insts.values():
+        v = _frontier(inst, records, earlier, stuck_after)
+        if v is None:
+            continue
+        if v.verdict == "stuck":
+            odd, what, op = _mismatch(v, records, by_desc)
+            if odd:
+                v = GroupVerdict(**{**v.__dict__, "verdict": "mismatch", "mismatched": odd,
+                                    "detail": what, "op": op})
+            elif not v.missing and not v.no_answer:
+                v = GroupVerdict(**{**v.__dict__, "verdict": "communicator",
+                                    "detail": "every member joined and none completed"})
+        verdicts.append(v)
+    out, culprits, waiting = _blame(verdicts, records)
+    order = {"in_flight": 3, "communicator": 2, "stuck": 1, "mismatch": 0}
+    out.sort(key=lambda v: (order[v.verdict], -v.age_s, v.group.name))
+    return (Wavefront(tuple(out), tuple(culprits[r] for r in sorted(culprits)), waiting), insts)

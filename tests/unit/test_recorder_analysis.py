@@ -1,0 +1,215 @@
+"""The collective analysis (wavefront, wait-for graph, mismatch, stragglers, fusion) on real
+recorded gloo dumps (``tests/fixtures/recorder``, recorded by ``record.py``) and edited copies.
+
+The dumps were taken 2.5 s into each fault, so ``stuck_after`` below that (2 s) makes them
+stuck and the default (60 s) leaves them in flight: in flight is not stuck.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from brctl.analysis.collectives import RankRecord, decode_summary
+from brctl.analysis.fusion import analyse_collectives, fuse
+from brctl.analysis.stacks import Frame, RankSample, Round, analyse
+from brctl.analysis.topology import Topology
+from brctl.diagnostics.recorder import summarise
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "recorder"
+STUCK = 2.0  # seconds: below the 2.5 s the faults had lasted when dumped
+
+
+def load(scenario: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((FIXTURES / f"{scenario}.json").read_text())
+    return doc
+
+
+def topo_of(doc: dict[str, Any]) -> Topology:
+    lay = doc["layout"]
+    return Topology.build(["m0", "m1"], [2, 2], tp=lay["tp"], pp=lay["pp"])
+
+
+def records(doc: dict[str, Any], table: bool = True, drop: tuple[int, ...] = ()
+            ) -> dict[int, RankRecord]:
+    return {r["rank"]: decode_summary(
+        json.loads(json.dumps(summarise(r["dump"], r["table"] if table else None, r["clock_ns"]))),
+        r["rank"], doc["layout"]["world"]) for r in doc["ranks"] if r["rank"] not in drop}
+
+
+def verdicts(coll: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {f"{v.group.desc}{list(v.group.members)}#{v.seq}": (v.verdict, v.missing)
+            for v in coll.wave.groups}
+
+
+def test_skipped_collective_names_the_rank_that_never_entered_not_its_victims() -> None:
+    doc = load("skip")
+    topo = topo_of(doc)
+    coll = analyse_collectives([records(doc)], topo, stuck_after=STUCK)
+    assert [(c.rank, c.why) for c in coll.culprits] == [(3, "never_entered")]
+    assert coll.culprits[0].text == \
+        "rank 3 never entered all_reduce #3 of DATA_PARALLEL_GROUP (ranks 1,3)"
+    v = verdicts(coll)
+    assert v["DATA_PARALLEL_GROUP[1, 3]#3"] == ("stuck", (3,))
+    # rank 1 is missing from tp #4 because it waits in dp #3: a victim, not a culprit
+    (tp01,) = [g for g in coll.wave.groups if g.group.members == (0, 1)]
+    assert tp01.missing == (1,) and [w[0] for w in tp01.waits] == [1]
+    assert coll.wave.waiting == {0, 1, 2}
+
+
+def test_in_flight_is_not_stuck() -> None:
+    for scenario in ("skip", "inflight", "healthy", "mismatch"):
+        coll = analyse_collectives([records(load(scenario))], topo_of(load(scenario)))
+        assert {v for v, _ in verdicts(coll).values()} == {"in_flight"}, scenario
+        assert coll.culprits == () and coll.communicator == ()
+
+
+def test_the_same_frontier_in_two_captures_is_stuck_whatever_its_age() -> None:
+    doc = load("skip")
+    recs = records(doc)
+    coll = analyse_collectives([recs, recs], topo_of(doc), stuck_after=3600)
+    assert [c.rank for c in coll.culprits] == [3]
+    healthy = load("healthy")
+    later = records(load("skip"))  # a job that moved on: other frontiers, nothing twice
+    coll = analyse_collectives([records(healthy), later], topo_of(doc), stuck_after=3600)
+    assert all(v.verdict == "in_flight" for v in coll.wave.groups if v.seq == 4)
+
+
+def test_type_mismatch_names_the_rank_that_called_broadcast() -> None:
+    doc = load("mismatch")
+    coll = analyse_collectives([records(doc)], topo_of(doc), stuck_after=STUCK)
+    assert [(c.rank, c.why) for c in coll.culprits] == [(1, "mismatch")]
+    assert "broadcast" in coll.culprits[0].text and "all_reduce #2" in coll.culprits[0].text
+
+
+def all_waiting(scenario: str) -> dict[str, Any]:
+    """The recorded dumps with every group's last collective pending on every rank, 2 min old
+    (the communicator's picture: everyone joined, none completed)."""
+    doc = copy.deepcopy(load(scenario))
+    for r in doc["ranks"]:
+        for name in {e["process_group"][0] for e in r["dump"]["entries"]}:
+            mine = [e for e in r["dump"]["entries"] if e["process_group"][0] == name]
+            for e in mine:
+                e["retired"] = e is not mine[-1]
+        r["dump"]["pg_status"] = {}
+        r["clock_ns"] += 120 * 10**9
+    return doc
+
+
+def test_size_and_dtype_mismatch_from_edited_dumps() -> None:
+    for key, value in (("input_sizes", [[8]]), ("input_dtypes", ["Half"])):
+        doc = all_waiting("healthy")
+        last = [e for e in doc["ranks"][3]["dump"]["entries"]
+                if e["process_group"][1] == "DATA_PARALLEL_GROUP"][-1]
+        last[key] = value
+        coll = analyse_collectives([records(doc)], topo_of(doc))
+        # a tie in the two-rank group, broken by the other dp instance at the same #3
+        assert [(c.rank, c.why) for c in coll.culprits] == [(3, "mismatch")], key
+        assert str(value[0]).strip("[]'") in coll.culprits[0].text
+
+
+def test_members_from_the_layout_when_no_table_is_served() -> None:
+    doc = load("skip")
+    coll = analyse_collectives([records(doc, table=False)], topo_of(doc), stuck_after=STUCK)
+    assert [c.rank for c in coll.culprits] == [3]
+    assert {v.group.source for v in coll.wave.groups} == {"layout"}
+    assert {(v.group.kind, v.group.members) for v in coll.wave.groups} == {
+        ("dp", (1, 3)), ("tp", (0, 1)), ("tp", (2, 3))}
+
+
+def test_a_dead_rank_is_named_by_its_absence() -> None:
+    doc = load("skip")  # rank 3's answer never came: the survivors' dumps decide
+    coll = analyse_collectives([records(doc, drop=(3,))], topo_of(doc), stuck_after=STUCK)
+    assert [(c.rank, c.why) for c in coll.culprits] == [(3, "no_answer")]
+
+
+def test_every_member_joined_none_completed_is_the_communicator() -> None:
+    doc = all_waiting("healthy")
+    coll = analyse_collectives([records(doc)], topo_of(doc))
+    assert coll.culprits == ()
+    assert {v.verdict for v in coll.wave.groups} == {"communicator"}
+    stacks = analyse([_round(topo_of(doc))], topo_of(doc))
+    fused = fuse(stacks, coll, topo_of(doc), _round(topo_of(doc)))
+    assert fused.evict == () and {g.kind for g in fused.suspects} == {"communicator"}
+
+
+def test_wrapped_buffers_still_decide() -> None:
+    doc = copy.deepcopy(load("skip"))
+    for r in doc["ranks"]:
+        r["dump"]["entries"] = r["dump"]["entries"][-3:]  # TORCH_FR_BUFFER_SIZE=3
+    coll = analyse_collectives([records(doc)], topo_of(doc), stuck_after=STUCK)
+    assert all(rec.wrapped for rec in records(doc).values())
+    assert [c.rank for c in coll.culprits] == [3]
+
+
+def test_straggler_is_the_earliest_late_rank_along_the_pipeline() -> None:
+    doc = load("slowpp")
+    topo = topo_of(doc)
+    coll = analyse_collectives([records(doc)], topo)
+    roles = {s.rank: (s.victim_of, s.late_in, s.window) for s in coll.late}
+    assert roles[0][0] is None and roles[2][0] == 0  # rank 2 is late because rank 0 is
+    assert set(roles) == {0, 2} and roles[0][1] > roles[0][2] // 2
+    assert coll.arrival == "enqueue"
+    high = analyse_collectives([records(doc)], topo, straggler_threshold_ms=500)
+    assert high.late == ()
+    assert analyse_collectives([records(load("healthy"))], topo_of(load("healthy"))).late == ()
+
+
+def _round(topo: Topology, odd: dict[int, tuple[Frame, ...] | None] | None = None) -> Round:
+    wait = (Frame("<module>", "train.py", 1), Frame("step", "train.py", 40),
+            Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2))
+    odd = odd or {}
+    return Round(tuple(RankSample(r, topo.machine_of(r), 100 + r, odd.get(r, wait),
+                                  None if odd.get(r, wait) is not None else "timed out")
+                       for r in range(topo.world)))
+
+
+def test_fusion_evicts_the_culprits_group_and_cites_recorder_and_stack() -> None:
+    doc = load("skip")
+    topo = topo_of(doc)
+    loader = (Frame("<module>", "train.py", 1), Frame("next_batch", "loader.py", 88))
+    rnd = _round(topo, {3: loader})
+    stacks = analyse([rnd], topo)
+    fused = fuse(stacks, analyse_collectives([records(doc)], topo, stuck_after=STUCK), topo, rnd)
+    assert fused.evict == ("m1",)
+    (g,) = fused.suspects
+    assert g.evidence == ("rank 3 never entered all_reduce #3 of DATA_PARALLEL_GROUP (ranks 1,3)"
+                          "; its main thread: loader.py:88 next_batch",)
+    assert {o.rank for o in fused.outliers} == {3}
+
+
+def test_identical_stacks_still_evict_from_the_recorder() -> None:
+    doc = load("skip")  # every rank parked in the same collective: stacks see nothing
+    topo = topo_of(doc)
+    rnd = _round(topo)
+    stacks = analyse([rnd], topo)
+    assert stacks.evict == ()
+    fused = fuse(stacks, analyse_collectives([records(doc)], topo, stuck_after=STUCK), topo, rnd)
+    assert fused.evict == ("m1",) and [o.reason for o in fused.outliers] == ["collective"]
+    calm = fuse(stacks, analyse_collectives([records(doc)], topo), topo, rnd)
+    assert calm.evict == () and calm.collectives is not None
+
+
+def test_fusion_names_the_straggler_not_its_victims() -> None:
+    doc = load("slowpp")
+    topo = topo_of(doc)
+    rnd = _round(topo)
+    fused = fuse(analyse([rnd], topo), analyse_collectives([records(doc)], topo), topo, rnd)
+    assert [(o.rank, o.reason) for o in fused.outliers] == [(0, "straggler")]
+    assert fused.evict == (topo.machine_of(0),)
+
+
+def test_json_keys() -> None:
+    doc = load("skip")
+    topo = topo_of(doc)
+    coll = analyse_collectives([records(doc)], topo, stuck_after=STUCK)
+    out = coll.to_json()
+    assert out["collective_culprits"][0]["rank"] == 3 and out["stuck_after_s"] == STUCK
+    assert {g["verdict"] for g in out["collective_groups"]} == {"stuck"}
+    row = coll.rank_json(1)
+    assert row is not None
+    (dp,) = [g for g in row.values() if g["desc"] == "DATA_PARALLEL_GROUP"]
+    assert dp["pending"]["seq"] == 3 and dp["pending"]["age_s"] > STUCK
+    assert coll.rank_json(7) is None
