@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -140,8 +140,10 @@ if __name__ == "__main__":
 @contextmanager
 def start_frjob(cluster: SshCluster, *, tp: int, pp: int, nproc: int,
                 uid: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
-                step_seconds: float = 0.1) -> Iterator[TrainJob]:
-    """The job on all of the cluster's machines (``uid``: as that user); stopped after."""
+                step_seconds: float = 0.1, nodes: Optional[Sequence[str]] = None
+                ) -> Iterator[TrainJob]:
+    """The job on ``nodes`` (default: all the cluster's machines; ``uid``: as that user);
+    stopped after."""
     top = Path(tempfile.mkdtemp(prefix="brctl-frjob-"))
     top.chmod(0o755)
     (top / "logs").mkdir()
@@ -151,7 +153,7 @@ def start_frjob(cluster: SshCluster, *, tp: int, pp: int, nproc: int,
     wrap = (["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
             if uid is not None else [])
     python = "/usr/bin/python3" if uid is not None else sys.executable
-    job = start_trainjob(cluster, top, nproc=nproc, pp=pp, step_seconds=step_seconds,
+    job = start_trainjob(cluster, top, nodes=nodes, nproc=nproc, pp=pp, step_seconds=step_seconds,
                          env=variables, python=python, script=FR_SCRIPT, wrap=wrap)
     try:
         yield job

@@ -32,12 +32,14 @@ UID = 61032  # the job's user: an unprivileged uid no one else here runs as
 SOCKETS = Path(f"/tmp/brctl-job-{UID}")  # brctl.job's default directory for that uid
 
 
-def _inventory(cluster: SshCluster, tmp_path: Path, python: str = sys.executable) -> Path:
+def _inventory(cluster: SshCluster, tmp_path: Path, python: str = sys.executable, *,
+               tp: int = 2, pp: int = 2, gpus: int = 2, names: list[str] | None = None) -> Path:
     import yaml
 
-    inv = cluster.inventory(job={"tp": 2, "pp": 2, "process_match": TAG}, python=python)
+    inv = cluster.inventory(names=names, job={"tp": tp, "pp": pp, "process_match": TAG},
+                            python=python)
     for entry in inv["nodes"]:
-        entry["gpus"] = 2
+        entry["gpus"] = gpus
     path = tmp_path / f"inventory-{Path(python).name}.yaml"
     path.write_text(yaml.safe_dump(inv))
     return path
@@ -125,3 +127,20 @@ def test_a_skipped_collective_read_three_ways(
             assert (read["channel"], read["state"]) == ("brctl-socket", "read"), (rank, read)
             assert read["node"] == job.machine_of(int(rank))
     shutil.rmtree(SOCKETS, ignore_errors=True)  # SIGKILLed ranks leave their sockets
+
+
+def test_a_rank_holding_the_gil_answers_from_its_recorder_only(
+    ssh_cluster: SshCluster, tmp_path: Path, brctl: Callable[..., Any]
+) -> None:
+    names = ssh_cluster.names[:2]
+    inv = _inventory(ssh_cluster, tmp_path, tp=1, pp=1, gpus=1, names=names)
+    with start_frjob(ssh_cluster, tp=1, pp=1, nproc=1, nodes=names,
+                     env={"FRJOB_GIL_RANK": "1", "FRJOB_FAULT_STEP": "3"}) as job:
+        _wait_log(job, 1, "holding the GIL")
+        res = brctl("-i", inv, "--json", "stacks", "--rounds", "1")
+        reads = res.json["ranks"]
+        # the native recorder answers; brctl's facts and the traceback (Python) do not
+        assert (reads["1"]["state"], reads["1"]["table"], reads["1"]["traceback"]) == (
+            "read", False, False), reads["1"]
+        assert "no answer in time" in reads["1"]["error"]
+        assert (reads["0"]["table"], reads["0"]["traceback"]) == (True, True), reads["0"]
