@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any
 
+from brctl.analysis.collective_analysis import analyse_collectives
+from brctl.analysis.fusion import fuse
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.pyspy import (
@@ -50,6 +52,7 @@ from brctl.core.errors import (
 )
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.diagnostics.pyspy_frames import PACKED, RAW
+from brctl.operations.stacks_collectives import decode_captures
 from brctl.operations.stacks_recorder import RecorderAnswerError, rank_reads, recorder_fields
 from brctl.operations.stacks_types import Collection as Collection
 from brctl.operations.stacks_types import JobShape as JobShape
@@ -69,6 +72,7 @@ class StacksReport:
     topology: Topology
     collections: tuple[Collection, ...]
     node_errors: dict[str, str] = field(default_factory=dict)
+    summary_errors: dict[int, str] = field(default_factory=dict)  # rank → its refused summary
 
     @property
     def exit_code(self) -> ExitCode:
@@ -78,7 +82,7 @@ class StacksReport:
             refused=any(nc.state == NodeState.REFUSED.value for c in self.collections[-1:]
                         for nc in c.nodes.values()),
             # an unread rank (py-spy refused, no socket) makes the run incomplete too
-            incomplete=bool(self.node_errors) or bool(getattr(self.analysis, "unread", ())),
+            incomplete=bool(self.node_errors) or bool(self.analysis.unread),
             findings=bool(self.analysis.evict))
 
     def to_json(self) -> dict[str, Any]:
@@ -99,7 +103,8 @@ class StacksReport:
                           "workers": nc.workers, "seconds": round(nc.seconds, 3)}
                       for n, nc in last.nodes.items()},
             "unanswered": sorted(self.node_errors),
-            "ranks": rank_reads(last),
+            "ranks": rank_reads(last, a.collectives, self.summary_errors),
+            **(a.collectives.to_json() if a.collectives is not None else {}),
         }
 
 
@@ -511,11 +516,17 @@ def _to_round(col: Collection, topo: Topology, intern: dict[Frame, Frame],
                 if before == stack:
                     stack = before
                 last[rank] = stack
-            samples.append(RankSample(rank, node, rd.pid, stack, error))
+            rec = nc.recorder.get(rank)  # the probe's word: no channel could read it
+            samples.append(RankSample(rank, node, rd.pid, stack, error, False,
+                                      rec is not None and rec.state == "unread"))
     answered = {n for n, nc in col.nodes.items() if nc.answered}
     for rank in sorted(set(range(topo.world)).difference(found)):
         node = machine_of[rank]
-        if node in answered:
+        if node in answered and col.nodes[node].unread:
+            # processes whose environment was refused, none named by a socket: unknown ranks
+            samples.append(RankSample(rank, node, 0, None, _UNREAD.format(
+                node=node, n=col.nodes[node].unread), unread=True))
+        elif node in answered:
             samples.append(RankSample(rank, node, 0, None,
                                       f"no process with RANK={rank} on {node}", missing=True))
     silent = frozenset(n for n, nc in col.nodes.items() if not nc.answered)
@@ -528,8 +539,12 @@ def _why(nc: NodeCollection) -> str:
     return error if error.startswith(f"{nc.state}:") else f"{nc.state}: {error}"
 
 
-def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
-    """Analyse one or more rounds of collections.
+def analyse(collections: Sequence[Collection], shape: JobShape, *, stuck_after: float = 60.0,
+            straggler_threshold_ms: float = 20.0) -> StacksReport:
+    """Analyse one or more rounds of collections: the stacks, and where ranks' sockets
+    answered, their flight recorders (``analysis.collective_analysis``), fused into one
+    eviction (``analysis.fusion``). ``stuck_after``: seconds a pending collective may be
+    old before it is stuck; ``straggler_threshold_ms``: how late a rank must arrive.
 
     Raises:
         IncompleteError: no machine answered, or no rank process was found anywhere.
@@ -553,4 +568,28 @@ def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
         intern: dict[Frame, Frame] = {}
         stacks: dict[int, Stack] = {}
         rounds = [_to_round(c, topo, intern, stacks) for c in collections]
-        return StacksReport(analyse_rounds(rounds, topo), topo, tuple(collections), errors)
+        analysis = analyse_rounds(rounds, topo)
+        captures, bad_summaries = decode_captures(collections, topo)
+        if any(captures):
+            coll = analyse_collectives(captures, topo, stuck_after=stuck_after,
+                                       interval=_interval(collections),
+                                       straggler_threshold_ms=straggler_threshold_ms)
+            analysis = fuse(analysis, coll, topo, rounds[-1])
+        # a rank its socket read is read, though py-spy was refused: out of the stack vote,
+        # not an unread rank that makes the run incomplete
+        read = {r for nc in last.nodes.values() for r, rec in nc.recorder.items()
+                if rec.state == "read"}
+        if analysis.unread and read:
+            analysis = replace(analysis, unread=tuple(r for r in analysis.unread if r not in read))
+        return StacksReport(analysis, topo, tuple(collections), errors, bad_summaries)
+
+
+_UNREAD = ("{n} process(es) on {node} could not be read: their environment is refused (no "
+           "ptrace rights) and no socket of brctl.job named their rank")
+
+
+def _interval(collections: Sequence[Collection]) -> float | None:
+    """Seconds between the last two rounds' starts (None: one round)."""
+    if len(collections) < 2:
+        return None
+    return collections[-1].started - collections[-2].started

@@ -9,8 +9,10 @@ summaries stay as they came: the collective analysis decodes them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from brctl.analysis.collective_analysis import CollectiveAnalysis
 from brctl.operations.stacks_types import Collection, RankRead
 
 CHANNELS = frozenset({"brctl-socket", "torch-socket", "none"})
@@ -83,11 +85,13 @@ def _raw_ok(v: Any) -> bool:
             and (v.get("table") is None or type(v.get("table")) is dict))
 
 
-def rank_reads(col: Collection) -> dict[str, dict[str, Any]]:
+def rank_reads(col: Collection, coll: CollectiveAnalysis | None = None,
+               summary_errors: Mapping[int, str] | None = None) -> dict[str, dict[str, Any]]:
     """Per rank (a string key, as JSON has), how it was read in this round: its machine,
     pid, ``channel``, ``state``, ``proc_state``, whether brctl's table and the traceback
     answered, the socket's error, why py-spy gave no stack (``stack_error``), where the
-    kernel holds it (``wchan``)."""
+    kernel holds it (``wchan``), and what its recorder says per group (``collectives``:
+    ``coll.rank_json``), or why its summary was refused (``summary_error``)."""
     out: dict[str, dict[str, Any]] = {}
     for node, nc in col.nodes.items():
         if not nc.recorder:
@@ -97,5 +101,7 @@ def rank_reads(col: Collection) -> dict[str, dict[str, Any]]:
             out.setdefault(str(rank), {
                 "node": node, "pid": rec.pid, "channel": rec.channel, "state": rec.state,
                 "proc_state": rec.proc_state, "table": rec.table, "traceback": rec.traceback,
-                "error": rec.error, "stack_error": stack_errors.get(rank), "wchan": rec.wchan})
+                "error": rec.error, "stack_error": stack_errors.get(rank), "wchan": rec.wchan,
+                "collectives": coll.rank_json(rank) if coll is not None else None,
+                "summary_error": (summary_errors or {}).get(rank)})
     return out
