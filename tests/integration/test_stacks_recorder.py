@@ -67,6 +67,20 @@ def _saved_group(save: Path, node: str, rank: int, desc: str) -> dict[str, Any]:
     return dict(group)
 
 
+def _assert_rank7_named(code: int, doc: dict[str, Any], main_thread: bool) -> None:
+    """Rank 7's machine is evicted, and only it; the evidence names group and sequence;
+    rank 5, which waits on it in that group, is not blamed."""
+    assert (code, doc["evict"]) == (1, ["node04"]), doc
+    assert [o["rank"] for o in doc["outliers"]] == [7], doc["outliers"]
+    [culprit] = doc["collective_culprits"]
+    assert (culprit["rank"], culprit["seq"]) == (7, 4), culprit
+    text = "rank 7 never entered all_reduce #4 of DATA_PARALLEL_GROUP (ranks 5,7)"
+    [suspect] = doc["suspect_groups"]
+    assert text in suspect["evidence"][0] and suspect["members"] == ["node04"], suspect
+    assert ("its main thread:" in suspect["evidence"][0]) is main_thread
+    assert doc["ranks"]["7"]["collectives"] is not None
+
+
 def _wait_log(job: Any, rank: int, text: str, timeout: float = 120) -> None:
     import time
 
@@ -99,6 +113,7 @@ def test_a_skipped_collective_read_three_ways(
             assert (read["channel"], read["state"], read["table"], read["traceback"]) == (
                 "brctl-socket", "read", True, True), (rank, read)
             assert read["node"] == job.machine_of(int(rank)) and read["stack_error"] is None
+        _assert_rank7_named(res.exit_code, doc, main_thread=True)
         # the evidence as saved: the recorder as each rank answered, its clock and table
         dp = {r: _saved_group(save, job.machine_of(r), r, "DATA_PARALLEL_GROUP")
               for r in (5, 7)}
@@ -115,6 +130,9 @@ def test_a_skipped_collective_read_three_ways(
             hidden.rename(SOCKETS)
         assert {r["channel"] for r in res.json["ranks"].values()} == {"none"}
         assert {r["state"] for r in res.json["ranks"].values()} == {"read"}  # py-spy read them
+        # today's output: every rank in one all_reduce stack, nothing to evict
+        assert (res.exit_code, res.json["evict"], res.json["outliers"]) == (0, [], []), res.json
+        assert [c["ranks"] for c in res.json["classes"]] == ["0-7"]
 
         # 3. the probe may not ptrace: py-spy and environ refused, the sockets remain
         denied = _inventory(ssh_cluster, tmp_path, _no_ptrace_python(tmp_path))
@@ -126,6 +144,8 @@ def test_a_skipped_collective_read_three_ways(
             assert "py-spy may not ptrace" in read["stack_error"], read  # refused, and why
             assert (read["channel"], read["state"]) == ("brctl-socket", "read"), (rank, read)
             assert read["node"] == job.machine_of(int(rank))
+        # the verdict from the recorders alone (no rank is unread: each socket read it)
+        _assert_rank7_named(res.exit_code, doc, main_thread=False)
     shutil.rmtree(SOCKETS, ignore_errors=True)  # SIGKILLed ranks leave their sockets
 
 
