@@ -85,10 +85,12 @@ def stacks(
     env: Env = ctx.obj
     if from_dir is not None and save is not None:
         raise UsageError("--from and --save: pick one (--from re-reads a saved directory)")
+    cfg = None
     if from_dir is not None:
         collections, shape = stacks_save.load(Path(from_dir))
     else:
         scale = env.timeout_scale()
+        cfg = env.inventory().stacks
         with env.output.progress("stacks", rounds) as advance:
             collections, shape = op.collect_job(
                 env.inventory(), env.transport(), rounds=rounds, interval=interval,
@@ -97,6 +99,8 @@ def stacks(
         if save is not None:
             stacks_save.save(Path(save), collections, shape)
             save_recorder(Path(save), collections)
-    report = op.analyse(collections, shape)
+    thresholds = {} if cfg is None else {"stuck_after": cfg.stuck_after,
+                                         "straggler_threshold_ms": cfg.straggler_threshold_ms}
+    report = op.analyse(collections, shape, **thresholds)
     render(env.output, report)
     return int(report.exit_code)
