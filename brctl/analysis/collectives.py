@@ -24,9 +24,10 @@ from brctl.diagnostics.recorder import (
     MAX_RECENT,
     MAX_TENSORS,
     SUMMARY_VERSION,
+    unpack_recent,
 )
 
-Recent = tuple[int, int, int | None]  # (seq, enqueued_ns, started_ns or None)
+Recent = tuple[int, int, int]  # (seq, enqueued_ns, started_ns; 0: not started or unknown)
 
 
 class CollectiveFormatError(ValueError):
@@ -116,13 +117,10 @@ def _pending(p: Any, where: str) -> Pending | None:
 
 
 def _recent(raw: Any, where: str) -> tuple[Recent, ...]:
-    if type(raw) is not list or len(raw) > MAX_RECENT:
-        raise _fail(where, f"expected a list of at most {MAX_RECENT} [seq, enqueued, started]")
-    for row in raw:
-        if not (type(row) is list and len(row) == 3 and type(row[0]) is int
-                and type(row[1]) is int and (row[2] is None or type(row[2]) is int)):
-            raise _fail(where, f"{str(row)[:60]} is not [seq, enqueued_ns, started_ns|null]")
-    return tuple((row[0], row[1], row[2]) for row in raw)
+    try:
+        return tuple(unpack_recent(raw))  # checked in bulk, in C (``recorder.pack_recent``)
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
 
 
 def _ops(raw: Any, n: int, where: str) -> tuple[str, ...]:

@@ -55,8 +55,7 @@ def arrival_basis(records: Mapping[int, RankRecord]) -> str:
     backends = {r.backend for r in records.values()}
     if "nccl" not in backends:
         return "enqueue" if records else "unknown"
-    timed = any(t[2] is not None for r in records.values() for g in r.groups.values()
-                for t in g.recent)
+    timed = any(t[2] for r in records.values() for g in r.groups.values() for t in g.recent)
     return "started" if timed else "unknown"
 
 
@@ -69,7 +68,7 @@ def _instance_late(inst: Instance, records: Mapping[int, RankRecord], use_starte
         if g is None:
             continue
         times = {s: (st if use_started else enq) for s, enq, st in g.recent}
-        arrivals[r] = {s: t for s, t in times.items() if t is not None}
+        arrivals[r] = {s: t for s, t in times.items() if t}  # 0: not started
     if len(arrivals) < 2:
         return []
     common = set.intersection(*(set(a) for a in arrivals.values()))

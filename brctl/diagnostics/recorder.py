@@ -38,12 +38,16 @@ The summary (``SUMMARY_VERSION``), per rank::
                        "last_enqueued": int, "last_completed": int,
                        "pending": {"seq", "op", "sizes", "dtypes", "enqueued_ns",
                                    "started_ns"}|null,
-                       "recent": [[seq, enqueued_ns, started_ns|null], ...],
-                       "ops": [[op, count], ...]}}}
+                       "recent": BASE64, "ops": [[op, count], ...]}}}
 
-``recent`` is the group's last ``k`` collectives, oldest first; ``ops`` their
-ops as runs in the same order (a tie in a two-rank group is broken by what the
-group's other instances ran at that sequence number).
+``recent`` is the group's last ``k`` collectives, oldest first, packed: base64
+of little-endian int64 triples (seq, enqueued_ns, started_ns; 0 = not started
+or unknown). As JSON lists it cost ~60 numbers and 20 lists per group, and at
+131,072 ranks their parsing (and the garbage collector walking them) was most
+of the controller's time; one string per group decodes in C (``pack_recent``,
+``unpack_recent``). ``ops`` are their ops as runs in the same order (a tie in a
+two-rank group is broken by what the group's other instances ran at that
+sequence number).
 
 ``clock_ns`` is the recording machine's ``time.time_ns()`` when the dump was
 taken, read in the same answer: ages are differences on one clock, so
@@ -54,7 +58,11 @@ handler) is ``{"v": 1, "rank": int, "groups": {NAME: {"desc": str, "ranks":
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import sys
+from array import array
 from typing import Any
 
 SUMMARY_VERSION = 1
@@ -70,6 +78,42 @@ MAX_RANKS = 1 << 20  # members of one group in a table
 
 class RecorderFormatError(ValueError):
     """A dump or table that is not the flight recorder's (says where)."""
+
+
+def pack_recent(rows: list[tuple[int, int, int]]) -> str:
+    """(seq, enqueued_ns, started_ns or 0) rows as base64 of little-endian int64s.
+
+    Raises:
+        RecorderFormatError: a value outside int64.
+    """
+    try:
+        flat = array("q", [v for row in rows for v in row])
+    except OverflowError:
+        raise RecorderFormatError("recent: a value outside int64") from None
+    if sys.byteorder == "big":
+        flat.byteswap()
+    return base64.b64encode(flat.tobytes()).decode("ascii")
+
+
+def unpack_recent(text: Any, limit: int = MAX_RECENT) -> list[tuple[int, int, int]]:
+    """The rows of ``pack_recent`` (at most ``limit``), checked in bulk.
+
+    Raises:
+        ValueError: not base64 of whole (seq, enqueued, started) int64 triples.
+    """
+    if type(text) is not str or len(text) > 4 * (24 * limit + 2) // 3 + 4:
+        raise ValueError(f"expected base64 of at most {limit} int64 triples")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not base64") from None
+    if len(raw) % 24:
+        raise ValueError("not whole int64 triples")
+    flat = array("q")
+    flat.frombytes(raw)
+    if sys.byteorder == "big":
+        flat.byteswap()
+    return list(zip(flat[0::3], flat[1::3], flat[2::3]))
 
 
 def _int(value: Any, where: str) -> int:
@@ -293,7 +337,7 @@ def summarise(dump: Any, table: Any, clock_ns: int, k: int = DEFAULT_RECENT) -> 
                 "seq": pending.seq, "op": pending.op, "sizes": pending.sizes,
                 "dtypes": pending.dtypes, "enqueued_ns": pending.enqueued,
                 "started_ns": pending.started},
-            "recent": [[en.seq, en.enqueued, en.started] for en in recent],
+            "recent": pack_recent([(en.seq, en.enqueued, en.started or 0) for en in recent]),
             "ops": _runs([en.op for en in recent]),
         }
     step = table.get("step") if type(table) is dict else None

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from brctl.analysis.collectives import CollectiveFormatError, decode_summary
-from brctl.diagnostics.recorder import RecorderFormatError, summarise
+from brctl.diagnostics.recorder import RecorderFormatError, pack_recent, summarise, unpack_recent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "recorder"
 
@@ -55,11 +55,11 @@ def test_skip_wavefront_per_rank() -> None:
 def test_recent_window_and_ops_runs() -> None:
     s = summaries("slowpp")
     dp = by_desc(s[0], "DATA_PARALLEL_GROUP")
-    assert [row[0] for row in dp["recent"]] == list(range(1, 9))
+    assert [row[0] for row in unpack_recent(dp["recent"])] == list(range(1, 9))
     assert dp["ops"] == [["all_reduce", 8]]
     short = summarise(load("slowpp")["ranks"][0]["dump"], None, 0, k=3)
     g = next(iter(short["groups"].values()))
-    assert [row[0] for row in g["recent"]] == [6, 7, 8] and g["ranks"] is None
+    assert [row[0] for row in unpack_recent(g["recent"])] == [6, 7, 8] and g["ranks"] is None
 
 
 def test_mismatch_op_is_recorded_as_called() -> None:
@@ -104,6 +104,7 @@ def test_nccl_states_and_older_field_names() -> None:
     lambda d: d["entries"][0].__setitem__("collective_seq_id", "x" * 30),
     lambda d: d["entries"][0].__setitem__("input_sizes", [["4"]]),
     lambda d: d["entries"][0].__setitem__("time_created_ns", None),
+    lambda d: d["entries"][0].__setitem__("time_created_ns", 2**70),  # not an int64
     lambda d: d.__setitem__("pg_status", []),
 ])
 def test_malformed_dump_is_the_ranks_error(edit: Any) -> None:
@@ -122,15 +123,18 @@ def test_decoder_round_trips_every_recorded_rank() -> None:
             for name, g in s["groups"].items():
                 got = rec.groups[name]
                 assert got.last_enqueued == g["last_enqueued"]
-                assert [list(x) for x in got.recent] == g["recent"]
+                assert got.recent == tuple(unpack_recent(g["recent"]))
+                assert all(t > 0 for _, t, _ in got.recent)
                 assert len(got.ops) == len(got.recent)
 
 
 @pytest.mark.parametrize("edit, where", [
     (lambda s, g: s.__setitem__("v", 2), "version"),
     (lambda s, g: g.__setitem__("ranks", [0, 9]), "ranks"),
-    (lambda s, g: g.__setitem__("recent", [[1, 2]] * 3), "recent"),
-    (lambda s, g: g.__setitem__("recent", [[1, 2, None]] * 65), "recent"),
+    (lambda s, g: g.__setitem__("recent", [[1, 2, None]] * 3), "recent"),
+    (lambda s, g: g.__setitem__("recent", pack_recent([(1, 2, 0)] * 65)), "recent"),
+    (lambda s, g: g.__setitem__("recent", pack_recent([(1, 2, 0)])[:-4]), "recent"),
+    (lambda s, g: g.__setitem__("recent", "!!!!"), "recent"),
     (lambda s, g: g.__setitem__("ops", [["all_reduce", 99]]), "ops"),
     (lambda s, g: g.__setitem__("desc", "x" * 500), "desc"),
     (lambda s, g: g["pending"].__setitem__("sizes", [[[1]]]), "sizes"),
