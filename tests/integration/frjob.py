@@ -14,7 +14,8 @@ then the world's loss all_reduce; ``brctl.job.report_step(step)``; the log line
 ``step N loss X`` as in ``trainjob``. Faults (test inputs, read only here):
 ``FRJOB_SKIP_RANK=R`` skips its data-parallel all_reduce at ``FRJOB_FAULT_STEP``
 (default 4) and logs ``skipped dp all_reduce`` first; ``FRJOB_GIL_RANK=R`` holds
-the GIL in native code (``ctypes.PyDLL`` ``sleep``) from that step.
+the GIL in native code (``ctypes.PyDLL`` ``sleep``) from that step, once the file
+``FRJOB_GIL_FILE`` exists when that is set (the test says when).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def train(args):
             dist.recv(x, src=rank - tp * dp)
         else:
             x = torch.randn(4, 16)
-        if gil and step >= fault:
+        if gil and step >= fault and os.path.exists(os.environ.get("FRJOB_GIL_FILE", "/")):
             log.write("holding the GIL\n")
             hold_gil_in_native_code(3600)
         y = collective(dist, torch.tanh(x + step), mine["tp"])

@@ -149,18 +149,34 @@ def test_a_skipped_collective_read_three_ways(
     shutil.rmtree(SOCKETS, ignore_errors=True)  # SIGKILLed ranks leave their sockets
 
 
-def test_a_rank_holding_the_gil_answers_from_its_recorder_only(
+def test_a_healthy_job_then_a_rank_holding_the_gil(
     ssh_cluster: SshCluster, tmp_path: Path, brctl: Callable[..., Any]
 ) -> None:
     names = ssh_cluster.names[:2]
     inv = _inventory(ssh_cluster, tmp_path, tp=1, pp=1, gpus=1, names=names)
+    trigger = tmp_path / "hold-the-gil"
     with start_frjob(ssh_cluster, tp=1, pp=1, nproc=1, nodes=names,
-                     env={"FRJOB_GIL_RANK": "1", "FRJOB_FAULT_STEP": "3"}) as job:
+                     env={"FRJOB_GIL_RANK": "1", "FRJOB_FAULT_STEP": "3",
+                          "FRJOB_GIL_FILE": str(trigger)}) as job:
+        _wait_log(job, 1, "step 3 loss")
+        # healthy, captured mid-collective twice: in flight is not stuck
+        res = brctl("-i", inv, "--json", "stacks", "--rounds", "2", "--interval", "0.5")
+        doc = res.json
+        assert (res.exit_code, doc["evict"], doc["collective_culprits"]) == (0, [], []), doc
+        assert {r["state"] for r in doc["ranks"].values()} == {"read"}
+        assert all(g["verdict"] != "stuck" for g in doc["collective_groups"]), doc
+        trigger.touch()
         _wait_log(job, 1, "holding the GIL")
-        res = brctl("-i", inv, "--json", "stacks", "--rounds", "1")
+        res = brctl("-i", inv, "--json", "stacks", "--rounds", "2", "--interval", "0.5")
         reads = res.json["ranks"]
         # the native recorder answers; brctl's facts and the traceback (Python) do not
         assert (reads["1"]["state"], reads["1"]["table"], reads["1"]["traceback"]) == (
             "read", False, False), reads["1"]
         assert "no answer in time" in reads["1"]["error"]
         assert (reads["0"]["table"], reads["0"]["traceback"]) == (True, True), reads["0"]
+        # named, with its group's members from rank 0's table (its own did not answer)
+        assert (res.exit_code, res.json["evict"]) == (1, ["node02"]), res.json
+        [suspect] = res.json["suspect_groups"]
+        assert "rank 1 never entered all_reduce" in suspect["evidence"][0]
+        assert "DATA_PARALLEL_GROUP (ranks 0,1)" in suspect["evidence"][0]
+        assert "hold_gil_in_native_code" in suspect["evidence"][0]
