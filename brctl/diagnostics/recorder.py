@@ -74,6 +74,10 @@ MAX_NAME = 128  # characters of a group name, description, op or dtype
 MAX_TENSORS = 16  # tensors per collective kept in sizes / dtypes
 MAX_DIMS = 8
 MAX_RANKS = 1 << 20  # members of one group in a table
+# Members shipped per group: every rank of a group would ship the same list, so a
+# data-parallel group of 2,048 (or the world) would cost megabytes per rank; past this
+# the controller takes the members from the layout and the group's name and description.
+MAX_SHIPPED_MEMBERS = 256
 
 
 class RecorderFormatError(ValueError):
@@ -328,6 +332,8 @@ def summarise(dump: Any, table: Any, clock_ns: int, k: int = DEFAULT_RECENT) -> 
         # earlier ones finished too (gloo retires lazily)
         pending = next((en for en in rows if en.seq > done and not en.done), None)
         recent = rows[-k:] if k else []
+        if members is not None and (len(members) > MAX_SHIPPED_MEMBERS or name == "0"):
+            members = None  # the world (group "0") or a large group: the layout says
         groups[name] = {
             "desc": descs.get(name) or desc,
             "ranks": members,

@@ -62,6 +62,17 @@ def test_recent_window_and_ops_runs() -> None:
     assert [row[0] for row in unpack_recent(g["recent"])] == [6, 7, 8] and g["ranks"] is None
 
 
+def test_large_groups_and_the_world_ship_no_member_list() -> None:
+    r = load("skip")["ranks"][0]
+    table = copy.deepcopy(r["table"])
+    table["groups"]["0"] = {"desc": "default_pg", "ranks": list(range(4))}
+    (dp,) = [n for n, g in table["groups"].items() if g["desc"] == "DATA_PARALLEL_GROUP"]
+    table["groups"][dp]["ranks"] = list(range(0, 4000, 2))  # a 2,000-rank dp group
+    s = summarise(r["dump"], table, r["clock_ns"])
+    assert s["groups"]["0"]["ranks"] is None and s["groups"][dp]["ranks"] is None
+    assert by_desc(s, "TENSOR_MODEL_PARALLEL_GROUP")["ranks"] == [0, 1]
+
+
 def test_mismatch_op_is_recorded_as_called() -> None:
     s = summaries("mismatch")
     assert by_desc(s[1], "DATA_PARALLEL_GROUP")["pending"]["op"] == "broadcast"
