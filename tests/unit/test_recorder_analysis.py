@@ -213,3 +213,18 @@ def test_json_keys() -> None:
     (dp,) = [g for g in row.values() if g["desc"] == "DATA_PARALLEL_GROUP"]
     assert dp["pending"]["seq"] == 3 and dp["pending"]["age_s"] > STUCK
     assert coll.rank_json(7) is None
+
+
+def test_json_keys_match_the_shipped_schema() -> None:
+    import jsonschema
+
+    from brctl.schemas.documents import STACKS_RECORDER
+
+    schema = {"type": "object", "properties": STACKS_RECORDER,
+              "required": list(STACKS_RECORDER), "additionalProperties": False}
+    for scenario, stuck in (("skip", STUCK), ("mismatch", STUCK), ("slowpp", 60.0)):
+        doc = load(scenario)
+        out = analyse_collectives([records(doc)], topo_of(doc), stuck_after=stuck).to_json()
+        jsonschema.validate(out, schema)  # every key documented, every type as documented
+    doc = all_waiting("healthy")
+    jsonschema.validate(analyse_collectives([records(doc)], topo_of(doc)).to_json(), schema)
