@@ -8,7 +8,10 @@ the stack analysis:
 - the ranks to cover are the collective culprits, the stragglers, and the stack
   outliers the collective evidence does not explain away: a rank that waits in
   a stuck collective, or is a straggler's victim, is not blamed (the ranks a
-  culprit blocked are not named);
+  culprit blocked are not named); nor, from one round, is a stack ``minority``
+  whose own recorder answered and corroborates nothing (its groups not stuck,
+  it not late): in a two-rank stage a 1-vs-1 stack vote can pick the healthy
+  rank, and the recorder's evidence is the sharper one (listed, not evicted);
 - they are covered by the same smallest whole-group eviction as stack outliers
   alone (``evictset.minimal_cover``), and each group's evidence cites the
   recorder and the rank's main thread, e.g. ``rank 5 never entered all_reduce
@@ -62,7 +65,13 @@ def fuse(stacks: StackAnalysis, coll: CollectiveAnalysis, topo: Topology, last: 
         return replace(stacks, suspects=stacks.suspects + comm, collectives=coll)
     victims = set(coll.wave.waiting) | {x.rank for x in coll.late if x.victim_of is not None}
     kept = [o for o in stacks.outliers if o.rank in blamed or o.rank not in victims]
-    targets = set(blamed) | {o.rank for o in kept}
+    stuck = {r for v in coll.wave.groups if v.verdict != "in_flight" for r in v.group.members}
+    unbacked = {o.rank for o in kept if stacks.rounds == 1 and o.reason == "minority"
+                and o.rank not in blamed and o.rank in coll.records and o.rank not in stuck}
+    kept = [replace(o, detail=(o.detail + "; " if o.detail else "") + "not evicted: its "
+                    "recorder answered and shows it neither stuck nor late")
+            if o.rank in unbacked else o for o in kept]
+    targets = set(blamed) | {o.rank for o in kept if o.rank not in unbacked}
     evidence = {r: why + _frame(samples[r].stack if r in samples else None)
                 for r, why in blamed.items()}
     suspects = tuple(

@@ -201,6 +201,19 @@ def test_fusion_names_the_straggler_not_its_victims() -> None:
     assert fused.evict == (topo.machine_of(0),)
 
 
+def test_a_stack_minority_the_recorder_does_not_back_is_not_evicted() -> None:
+    doc = load("slowpp")  # one rank per machine: rank r on m<r>
+    topo = Topology.build(["m0", "m1", "m2", "m3"], [1, 1, 1, 1], tp=1, pp=2)
+    odd = (Frame("<module>", "train.py", 1), Frame("log_metrics", "metrics.py", 9))
+    rnd = _round(topo, {1: odd})  # stage 0 votes 1 vs 1: the healthy rank 1 is the minority
+    stacks = analyse([rnd], topo)
+    assert [(o.rank, o.reason) for o in stacks.outliers] == [(1, "minority")]
+    fused = fuse(stacks, analyse_collectives([records(doc)], topo), topo, rnd)
+    assert fused.evict == ("m0",)  # the straggler's machine alone, not its dp group
+    assert {o.rank: o.reason for o in fused.outliers} == {0: "straggler", 1: "minority"}
+    assert "not evicted" in next(o.detail for o in fused.outliers if o.rank == 1)
+
+
 def test_json_keys() -> None:
     doc = load("skip")
     topo = topo_of(doc)
