@@ -83,9 +83,14 @@ def _fail(where: str, what: str) -> CollectiveFormatError:
     return CollectiveFormatError(f"{where}: {what}")
 
 
-def _int(value: Any, where: str, low: int | None = None) -> int:
-    if type(value) is not int or (low is not None and value < low):
-        raise _fail(where, "expected an integer" + (f" >= {low}" if low is not None else ""))
+INT64 = (1 << 63) - 1  # the recorder's integers are int64 in torch; beyond is a lie
+
+
+def _int(value: Any, where: str, low: int = -INT64) -> int:
+    """An integer within [low, int64]: a 400-digit clock would overflow float arithmetic
+    later (ages, lateness) and end the whole run, not this rank."""
+    if type(value) is not int or not low <= value <= INT64:
+        raise _fail(where, f"expected an integer from {low} to 2**63-1")
     return value
 
 

@@ -78,6 +78,7 @@ MAX_RANKS = 1 << 20  # members of one group in a table
 # data-parallel group of 2,048 (or the world) would cost megabytes per rank; past this
 # the controller takes the members from the layout and the group's name and description.
 MAX_SHIPPED_MEMBERS = 256
+INT64 = (1 << 63) - 1  # torch's recorder fields are int64: a larger one is not its
 
 
 class RecorderFormatError(ValueError):
@@ -122,11 +123,11 @@ def unpack_recent(text: Any, limit: int = MAX_RECENT) -> list[tuple[int, int, in
 
 def _int(value: Any, where: str) -> int:
     """An integer field; the JSON dump writes some as strings (``pg_status``)."""
-    if type(value) is int:
+    if type(value) is int and -INT64 <= value <= INT64:
         return value
-    if type(value) is str and value.lstrip("-").isdigit() and len(value) < 20:
+    if type(value) is str and value.lstrip("-").isdigit() and len(value) < 19:
         return int(value)
-    raise RecorderFormatError(f"{where}: expected an integer, not {value!r:.40}")
+    raise RecorderFormatError(f"{where}: expected an int64, not {value!r:.40}")
 
 
 def _text(value: Any, where: str) -> str:
@@ -285,8 +286,8 @@ def summarise(dump: Any, table: Any, clock_ns: int, k: int = DEFAULT_RECENT) -> 
     """
     if type(dump) is not dict:
         raise RecorderFormatError("the dump is not a JSON object")
-    if type(clock_ns) is not int:
-        raise RecorderFormatError("clock_ns must be an integer")
+    if type(clock_ns) is not int or not 0 <= clock_ns <= INT64:
+        raise RecorderFormatError("clock_ns must be an int64")
     k = max(0, min(int(k), MAX_RECENT))
     raw = dump.get("entries")
     if raw is None:

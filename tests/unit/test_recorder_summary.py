@@ -116,6 +116,8 @@ def test_nccl_states_and_older_field_names() -> None:
     lambda d: d["entries"][0].__setitem__("input_sizes", [["4"]]),
     lambda d: d["entries"][0].__setitem__("time_created_ns", None),
     lambda d: d["entries"][0].__setitem__("time_created_ns", 2**70),  # not an int64
+    lambda d: d["entries"][-1].__setitem__("time_created_ns", 10**400),
+    lambda d: d["pg_status"]["1"].__setitem__("last_enqueued_collective", "9" * 25),
     lambda d: d.__setitem__("pg_status", []),
 ])
 def test_malformed_dump_is_the_ranks_error(edit: Any) -> None:
@@ -151,6 +153,12 @@ def test_decoder_round_trips_every_recorded_rank() -> None:
     (lambda s, g: g["pending"].__setitem__("sizes", [[[1]]]), "sizes"),
     (lambda s, g: s.__setitem__("groups", {str(i): g for i in range(600)}), "groups"),
     (lambda s, g: s.__setitem__("clock_ns", 1.5), "clock_ns"),
+    (lambda s, g: s.__setitem__("clock_ns", 10**400), "clock_ns"),  # would overflow a float
+    (lambda s, g: s.__setitem__("clock_ns", 2**63), "clock_ns"),
+    (lambda s, g: g["pending"].__setitem__("enqueued_ns", -(10**400)), "enqueued_ns"),
+    (lambda s, g: g["pending"].__setitem__("seq", 2**63), "seq"),
+    (lambda s, g: g.__setitem__("last_enqueued", 10**30), "last_enqueued"),
+    (lambda s, g: s.__setitem__("step", 10**400), "step"),
 ])
 def test_decoder_refuses_hostile_summaries(edit: Any, where: str) -> None:
     s = copy.deepcopy(summaries("skip")[1])
