@@ -57,7 +57,7 @@ def fuse(stacks: StackAnalysis, coll: CollectiveAnalysis, topo: Topology, last: 
     comm = tuple(_communicator(v, topo) for v in coll.communicator)
     blamed: dict[int, str] = {c.rank: c.text for c in coll.culprits}
     for late in coll.late:
-        if late.victim_of is None:
+        if late.victim_of is None and late.trusted:  # two machines' clocks alone: listed only
             blamed.setdefault(late.rank, f"rank {late.rank} arrived last in {late.late_in} of the "
                               f"last {late.window} collectives of {late.group.desc or late.group.name}"
                               f" by {late.late_ms:.0f} ms (threshold {coll.threshold_ms:g} ms)")

@@ -13,8 +13,16 @@ where that is off the arrival is unknown and no rank is judged.
 A slow pipeline stage delays the next one through p2p (not recorded on gloo),
 so a late rank whose pipeline predecessor (same coordinates, previous stage) is
 late too is a victim: the straggler is the earliest late rank along the
-pipeline. Arrivals compare clocks of different machines, which NTP/PTP keep
-within a few ms: the default threshold (20 ms) is well above that.
+pipeline.
+
+Clocks: ranks on one machine share its clock, and a late verdict among them
+is ``trusted``. Across machines a clock step (or a node lying about its clock)
+alone would make a healthy machine's ranks look late, so a cross-machine verdict
+is trusted only where the instance spans at least ``MIN_MACHINES`` machines and
+the rank is also late behind the median of the other machines' own medians (one
+machine's clock cannot move that median past its neighbours). An untrusted late
+rank is listed, never evicted (``fusion``). The default threshold (20 ms) is
+well above NTP/PTP error.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from brctl.analysis.topology import Topology
 from brctl.analysis.wavefront import Instance
 
 MIN_WINDOW = 3  # collectives an instance needs before anyone in it is judged late
+MIN_MACHINES = 3  # machines an instance needs before a cross-machine arrival is trusted
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class Late:
     window: int
     late_ms: float  # its median lateness behind its peers' median in those
     victim_of: int | None = None  # the late pipeline predecessor that delayed it
+    trusted: bool = True  # false: it rests on comparing two machines' clocks (not evicted)
 
     def to_json(self) -> dict[str, object]:
         """A row of ``stragglers``."""
@@ -47,7 +57,7 @@ class Late:
                 "late_in": self.late_in, "window": self.window,
                 "late_ms": round(self.late_ms, 3),
                 "role": "straggler" if self.victim_of is None else "victim",
-                "victim_of": self.victim_of}
+                "victim_of": self.victim_of, "trusted": self.trusted}
 
 
 def arrival_basis(records: Mapping[int, RankRecord]) -> str:
@@ -59,8 +69,18 @@ def arrival_basis(records: Mapping[int, RankRecord]) -> str:
     return "started" if timed else "unknown"
 
 
+def _behind_machines(rank: int, s: int, arrivals: Mapping[int, Mapping[int, int]],
+                     machine: Mapping[int, str]) -> float:
+    """How far ``rank`` arrived at ``s`` behind the median of the other machines' medians."""
+    per: dict[str, list[int]] = {}
+    for r, a in arrivals.items():
+        if machine[r] != machine[rank]:
+            per.setdefault(machine[r], []).append(a[s])
+    return arrivals[rank][s] - median(median(v) for v in per.values())
+
+
 def _instance_late(inst: Instance, records: Mapping[int, RankRecord], use_started: bool,
-                   threshold_ns: float, window: int) -> list[Late]:
+                   threshold_ns: float, window: int, topo: Topology) -> list[Late]:
     arrivals: dict[int, dict[int, int]] = {}  # rank → seq → arrival
     for r in inst.members:
         rec = records.get(r)
@@ -82,8 +102,16 @@ def _instance_late(inst: Instance, records: Mapping[int, RankRecord], use_starte
         behind = t_last - median(t for t, _ in order[:-1])
         if behind > threshold_ns:
             late.setdefault(last, []).append(behind / 1e6)
-    return [Late(r, inst, len(v), len(seqs), median(v)) for r, v in late.items()
-            if 2 * len(v) > len(seqs)]
+    machine = {r: topo.machine_of(r) for r in arrivals}
+    spans = len(set(machine.values()))
+    out = []
+    for r, v in late.items():
+        if 2 * len(v) <= len(seqs):
+            continue
+        trusted = spans == 1 or (spans >= MIN_MACHINES and 2 * sum(
+            _behind_machines(r, s, arrivals, machine) > threshold_ns for s in seqs) > len(seqs))
+        out.append(Late(r, inst, len(v), len(seqs), median(v), trusted=trusted))
+    return out
 
 
 def stragglers(records: Mapping[int, RankRecord], insts: Mapping[str, Instance],
@@ -106,14 +134,15 @@ def stragglers(records: Mapping[int, RankRecord], insts: Mapping[str, Instance],
         if inst.kind == "world" or len(inst.members) < 2:
             continue  # the world's collectives wait on every stage: no peer to compare
         for late in _instance_late(inst, records, basis == "started", threshold_ms * 1e6,
-                                   window):
+                                   window, topo):
             if late.rank not in found or late.late_in > found[late.rank].late_in:
                 found[late.rank] = late
     out = []
     for r, late in found.items():
         pred = _predecessor(r, topo)
         if pred is not None and pred in found:
-            late = Late(late.rank, late.group, late.late_in, late.window, late.late_ms, pred)
+            late = Late(late.rank, late.group, late.late_in, late.window, late.late_ms, pred,
+                        late.trusted)
         out.append(late)
     out.sort(key=lambda x: (x.victim_of is not None, -x.late_in, x.rank))
     return tuple(out), basis

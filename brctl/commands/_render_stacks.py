@@ -84,6 +84,8 @@ def collective_lines(coll: CollectiveAnalysis) -> list[str]:
         lines.append(f"stragglers (arrival: {coll.arrival}, threshold {coll.threshold_ms:g} ms):")
         for x in coll.late:
             role = "straggler" if x.victim_of is None else f"victim of rank {x.victim_of}"
+            if not x.trusted:
+                role += " (two machines' clocks compared: not evicted)"
             lines.append(f"  rank {x.rank}  {x.group.desc or x.group.name}  last in "
                          f"{x.late_in}/{x.window}  by {x.late_ms:.0f} ms  {role}")
     elif coll.arrival == "unknown" and coll.records:

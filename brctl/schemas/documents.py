@@ -223,7 +223,7 @@ STACKS_RECORDER: dict[str, Schema] = {
         "group": STR, "seq": INT, "text": STR})),
     "stragglers": arr(obj({
         "rank": INT, "group": STR, "desc": STR, "late_in": INT, "window": INT, "late_ms": NUM,
-        "role": {"enum": ["straggler", "victim"]}, "victim_of": opt(INT)})),
+        "role": {"enum": ["straggler", "victim"]}, "victim_of": opt(INT), "trusted": BOOL})),
     "arrival": {"enum": ["enqueue", "started", "unknown"]},
     "stuck_after_s": NUM,
     "straggler_threshold_ms": NUM,

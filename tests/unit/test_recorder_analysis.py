@@ -202,16 +202,41 @@ def test_fusion_names_the_straggler_not_its_victims() -> None:
 
 
 def test_a_stack_minority_the_recorder_does_not_back_is_not_evicted() -> None:
-    doc = load("slowpp")  # one rank per machine: rank r on m<r>
-    topo = Topology.build(["m0", "m1", "m2", "m3"], [1, 1, 1, 1], tp=1, pp=2)
+    doc = load("slowpp")  # m0: ranks 0, 1 (stage 0); m1: ranks 2, 3 (stage 1)
+    topo = topo_of(doc)
     odd = (Frame("<module>", "train.py", 1), Frame("log_metrics", "metrics.py", 9))
-    rnd = _round(topo, {1: odd})  # stage 0 votes 1 vs 1: the healthy rank 1 is the minority
+    rnd = _round(topo, {3: odd})  # stage 1 votes 1 vs 1: the healthy rank 3 is the minority
     stacks = analyse([rnd], topo)
-    assert [(o.rank, o.reason) for o in stacks.outliers] == [(1, "minority")]
+    assert [(o.rank, o.reason) for o in stacks.outliers] == [(3, "minority")]
     fused = fuse(stacks, analyse_collectives([records(doc)], topo), topo, rnd)
-    assert fused.evict == ("m0",)  # the straggler's machine alone, not its dp group
-    assert {o.rank: o.reason for o in fused.outliers} == {0: "straggler", 1: "minority"}
-    assert "not evicted" in next(o.detail for o in fused.outliers if o.rank == 1)
+    assert fused.evict == ("m0",)  # the straggler's machine alone, not rank 3's too
+    assert {o.rank: o.reason for o in fused.outliers} == {0: "straggler", 3: "minority"}
+    assert "not evicted" in next(o.detail for o in fused.outliers if o.rank == 3)
+
+
+def _shift(doc: dict[str, Any], ranks: set[int], ns: int) -> dict[str, Any]:
+    """The dumps with ``ranks``' machine clock moved by ``ns`` (every time it wrote)."""
+    doc = copy.deepcopy(doc)
+    for r in doc["ranks"]:
+        if r["rank"] in ranks:
+            r["clock_ns"] += ns
+            for e in r["dump"]["entries"]:
+                e["time_created_ns"] += ns
+    return doc
+
+
+def test_one_machines_clock_never_evicts_another() -> None:
+    # healthy 2x2 job; m0's clock 200 ms behind: m1's ranks look 200 ms late in dp
+    doc = _shift(load("healthy"), {0, 1}, -200 * 10**6)
+    topo = topo_of(doc)
+    coll = analyse_collectives([records(doc)], topo)
+    assert coll.late and not any(x.trusted for x in coll.late)
+    rnd = _round(topo)
+    assert fuse(analyse([rnd], topo), coll, topo, rnd).evict == ()
+    # one rank per machine: the slow rank's 1-vs-1 dp comparison spans two clocks too
+    wide = Topology.build(["m0", "m1", "m2", "m3"], [1, 1, 1, 1], tp=1, pp=2)
+    coll = analyse_collectives([records(load("slowpp"))], wide)
+    assert {x.rank for x in coll.late} == {0, 2} and not any(x.trusted for x in coll.late)
 
 
 def test_json_keys() -> None:
