@@ -53,6 +53,7 @@ NAME = re.compile(r"rank-(\d{1,9})\.sock\Z")
 MAX_LISTED = 4096  # directory entries looked at: a job user can make millions
 MAX_DEPTH = 32  # nesting of a JSON answer (a dump is 4 deep)
 MAX_HEAD = 16384  # bytes of an HTTP status line and headers
+MAX_SUMMARY = 64 << 10  # bytes of one rank's summary in the answer (Megatron's: ~2-6 KB)
 CAPS = {"fr_trace_json": 32 << 20, HANDLER: 1 << 20, "dump_traceback": 1 << 20}
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -146,7 +147,10 @@ def list_sockets(dir_fd: int) -> tuple[list[tuple[int, str]], list[tuple[int, st
             m = NAME.match(entry.name)
             if not m:
                 continue
-            mode = entry.stat(follow_symlinks=False).st_mode
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue  # unlinked since it was listed
             if stat.S_ISSOCK(mode):
                 found.append((int(m.group(1)), entry.name))
             else:
@@ -225,16 +229,18 @@ def _head(sock: socket.socket, handler: str, deadline: float
 def _response(sock: socket.socket, handler: str, deadline: float, cap: int) -> bytes:
     code, headers, body = _head(sock, handler, deadline)
     length = headers.get("content-length")
-    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    if length is not None and not length.isdigit():
+    if "transfer-encoding" in headers:
+        # torch's server and brctl.job's send Content-Length; a chunked answer is not theirs
+        raise SocketError("malformed", f"{handler}: a Transfer-Encoding answer; not read")
+    if length is not None and not _DIGITS.fullmatch(length):
         raise SocketError("malformed", f"{handler}: Content-Length {length[:20]!r}")
-    want = int(length) if length is not None and not chunked else None
+    want = int(length) if length is not None else None
     if want is not None and want > cap:
         raise SocketError("malformed", f"{handler}: an answer of {want} bytes, over {cap}")
     parts = [body]
     size = len(body)
     while want is None or size < want:
-        if size > cap + MAX_HEAD:
+        if size > cap:
             raise SocketError("malformed", f"{handler}: an answer over {cap} bytes")
         chunk = _recv(sock, deadline)
         if not chunk:
@@ -242,9 +248,7 @@ def _response(sock: socket.socket, handler: str, deadline: float, cap: int) -> b
         parts.append(chunk)
         size += len(chunk)
     data = b"".join(parts)
-    if chunked:
-        data = _unchunk(data, handler, cap)
-    elif want is not None:
+    if want is not None:
         if len(data) < want:
             raise SocketError("malformed", f"{handler}: {len(data)} of {want} bytes came")
         data = data[:want]
@@ -254,28 +258,23 @@ def _response(sock: socket.socket, handler: str, deadline: float, cap: int) -> b
     return data
 
 
-def _unchunk(data: bytes, handler: str, cap: int) -> bytes:
-    out: list[bytes] = []
-    at = 0
-    while True:
-        end = data.find(b"\r\n", at)
-        size_text = data[at:end].split(b";")[0].strip() if end >= 0 else b""
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise SocketError("malformed", f"{handler}: a bad chunk size") from None
-        if size == 0:
-            return b"".join(out)
-        out.append(data[end + 2:end + 2 + size])
-        at = end + 4 + size
-        if sum(map(len, out)) > cap or at > len(data):
-            raise SocketError("malformed", f"{handler}: a broken chunked answer")
+_DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII only: str.isdigit takes '²'
+
+
+def _small_int(text: str) -> int:
+    if len(text) > 20:  # no int64 is longer; a huge literal parses in quadratic time on 3.9
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON a recorder sends")
 
 
 def parse_json(data: bytes, handler: str) -> Any:
     """``data`` as JSON, nested at most ``MAX_DEPTH`` deep."""
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_int=_small_int, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise SocketError("malformed", f"{handler}: not JSON: {str(exc)[:120]}") from None
     todo = [(doc, 1)]
@@ -437,7 +436,8 @@ def read_job(procs: list[dict[str, Any]], options: dict[str, Any],
         for pid in [*ranks, *blind]:
             if pid in tree:
                 plan.scan(pid, tree[pid], ranks.get(pid))
-        out = _ask_all(list(plan.todo.values()), tree, ranks, timeout, plan.errors, options)
+        out = _ask_all(list(plan.todo.values()), tree, ranks, timeout, plan.errors, options,
+                       len(ranks) + len(blind))
     finally:
         plan.close()
     seen = {r.rank for r in out["readings"].values()} | {r.rank for r in out["refused"]}
@@ -450,13 +450,23 @@ def read_job(procs: list[dict[str, Any]], options: dict[str, Any],
 
 
 def _ask_all(todo: list[Reading], tree: dict[int, int], ranks: dict[int, int], timeout: float,
-             errors: list[str], options: dict[str, Any]) -> dict[str, Any]:
+             errors: list[str], options: dict[str, Any], peers: int) -> dict[str, Any]:
+    """Ask every socket of ``todo``; ``peers``: at most this many distinct processes are read
+    (a job process listening on thousands of sockets costs one reading, not thousands).
+    The whole of it ends by one deadline (``budget``), whatever the job's sockets do."""
     lock = threading.Lock()
     readings: dict[int, Reading] = {}
     found: dict[int, int] = {}
     refused: dict[int, Reading] = {}  # claimed rank → a socket whose peer was refused
+    taken: set[int] = set()  # peer pids being read
+    end = time.monotonic() + float(options.get("budget") or 4 * timeout + 2)
 
     def one(r: Reading) -> None:
+        if time.monotonic() + timeout > end:
+            r.errors.append("not asked: the machine's socket reading ran out of time")
+            with lock:
+                refused.setdefault(r.rank, r)
+            return
         try:
             pid, uid = _first_peer(r.path, timeout)
             _checker(tree, None)(pid, uid)
@@ -467,23 +477,34 @@ def _ask_all(todo: list[Reading], tree: dict[int, int], ranks: dict[int, int], t
             with lock:
                 refused.setdefault(r.rank, r)
             return
+        with lock:
+            if pid in taken or len(taken) >= peers:
+                return  # this process is read through another of its sockets
+            taken.add(pid)
         r.pid = pid
         if _stat_letter(pid) not in ("T", "t", "Z"):  # stopped or dead: asking only waits
-            _read_rank(r, _checker(tree, pid), timeout)
+            _read_rank(r, _checker(tree, pid), min(timeout, max(0.001, end - time.monotonic())))
         with lock:
             if pid in ranks:
                 r.rank = ranks[pid]  # the environment's RANK, read by the kernel's rules
             elif type(r.table) is dict and type(r.table.get("rank")) is int and \
                     r.table.get("pid") == pid:
                 r.rank = r.table["rank"]
-            if pid not in readings or readings[pid].dump is None:
-                readings[pid] = r
+            readings[pid] = r
             if pid not in ranks:
                 found[pid] = r.rank
 
+    def guarded(r: Reading) -> None:
+        try:
+            one(r)
+        except Exception as exc:  # one rank's socket never takes the machine's answer down
+            r.errors.append(f"reading its socket failed: {type(exc).__name__}: {str(exc)[:200]}")
+            with lock:
+                refused.setdefault(r.rank, r)
+
     workers = max(1, min(int(options.get("concurrency") or 8), len(todo) or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(one, todo))
+        list(pool.map(guarded, todo))
     seen = {r.rank for r in readings.values()}
     bad = [r for rank, r in sorted(refused.items()) if rank not in seen]
     return {"readings": readings, "found": found, "errors": errors, "refused": bad}
@@ -527,6 +548,10 @@ def record(reading: Reading | None, rank: int, pid: int, *, k: int, stack: bool,
                 out["summary"] = summarise(reading.dump, table, reading.clock_ns, k)
             except (RecorderFormatError, ValueError, TypeError, KeyError) as exc:
                 errors.append(f"fr_trace_json: not a flight-recorder dump: {str(exc)[:160]}")
+            size = len(json.dumps(out["summary"])) if out["summary"] is not None else 0
+            if size > MAX_SUMMARY:  # one rank must not push the machine's answer over its cap
+                out["summary"] = None
+                errors.append(f"fr_trace_json: a summary of {size} bytes, over {MAX_SUMMARY}")
     if out["summary"] is not None or stack:
         out["state"] = "read"
     elif proc_state in ("D", "T", "t", "Z") or timed_out:

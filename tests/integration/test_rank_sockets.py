@@ -4,8 +4,9 @@ stdlib HTTP server (not torch), run as an unprivileged job user.
 One fake job (a tagged parent and seven RANK children, uid 65534) whose ranks each
 serve one behaviour on ``$BRCTL_JOB_SOCKET_DIR/rank-<R>.sock``: a good answer, a
 huge one, a deeply nested one, wrong types, a socket that accepts and never
-answers, a socket served by a process outside the job, and a planted link to a
-root socket. The probe (node-side code, run here as root) must make each one
+answers, a socket served by a process outside the job, a planted link to a
+root socket, a chunked answer with a negative chunk size, a Content-Length in
+latin-1 digits, a 5,000-digit integer. The probe (node-side code, run here as root) must make each one
 that rank's error, send nothing to a peer that is not the job, and finish in
 bounded time.
 """
@@ -82,6 +83,16 @@ def serve(path):
             if mode == "silent":
                 time.sleep(3600)
             handler = got.split(b" ")[1].rsplit(b"/", 1)[-1].decode()
+            if mode == "chunked":  # a negative chunk size: once looped the reader forever
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-6\r\nabcdefgh")
+                continue
+            if mode == "superscript":  # str.isdigit() is True for a latin-1 superscript
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n{}")
+                continue
+            if mode == "bigint":
+                data = b'{"version": "2.10", "entries": [], "x": ' + b"9" * 5000 + b"}"
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+                continue
             if mode == "huge":
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
                 while True:
@@ -99,7 +110,8 @@ if path.endswith(".sock"):  # brctl.job's facts beside torch's socket, from the 
 serve(path)
 '''
 # rank → what its socket does; 5 and 6 are served by processes outside the job
-MODES = {0: "good", 1: "huge", 2: "deep", 3: "types", 4: "silent", 5: None, 6: None}
+MODES = {0: "good", 1: "huge", 2: "deep", 3: "types", 4: "silent", 5: None, 6: None,
+         7: "chunked", 8: "superscript", 9: "bigint"}
 
 
 def _wait(paths: list[Path], timeout: float) -> None:
@@ -127,11 +139,11 @@ def hostile_job() -> Iterator[tuple[Path, Path]]:
     children = "; ".join(
         f"subprocess.Popen([sys.executable, {str(script)!r}, {mode!r}, "
         f"{str(socks / f'rank-{r}.sock')!r}, {str(logs / f'{r}.log')!r}], "
-        f"env=dict(os.environ, RANK='{r}', WORLD_SIZE='7'))"
+        f"env=dict(os.environ, RANK='{r}', WORLD_SIZE='10'))"
         for r, mode in MODES.items() if mode)
     children += "; " + "; ".join(  # ranks 5 and 6 run but do not serve
         f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], "
-        f"env=dict(os.environ, RANK='{r}', WORLD_SIZE='7'))" for r in (5, 6))
+        f"env=dict(os.environ, RANK='{r}', WORLD_SIZE='10'))" for r in (5, 6))
     parent = f"import os, subprocess, sys, time; {children}; time.sleep(3600)"
     env = {"PATH": "/usr/bin:/bin", "BRCTL_JOB_SOCKET_DIR": str(socks)}
     procs = [subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
@@ -144,7 +156,8 @@ def hostile_job() -> Iterator[tuple[Path, Path]]:
     procs.append(subprocess.Popen([sys.executable, str(script), "good",
                                    str(rootdir / "daemon.sock"), str(top / "6.log")], env=env))
     try:
-        _wait([socks / f"rank-{r}.sock" for r in range(6)] + [rootdir / "daemon.sock"], 30)
+        _wait([socks / f"rank-{r}.sock" for r in (0, 1, 2, 3, 4, 5, 7, 8, 9)]
+              + [rootdir / "daemon.sock"], 30)
         (socks / "rank-6.sock").symlink_to(rootdir / "daemon.sock")
         yield top, logs
     finally:
@@ -163,7 +176,7 @@ def test_every_hostile_socket_is_that_ranks_error(hostile_job: tuple[Path, Path]
                    "recorder": {"timeout": scaled(timeout), "k": 20}})
     took = time.monotonic() - began
     rows = {r["rank"]: r for r in doc["recorder"]}
-    assert sorted(rows) == list(range(7)), doc["recorder"]
+    assert sorted(rows) == list(range(10)), doc["recorder"]
     good = rows[0]
     assert (good["state"], good["channel"], good["table"], good["traceback"]) == (
         "read", "brctl-socket", True, True), good
@@ -182,6 +195,11 @@ def test_every_hostile_socket_is_that_ranks_error(hostile_job: tuple[Path, Path]
         assert rows[rank]["summary"] is None and rows[rank]["channel"] == "none"
     assert set((logs / "5.log").read_text().split()) <= {"0"}
     assert not (top / "6.log").exists()
+    assert "Transfer-Encoding" in rows[7]["error"], rows[7]
+    assert "Content-Length" in rows[8]["error"], rows[8]
+    assert "an integer of 5000 digits" in rows[9]["error"], rows[9]
+    for rank in (7, 8, 9):
+        assert rows[rank]["summary"] is None
     json.dumps(doc)  # the answer travels as JSON
     # bounded: the silent and the endless answers each cost one deadline, not forever
     assert took < scaled(15 * timeout), took
