@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import runpy
-import signal
 import socket
 import stat
 import sys
@@ -172,8 +171,9 @@ def serve(rank: int | None = None) -> str | None:
     """Start this rank's worker server on its socket; the path, or None when it cannot.
 
     ``rank`` defaults to ``$RANK`` (set by torchrun, Slurm wrappers, Megatron's
-    launchers). Called twice, it returns the path already served. The socket is
-    removed when the process exits normally (``atexit``) or at ``stop()``.
+    launchers). Called twice, it returns the path already served. The sockets are
+    removed when the process exits normally (``atexit``) or at ``stop()``; after a
+    signal, by the rank's next ``serve()``.
     """
     with _lock:
         if _state["path"] is not None:
@@ -202,24 +202,12 @@ def serve(rank: int | None = None) -> str | None:
             own = None
             _warn(f"cannot serve {facts_path(path)}: {exc}")
         _state.update(server=server, path=path, facts=own)
+        # removed at a normal exit; SIGTERM is left alone (a Python handler runs only
+        # when the main thread is back in the interpreter: a rank hung in native code, the
+        # case this exists for, would no longer die of it). A killed rank's sockets are
+        # replaced by its next serve(), and nothing answers on them meanwhile.
         atexit.register(stop)
-        _on_sigterm()
         return path
-
-
-def _on_sigterm() -> None:
-    """Remove the socket on SIGTERM too (torchrun stops its workers so), where the job
-    left SIGTERM at its default: then die of it as before."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        stop()
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 def _remove_stale(path: str) -> None:
