@@ -3,6 +3,7 @@ that rank's error, an answer out of shape is the machine's."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,3 +70,25 @@ def test_the_machine_answer_carries_them() -> None:
     cols = read_answers({"n1": ProbeResult("n1", run, good, None), "n2": ProbeResult("n2", run, bad, None)})
     assert cols["n1"].recorder[0].summary == {"v": 1} and cols["n1"].fr_raw[10]["clock_ns"] == 5
     assert cols["n2"].state == "probe_error" and "recorder" in str(cols["n2"].error)
+
+
+def test_save_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    from brctl.core.errors import InputError
+    from brctl.operations.stacks_save_fr import save_recorder
+    from brctl.operations.stacks_types import Collection, NodeCollection
+
+    rec = RankRead(0, 10, "brctl-socket", "read")
+    nc = NodeCollection("n1", "ok", None, recorder={0: rec},
+                        fr_raw={10: {"dump": "{}", "clock_ns": 5, "table": None}})
+    root = tmp_path / "save"
+    (root / "n1").mkdir(parents=True)
+    target = tmp_path / "cron"
+    target.write_text("untouched")
+    (root / "n1" / "0-10.fr.json").symlink_to(target)  # the job user planted it
+    save_recorder(root, [Collection({"n1": nc}, 0.0, 0.0)])
+    assert target.read_text() == "untouched"
+    assert (root / "n1" / "0-10.fr.json").read_text() == "{}"
+    assert not (root / "n1" / "0-10.fr.json").is_symlink()
+    (root / "round-2").symlink_to(tmp_path)  # a link where a directory goes
+    with pytest.raises(InputError, match="link"):
+        save_recorder(root, [Collection({"n1": nc}, 0.0, 0.0)] * 2)
