@@ -262,6 +262,48 @@ def _mismatch(v: GroupVerdict, records: Mapping[int, RankRecord],
     return odd, f"{' / '.join(calls)} where the group calls {_describe(normal)}", normal[0]
 
 
+def _enqueued_at(g: GroupRecord, seq: int) -> int | None:
+    if g.pending is not None and g.pending.seq == seq:
+        return g.pending.enqueued_ns
+    return next((enq for s, enq, _ in g.recent if s == seq), None)
+
+
+def _order(records: Mapping[int, RankRecord], skip: int, a: tuple[str, int], b: tuple[str, int]
+           ) -> int | None:
+    """-1 when another rank ran collective ``a`` (desc, seq) before ``b``, 1 after, None:
+    no rank recorded both (each rank's own clock: one machine's times are compared)."""
+    for r, rec in records.items():
+        if r == skip:
+            continue
+        ta = next((t for g in rec.groups.values() if g.desc == a[0]
+                   and (t := _enqueued_at(g, a[1])) is not None), None)
+        tb = next((t for g in rec.groups.values() if g.desc == b[0]
+                   and (t := _enqueued_at(g, b[1])) is not None), None)
+        if ta is not None and tb is not None and ta != tb:
+            return -1 if ta < tb else 1
+    return None
+
+
+def _break_cycle(out: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
+                 culprits: dict[int, Culprit]) -> None:
+    """Every missing rank waits elsewhere: a wait-for cycle. On gloo a skip hangs just so
+    (the skipper goes on to a collective its blocked peer cannot reach), so program order
+    breaks it: a rank missing from A while pending in B skipped A when the other ranks ran
+    A before B; else it is a victim. Undecidable: the cycle's ranks are named."""
+    descs = {v.group.name: v.group.desc for v in out}
+    for v in out:
+        if v.verdict != "stuck" or not v.group.desc:
+            continue
+        for r, name, seq in v.waits:
+            if descs.get(name) and _order(records, r, (v.group.desc, v.seq),
+                                          (descs[name], seq)) == -1:
+                culprits.setdefault(r, Culprit(r, "never_entered", v))
+    if not culprits:
+        for v in out:
+            for r in v.missing if v.verdict == "stuck" else ():
+                culprits.setdefault(r, Culprit(r, "cycle", v))
+
+
 def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord]
            ) -> tuple[list[GroupVerdict], dict[int, Culprit], frozenset[int]]:
     """The wait-for graph across groups: verdicts with who waits where, culprits, victims."""
@@ -288,9 +330,7 @@ def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord]
             v = GroupVerdict(**{**v.__dict__, "waits": waits})
         out.append(v)
     if not culprits and any(v.missing for v in out if v.verdict == "stuck"):
-        for v in out:  # everyone missing waits elsewhere: a cycle, no rank outside it
-            for r in v.missing if v.verdict == "stuck" else ():
-                culprits.setdefault(r, Culprit(r, "cycle", v))
+        _break_cycle(out, records, culprits)
     waiting = frozenset(pending_in).difference(culprits)
     return out, culprits, waiting
 

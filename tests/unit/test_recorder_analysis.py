@@ -59,6 +59,19 @@ def test_skipped_collective_names_the_rank_that_never_entered_not_its_victims() 
     assert coll.wave.waiting == {0, 1, 2}
 
 
+def test_a_wait_for_cycle_is_broken_by_the_order_the_other_ranks_ran() -> None:
+    # rank 3 skipped dp #3 and went on to the world's #3: rank 1 waits in dp, the others in
+    # the world's collective, which rank 1 cannot reach; everyone else ran dp before it
+    doc = load("cycle")
+    coll = analyse_collectives([records(doc)], topo_of(doc), stuck_after=STUCK)
+    assert [(c.rank, c.why) for c in coll.culprits] == [(3, "never_entered")]
+    assert coll.wave.waiting == {0, 1, 2}
+    # with no rank to tell the order (the witnesses' dumps lost), the cycle itself is named
+    blind = {r: rec for r, rec in records(doc).items() if r in (1, 3)}
+    coll = analyse_collectives([blind], topo_of(doc), stuck_after=STUCK)
+    assert {c.why for c in coll.culprits} <= {"cycle", "no_answer"}
+
+
 def test_in_flight_is_not_stuck() -> None:
     for scenario in ("skip", "inflight", "healthy", "mismatch"):
         coll = analyse_collectives([records(load(scenario))], topo_of(load(scenario)))
