@@ -15,7 +15,9 @@ then the world's loss all_reduce; ``brctl.job.report_step(step)``; the log line
 ``FRJOB_SKIP_RANK=R`` skips its data-parallel all_reduce at ``FRJOB_FAULT_STEP``
 (default 4) and logs ``skipped dp all_reduce`` first; ``FRJOB_GIL_RANK=R`` holds
 the GIL in native code (``ctypes.PyDLL`` ``sleep``) from that step, once the file
-``FRJOB_GIL_FILE`` exists when that is set (the test says when).
+``FRJOB_GIL_FILE`` exists when that is set (the test says when);
+``FRJOB_SLOW_FILE``: while that file holds ``RANK SECONDS``, that rank spends
+SECONDS more per step in ``slow_compute`` before its first collective.
 """
 
 from __future__ import annotations
@@ -59,6 +61,20 @@ def stuck_in_data_loader():
 def hold_gil_in_native_code(seconds):
     import ctypes
     ctypes.PyDLL(None).sleep(int(seconds))  # PyDLL: the GIL stays held
+
+
+def slow_now(path):
+    """(rank, seconds) from the test's file "RANK SECONDS", or None."""
+    try:
+        with open(path) as fh:
+            rank, seconds = fh.read().split()
+        return int(rank), float(seconds)
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def slow_compute(seconds):
+    time.sleep(seconds)
 
 
 def collective(dist, t, group):
@@ -117,6 +133,9 @@ def train(args):
         if gil and step >= fault and os.path.exists(os.environ.get("FRJOB_GIL_FILE", "/")):
             log.write("holding the GIL\n")
             hold_gil_in_native_code(3600)
+        slow = slow_now(os.environ.get("FRJOB_SLOW_FILE"))
+        if slow and slow[0] == rank:
+            slow_compute(slow[1])
         y = collective(dist, torch.tanh(x + step), mine["tp"])
         if stage + 1 < pp:
             dist.send(y.contiguous(), dst=rank + tp * dp)

@@ -120,6 +120,9 @@ def test_a_skipped_collective_read_three_ways(
         assert dp[5]["ranks"] == dp[7]["ranks"] == [5, 7]
         assert dp[5]["pending"]["seq"] == 4 and dp[5]["pending"]["op"] == "all_reduce"
         assert dp[7]["last_enqueued"] == 3 and dp[7]["pending"] is None
+        # and reloaded offline, the saved recorders give the same verdict
+        again = brctl("--json", "stacks", "--from", save)
+        assert (again.exit_code, again.json["evict"]) == (1, ["node04"]), again.json
 
         # 2. the same job as one that did not opt in: no socket where brctl looks
         hidden = SOCKETS.with_name(SOCKETS.name + ".hidden")
@@ -180,3 +183,28 @@ def test_a_healthy_job_then_a_rank_holding_the_gil(
         assert "rank 1 never entered all_reduce" in suspect["evidence"][0]
         assert "DATA_PARALLEL_GROUP (ranks 0,1)" in suspect["evidence"][0]
         assert "hold_gil_in_native_code" in suspect["evidence"][0]
+
+
+def test_a_slow_first_stage_then_a_slow_last_stage_named_from_one_capture(
+    ssh_cluster: SshCluster, tmp_path: Path, brctl: Callable[..., Any]
+) -> None:
+    """PP2 DP2 over two machines (rank = d + 2·stage: node01 is stage 0, node02 stage 1;
+    each data-parallel group on one machine, one clock). A slow stage-0 rank delays its
+    pipeline successor too, which is its victim; a slow last-stage rank delays no one
+    downstream. Each is named from one capture of arrival times."""
+    names = ssh_cluster.names[:2]
+    inv = _inventory(ssh_cluster, tmp_path, tp=1, pp=2, gpus=2, names=names)
+    slow = tmp_path / "slow"
+    with start_frjob(ssh_cluster, tp=1, pp=2, nproc=2, nodes=names, step_seconds=0.05,
+                     env={"FRJOB_SLOW_FILE": str(slow)}) as job:
+        job.wait_step(1, rank=3)
+        for rank, machine in ((0, "node01"), (3, "node02")):
+            slow.write_text(f"{rank} 0.1")
+            begun = job.last_step(3)
+            job.wait_step(begun + 22, rank=3)  # the recorders' window: all slow steps
+            res = brctl("-i", inv, "--json", "stacks", "--rounds", "1")
+            doc = res.json
+            assert (res.exit_code, doc["evict"]) == (1, [machine]), doc
+            named = [s for s in doc["stragglers"] if s["role"] == "straggler" and s["trusted"]]
+            assert {s["rank"] for s in named} == {rank}, doc["stragglers"]
+            assert doc["straggler_threshold_ms"] == 20
