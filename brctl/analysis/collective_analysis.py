@@ -61,7 +61,8 @@ class CollectiveAnalysis:
         return {
             "collective_groups": [v.to_json() for v in self.wave.groups],
             "collective_culprits": [{"rank": c.rank, "why": c.why, "group": c.verdict.group.name,
-                                     "seq": c.verdict.seq, "text": c.text}
+                                     "seq": c.verdict.seq, "text": c.text,
+                                     "corroborated": c.corroborated}
                                     for c in self.wave.culprits],
             "stragglers": [s.to_json() for s in self.late],
             "arrival": self.arrival,

@@ -55,7 +55,7 @@ def fuse(stacks: StackAnalysis, coll: CollectiveAnalysis, topo: Topology, last: 
     """
     samples = {s.rank: s for s in last.samples}
     comm = tuple(_communicator(v, topo) for v in coll.communicator)
-    blamed: dict[int, str] = {c.rank: c.text for c in coll.culprits}
+    blamed: dict[int, str] = {c.rank: c.text for c in coll.culprits if c.corroborated}
     for late in coll.late:
         if late.victim_of is None and late.trusted:  # two machines' clocks alone: listed only
             blamed.setdefault(late.rank, f"rank {late.rank} arrived last in {late.late_in} of the "

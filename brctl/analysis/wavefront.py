@@ -60,6 +60,9 @@ class Instance:
     kind: str  # the topology kind whose instance it is, "world", or "" (not in the layout)
     index: int | None  # that instance's group id
     source: str  # where the members came from: table | layout | reporters
+    # the member list is vouched for: the layout's, or a table that matches a layout
+    # instance or that ranks on two machines served alike (one rank's table alone is a hint)
+    vouched: bool = True
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class Culprit:
     rank: int
     why: str  # never_entered | mismatch | no_answer | cycle
     verdict: GroupVerdict
+    # a second machine's recorder confirms the hang (or the witnesses span two): one
+    # machine's word alone (its own clock, its own pending claim) names but never evicts
+    corroborated: bool = True
 
     @property
     def text(self) -> str:
@@ -147,22 +153,27 @@ def _place(members: tuple[int, ...], desc: str, topo: Topology) -> tuple[str, in
 def instances(records: Mapping[int, RankRecord], topo: Topology) -> dict[str, Instance]:
     """Every group name any rank reported, with its members and place in the layout."""
     reporters: dict[str, list[int]] = {}
-    told: dict[str, tuple[int, ...]] = {}
+    told: dict[str, tuple[int, ...] | None] = {}  # None: reporters disagree
+    tellers: dict[str, set[str]] = {}  # machines whose tables gave that list
     descs: dict[str, str] = {}
     for rank, rec in records.items():
         for name, g in rec.groups.items():
             reporters.setdefault(name, []).append(rank)
             if g.desc:
                 descs.setdefault(name, g.desc)
-            if g.ranks is not None:
-                told.setdefault(name, g.ranks)
+            if g.ranks is not None and rank in g.ranks:  # a table about its own group only
+                mine = tuple(sorted(g.ranks))
+                if told.setdefault(name, mine) != mine:
+                    told[name] = None
+                tellers.setdefault(name, set()).add(topo.machine_of(rank))
     out: dict[str, Instance] = {}
     for name, reps in reporters.items():
         desc = descs.get(name, "")
-        if name in told:
-            members = tuple(sorted(told[name]))
-            kind, index = _place(members, desc, topo)
-            out[name] = Instance(name, desc, members, kind, index, "table")
+        listed = told.get(name)
+        if listed is not None:
+            kind, index = _place(listed, desc, topo)
+            out[name] = Instance(name, desc, listed, kind, index, "table",
+                                 bool(kind) or len(tellers[name]) > 1)
         else:
             members, kind, index = _layout_instance(name, desc, sorted(reps), topo)
             out[name] = Instance(name, desc, members, kind, index,
@@ -304,8 +315,15 @@ def _break_cycle(out: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
                 culprits.setdefault(r, Culprit(r, "cycle", v))
 
 
-def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord]
-           ) -> tuple[list[GroupVerdict], dict[int, Culprit], frozenset[int]]:
+def _corroborated(v: GroupVerdict, stuck_machines: set[str], topo: Topology) -> bool:
+    """The hang at ``v`` rests on more than one machine's word: its witnesses span two
+    machines, or a machine besides theirs has a rank pending in a stuck collective."""
+    witnesses = {topo.machine_of(r) for r in v.joined}
+    return len(witnesses) > 1 or bool(stuck_machines - witnesses)
+
+
+def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
+           topo: Topology) -> tuple[list[GroupVerdict], dict[int, Culprit], frozenset[int]]:
     """The wait-for graph across groups: verdicts with who waits where, culprits, victims."""
     stuck = [v for v in verdicts if v.verdict != "in_flight"]
     pending_in: dict[int, tuple[str, int]] = {}
@@ -314,6 +332,7 @@ def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord]
             g = records[r].groups[v.group.name]
             if g.pending is not None and g.pending.seq == v.seq:
                 pending_in.setdefault(r, (v.group.name, v.seq))
+    stuck_machines = {topo.machine_of(r) for r in pending_in}
     culprits: dict[int, Culprit] = {}
     out: list[GroupVerdict] = []
     for v in verdicts:
@@ -322,11 +341,12 @@ def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord]
                 culprits[r] = Culprit(r, "mismatch", v)
         if v.verdict in ("stuck", "mismatch"):
             waits = tuple((r, *pending_in[r]) for r in v.missing if r in pending_in)
+            sure = _corroborated(v, stuck_machines, topo)
             for r in v.missing:
                 if r not in pending_in:
-                    culprits.setdefault(r, Culprit(r, "never_entered", v))
-            for r in v.no_answer:
-                culprits.setdefault(r, Culprit(r, "no_answer", v))
+                    culprits.setdefault(r, Culprit(r, "never_entered", v, sure))
+            for r in v.no_answer:  # absent from a member list only one rank vouched for: a hint
+                culprits.setdefault(r, Culprit(r, "no_answer", v, sure and v.group.vouched))
             v = GroupVerdict(**{**v.__dict__, "waits": waits})
         out.append(v)
     if not culprits and any(v.missing for v in out if v.verdict == "stuck"):
@@ -373,7 +393,7 @@ def wavefront(captures: Sequence[Mapping[int, RankRecord]], topo: Topology,
                 v = GroupVerdict(**{**v.__dict__, "verdict": "communicator",
                                     "detail": "every member joined and none completed"})
         verdicts.append(v)
-    out, culprits, waiting = _blame(verdicts, records)
+    out, culprits, waiting = _blame(verdicts, records, topo)
     order = {"in_flight": 3, "communicator": 2, "stuck": 1, "mismatch": 0}
     out.sort(key=lambda v: (order[v.verdict], -v.age_s, v.group.name))
     return (Wavefront(tuple(out), tuple(culprits[r] for r in sorted(culprits)), waiting), insts)

@@ -220,7 +220,7 @@ STACKS_RECORDER: dict[str, Schema] = {
         "mismatched": arr(INT), "waits": _WAITS, "detail": STR})),
     "collective_culprits": arr(obj({
         "rank": INT, "why": {"enum": ["never_entered", "mismatch", "no_answer", "cycle"]},
-        "group": STR, "seq": INT, "text": STR})),
+        "group": STR, "seq": INT, "text": STR, "corroborated": BOOL})),
     "stragglers": arr(obj({
         "rank": INT, "group": STR, "desc": STR, "late_in": INT, "window": INT, "late_ms": NUM,
         "role": {"enum": ["straggler", "victim"]}, "victim_of": opt(INT), "trusted": BOOL})),

@@ -279,3 +279,53 @@ def test_json_keys_match_the_shipped_schema() -> None:
         jsonschema.validate(out, schema)  # every key documented, every type as documented
     doc = all_waiting("healthy")
     jsonschema.validate(analyse_collectives([records(doc)], topo_of(doc)).to_json(), schema)
+
+
+def _summaries(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: json.loads(json.dumps(summarise(r["dump"], r["table"], r["clock_ns"])))
+            for r in doc["ranks"]}
+
+
+def _decoded(sums: dict[int, dict[str, Any]]) -> dict[int, RankRecord]:
+    return {r: decode_summary(s, r, 4) for r, s in sums.items()}
+
+
+def test_one_machines_pending_claim_names_but_never_evicts() -> None:
+    doc = all_waiting("healthy")
+    for r in doc["ranks"]:  # every collective done: a job between two collectives
+        for e in r["dump"]["entries"]:
+            e["retired"] = True
+    sums = _summaries(doc)
+    topo = topo_of(doc)
+    # m0's rank 0 claims dp's next collective pending for 120 s; its peer rank 2 (m1) never
+    # enqueued it: only m0's word says anything hangs
+    (dp,) = [n for n, g in sums[0]["groups"].items() if g["desc"] == "DATA_PARALLEL_GROUP"]
+    g = sums[0]["groups"][dp]
+    g["last_enqueued"] += 1
+    g["pending"] = {"seq": g["last_enqueued"], "op": "all_reduce", "sizes": [[4]],
+                    "dtypes": ["Float"], "enqueued_ns": sums[0]["clock_ns"] - 120 * 10**9,
+                    "started_ns": None}
+    coll = analyse_collectives([_decoded(sums)], topo)
+    assert [(c.rank, c.why, c.corroborated) for c in coll.culprits] == [
+        (2, "never_entered", False)]
+    rnd = _round(topo)
+    assert fuse(analyse([rnd], topo), coll, topo, rnd).evict == ()
+
+
+def test_an_invented_group_of_one_rank_evicts_nobody() -> None:
+    doc = load("healthy")
+    sums = {r: s for r, s in _summaries(doc).items() if r in (0, 1)}  # m1 gave no answer
+    sums[0]["groups"]["x"] = {
+        "desc": "", "ranks": [0, 1, 2, 3], "last_enqueued": 1, "last_completed": 0,
+        "pending": {"seq": 1, "op": "all_reduce", "sizes": [], "dtypes": [],
+                    "enqueued_ns": sums[0]["clock_ns"] - 600 * 10**9, "started_ns": None},
+        "recent": "", "ops": []}
+    topo = topo_of(doc)
+    coll = analyse_collectives([_decoded(sums)], topo)
+    assert {c.rank for c in coll.culprits} == {2, 3}  # named from rank 0's word ...
+    assert not any(c.corroborated for c in coll.culprits)  # ... never evicted on it
+    rnd = _round(topo)
+    assert fuse(analyse([rnd], topo), coll, topo, rnd).evict == ()
+    sums[0]["groups"]["x"]["ranks"] = [1, 2, 3]  # a table about a group it is not in: ignored
+    inst = analyse_collectives([_decoded(sums)], topo).instances["x"]
+    assert inst.source != "table"
