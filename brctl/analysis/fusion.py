@@ -5,7 +5,9 @@ runs the wavefront (``wavefront.py``) and the arrival analysis
 (``stragglers.py``) over the decoded captures; ``fuse`` folds the result into
 the stack analysis:
 
-- the ranks to cover are the collective culprits, the stragglers, and the stack
+- the ranks to cover are the collective culprits (those resting on one
+  machine's word only where the culprit's own stack shows it outside any
+  collective), the stragglers, and the stack
   outliers the collective evidence does not explain away: a rank that waits in
   a stuck collective, or is a straggler's victim, is not blamed (the ranks a
   culprit blocked are not named); nor, from one round, is a stack ``minority``
@@ -55,7 +57,8 @@ def fuse(stacks: StackAnalysis, coll: CollectiveAnalysis, topo: Topology, last: 
     """
     samples = {s.rank: s for s in last.samples}
     comm = tuple(_communicator(v, topo) for v in coll.communicator)
-    blamed: dict[int, str] = {c.rank: c.text for c in coll.culprits if c.corroborated}
+    blamed: dict[int, str] = {c.rank: c.text for c in coll.culprits if c.corroborated
+                              or _elsewhere(samples[c.rank].stack if c.rank in samples else None)}
     for late in coll.late:
         if late.victim_of is None and late.trusted:  # two machines' clocks alone: listed only
             blamed.setdefault(late.rank, f"rank {late.rank} arrived last in {late.late_in} of the "
@@ -91,6 +94,11 @@ def fuse(stacks: StackAnalysis, coll: CollectiveAnalysis, topo: Topology, last: 
                                    for r in topo.group_ranks(g.kind, gid)))
     return replace(stacks, outliers=tuple(outliers), suspects=suspects + comm, evict=evict,
                    collectives=coll)
+
+
+def _elsewhere(stack: Stack | None) -> bool:
+    """The rank's own stack backs a lone machine's word: read, and not in a collective."""
+    return bool(stack) and not any("torch/distributed/" in f.file for f in stack or ())
 
 
 def _holds(g: SuspectGroup, rank: int, topo: Topology) -> bool:

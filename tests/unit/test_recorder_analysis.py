@@ -310,6 +310,11 @@ def test_one_machines_pending_claim_names_but_never_evicts() -> None:
         (2, "never_entered", False)]
     rnd = _round(topo)
     assert fuse(analyse([rnd], topo), coll, topo, rnd).evict == ()
+    # the culprit's own stack outside any collective (a GIL held in native code, a loader)
+    # backs the claim: then it is evicted
+    native = (Frame("<module>", "train.py", 1), Frame("hold_gil", "train.py", 24))
+    rnd = _round(topo, {2: native})
+    assert fuse(analyse([rnd], topo), coll, topo, rnd).evict == ("m1",)
 
 
 def test_an_invented_group_of_one_rank_evicts_nobody() -> None:
