@@ -39,6 +39,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import runpy
 import socket
 import stat
@@ -109,12 +110,16 @@ def group_table() -> dict[str, dict[str, Any]]:
     return out
 
 
+def _env_int(name: str) -> int | None:
+    """An environment value of ASCII digits as an int (``str.isdigit`` takes '²')."""
+    value = os.environ.get(name, "")
+    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
+
+
 def facts() -> dict[str, Any]:
     """What ``brctl_job`` answers (also usable in-process)."""
-    rank = os.environ.get("RANK")
-    size = os.environ.get("WORLD_SIZE")
-    return {"v": FORMAT, "rank": int(rank) if rank and rank.isdigit() else None,
-            "pid": os.getpid(), "world_size": int(size) if size and size.isdigit() else None,
+    return {"v": FORMAT, "rank": _env_int("RANK"),
+            "pid": os.getpid(), "world_size": _env_int("WORLD_SIZE"),
             "step": _state["step"], "groups": group_table()}
 
 
@@ -179,11 +184,10 @@ def serve(rank: int | None = None) -> str | None:
         if _state["path"] is not None:
             return str(_state["path"])
         if rank is None:
-            env = os.environ.get("RANK", "")
-            if not env.isdigit():
+            rank = _env_int("RANK")
+            if rank is None:
                 _warn("RANK is not set: no socket (run under torchrun or pass rank=)")
                 return None
-            rank = int(env)
         directory = socket_dir()
         path = socket_path(rank, directory)
         try:

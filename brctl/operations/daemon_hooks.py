@@ -182,8 +182,10 @@ class LiveHooks:
                 report = analyse(collections, shape, stuck_after=cfg.stuck_after,
                                  straggler_threshold_ms=cfg.straggler_threshold_ms)
                 coll = report.analysis.collectives
+                # trusted: compared on one machine's clock (or against >= 3 machines'
+                # medians); two machines' clocks alone never evict
                 if coll is not None and report.analysis.evict \
-                        and any(s.victim_of is None for s in coll.late):
+                        and any(s.victim_of is None and s.trusted for s in coll.late):
                     return _finding(report, "late arrival in collectives")
             collections, shape = collect_job(self._current(nodes), self.transport, rounds=rounds,
                                              interval=self.inv.daemon.poll_interval,

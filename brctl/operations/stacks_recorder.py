@@ -9,6 +9,7 @@ summaries stay as they came: the collective analysis decodes them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ CHANNELS = frozenset({"brctl-socket", "torch-socket", "none"})
 STATES = frozenset({"read", "unread", "unresponsive"})
 MAX_ROWS = 1 << 14  # rows one machine may send (its ranks: 8-72 on real machines)
 MAX_TEXT = 600
+_PID = re.compile(r"[0-9]{1,10}")  # ASCII: str.isdigit takes '²', which int() refuses
 
 
 class RecorderAnswerError(ValueError):
@@ -72,7 +74,7 @@ def recorder_fields(doc: dict[str, Any]) -> dict[str, Any]:
                            "socket_errors": tuple(e[:MAX_TEXT] for e in errors)}
     raw = doc.get("fr_raw")
     if raw is not None:
-        if type(raw) is not dict or not all(type(k) is str and k.isdigit() and _raw_ok(v)
+        if type(raw) is not dict or not all(type(k) is str and _PID.fullmatch(k) and _raw_ok(v)
                                             for k, v in raw.items()):
             raise RecorderAnswerError("fr_raw: expected pid → {dump: the recorder's JSON text, "
                                       "clock_ns, table}")

@@ -67,11 +67,16 @@ def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2 and "usage" in capsys.readouterr().err
 
 
-def test_no_rank_no_socket(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-                           ) -> None:
-    monkeypatch.delenv("RANK", raising=False)
+@pytest.mark.parametrize("value", [None, "", "\u00b2", "-1", "3x"])
+def test_no_rank_no_socket(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                           value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", value)
     assert job.serve() is None
     assert "RANK is not set" in capsys.readouterr().err
+    assert job.facts()["rank"] is None
 
 
 def test_the_examples_parse_and_opt_in() -> None:

@@ -54,6 +54,8 @@ def test_a_row_out_of_shape_is_that_ranks_error() -> None:
     ({"recorder": [], "socket_errors": [1]}, "socket_errors"),
     ({"recorder": [], "fr_raw": {"x": "{}"}}, "fr_raw"),
     ({"recorder": [], "fr_raw": {"1": {"dump": "{}", "clock_ns": "5"}}}, "fr_raw"),
+    ({"recorder": [], "fr_raw": {"\u00b2": {"dump": "", "clock_ns": 0, "table": None}}},
+     "fr_raw"),
 ])
 def test_an_answer_out_of_shape_is_the_machines_error(doc: dict[str, Any], where: str) -> None:
     with pytest.raises(RecorderAnswerError, match=where.replace("[", r"\[").replace("]", r"\]")):
