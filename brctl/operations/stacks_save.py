@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -112,8 +113,13 @@ def _number(data: dict[str, Any], key: str, where: str) -> float:
 
 
 def _read_json(path: Path) -> Any:
-    """A saved recorder file, size-capped (a hand-placed file is hostile too)."""
-    with path.open("rb") as fh:
+    """A saved recorder file, size-capped (a hand-placed file is hostile too): opened
+    without following a link and without blocking, and only a regular file is read (a
+    FIFO planted under the name would hang ``--from``, /dev/zero feed it 64 MiB)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
         data = fh.read(MAX_FR_FILE + 1)
     if len(data) > MAX_FR_FILE:
         raise ValueError(f"larger than {MAX_FR_FILE >> 20} MiB")

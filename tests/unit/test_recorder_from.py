@@ -56,6 +56,20 @@ def test_from_reloads_the_recorder_and_names_the_culprit_without_py_spy(tmp_path
     assert g.evidence[0].startswith("rank 3 never entered all_reduce #3 of DATA_PARALLEL_GROUP")
 
 
+def test_a_fifo_or_link_in_place_of_a_saved_dump_is_refused_not_followed(tmp_path: Path) -> None:
+    import os
+
+    root = saved(tmp_path)
+    (root / "m1" / "3-103.fr.json").unlink()
+    os.mkfifo(root / "m1" / "3-103.fr.json")  # would block a plain open() forever
+    (root / "m1" / "2-102.fr.json").unlink()
+    (root / "m1" / "2-102.fr.json").symlink_to("/dev/zero")
+    collections, _ = stacks_save.load(root)
+    rec = collections[0].nodes["m1"].recorder
+    assert rec[3].state == rec[2].state == "unread"
+    assert "regular file" in (rec[3].error or "") and rec[2].error
+
+
 def test_from_in_flight_capture_evicts_nothing(tmp_path: Path) -> None:
     collections, shape = stacks_save.load(saved(tmp_path, later_s=0))
     report = op.analyse(collections, shape)
