@@ -36,7 +36,8 @@ from brctl.analysis.topology import Topology
 from brctl.analysis.wavefront import Instance
 
 MIN_WINDOW = 3  # collectives an instance needs before anyone in it is judged late
-MIN_MACHINES = 3  # machines an instance needs before a cross-machine arrival is trusted
+MIN_MACHINES = 4  # machines an instance needs before a cross-machine arrival is trusted:
+# the median of >= 3 other machines' medians is robust to one bad clock (of 2 it is a mean)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,9 @@ DESC_KINDS = {"TENSOR_MODEL_PARALLEL_GROUP": "tp", "DATA_PARALLEL_GROUP": "dp",
               "EXPERT_MODEL_PARALLEL_GROUP": "ep", "EXPERT_DATA_PARALLEL_GROUP": "edp"}
 
 Signature = tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]  # op, sizes, dtypes
+# two captures count as "pending twice" only this far apart on the rank's own clock
+# (--interval 0 would otherwise make every in-flight collective stuck)
+AGAIN_FLOOR_NS = 5 * 10**9
 
 
 @dataclass(frozen=True)
@@ -209,10 +212,15 @@ def _frontier(inst: Instance, records: Mapping[int, RankRecord], earlier: Mappin
     joined = tuple(r for r, g in views.items() if g.last_enqueued >= seq)
     missing = tuple(r for r, g in views.items() if g.last_enqueued < seq)
     at = {r: g for r, g in views.items() if g.pending is not None and g.pending.seq == seq}
-    age = max((records[r].clock_ns - g.pending.enqueued_ns) / 1e9
+    # the YOUNGEST wait, each on its own clock: in a hang every waiting member has waited
+    # about as long; one young enqueue means it is in flight (one old claim cannot decide)
+    age = min((records[r].clock_ns - g.pending.enqueued_ns) / 1e9
               for r, g in at.items() if g.pending is not None)
+    # the very entry pending in two captures, the rank's own clock moved on meanwhile
     again = any((e := earlier.get(r)) is not None and (eg := e.groups.get(inst.name)) is not None
-                and eg.pending is not None and eg.pending.seq == seq for r in at)
+                and eg.pending is not None and g.pending is not None
+                and eg.pending.seq == seq and eg.pending.enqueued_ns == g.pending.enqueued_ns
+                and records[r].clock_ns - e.clock_ns >= AGAIN_FLOOR_NS for r, g in at.items())
     stuck = age >= stuck_after or again
     op = Counter(g.pending.op for g in at.values() if g.pending is not None).most_common(1)[0][0]
     detail = "pending in two captures" if again and age < stuck_after else ""
@@ -322,8 +330,26 @@ def _corroborated(v: GroupVerdict, stuck_machines: set[str], topo: Topology) -> 
     return len(witnesses) > 1 or bool(stuck_machines - witnesses)
 
 
+def _own_word(m: int, v: GroupVerdict, records: Mapping[int, RankRecord],
+              earlier: Mapping[int, RankRecord], stuck_after: float) -> bool:
+    """The missing rank's own record agrees it stopped: its newest enqueue in the group is
+    old on its own clock, or unchanged over two captures. A healthy rank between two
+    collectives enqueued a moment ago, which contradicts a peer claiming a long wait."""
+    g = records[m].groups.get(v.group.name)
+    if g is None or not g.recent:
+        return True  # nothing of its own to contradict the peers
+    newest = g.recent[-1][1]
+    if (records[m].clock_ns - newest) / 1e9 >= stuck_after:
+        return True
+    e = earlier.get(m)
+    eg = e.groups.get(v.group.name) if e is not None else None
+    return (eg is not None and e is not None and eg.last_enqueued == g.last_enqueued
+            and records[m].clock_ns - e.clock_ns >= AGAIN_FLOOR_NS)
+
+
 def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
-           topo: Topology) -> tuple[list[GroupVerdict], dict[int, Culprit], frozenset[int]]:
+           topo: Topology, earlier: Mapping[int, RankRecord], stuck_after: float
+           ) -> tuple[list[GroupVerdict], dict[int, Culprit], frozenset[int]]:
     """The wait-for graph across groups: verdicts with who waits where, culprits, victims."""
     stuck = [v for v in verdicts if v.verdict != "in_flight"]
     pending_in: dict[int, tuple[str, int]] = {}
@@ -343,8 +369,9 @@ def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
             waits = tuple((r, *pending_in[r]) for r in v.missing if r in pending_in)
             sure = _corroborated(v, stuck_machines, topo)
             for r in v.missing:
-                if r not in pending_in:
-                    culprits.setdefault(r, Culprit(r, "never_entered", v, sure))
+                if r not in pending_in:  # its own record is the corroboration that counts
+                    culprits.setdefault(r, Culprit(r, "never_entered", v, _own_word(
+                        r, v, records, earlier, stuck_after)))
             for r in v.no_answer:  # absent from a member list only one rank vouched for: a hint
                 culprits.setdefault(r, Culprit(r, "no_answer", v, sure and v.group.vouched))
             v = GroupVerdict(**{**v.__dict__, "waits": waits})
@@ -393,7 +420,7 @@ def wavefront(captures: Sequence[Mapping[int, RankRecord]], topo: Topology,
                 v = GroupVerdict(**{**v.__dict__, "verdict": "communicator",
                                     "detail": "every member joined and none completed"})
         verdicts.append(v)
-    out, culprits, waiting = _blame(verdicts, records, topo)
+    out, culprits, waiting = _blame(verdicts, records, topo, earlier, stuck_after)
     order = {"in_flight": 3, "communicator": 2, "stuck": 1, "mismatch": 0}
     out.sort(key=lambda v: (order[v.verdict], -v.age_s, v.group.name))
     return (Wavefront(tuple(out), tuple(culprits[r] for r in sorted(culprits)), waiting), insts)

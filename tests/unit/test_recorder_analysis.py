@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from brctl.analysis.collectives import RankRecord, decode_summary
+from brctl.analysis.collectives import GroupRecord, RankRecord, decode_summary
 from brctl.analysis.fusion import analyse_collectives, fuse
 from brctl.analysis.stacks import Frame, RankSample, Round, analyse
 from brctl.analysis.topology import Topology
@@ -81,11 +81,14 @@ def test_in_flight_is_not_stuck() -> None:
 
 def test_the_same_frontier_in_two_captures_is_stuck_whatever_its_age() -> None:
     doc = load("skip")
-    recs = records(doc)
-    coll = analyse_collectives([recs, recs], topo_of(doc), stuck_after=3600)
-    assert [c.rank for c in coll.culprits] == [3]
+    first = records(doc)
+    later = {r: rec._replace(clock_ns=rec.clock_ns + 10 * 10**9) for r, rec in first.items()}
+    coll = analyse_collectives([first, later], topo_of(doc), stuck_after=3600)
+    assert [c.rank for c in coll.culprits] == [3]  # the very entries, 10 s apart
+    # the same answers twice with no time between (--interval 0): nothing is "again"
+    coll = analyse_collectives([first, first], topo_of(doc), stuck_after=3600)
+    assert coll.culprits == () and {v.verdict for v in coll.wave.groups} == {"in_flight"}
     healthy = load("healthy")
-    later = records(load("skip"))  # a job that moved on: other frontiers, nothing twice
     coll = analyse_collectives([records(healthy), later], topo_of(doc), stuck_after=3600)
     assert all(v.verdict == "in_flight" for v in coll.wave.groups if v.seq == 4)
 
@@ -291,8 +294,8 @@ def _decoded(sums: dict[int, dict[str, Any]]) -> dict[int, RankRecord]:
 
 
 def test_one_machines_pending_claim_names_but_never_evicts() -> None:
-    doc = all_waiting("healthy")
-    for r in doc["ranks"]:  # every collective done: a job between two collectives
+    doc = copy.deepcopy(load("healthy"))
+    for r in doc["ranks"]:  # every collective done a moment ago: between two collectives
         for e in r["dump"]["entries"]:
             e["retired"] = True
     sums = _summaries(doc)
@@ -334,3 +337,30 @@ def test_an_invented_group_of_one_rank_evicts_nobody() -> None:
     sums[0]["groups"]["x"]["ranks"] = [1, 2, 3]  # a table about a group it is not in: ignored
     inst = analyse_collectives([_decoded(sums)], topo).instances["x"]
     assert inst.source != "table"
+
+
+def _arrivals(offsets_ms: dict[int, float], desc: str = "DATA_PARALLEL_GROUP"
+              ) -> dict[int, RankRecord]:
+    """Edited records: one dp group, 10 collectives 1 s apart, each rank's enqueue times
+    moved by its offset (a clock error, or lateness). Built from the recorded gloo
+    summary's own fields (version, backend) so only the times are invented."""
+    base = records(load("healthy"))[0]
+    members = tuple(sorted(offsets_ms))
+    t0 = base.clock_ns - 20 * 10**9
+    out = {}
+    for r, off in offsets_ms.items():
+        recent = tuple((q, t0 + q * 10**9 + int(off * 1e6), 0) for q in range(1, 11))
+        g = GroupRecord("9", desc, members, 10, 10, None, recent, ("all_reduce",) * 10)
+        out[r] = base._replace(rank=r, groups={"9": g})
+    return out
+
+
+def test_three_machines_are_too_few_to_outvote_one_bad_clock() -> None:
+    three = Topology.build([f"m{i}" for i in range(6)], [1] * 6, tp=1, pp=2)  # dp {0,1,2}
+    coll = analyse_collectives([_arrivals({0: -200, 1: 0, 2: -1})], three)
+    assert not any(x.trusted for x in coll.late)
+    four = Topology.build([f"m{i}" for i in range(8)], [1] * 8, tp=1, pp=2)  # dp {0,1,2,3}
+    coll = analyse_collectives([_arrivals({0: -200, 1: 0, 2: -1, 3: 1})], four)
+    assert not any(x.trusted for x in coll.late)
+    coll = analyse_collectives([_arrivals({0: 0, 1: 2, 2: -1, 3: 60})], four)
+    assert [(x.rank, x.trusted) for x in coll.late] == [(3, True)]  # truly 60 ms late
