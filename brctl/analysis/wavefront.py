@@ -287,10 +287,12 @@ def _enqueued_at(g: GroupRecord, seq: int) -> int | None:
     return next((enq for s, enq, _ in g.recent if s == seq), None)
 
 
-def _order(records: Mapping[int, RankRecord], skip: int, a: tuple[str, int], b: tuple[str, int]
-           ) -> int | None:
-    """-1 when another rank ran collective ``a`` (desc, seq) before ``b``, 1 after, None:
-    no rank recorded both (each rank's own clock: one machine's times are compared)."""
+def _order(records: Mapping[int, RankRecord], skip: int, a: tuple[str, int], b: tuple[str, int],
+           topo: Topology) -> int | None:
+    """-1 when the other ranks ran collective ``a`` (desc, seq) before ``b``, 1 after, None:
+    undecided. Each rank votes on its own clock; a side needs a clear majority from ranks
+    on two machines or more, so no one rank (or machine) picks which side is evicted."""
+    votes: dict[int, set[int]] = {-1: set(), 1: set()}
     for r, rec in records.items():
         if r == skip:
             continue
@@ -299,12 +301,16 @@ def _order(records: Mapping[int, RankRecord], skip: int, a: tuple[str, int], b: 
         tb = next((t for g in rec.groups.values() if g.desc == b[0]
                    and (t := _enqueued_at(g, b[1])) is not None), None)
         if ta is not None and tb is not None and ta != tb:
-            return -1 if ta < tb else 1
+            votes[-1 if ta < tb else 1].add(r)
+    for side, other in ((-1, 1), (1, -1)):
+        if len(votes[side]) > len(votes[other]) and \
+                len({topo.machine_of(r) for r in votes[side]}) > 1:
+            return side
     return None
 
 
 def _break_cycle(out: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
-                 culprits: dict[int, Culprit]) -> None:
+                 culprits: dict[int, Culprit], topo: Topology) -> None:
     """Every missing rank waits elsewhere: a wait-for cycle. On gloo a skip hangs just so
     (the skipper goes on to a collective its blocked peer cannot reach), so program order
     breaks it: a rank missing from A while pending in B skipped A when the other ranks ran
@@ -315,7 +321,7 @@ def _break_cycle(out: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
             continue
         for r, name, seq in v.waits:
             if descs.get(name) and _order(records, r, (v.group.desc, v.seq),
-                                          (descs[name], seq)) == -1:
+                                          (descs[name], seq), topo) == -1:
                 culprits.setdefault(r, Culprit(r, "never_entered", v))
     if not culprits:
         for v in out:
@@ -377,7 +383,7 @@ def _blame(verdicts: Sequence[GroupVerdict], records: Mapping[int, RankRecord],
             v = GroupVerdict(**{**v.__dict__, "waits": waits})
         out.append(v)
     if not culprits and any(v.missing for v in out if v.verdict == "stuck"):
-        _break_cycle(out, records, culprits)
+        _break_cycle(out, records, culprits, topo)
     waiting = frozenset(pending_in).difference(culprits)
     return out, culprits, waiting
 

@@ -364,3 +364,15 @@ def test_three_machines_are_too_few_to_outvote_one_bad_clock() -> None:
     assert not any(x.trusted for x in coll.late)
     coll = analyse_collectives([_arrivals({0: 0, 1: 2, 2: -1, 3: 60})], four)
     assert [(x.rank, x.trusted) for x in coll.late] == [(3, True)]  # truly 60 ms late
+
+
+def test_one_rank_cannot_pick_the_side_of_a_cycle() -> None:
+    doc = copy.deepcopy(load("cycle"))
+    entries = doc["ranks"][2]["dump"]["entries"]  # rank 2 (m1) tells the opposite order
+    world = next(e for e in entries if e["process_group"][1] == "default_pg"
+                 and e["collective_seq_id"] == 3)
+    dp = next(e for e in entries if e["process_group"][1] == "DATA_PARALLEL_GROUP"
+              and e["collective_seq_id"] == 3)
+    dp["time_created_ns"] = world["time_created_ns"] + 10**6
+    coll = analyse_collectives([records(doc)], topo_of(doc), stuck_after=STUCK)
+    assert {(c.rank, c.why) for c in coll.culprits} == {(1, "cycle"), (3, "cycle")}
