@@ -104,7 +104,7 @@ def test_a_skipped_collective_read_three_ways(
 
         # 1. ptrace allowed, sockets served
         save = tmp_path / "save"
-        res = brctl("-i", inv, "--json", "stacks", "--rounds", "2", "--interval", "1",
+        res = brctl("-i", inv, "--json", "stacks", "--rounds", "2", "--interval", "6",
                     "--save", save)
         doc = res.json
         reads = doc["ranks"]
@@ -139,7 +139,7 @@ def test_a_skipped_collective_read_three_ways(
 
         # 3. the probe may not ptrace: py-spy and environ refused, the sockets remain
         denied = _inventory(ssh_cluster, tmp_path, _no_ptrace_python(tmp_path))
-        res = brctl("-i", denied, "--json", "stacks", "--rounds", "2", "--interval", "1")
+        res = brctl("-i", denied, "--json", "stacks", "--rounds", "2", "--interval", "6")
         doc = res.json
         reads = doc["ranks"]
         assert sorted(reads, key=int) == [str(r) for r in range(8)], (reads, res.stderr)
@@ -170,7 +170,7 @@ def test_a_healthy_job_then_a_rank_holding_the_gil(
         assert all(g["verdict"] != "stuck" for g in doc["collective_groups"]), doc
         trigger.touch()
         _wait_log(job, 1, "holding the GIL")
-        res = brctl("-i", inv, "--json", "stacks", "--rounds", "2", "--interval", "0.5")
+        res = brctl("-i", inv, "--json", "stacks", "--rounds", "2", "--interval", "6")
         reads = res.json["ranks"]
         # the native recorder answers; brctl's facts and the traceback (Python) do not
         assert (reads["1"]["state"], reads["1"]["table"], reads["1"]["traceback"]) == (
