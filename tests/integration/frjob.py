@@ -170,6 +170,8 @@ def start_frjob(cluster: SshCluster, *, tp: int, pp: int, nproc: int,
     if uid is not None:
         os.chown(top / "logs", uid, uid)
     variables = {"FRJOB_TP": str(tp), "PYTHONPATH": f"{SITE}:{REPO}", **(env or {})}
+    if uid is None:  # root's default /tmp/brctl-job-0 is shared with every other root job here
+        variables.setdefault("BRCTL_JOB_SOCKET_DIR", str(top / "sockets"))
     wrap = (["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
             if uid is not None else [])
     python = "/usr/bin/python3" if uid is not None else sys.executable
