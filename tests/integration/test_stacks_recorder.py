@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +91,20 @@ def _wait_log(job: Any, rank: int, text: str, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-def test_a_skipped_collective_read_three_ways(
-    ssh_cluster: SshCluster, tmp_path: Path, brctl: Callable[..., Any]
-) -> None:
+@pytest.fixture
+def job_sockets() -> Iterator[Path]:
+    """brctl.job's default directory of the job's uid, empty before and removed after
+    (SIGKILLed ranks leave their sockets)."""
     shutil.rmtree(SOCKETS, ignore_errors=True)
+    try:
+        yield SOCKETS
+    finally:
+        shutil.rmtree(SOCKETS, ignore_errors=True)
+
+
+def test_a_skipped_collective_read_three_ways(
+    ssh_cluster: SshCluster, tmp_path: Path, brctl: Callable[..., Any], job_sockets: Path
+) -> None:
     inv = _inventory(ssh_cluster, tmp_path)
     with start_frjob(ssh_cluster, tp=2, pp=2, nproc=2, uid=UID,
                      env={"FRJOB_SKIP_RANK": "7", "FRJOB_FAULT_STEP": "4"}) as job:
@@ -149,7 +159,6 @@ def test_a_skipped_collective_read_three_ways(
             assert read["node"] == job.machine_of(int(rank))
         # the verdict from the recorders alone (no rank is unread: each socket read it)
         _assert_rank7_named(res.exit_code, doc, main_thread=False)
-    shutil.rmtree(SOCKETS, ignore_errors=True)  # SIGKILLed ranks leave their sockets
 
 
 def test_a_healthy_job_then_a_rank_holding_the_gil(
