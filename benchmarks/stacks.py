@@ -21,6 +21,13 @@ reduced answers and for the raw form (py-spy's pretty-printed JSON with three
 threads, as ``--save`` ships it); the raw path's controller CPU is measured at
 ``--raw-ranks`` and shown per rank.
 
+With ``--recorder K`` every rank also answers its flight-recorder summary
+(``diagnostics.recorder``: per group the wavefront, the pending collective and the
+last K enqueue times) in the probe's ``recorder`` rows, as a job opted in with
+``brctl.job`` does: groups world, tp and dp (pp's p2p is not in the summary), one
+rank of one dp group never entered collective #50 (its peers wait, 120 s old), and
+the verdict must come from the recorder (the stacks show only the pp hang).
+
 Collection (``--nodes N``, needs root, sshd and ``brctl.remote.ssh``): N real
 sshd machines (tests/kits/cluster.py, own PID namespaces), 2 sleeping
 "ranks" on each, ``operations.stacks.collect`` with real py-spy dumps; the first
@@ -44,6 +51,7 @@ from brctl.analysis.topology import Topology
 from brctl.core.transport import NodeState, RunResult
 from brctl.diagnostics.protocol import PROBE_SCHEMA
 from brctl.diagnostics.pyspy_frames import PACKED, RAW, pack
+from brctl.diagnostics.recorder import pack_recent
 from brctl.diagnostics.stacks_probe import main_stacks
 from brctl.operations.stacks import Collection, JobShape, read_answers
 from brctl.operations.stacks import analyse as analyse_collections
@@ -126,7 +134,39 @@ def pyspy_json(stack: tuple[Frame, ...], pid: int) -> str:
     return json.dumps(threads, indent=2)
 
 
-def probe_answer(samples: list[RankSample], world: int, raw: bool) -> str:
+def recorder_rows(samples: list[RankSample], topo: Topology, k: int, skip: int) -> list[object]:
+    """Each rank's ``recorder`` row with its summary, as a socket-read rank's probe sends it."""
+    clock = 1_800_000_000 * 10**9
+    tp_base, dp_base = 1, 1 + topo.n_groups("tp")
+    rows: list[object] = []
+    for s in samples:
+        r = s.rank
+        groups: dict[str, object] = {}
+        for name, desc, last, pend in (
+                ("0", "default_pg", 30, None),
+                (str(tp_base + topo.group_id(r, "tp")), "TENSOR_MODEL_PARALLEL_GROUP", 400, None),
+                (str(dp_base + topo.group_id(r, "dp")), "DATA_PARALLEL_GROUP",
+                 49 if r == skip else 50, None if r == skip else 50)):
+            t0 = clock - 130 * 10**9
+            recent = [(q, t0 + q * 10**8 + (r * 7919 + q) % 3_000_000, 0)
+                      for q in range(max(1, last - k + 1), last + 1)]
+            groups[name] = {
+                "desc": desc, "ranks": None, "last_enqueued": last,
+                "last_completed": last - 1 if pend else last,
+                "pending": {"seq": pend, "op": "all_reduce", "sizes": [[4096]],
+                            "dtypes": ["BFloat16"], "enqueued_ns": clock - 120 * 10**9,
+                            "started_ns": None} if pend else None,
+                "recent": pack_recent(recent), "ops": [["all_reduce", len(recent)]]}
+        rows.append({"rank": r, "pid": s.pid, "channel": "brctl-socket", "state": "read",
+                     "proc_state": "S", "traceback": True, "table": True, "error": None,
+                     "wchan": None, "summary": {
+                         "v": 1, "clock_ns": clock, "version": "2.10", "backend": "nccl",
+                         "wrapped": True, "step": 1234, "groups": groups}})
+    return rows
+
+
+def probe_answer(samples: list[RankSample], world: int, raw: bool,
+                 recorder: list[object] | None = None) -> str:
     """One machine's stacks-probe stdout for its ranks (reduced, or ``raw`` as for --save)."""
     procs = [{"pid": s.pid, "role": "rank", "rank": s.rank, "local_rank": s.rank % 8,
               "world_size": world} for s in samples]
@@ -137,6 +177,8 @@ def probe_answer(samples: list[RankSample], world: int, raw: bool) -> str:
              "output": pyspy_json(s.stack or (), s.pid)} for s in samples])
     else:  # the probe's own packing (from the py-spy text it gives the same: checked)
         doc.update(format=PACKED, **pack(procs, {s.pid: list(s.stack or ()) for s in samples}))
+    if recorder is not None:
+        doc.update(recorder=recorder, unread=0, socket_errors=[])
     doc["schema"] = PROBE_SCHEMA
     return json.dumps(doc, separators=(",", ":")) + "\n"
 
@@ -161,9 +203,11 @@ def controller_cpu(answers: dict[str, str], shape: JobShape) -> tuple[float, flo
     return t1 - t0, time.process_time() - t1, report
 
 
-def bench_end_to_end(world: int, raw_world: int, runs: int = 3) -> None:
-    """One round at ``world`` ranks from the probes' answers to the verdict (controller CPU)."""
+def bench_end_to_end(world: int, raw_world: int, runs: int = 3, recorder: int = 0) -> None:
+    """One round at ``world`` ranks from the probes' answers to the verdict (controller CPU);
+    ``recorder``: every rank also sends its recorder summary with that many recent collectives."""
     topo, rnd = synthetic(world)
+    skip = world // 3
     by_node: dict[str, list[RankSample]] = {}
     for s in rnd.samples:
         by_node.setdefault(s.node, []).append(s)
@@ -174,7 +218,8 @@ def bench_end_to_end(world: int, raw_world: int, runs: int = 3) -> None:
     packed = pack(raw_doc["processes"], main_stacks(raw_doc["dumps"]))
     reduced_doc = json.loads(probe_answer(first, world, raw=False))
     assert {k: reduced_doc[k] for k in packed} == json.loads(json.dumps(packed))
-    answers = {node: probe_answer(samples, world, raw=False) for node, samples in by_node.items()}
+    answers = {node: probe_answer(samples, world, raw=False, recorder=recorder_rows(
+        samples, topo, recorder, skip) if recorder else None) for node, samples in by_node.items()}
     reduced = sum(len(a) for a in answers.values()) / world
     sample = list(by_node.items())[:: max(1, len(by_node) // 256)]
     raw = (sum(len(probe_answer(ss, world, raw=True)) for _, ss in sample)
@@ -191,11 +236,17 @@ def bench_end_to_end(world: int, raw_world: int, runs: int = 3) -> None:
     assert best is not None
     parse, analysis, cal = best
     assert report.analysis.evict, "the synthetic hang must be found"  # type: ignore[attr-defined]
+    if recorder:
+        coll = report.analysis.collectives  # type: ignore[attr-defined]
+        assert [c.rank for c in coll.culprits] == [skip], "the recorder must name the skip"
+        print(f"recorder: K={recorder}, culprit rank {skip}, evict "
+              f"{len(report.analysis.evict)} machines", file=sys.stderr)  # type: ignore[attr-defined]
     print("| ranks | form | bytes shipped per rank | parse + check (CPU) | analysis (CPU) | "
           "end to end (CPU) | per rank |")
     print("|---|---|---|---|---|---|---|")
     total = parse + analysis
-    print(f"| {world:,} | reduced (default) | {reduced:,.0f} | {parse:.2f} s | {analysis:.2f} s | "
+    form = f"reduced + recorder K={recorder}" if recorder else "reduced (default)"
+    print(f"| {world:,} | {form} | {reduced:,.0f} | {parse:.2f} s | {analysis:.2f} s | "
           f"**{total:.2f} s** | {total / world * 1e6:.1f} µs |")
     if raw_world:
         rtopo, rrnd = synthetic(raw_world)
@@ -292,11 +343,13 @@ def main() -> None:
                     help="only the fail-slow vote: 5 rounds at 1%% and 5%% noise")
     ap.add_argument("--end-to-end", type=int, metavar="RANKS", default=0,
                     help="only one round from the probes' answers to the verdict")
+    ap.add_argument("--recorder", type=int, metavar="K", default=0,
+                    help="end to end: ranks also answer recorder summaries, K recent each")
     ap.add_argument("--raw-ranks", type=int, default=8192,
                     help="ranks for the raw (--save) form's controller CPU (0: skip)")
     args = ap.parse_args()
     if args.end_to_end:
-        bench_end_to_end(args.end_to_end, args.raw_ranks, args.runs)
+        bench_end_to_end(args.end_to_end, args.raw_ranks, args.runs, args.recorder)
         return
     if args.fail_slow:
         print("| ranks | rounds | noise | analyse (CPU) | suspect |")

@@ -39,11 +39,12 @@ class SuspectGroup:
     indices: tuple[int, ...]
     members: tuple[str, ...]  # the machines of those instances, in machine order
     why: str
+    evidence: tuple[str, ...] = ()  # per blamed rank: what the flight recorder and its stack say
 
     def to_json(self) -> dict[str, object]:
-        """``{kind, indices, members, why}`` (a row of ``suspect_groups``)."""
+        """``{kind, indices, members, why, evidence}`` (a row of ``suspect_groups``)."""
         return {"kind": self.kind, "indices": list(self.indices), "members": list(self.members),
-                "why": self.why}
+                "why": self.why, "evidence": list(self.evidence)}
 
 
 Instance = tuple[int, int]  # (position of the kind in ``kinds``, group id)

@@ -18,6 +18,7 @@ from brctl.config.daemon import DaemonSection
 from brctl.config.diagnose import DiagnoseSection
 from brctl.config.health import HealthSection
 from brctl.config.slurm import SlurmJobSection, SlurmSection
+from brctl.config.stacks import StacksSection
 from brctl.config.update import UpdateSection
 from brctl.core import nodeset
 from brctl.core.errors import InputError
@@ -151,6 +152,7 @@ class RawInventory:
     ckpt: CkptSection = sfield(factory=CkptSection)
     daemon: DaemonSection = sfield(factory=DaemonSection)
     slurm: SlurmSection = sfield(factory=SlurmSection)
+    stacks: StacksSection = sfield(factory=StacksSection)
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ class Inventory:
     ckpt: CkptSection = field(default_factory=CkptSection)
     daemon: DaemonSection = field(default_factory=DaemonSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
+    stacks: StacksSection = field(default_factory=StacksSection)
     # key path -> line in the file, for the keys only checked after loading (the job's
     # sizes, checked when its topology is built): their errors say file:line key too
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
@@ -387,6 +390,7 @@ def build(raw: RawInventory, source: str) -> Inventory:
         ckpt=raw.ckpt,
         daemon=raw.daemon,
         slurm=raw.slurm,
+        stacks=raw.stacks,
     )
 
 

@@ -11,7 +11,10 @@ Pure functions on typed data (after LLNL STAT, the Stack Trace Analysis Tool):
   into the prefix tree whose nodes carry the ranks through them.
 - ``_round_outliers`` compares ranks only with the peers that should look alike
   (the same pipeline stage): the minority classes of each stage, plus undumpable
-  and missing ranks. ``moving_outliers`` uses several rounds: a rank whose stack
+  (read but not answering in time) and missing ranks. A rank brctl could not
+  read at all (``unread``: ptrace refused, no py-spy, environ refused) is no
+  outlier: no evidence is not evidence against it, and only makes the run
+  incomplete. ``moving_outliers`` uses several rounds: a rank whose stack
   moves while its stage's does not, or stands still while the stage moves.
 - ``eviction_groups`` covers the outliers with whole parallel-group instances,
   fewest machines first (``evictset``): one containing group or a union of
@@ -30,10 +33,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import comb
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from brctl.analysis.evictset import SuspectGroup, minimal_cover
 from brctl.analysis.topology import KINDS, Topology
+
+if TYPE_CHECKING:
+    from brctl.analysis.collective_analysis import CollectiveAnalysis
 
 
 class Frame(NamedTuple):
@@ -57,6 +63,17 @@ WAIT_FILES = ("threading.py", "queue.py", "selectors.py", "socket.py", "subproce
 
 UNDUMPABLE: Signature = (("<undumpable>", ""),)  # the class of ranks py-spy could not read
 MISSING: Signature = (("<missing>", ""),)  # the class of ranks with no process on their machine
+UNREAD: Signature = (("<unread>", ""),)  # the class of ranks brctl could not read at all
+REAL = 3  # signature ids below this are UNDUMPABLE, MISSING, UNREAD
+
+# py-spy failures that mean brctl could not look (``stacks_probe.explain_failure``, the
+# collector's "no py-spy"): the rank is unread, not unresponsive
+UNREAD_ERRORS = ("may not ptrace", "py-spy is not available")
+
+
+def is_unread(error: str | None) -> bool:
+    """Whether a rank's error says brctl could not read it (rather than it not answering)."""
+    return error is not None and any(m in error for m in UNREAD_ERRORS)
 
 
 def _waits_in(file: str) -> str | None:
@@ -125,6 +142,8 @@ class RankSample(NamedTuple):
 
     ``stack`` is None when py-spy could not read the process (``error`` says why),
     or when ``missing``: the machine answered but no process has this rank.
+    ``unread``: brctl had no way to read it (the collector's channel state, or an
+    error that ``is_unread``).
     A NamedTuple, as ``Frame``: a round of 131,072 ranks builds one per rank, and
     a tuple is made three times faster than a frozen dataclass.
     """
@@ -135,6 +154,7 @@ class RankSample(NamedTuple):
     stack: Stack | None
     error: str | None = None
     missing: bool = False
+    unread: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,8 +170,8 @@ class _Signatures:
     """Interns signatures as small ints: later steps hash ints, not 60-frame tuples."""
 
     def __init__(self) -> None:
-        self.sigs: list[Signature] = [UNDUMPABLE, MISSING]
-        self._ids: dict[Signature, int] = {UNDUMPABLE: 0, MISSING: 1}
+        self.sigs: list[Signature] = [UNDUMPABLE, MISSING, UNREAD]
+        self._ids: dict[Signature, int] = {UNDUMPABLE: 0, MISSING: 1, UNREAD: 2}
         self._by_stack: dict[Stack, int] = {}
         self._last: dict[int, tuple[Stack, int]] = {}  # rank → its stack and id last round
 
@@ -167,7 +187,7 @@ class _Signatures:
         for s in rnd.samples:
             stack = s.stack
             if stack is None:
-                out[s.rank] = 1 if s.missing else 0
+                out[s.rank] = 1 if s.missing else 2 if s.unread or is_unread(s.error) else 0
                 continue
             before = last.get(s.rank)
             if before is not None and before[0] is stack:
@@ -256,6 +276,8 @@ class StackAnalysis:
     rounds: int
     group_votes: Mapping[tuple[str, int], int] = field(default_factory=dict)
     silent_nodes: tuple[str, ...] = ()
+    unread: tuple[int, ...] = ()  # ranks brctl could not read in the last round
+    collectives: CollectiveAnalysis | None = None  # the recorder evidence, fused (fusion.py)
 
 
 def classify(sigs: Mapping[int, Signature]) -> dict[Signature, list[int]]:
@@ -302,8 +324,8 @@ def _dominant(counts: Counter[int], table: _Signatures, popularity: Counter[tupl
     commonest across the whole job (healthy ranks of other stages wait there too);
     an undecidable tie, or no class with half the cohort, means no verdict.
     """
-    total = sum(counts.values())
-    ranked = [(c, sid) for sid, c in counts.items() if sid > 1]  # 0, 1: undumpable, missing
+    total = sum(c for sid, c in counts.items() if sid != 2)  # the unread: not in the vote
+    ranked = [(c, sid) for sid, c in counts.items() if sid >= REAL]
     if not ranked:
         return None
     best = max(c for c, _ in ranked)
@@ -332,7 +354,7 @@ def _round_outliers(ids: Mapping[int, int], stage: Sequence[int], table: _Signat
     popularity: Counter[tuple[str, str]] = Counter()
     for counts in by_stage.values():
         for sid, n in counts.items():
-            if sid > 1 and table.sigs[sid]:
+            if sid >= REAL and table.sigs[sid]:
                 popularity[table.sigs[sid][-1]] += n
     normal = {st: _dominant(counts, table, popularity) for st, counts in by_stage.items()}
     out: dict[int, str] = {}
@@ -341,7 +363,7 @@ def _round_outliers(ids: Mapping[int, int], stage: Sequence[int], table: _Signat
             out[rank] = "undumpable"
         elif sid == 1:
             out[rank] = "missing"
-        else:
+        elif sid >= REAL:
             dom = normal[stage[rank]]
             if dom is not None and sid != dom:
                 out[rank] = "minority"
@@ -562,6 +584,7 @@ def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
                           any(r in final for r in ranks)) for sid, ranks in by_id.items()]
     classes.sort(key=lambda c: (-len(c.ranks), c.ranks[0]))
     silent = sorted({n for r in rounds for n in r.silent_nodes})
+    unread = tuple(sorted(r for r, sid in ids.items() if sid == 2))
     return StackAnalysis(
         classes=tuple(classes),
         tree=build_tree({c.signature: c.ranks for c in classes}),
@@ -571,4 +594,5 @@ def analyse(rounds: Sequence[Round], topo: Topology) -> StackAnalysis:
         rounds=len(rounds),
         group_votes=dict(votes),
         silent_nodes=tuple(silent),
+        unread=unread,
     )

@@ -24,7 +24,10 @@ def stacks(
                                    help="Seconds between the starts of two rounds."),
     save: Optional[str] = typer.Option(None, "--save", metavar="DIR",
                                        help="Keep the dumps: DIR/<node>/<rank>-<pid>.json "
-                                            "(py-spy's JSON, shipped whole), DIR/job.json."),
+                                            "(py-spy's JSON, shipped whole), DIR/job.json; "
+                                            "for a rank read through its socket, "
+                                            "<rank>-<pid>.fr.json (its flight recorder as it "
+                                            "answered) and .fr-meta.json (clock, group table)."),
     from_dir: Optional[str] = typer.Option(None, "--from", metavar="DIR",
                                            help="Analyse a --save directory offline (no inventory "
                                                 "or nodes needed)."),
@@ -54,6 +57,20 @@ def stacks(
     otherwise the group with the most outliers per rank wins (fail-slow), and a
     rank that moves while its stage stands still (or the reverse) is an outlier too.
 
+    Where the job opted in (`python -m brctl.job -- train.py`, or
+    `brctl.job.serve()` in the script: each rank serves PyTorch's worker server on
+    $BRCTL_JOB_SOCKET_DIR/rank-<RANK>.sock, by default /tmp/brctl-job-<uid>/), each
+    rank's socket is read first, with or without ptrace: its flight recorder,
+    reduced on the machine to each group's last enqueued and completed collective,
+    the pending one and the last 20 enqueue times; brctl's table of the job's
+    process groups; whether a traceback answers (a recorder that answers without
+    it: the main thread holds the GIL in native code). A rank whose environment
+    cannot be read gets its rank from its socket. After connect and before a byte
+    is sent, the socket's peer (SO_PEERCRED) must be a process of the job with its
+    own uid, else it is closed unsent and that rank's error; every answer has a
+    deadline and a size cap. JSON: ranks (per rank: machine, channel, state
+    read/unread/unresponsive, /proc state, what answered, errors).
+
     Exit 0 when no outlier, 1 when an eviction is proposed, 3 when machines did not
     answer (the verdict covers only those that did).
     """
@@ -63,14 +80,17 @@ def stacks(
     from brctl.core.errors import UsageError
     from brctl.operations import stacks as op
     from brctl.operations import stacks_save
+    from brctl.operations.stacks_save_fr import save_recorder
 
     env: Env = ctx.obj
     if from_dir is not None and save is not None:
         raise UsageError("--from and --save: pick one (--from re-reads a saved directory)")
+    cfg = None
     if from_dir is not None:
         collections, shape = stacks_save.load(Path(from_dir))
     else:
         scale = env.timeout_scale()
+        cfg = env.inventory().stacks
         with env.output.progress("stacks", rounds) as advance:
             collections, shape = op.collect_job(
                 env.inventory(), env.transport(), rounds=rounds, interval=interval,
@@ -78,6 +98,9 @@ def stacks(
                 raw=save is not None)
         if save is not None:
             stacks_save.save(Path(save), collections, shape)
-    report = op.analyse(collections, shape)
+            save_recorder(Path(save), collections)
+    thresholds = {} if cfg is None else {"stuck_after": cfg.stuck_after,
+                                         "straggler_threshold_ms": cfg.straggler_threshold_ms}
+    report = op.analyse(collections, shape, **thresholds)
     render(env.output, report)
     return int(report.exit_code)

@@ -3,7 +3,8 @@
 Node-side; standard library only. Request::
 
     {"process_match": REGEX, "py_spy": PATH|null, "dump_timeout": SECONDS,
-     "concurrency": N, "only_ranks": [RANK, ...] | null, "raw": BOOL}
+     "concurrency": N, "only_ranks": [RANK, ...] | null, "raw": BOOL,
+     "recorder": {"timeout": SECONDS, "k": N} | null}
 
 1. Processes whose command line matches ``process_match`` (never this probe or
    its ancestors: the ssh session's command line holds the request) and all their
@@ -12,10 +13,20 @@ Node-side; standard library only. Request::
    ``/proc/PID/environ``; no other environment value is kept, so secrets never
    leave the node. A process with RANK whose parent has none is a rank; one whose
    parent has RANK too (data-loader, checkpoint workers) is reported under its
-   rank; one without RANK is the launcher.
+   rank; one without RANK is the launcher; one whose environment is refused (no
+   ptrace rights: the same kernel check as py-spy's) is ``unread``, never a launcher.
 3. Every rank is dumped with ``py-spy dump --json --pid PID``, each under its
    own timeout, several at once. A failure says why, and for ptrace failures
    which permission is missing.
+3b. With ``recorder``, each rank's socket (``brctl.job``'s, or its own
+   ``TORCH_WORKER_SERVER_SOCKET``) is read first (``rank_socket``): the flight
+   recorder reduced to its summary (``recorder.summarise``), brctl's group table,
+   whether a traceback came; a process whose environment was refused gets its rank
+   from its socket. The answer's ``recorder`` lists every rank's ``channel``,
+   ``state`` (read / unread / unresponsive), ``proc_state`` and ``summary``;
+   ``unread`` counts processes still without a rank; ``socket_errors`` says what
+   was refused (a directory, a socket whose peer is not the job); with ``raw``,
+   ``fr_raw`` holds each rank's dump as it came, with its clock and table (``--save``).
 4. Each dump is reduced to what the analysis needs (``pyspy_frames``): the main
    thread's normalised frames, as indices into one frame table per machine, and
    the ranks packed into a few strings (``pyspy_frames.pack``: format
@@ -49,6 +60,7 @@ from brctl.diagnostics.pyspy_frames import (
     main_frames,
     pack,
 )
+from brctl.diagnostics.rank_socket import read_job, record
 
 RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # the only environment values read
 _STATES = {"D": "uninterruptible sleep (D): stuck in the kernel, e.g. on a device or NFS",
@@ -136,7 +148,9 @@ def find_processes(pattern: str) -> list[dict[str, Any]]:
         ppid = table[pid][0]
         env = envs[pid] or {}
         parent_env = envs.get(ppid) or {}
-        if "RANK" not in env:
+        if envs[pid] is None:
+            role = "unread"  # its RANK is unknown, not absent: never taken for the launcher
+        elif "RANK" not in env:
             role = "launcher"
         elif "RANK" in parent_env:
             role = "worker"
@@ -248,7 +262,8 @@ def main_stacks(dumps: list[dict[str, Any]]) -> dict[int, list[RawFrame] | str]:
 
 
 def collect(request: dict[str, Any]) -> dict[str, Any]:
-    """Find the job's processes and dump every rank (reduced to frames unless ``raw``)."""
+    """Find the job's processes, read their sockets and dump every rank (reduced to frames
+    unless ``raw``)."""
     pattern = request.get("process_match")
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("request.process_match: a regular expression is required")
@@ -257,6 +272,12 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
     py_spy = find_py_spy(request.get("py_spy"))
     doc: dict[str, Any] = {"py_spy": py_spy, "py_spy_missing": py_spy is None}
     only = request.get("only_ranks")  # machines sharing one kernel: dump only our own ranks
+    options = request.get("recorder")
+    sockets = read_job(procs, options, only if isinstance(only, list) else None
+                       ) if isinstance(options, dict) else None
+    for p in procs:
+        if sockets is not None and p["pid"] in sockets["found"]:
+            p.update(role="rank", rank=sockets["found"][p["pid"]])  # told by its socket
     ranks = [p["pid"] for p in procs if p["role"] == "rank"
              and (not isinstance(only, list) or p["rank"] in only)]
     dumps: list[dict[str, Any]] = []
@@ -264,9 +285,54 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         workers = max(1, min(int(request.get("concurrency") or 8), len(ranks)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             dumps = list(pool.map(lambda pid: dump(py_spy, pid, timeout), ranks))
+    stacks = main_stacks(dumps)
+    if sockets is not None:
+        doc.update(_recorder_fields(procs, ranks, stacks, sockets, options or {},
+                                    bool(request.get("raw"))))
     if request.get("raw"):
         return {**doc, "format": RAW, "processes": procs, "dumps": dumps}
-    return {**doc, "format": PACKED, **pack(procs, main_stacks(dumps))}
+    return {**doc, "format": PACKED, **pack(procs, stacks)}
+
+
+RAW_FR_MAX = 3 << 20  # raw dumps one answer carries for --save (the answer's cap is 4 MiB)
+
+
+def _recorder_fields(procs: list[dict[str, Any]], ranks: list[int],
+                     stacks: dict[int, list[RawFrame] | str], sockets: dict[str, Any],
+                     options: dict[str, Any], raw: bool) -> dict[str, Any]:
+    """The answer's ``recorder``, ``unread``, ``socket_errors`` (and ``fr_raw``) fields."""
+    rank_of = {p["pid"]: p["rank"] for p in procs}
+    readings = sockets["readings"]
+    k = int(options.get("k") or 20)
+    rows = []
+    for pid in ranks:
+        got = stacks.get(pid)
+        rows.append(record(readings.get(pid), rank_of[pid], pid, k=k,
+                           stack=isinstance(got, list),
+                           dump_error=got if isinstance(got, str) else None))
+    errors = list(sockets["errors"])
+    local = {row["rank"]: row for row in rows}
+    for bad in sockets["refused"]:
+        row = local.get(bad.rank)
+        why = f"rank-{bad.rank}.sock: " + "; ".join(bad.errors)
+        if row is not None:
+            row["error"] = "; ".join(x for x in (row["error"], why) if x)[:600]
+        else:
+            errors.append(why[:600])
+    out: dict[str, Any] = {"recorder": rows, "socket_errors": errors[:64],
+                           "unread": sum(p["role"] == "unread" for p in procs)}
+    if raw:
+        kept: dict[str, Any] = {}
+        size = 0
+        for pid in ranks:
+            r = readings.get(pid)
+            if r is not None and r.raw is not None and size + len(r.raw) <= RAW_FR_MAX:
+                # what --from needs to summarise it again: the clock it was read on, the table
+                kept[str(pid)] = {"dump": r.raw.decode("utf-8", "replace"), "clock_ns": r.clock_ns,
+                                  "table": r.table if type(r.table) is dict else None}
+                size += len(r.raw)
+        out["fr_raw"] = kept
+    return out
 
 
 if __name__ == "__main__":

@@ -378,8 +378,8 @@ class Daemon:
                                                for decision, symptom, at in self.crash_history])
         if incident.kind == "hang":
             return self.hooks.stacks(nodes, 1)
-        if incident.kind == "fail_slow":  # a slow rank shows over rounds, not in one dump
-            return self.hooks.stacks(nodes, FAIL_SLOW_ROUNDS)
+        if incident.kind == "fail_slow":  # arrival times first; the stack rounds' vote after
+            return self.hooks.stacks(nodes, FAIL_SLOW_ROUNDS, arrival_first=True)
         return Finding()
 
     def _handle(self, incident: Incident, nodes: Sequence[Node], result: PollResult) -> None:

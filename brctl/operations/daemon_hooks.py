@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from brctl.analysis.daemon import Finding, ReplayOutcome, StandbyOutcome
 from brctl.analysis.daemon_plan import Release
@@ -22,6 +22,9 @@ from brctl.core.errors import BrctlError
 from brctl.core.transport import Node, Transport
 from brctl.remote.probes import ProbeRunner
 from brctl.state import Store
+
+if TYPE_CHECKING:
+    from brctl.operations.stacks import StacksReport
 
 LOGTAIL = "brctl.diagnostics.logtail"
 
@@ -56,8 +59,10 @@ class Hooks(Protocol):
         """node → the tail of its job logs (empty when none)."""
         ...
 
-    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
-        """Stack analysis of a stalled (1 round) or slow job (several): machines to evict."""
+    def stacks(self, nodes: Sequence[Node], rounds: int, *, arrival_first: bool = False
+               ) -> Finding:
+        """Stack and flight-recorder analysis of a stalled (1 round) or slow job (several;
+        ``arrival_first``: one round's collective arrival times first): machines to evict."""
         ...
 
     def diagnose(self, nodes: Sequence[Node], history: Sequence[PastConclusion]) -> Finding:
@@ -158,24 +163,38 @@ class LiveHooks:
         assert self.inv.job is not None
         return replace(self.inv, job=replace(self.inv.job, nodes=tuple(n.name for n in nodes)))
 
-    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
-        """brctl stacks' collection and analysis; the machines it proposes to evict."""
+    def stacks(self, nodes: Sequence[Node], rounds: int, *, arrival_first: bool = False
+               ) -> Finding:
+        """brctl stacks' collection and analysis (stacks and flight recorders, fused); the
+        machines it proposes to evict, the collective evidence cited in the reason.
+
+        ``arrival_first`` (fail-slow): one round's recorders name a late rank from its
+        collective arrival times at once; only without such a verdict are the ``rounds``
+        stack rounds taken (minutes, the fallback).
+        """
         from brctl.operations.stacks import analyse, collect_job
 
+        cfg = self.inv.stacks
         try:
+            if arrival_first:
+                collections, shape = collect_job(self._current(nodes), self.transport,
+                                                 rounds=1, timeout=120 * self.scale)
+                report = analyse(collections, shape, stuck_after=cfg.stuck_after,
+                                 straggler_threshold_ms=cfg.straggler_threshold_ms)
+                coll = report.analysis.collectives
+                # trusted: compared on one machine's clock (or against >= 3 machines'
+                # medians); two machines' clocks alone never evict
+                if coll is not None and report.analysis.evict \
+                        and any(s.victim_of is None and s.trusted for s in coll.late):
+                    return _finding(report, "late arrival in collectives")
             collections, shape = collect_job(self._current(nodes), self.transport, rounds=rounds,
                                              interval=self.inv.daemon.poll_interval,
                                              timeout=120 * self.scale)
-            report = analyse(collections, shape)
+            report = analyse(collections, shape, stuck_after=cfg.stuck_after,
+                             straggler_threshold_ms=cfg.straggler_threshold_ms)
         except BrctlError as exc:
             return Finding(None, (), f"stack analysis gave no verdict: {exc.message}")
-        evict = tuple(report.analysis.evict)
-        groups = [f"{g.kind} group{'s' if len(g.indices) > 1 else ''} "
-                  f"{','.join(map(str, g.indices))}" for g in report.analysis.suspects]
-        where = f" ({'; '.join(groups)})" if groups else ""
-        return Finding("evict" if evict else None, evict,
-                       f"stack outliers{where}: evict {', '.join(evict)}" if evict
-                       else "no stack outliers")
+        return _finding(report, "stack outliers")
 
     def diagnose(self, nodes: Sequence[Node], history: Sequence[PastConclusion]) -> Finding:
         """brctl diagnose's ladder on the stopped job: its decision and faulty machines.
@@ -300,3 +319,17 @@ class LiveHooks:
         checks = check_pool(self.inv, self.transport, nodes, store=self.store,
                             runner=self.runner, timeout_scale=self.scale)
         return {name: (c.outcome, c.detail) for name, c in checks.items()}
+
+
+def _finding(report: StacksReport, what: str) -> Finding:
+    """The daemon's finding from a stacks report; the recorder's evidence is cited in the
+    reason, which the event log and ``brctl report`` keep."""
+    evict = tuple(report.analysis.evict)
+    groups = [f"{g.kind} group{'s' if len(g.indices) > 1 else ''} "
+              f"{','.join(map(str, g.indices))}" for g in report.analysis.suspects]
+    where = f" ({'; '.join(groups)})" if groups else ""
+    evidence = [e for g in report.analysis.suspects for e in g.evidence][:4]
+    cited = f"; evidence: {' | '.join(evidence)}" if evidence else ""
+    return Finding("evict" if evict else None, evict,
+                   f"{what}{where}: evict {', '.join(evict)}{cited}" if evict
+                   else f"no {what}{cited}")

@@ -26,8 +26,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any
 
+from brctl.analysis.collective_analysis import analyse_collectives
+from brctl.analysis.fusion import fuse
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.pyspy import (
@@ -50,69 +52,16 @@ from brctl.core.errors import (
 )
 from brctl.core.transport import Node, NodeState, RunResult, Transport
 from brctl.diagnostics.pyspy_frames import PACKED, RAW
+from brctl.operations.stacks_collectives import decode_captures
+from brctl.operations.stacks_recorder import RecorderAnswerError, rank_reads, recorder_fields
+from brctl.operations.stacks_types import Collection as Collection
+from brctl.operations.stacks_types import JobShape as JobShape
+from brctl.operations.stacks_types import NodeCollection as NodeCollection
+from brctl.operations.stacks_types import RankDump as RankDump
 from brctl.remote.probes import Bundle, ProbeResult, ProbeRunner
 
 PROBE = "brctl.diagnostics.stacks_probe"
-
-
-class RankDump(NamedTuple):
-    """One rank process found on a machine and its stack (or why there is none).
-
-    A NamedTuple, not a frozen dataclass: one per rank, 131,072 in a round.
-    """
-
-    rank: int
-    pid: int
-    output: str | None  # py-spy's JSON text, as printed (collected raw, for --save)
-    error: str | None
-    local_rank: int | None = None
-    world_size: int | None = None
-    stack: Stack | None = None  # the main thread's frames, as the probe reduced them
-
-
-@dataclass(frozen=True)
-class NodeCollection:
-    """What one machine answered: ``state`` is the transport state, or ``probe_error``."""
-
-    node: str
-    state: str
-    error: str | None
-    ranks: tuple[RankDump, ...] = ()
-    workers: int = 0  # data-loader / checkpoint processes found under the ranks
-    seconds: float = 0.0
-
-    @property
-    def answered(self) -> bool:
-        """The probe ran and returned its document."""
-        return self.state == "ok"
-
-
-@dataclass(frozen=True)
-class Collection:
-    """One round over the job's machines."""
-
-    nodes: dict[str, NodeCollection]
-    started: float  # wall-clock time.time() at the start of the round
-    seconds: float
-    py_spy_shipped: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class JobShape:
-    """What ``Topology.build`` needs, as saved in ``job.json``."""
-
-    machines: tuple[str, ...]
-    gpus: tuple[int, ...]
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    order: str = "tp-cp-ep-dp-pp"
-
-    def topology(self, rank_machines: Sequence[str] | None = None) -> Topology:
-        """The topology, with the live rank → machine mapping when known."""
-        return Topology.build(self.machines, list(self.gpus), tp=self.tp, pp=self.pp, cp=self.cp,
-                              ep=self.ep, order=self.order, rank_machines=rank_machines)
+RECENT = 20  # collectives per group each rank's summary keeps (the arrival window)
 
 
 @dataclass(frozen=True)
@@ -123,15 +72,18 @@ class StacksReport:
     topology: Topology
     collections: tuple[Collection, ...]
     node_errors: dict[str, str] = field(default_factory=dict)
+    summary_errors: dict[int, str] = field(default_factory=dict)  # rank → its refused summary
 
     @property
     def exit_code(self) -> ExitCode:
         """4 when brctl refused a machine (a safety rule there), else 3 when machines gave
-        no answer, else 1 when an eviction is proposed, else 0."""
+        no answer or a rank could not be read, else 1 when an eviction is proposed, else 0."""
         return exit_code_of(
             refused=any(nc.state == NodeState.REFUSED.value for c in self.collections[-1:]
                         for nc in c.nodes.values()),
-            incomplete=bool(self.node_errors), findings=bool(self.analysis.evict))
+            # an unread rank (py-spy refused, no socket) makes the run incomplete too
+            incomplete=bool(self.node_errors) or bool(self.analysis.unread),
+            findings=bool(self.analysis.evict))
 
     def to_json(self) -> dict[str, Any]:
         """The payload of ``brctl.stacks/2`` (classes, outliers, suspect_groups, evict)."""
@@ -151,6 +103,8 @@ class StacksReport:
                           "workers": nc.workers, "seconds": round(nc.seconds, 3)}
                       for n, nc in last.nodes.items()},
             "unanswered": sorted(self.node_errors),
+            "ranks": rank_reads(last, a.collectives, self.summary_errors),
+            **(a.collectives.to_json() if a.collectives is not None else {}),
         }
 
 
@@ -197,8 +151,9 @@ def _node_collection(name: str, doc: dict[str, Any] | None, error: str | None,
         state = run.state.value if not run.state.ran else "probe_error"
         return NodeCollection(name, state, error or "no answer", seconds=run.seconds)
     try:
-        return _parse_answer(name, doc, run, known if known is not None else {})
-    except (MalformedAnswer, PySpyFormatError) as exc:
+        nc = _parse_answer(name, doc, run, known if known is not None else {})
+        return replace(nc, **recorder_fields(doc)) if "recorder" in doc else nc
+    except (MalformedAnswer, PySpyFormatError, RecorderAnswerError) as exc:
         return NodeCollection(name, "probe_error", f"malformed stacks probe answer: {exc}",
                               seconds=run.seconds)
 
@@ -310,6 +265,7 @@ def collect(
     expected: dict[str, list[int]] | None = None,
     raw: bool = False,
     known: FrameCache | None = None,
+    socket_timeout: float | None = 2.0,
 ) -> Collection:
     """One round: find and dump every rank on ``nodes``.
 
@@ -326,6 +282,9 @@ def collect(
         raw: ship py-spy's JSON as it printed it (for ``save``) instead of the
             probe's reduced frames.
         known: frame-table rows already read (shared across rounds: equal frames, one object).
+        socket_timeout: seconds for each request to a rank's socket (``brctl.job``'s or
+            torch's worker server: the flight recorder, brctl's table, a traceback);
+            None: the sockets are not read.
 
     Returns:
         The round's collection; a machine's failure is recorded, never raised.
@@ -336,6 +295,8 @@ def collect(
     def request(node: Node) -> dict[str, Any]:
         req: dict[str, Any] = {"process_match": process_match, "py_spy": paths.get(node.name),
                                "dump_timeout": dump_timeout, "raw": raw}
+        if socket_timeout is not None:
+            req["recorder"] = {"timeout": socket_timeout, "k": RECENT}
         if node.connection == "local" and expected is not None:
             # local machines share this host's processes: each dumps only the ranks
             # the inventory places on it, so no process is attached twice at once
@@ -555,11 +516,17 @@ def _to_round(col: Collection, topo: Topology, intern: dict[Frame, Frame],
                 if before == stack:
                     stack = before
                 last[rank] = stack
-            samples.append(RankSample(rank, node, rd.pid, stack, error))
+            rec = nc.recorder.get(rank)  # the probe's word: no channel could read it
+            samples.append(RankSample(rank, node, rd.pid, stack, error, False,
+                                      rec is not None and rec.state == "unread"))
     answered = {n for n, nc in col.nodes.items() if nc.answered}
     for rank in sorted(set(range(topo.world)).difference(found)):
         node = machine_of[rank]
-        if node in answered:
+        if node in answered and col.nodes[node].unread:
+            # processes whose environment was refused, none named by a socket: unknown ranks
+            samples.append(RankSample(rank, node, 0, None, _UNREAD.format(
+                node=node, n=col.nodes[node].unread), unread=True))
+        elif node in answered:
             samples.append(RankSample(rank, node, 0, None,
                                       f"no process with RANK={rank} on {node}", missing=True))
     silent = frozenset(n for n, nc in col.nodes.items() if not nc.answered)
@@ -572,8 +539,12 @@ def _why(nc: NodeCollection) -> str:
     return error if error.startswith(f"{nc.state}:") else f"{nc.state}: {error}"
 
 
-def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
-    """Analyse one or more rounds of collections.
+def analyse(collections: Sequence[Collection], shape: JobShape, *, stuck_after: float = 60.0,
+            straggler_threshold_ms: float = 20.0) -> StacksReport:
+    """Analyse one or more rounds of collections: the stacks, and where ranks' sockets
+    answered, their flight recorders (``analysis.collective_analysis``), fused into one
+    eviction (``analysis.fusion``). ``stuck_after``: seconds a pending collective may be
+    old before it is stuck; ``straggler_threshold_ms``: how late a rank must arrive.
 
     Raises:
         IncompleteError: no machine answered, or no rank process was found anywhere.
@@ -597,4 +568,28 @@ def analyse(collections: Sequence[Collection], shape: JobShape) -> StacksReport:
         intern: dict[Frame, Frame] = {}
         stacks: dict[int, Stack] = {}
         rounds = [_to_round(c, topo, intern, stacks) for c in collections]
-        return StacksReport(analyse_rounds(rounds, topo), topo, tuple(collections), errors)
+        analysis = analyse_rounds(rounds, topo)
+        captures, bad_summaries = decode_captures(collections, topo)
+        if any(captures):
+            coll = analyse_collectives(captures, topo, stuck_after=stuck_after,
+                                       interval=_interval(collections),
+                                       straggler_threshold_ms=straggler_threshold_ms)
+            analysis = fuse(analysis, coll, topo, rounds[-1])
+        # a rank its socket read is read, though py-spy was refused: out of the stack vote,
+        # not an unread rank that makes the run incomplete
+        read = {r for nc in last.nodes.values() for r, rec in nc.recorder.items()
+                if rec.state == "read"}
+        if analysis.unread and read:
+            analysis = replace(analysis, unread=tuple(r for r in analysis.unread if r not in read))
+        return StacksReport(analysis, topo, tuple(collections), errors, bad_summaries)
+
+
+_UNREAD = ("{n} process(es) on {node} could not be read: their environment is refused (no "
+           "ptrace rights) and no socket of brctl.job named their rank")
+
+
+def _interval(collections: Sequence[Collection]) -> float | None:
+    """Seconds between the last two rounds' starts (None: one round)."""
+    if len(collections) < 2:
+        return None
+    return collections[-1].started - collections[-2].started

@@ -4,18 +4,27 @@ The layout: ``DIR/<node>/<rank>-<pid>.json`` (py-spy's JSON as it printed it),
 ``<rank>-<pid>.error`` and ``DIR/job.json`` (the topology and per-node outcome; later
 rounds under ``DIR/round-K/``). Collecting and analysing are in
 ``brctl/operations/stacks.py``.
+
+A rank read through its socket also has ``<rank>-<pid>.fr.json`` (its flight
+recorder's JSON as it answered) and ``<rank>-<pid>.fr-meta.json`` (the machine's
+clock at the read, brctl's group table, how it was read), written by
+``stacks_save_fr``. ``load`` reduces them with the node's own
+``recorder.summarise``, so ``--from`` gives the summary the probe sent; a file
+out of shape is that rank's error (``unread``), never the run's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from brctl.analysis.topology import TopologyError
 from brctl.core.errors import InputError
+from brctl.diagnostics.recorder import summarise
 from brctl.operations import safe_write
 from brctl.operations.stacks import (
     Collection,
@@ -23,6 +32,9 @@ from brctl.operations.stacks import (
     NodeCollection,
     RankDump,
 )
+from brctl.operations.stacks_types import RankRead
+
+MAX_FR_FILE = 64 << 20  # bytes of one saved recorder dump read back (2,000 entries: ~1 MB)
 
 SAVE_SCHEMA = "brctl.stacks-save/1"
 
@@ -100,10 +112,55 @@ def _number(data: dict[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
+def _read_json(path: Path) -> Any:
+    """A saved recorder file, size-capped (a hand-placed file is hostile too): opened
+    without following a link and without blocking, and only a regular file is read (a
+    FIFO planted under the name would hang ``--from``, /dev/zero feed it 64 MiB)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = fh.read(MAX_FR_FILE + 1)
+    if len(data) > MAX_FR_FILE:
+        raise ValueError(f"larger than {MAX_FR_FILE >> 20} MiB")
+    return json.loads(data)
+
+
+def _load_recorder(stem: Path, rank: int, pid: int) -> RankRead | None:
+    """A rank's saved recorder (``.fr-meta.json`` + ``.fr.json``) as the probe's row, or None."""
+    meta_path = stem.parent / f"{stem.name}.fr-meta.json"
+    if not meta_path.exists():
+        return None
+    try:
+        meta = _read_json(meta_path)
+        if type(meta) is not dict:
+            raise ValueError("expected an object")
+        channel, state = meta.get("channel"), meta.get("state")
+        if channel not in ("brctl-socket", "torch-socket", "none") or \
+                state not in ("read", "unread", "unresponsive"):
+            raise ValueError("channel/state out of shape")
+        row = RankRead(rank, pid, channel, state, str(meta.get("proc_state") or "")[:4],
+                       meta.get("traceback") is True, meta.get("table_answered") is True,
+                       meta["error"][:600] if type(meta.get("error")) is str else None, None,
+                       meta["wchan"][:600] if type(meta.get("wchan")) is str else None)
+        dump_path = stem.parent / f"{stem.name}.fr.json"
+        if not dump_path.exists():
+            return row
+        clock = meta.get("clock_ns")
+        if type(clock) is not int:
+            raise ValueError("clock_ns: expected an integer")
+        return row._replace(summary=summarise(_read_json(dump_path), meta.get("table"), clock))
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: JSON, RecorderFormatError
+        why = exc.strerror if isinstance(exc, OSError) else "nested too deep" if isinstance(
+            exc, RecursionError) else str(exc)
+        return RankRead(rank, pid, "none", "unread", error=f"{stem.name}.fr: {why}"[:600])
+
+
 def _load_node(base: Path, name: str, info: dict[str, Any], where: str) -> NodeCollection:
     if not isinstance(info, dict):
         raise InputError(f"{where}: expected an object")
     ranks = []
+    recorder: dict[int, RankRead] = {}
     for j, r in enumerate(_items(info, "ranks", dict, where) if "ranks" in info else []):
         rank = _need(r, "rank", int, f"{where}.ranks[{j}]")
         pid = _need(r, "pid", int, f"{where}.ranks[{j}]")
@@ -118,10 +175,12 @@ def _load_node(base: Path, name: str, info: dict[str, Any], where: str) -> NodeC
                              hint="every rank listed in job.json needs its dump or .error") from None
         ranks.append(RankDump(rank, pid, output, error, _int_or_none(r.get("local_rank")),
                               _int_or_none(r.get("world_size"))))
+        if (read := _load_recorder(stem, rank, pid)) is not None:
+            recorder.setdefault(rank, read)
     state = info.get("state") if isinstance(info.get("state"), str) else "ok"
     error = info.get("error")
     return NodeCollection(name, str(state), error if isinstance(error, str) else None,
-                          tuple(ranks), int(_number(info, "workers", where)))
+                          tuple(ranks), int(_number(info, "workers", where)), recorder=recorder)
 
 
 def load(root: Path) -> tuple[list[Collection], JobShape]:

@@ -209,3 +209,27 @@ _DOCS: list[tuple[str, dict[str, Schema], bool]] = [
 
 DOCUMENTS: dict[str, Schema] = {name: document(name, props, judges=judges)
                                 for name, props, judges in _DOCS}
+
+# brctl.stacks/2's flight-recorder keys (issue 32): present only when some rank's
+# recorder was read, so described but not required (new keys, no version bump).
+# suspect_groups[].evidence: per blamed rank, what its recorder and stack say;
+# suspect_groups[].kind "communicator": listed for the all-gather ladder, never evicted.
+_WAITS = arr(obj({"rank": INT, "group": STR, "seq": INT}))
+STACKS_RECORDER: dict[str, Schema] = {
+    "collective_groups": arr(obj({
+        "group": STR, "desc": STR, "ranks": arr(INT), "kind": STR, "index": opt(INT),
+        "members_from": {"enum": ["table", "layout", "reporters"]}, "seq": INT, "op": STR,
+        "verdict": {"enum": ["in_flight", "stuck", "mismatch", "communicator"]},
+        "age_s": NUM, "joined": arr(INT), "missing": arr(INT), "no_answer": arr(INT),
+        "mismatched": arr(INT), "waits": _WAITS, "detail": STR})),
+    "collective_culprits": arr(obj({
+        "rank": INT, "why": {"enum": ["never_entered", "mismatch", "no_answer", "cycle"]},
+        "group": STR, "seq": INT, "text": STR, "corroborated": BOOL})),
+    "stragglers": arr(obj({
+        "rank": INT, "group": STR, "desc": STR, "late_in": INT, "window": INT, "late_ms": NUM,
+        "role": {"enum": ["straggler", "victim"]}, "victim_of": opt(INT), "trusted": BOOL})),
+    "arrival": {"enum": ["enqueue", "started", "unknown"]},
+    "stuck_after_s": NUM,
+    "straggler_threshold_ms": NUM,
+}
+DOCUMENTS["brctl.stacks/2"]["properties"].update(STACKS_RECORDER)

@@ -264,6 +264,8 @@ def start_trainjob(
     env: Optional[Mapping[str, str]] = None,
     node_env: Optional[Mapping[str, Mapping[str, str]]] = None,
     python: str = sys.executable,
+    script: str = TRAIN_SCRIPT,
+    wrap: Sequence[str] = (),
 ) -> TrainJob:
     """Start the job on ``nodes`` (default: all of the cluster's) and return at once.
 
@@ -279,6 +281,9 @@ def start_trainjob(
         env: extra environment for every rank (e.g. the TRAINJOB_* faults).
         node_env: extra environment per machine.
         python: interpreter with torch on the nodes.
+        script: the job's program (``launch``/``rank`` modes and arguments as
+            ``TRAIN_SCRIPT``'s; ``frjob.FR_SCRIPT`` adds tensor and pipeline groups).
+        wrap: argv run before the launcher (``setpriv --reuid=...``: the job as another user).
     """
     names = list(nodes) if nodes is not None else list(cluster.names)
     world = len(names) * nproc
@@ -286,8 +291,9 @@ def start_trainjob(
         raise ValueError(f"pp={pp} does not divide the world size {world}")
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(exist_ok=True)
-    script = workdir / "brctl_trainjob.py"
-    script.write_text(TRAIN_SCRIPT)
+    program = workdir / "brctl_trainjob.py"
+    program.write_text(script)
+    program.chmod(0o644)
     master = cluster.address(names[0])
     port = _free_port(master)
     job = TrainJob(cluster, workdir, names, nproc, pp)
@@ -297,8 +303,8 @@ def start_trainjob(
             "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": 1,
             **(env or {}), **((node_env or {}).get(node, {})),
         }
-        argv = ["env", *(f"{k}={v}" for k, v in variables.items()), "setsid", python,
-                str(script), "launch", str(nproc), str(i * nproc), str(world), str(pp),
+        argv = ["env", *(f"{k}={v}" for k, v in variables.items()), "setsid", *wrap, python,
+                str(program), "launch", str(nproc), str(i * nproc), str(world), str(pp),
                 str(step_seconds), str(ckpt_every), ckpt_dir, str(workdir / "logs"), TAG]
         log = workdir / "logs" / f"{node}.launcher.log"
         _ssh(cluster, node, f"{shlex.join(argv)} </dev/null >{shlex.quote(str(log))} 2>&1 &")

@@ -59,7 +59,8 @@ class Script:
     def log_tails(self, nodes: Sequence[Node]) -> dict[str, str]:
         return {nodes[0].name: f"iteration {self.step}\n"}
 
-    def stacks(self, nodes: Sequence[Node], rounds: int) -> Finding:
+    def stacks(self, nodes: Sequence[Node], rounds: int, *, arrival_first: bool = False
+               ) -> Finding:
         self.calls.append(("stacks", [n.name for n in nodes]))
         return self.stacks_finding
 

@@ -155,7 +155,7 @@ def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Pat
     assert (r.exit_code, r.stdout) == (0, "") and (tmp_path / "made.yaml").exists()
 
 
-def stacks_save(tmp_path: Path, detail: str = "py-spy may not ptrace") -> Path:
+def stacks_save(tmp_path: Path, detail: str = "py-spy did not finish within 10s") -> Path:
     """A saved ``stacks --save`` directory whose rank 3 could not be dumped (exit 1)."""
     from brctl.operations import stacks_save
 

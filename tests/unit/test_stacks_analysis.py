@@ -60,7 +60,7 @@ STUCK = stack(("load_batch", "data.py"), ("read_shard", "data.py"))
 
 def round_of(topo: Topology, stacks: dict[int, Stack | None]) -> Round:
     return Round(tuple(RankSample(r, topo.machine_of(r), 1000 + r, s,
-                                  None if s is not None else "ptrace: permission denied")
+                                  None if s is not None else "py-spy did not finish within 10s")
                        for r, s in stacks.items()))
 
 
@@ -130,13 +130,41 @@ def test_hang_propagating_down_the_pipeline_evicts_the_pp_group(topo: Topology) 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
 def test_undumpable_rank_is_an_outlier(topo: Topology) -> None:
-    for bad in range(topo.world):
+    for bad in range(topo.world):  # read, but not answering in time: unresponsive
         stacks: dict[int, Stack | None] = dict.fromkeys(range(topo.world), HEALTHY)
         stacks[bad] = None
         a = analyse([round_of(topo, stacks)], topo)
         assert [(o.rank, o.reason) for o in a.outliers] == [(bad, "undumpable")]
-        assert "permission" in a.outliers[0].detail
-        assert topo.machine_of(bad) in a.evict
+        assert "did not finish" in a.outliers[0].detail
+        assert topo.machine_of(bad) in a.evict and a.unread == ()
+
+
+REFUSED = "py-spy may not ptrace process 1003: run brctl's probes as root or give them CAP_SYS_PTRACE"
+
+
+@pytest.mark.parametrize("topo", TOPOLOGIES[:4], ids=IDS[:4])
+def test_unread_rank_is_never_an_outlier(topo: Topology) -> None:
+    for bad in range(topo.world):
+        samples = [RankSample(r, topo.machine_of(r), 1000 + r, HEALTHY if r != bad else None,
+                              REFUSED if r == bad else None) for r in range(topo.world)]
+        a = analyse([Round(tuple(samples))], topo)
+        assert a.outliers == () and a.evict == () and a.unread == (bad,)
+    flagged = [RankSample(r, topo.machine_of(r), 1000 + r, None, "environ refused", unread=True)
+               for r in range(topo.world)]
+    a = analyse([Round(tuple(flagged))], topo)  # no rank read: no evidence, nothing evicted
+    assert a.outliers == () and a.evict == () and len(a.unread) == topo.world
+
+
+def test_unread_ranks_do_not_dilute_the_stage_vote() -> None:
+    topo = TOPOLOGIES[0]
+    stacks = {r: HEALTHY for r in range(topo.world)}
+    stacks[1] = STUCK
+    samples = [RankSample(r, topo.machine_of(r), 1000 + r, s, None) for r, s in stacks.items()]
+    # half the stage unread: the other half still decides, and names the stuck rank
+    rest = [s if s.rank in (0, 1) or s.rank % 2 else s._replace(stack=None, unread=True)
+            for s in samples]
+    a = analyse([Round(tuple(rest))], topo)
+    assert [o.rank for o in a.outliers] == [1]
 
 
 def test_missing_rank_is_an_outlier() -> None:
