@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-from tests.integration.cluster import SshCluster
-from tests.integration.trainjob import TrainJob, start_trainjob
+from tests.kits.cluster import SshCluster
+from tests.kits.trainjob import TrainJob, start_trainjob
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = next(p for p in sys.path if p.endswith("site-packages") and "torch" in os.listdir(p))

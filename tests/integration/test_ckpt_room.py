@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from brctl.diagnostics import ckptfiles, ckptmove, ckptspace
-from tests.unit.test_ckpt_local import make_step, write_inventory
+from tests.process.test_ckpt_local import make_step, write_inventory
 
 
 def _cannot(why: str) -> None:

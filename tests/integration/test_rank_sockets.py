@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from brctl.diagnostics.stacks_probe import collect
-from tests.integration.cluster import scaled
+from tests.kits.cluster import scaled
 
 pytestmark = [pytest.mark.integration]
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster import SshCluster, scaled
 from tests.integration.frjob import start_frjob
-from tests.integration.trainjob import TAG
+from tests.kits.cluster import SshCluster, scaled
+from tests.kits.trainjob import TAG
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import pytest
 from brctl.core.errors import InputError
 from brctl.operations import stacks_save
 from brctl.operations.report import screenshot, write_atomic
-from tests.unit.test_stacks_collect import _saved_job
+from tests.process.test_stacks_collect import _saved_job
 
 JOB = 65534
 

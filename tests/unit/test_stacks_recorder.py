@@ -87,10 +87,15 @@ def test_save_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     target = tmp_path / "cron"
     target.write_text("untouched")
     (root / "n1" / "0-10.fr.json").symlink_to(target)  # the job user planted it
-    save_recorder(root, [Collection({"n1": nc}, 0.0, 0.0)])
+    with pytest.raises(InputError, match="exists; brctl writes only new files"):
+        save_recorder(root, [Collection({"n1": nc}, 0.0, 0.0)])  # the py-spy half's rule too
     assert target.read_text() == "untouched"
+    (root / "n1" / "0-10.fr.json").unlink()
+    save_recorder(root, [Collection({"n1": nc}, 0.0, 0.0)])
     assert (root / "n1" / "0-10.fr.json").read_text() == "{}"
-    assert not (root / "n1" / "0-10.fr.json").is_symlink()
-    (root / "round-2").symlink_to(tmp_path)  # a link where a directory goes
-    with pytest.raises(InputError, match="link"):
-        save_recorder(root, [Collection({"n1": nc}, 0.0, 0.0)] * 2)
+    fresh = tmp_path / "save2"
+    fresh.mkdir()
+    (fresh / "round-2").symlink_to(tmp_path)  # a link where a directory goes
+    with pytest.raises(InputError):
+        save_recorder(fresh, [Collection({"n1": nc}, 0.0, 0.0)] * 2)
+    assert not (tmp_path / "n1").exists()  # nothing written through the link

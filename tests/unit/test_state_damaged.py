@@ -16,9 +16,9 @@ import pytest
 
 from brctl.operations.daemon_state import DaemonState
 from brctl.state import DB_NAME, Store
-from tests.unit.test_daemon_cli import write_inv
-from tests.unit.test_daemon_crashpoints import CrashingState, daemon, dead_holder, provoke
-from tests.unit.test_daemon_loop import Clock, Killed, Script
+from tests.process.test_daemon_cli import write_inv
+from tests.process.test_daemon_crashpoints import CrashingState, daemon, dead_holder, provoke
+from tests.process.test_daemon_loop import Clock, Killed, Script
 
 
 def _records(state_dir: Path) -> None:
