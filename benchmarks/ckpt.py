@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from brctl.analysis.placement import ConflictIndex, plan_backups, verify_plan
+from brctl.analysis.placement.plan import ConflictIndex, plan_backups, verify_plan
 from brctl.analysis.topology import Topology
 
 
@@ -88,7 +88,7 @@ def bench_copies(mib: int, runs: int) -> dict[str, float]:
 
     import yaml
 
-    from brctl.cli import run
+    from brctl.cli.app import run
     from tests.kits.cluster import SshCluster, missing_requirements
 
     why = missing_requirements()

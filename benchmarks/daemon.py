@@ -1,6 +1,6 @@
 """brctl daemon: detection latency (fault injected → decision) and controller CPU per poll.
 
-Latency: the real loop (``operations.daemon_serve.serve``, ``--dry-run`` so it decides
+Latency: the real loop (``operations.daemon.serve.serve``, ``--dry-run`` so it decides
 and records without acting) over four ``connection: local`` machines running the
 demo's stand-in job (examples/demo_job.py, its state in a temp dir) with the test
 suite's fake NVML. Three faults, each on a fresh job and state database:
@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from brctl.analysis.inventory import from_document  # noqa: E402
-from brctl.operations.daemon import Daemon  # noqa: E402
-from brctl.operations.daemon_hooks import LiveHooks  # noqa: E402
-from brctl.operations.daemon_serve import RunOptions, serve  # noqa: E402
-from brctl.operations.daemon_state import DaemonState  # noqa: E402
+from brctl.operations.daemon.hooks import LiveHooks  # noqa: E402
+from brctl.operations.daemon.loop import Daemon  # noqa: E402
+from brctl.operations.daemon.serve import RunOptions, serve  # noqa: E402
 from brctl.operations.jobadapter import JobAdapter  # noqa: E402
+from brctl.operations.ledger.state import DaemonState  # noqa: E402
 from brctl.remote.factory import RoutingTransport  # noqa: E402
 from brctl.remote.fake import FakeTransport, Reply  # noqa: E402
 from brctl.state import Store  # noqa: E402

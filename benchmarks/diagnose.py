@@ -75,10 +75,10 @@ def run_size(n: int, runs: int, mode: str) -> dict[str, Any]:
     """Time the ladder on ``n`` fresh sshd machines."""
     import yaml
 
-    from brctl.inventory import load_inventory
+    from brctl.load.inventory import load_inventory
+    from brctl.load.playbooks import load_playbooks, playbook_dirs
     from brctl.operations.diagnose import Options, diagnose
-    from brctl.playbooks import load_playbooks, playbook_dirs
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
     from tests.kits.cluster import SshCluster
 
     books = load_playbooks(playbook_dirs(None, {}))

@@ -55,9 +55,9 @@ import yaml  # noqa: E402
 from brctl.analysis.inventory import SshSection  # noqa: E402
 from brctl.core.transport import Node, NodeState  # noqa: E402
 from brctl.remote.fanout import run_all  # noqa: E402
-from brctl.remote.known_hosts import KnownHostsCache  # noqa: E402
 from brctl.remote.shard import run_sharded  # noqa: E402
-from brctl.remote.ssh import SshTransport  # noqa: E402
+from brctl.remote.ssh.known_hosts import KnownHostsCache  # noqa: E402
+from brctl.remote.ssh.transport import SshTransport  # noqa: E402
 from brctl.remote.wrap import shell_line  # noqa: E402
 from tests.kits.cluster import SshCluster, missing_requirements, running_cluster  # noqa: E402
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from brctl.analysis.placement import ConflictIndex, plan_backups, verify_plan
+from brctl.analysis.placement.plan import ConflictIndex, plan_backups, verify_plan
 from brctl.analysis.topology import Topology
 
 GPUS = 8

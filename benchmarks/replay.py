@@ -2,7 +2,7 @@
 
 Part 1 (planner alone, no machines): for N machines (8 GPUs each, TP=8, PP=2) the
 rounds dual-phase replay needs to name one faulty machine (simulated oracle over
-``analysis.replay.decide``: every machine enumerated up to N=64, a sample of 64
+``analysis.replay.groups.decide``: every machine enumerated up to N=64, a sample of 64
 machines beyond) and two faulty machines (random pairs), against plain bisection
 (halve the suspects each round: ceil(log2 N)) and one machine at a time (worst N,
 mean (N+1)/2). Also the planner's own time.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from brctl.analysis.inventory import from_document  # noqa: E402
-from brctl.analysis.replay import (  # noqa: E402
+from brctl.analysis.replay.groups import (  # noqa: E402
     ReplayPlan,
     Verdict,
     decide,
@@ -41,7 +41,7 @@ from brctl.analysis.replay import (  # noqa: E402
     reference_of,
     shape_of,
 )
-from brctl.analysis.replay_judge import GroupRun, judge_round  # noqa: E402
+from brctl.analysis.replay.judge import GroupRun, judge_round  # noqa: E402
 from brctl.analysis.topology import Topology  # noqa: E402
 from brctl.core.errors import BrctlError  # noqa: E402
 

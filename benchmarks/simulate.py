@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from brctl.analysis.simulate import Durations, Scenario, byterobust_mix, run, simulate
+from brctl.analysis.daemon.simulate import Durations, Scenario, byterobust_mix, run, simulate
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ def _inventory(cluster: SlurmCluster, where: Path, job: str, connection: str) ->
 
 def _health(inv: Path, env: dict[str, str], nodes: str, ctld: int) -> tuple[float, float, float, int]:
     """One ``brctl health -w nodes`` run: wall, controller CPU, slurmctld CPU, exit code."""
-    from brctl.cli import run
+    from brctl.cli.app import run
 
     os.environ.update(env)
     out = io.StringIO()

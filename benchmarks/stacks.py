@@ -7,14 +7,14 @@ stack of 40-80 frames (torch.distributed wait at the bottom); 1 rank in 1,000
 sits in a different function and its pipeline peers wait in recv, and every
 rank's frames carry its own line numbers in the innermost user frame (so stacks
 are distinct tuples, as parsed from real dumps, with frames interned as the
-parser does). Timed: ``analysis.stacks.analyse`` over one round (signatures,
+parser does). Timed: ``analysis.stacks.tree.analyse`` over one round (signatures,
 classes, prefix tree, outliers, group mapping), median of ``--runs``.
 
 End to end (``--end-to-end 131072``): the same round as each machine's stacks
 probe answers it (``diagnostics.stacks_probe``: main-thread frames in one frame
 table per machine, the ranks packed in a few strings), timed on the controller from the answers' text to the
-verdict: ``parse_document`` (JSON), ``operations.stacks.read_answers`` (checks and
-interns the frames) and ``operations.stacks.analyse`` (live rank map, rounds,
+verdict: ``parse_document`` (JSON), ``operations.stacks.ops.read_answers`` (checks and
+interns the frames) and ``operations.stacks.ops.analyse`` (live rank map, rounds,
 analysis). CPU seconds, the best of ``--runs``, with a calibration loop
 (``sum(range(10**7))``) timed beside it. Bytes shipped per rank are measured for the
 reduced answers and for the raw form (py-spy's pretty-printed JSON with three
@@ -30,7 +30,7 @@ the verdict must come from the recorder (the stacks show only the pp hang).
 
 Collection (``--nodes N``, needs root, sshd and ``brctl.remote.ssh``): N real
 sshd machines (tests/kits/cluster.py, own PID namespaces), 2 sleeping
-"ranks" on each, ``operations.stacks.collect`` with real py-spy dumps; the first
+"ranks" on each, ``operations.stacks.ops.collect`` with real py-spy dumps; the first
 round ships the probe bundle, later rounds reuse the connections and the cache.
 """
 
@@ -46,15 +46,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from brctl.analysis.stacks import Frame, RankSample, Round, analyse
+from brctl.analysis.stacks.tree import Frame, RankSample, Round, analyse
 from brctl.analysis.topology import Topology
 from brctl.core.transport import NodeState, RunResult
 from brctl.diagnostics.protocol import PROBE_SCHEMA
 from brctl.diagnostics.pyspy_frames import PACKED, RAW, pack
 from brctl.diagnostics.recorder import pack_recent
 from brctl.diagnostics.stacks_probe import main_stacks
-from brctl.operations.stacks import Collection, JobShape, read_answers
-from brctl.operations.stacks import analyse as analyse_collections
+from brctl.operations.stacks.ops import Collection, JobShape, read_answers
+from brctl.operations.stacks.ops import analyse as analyse_collections
 from brctl.remote.probes import ProbeResult, parse_document
 
 
@@ -268,9 +268,9 @@ def bench_collection(n: int, rounds: int) -> None:
     import subprocess
     import tempfile
 
-    from brctl.operations.stacks import collect
+    from brctl.operations.stacks.ops import collect
     from brctl.remote.probes import ProbeRunner
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
     from tests.kits.cluster import SshCluster, missing_requirements
 
     why = missing_requirements()
@@ -280,7 +280,7 @@ def bench_collection(n: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, SshCluster(Path(tmp), n) as cluster:
         import yaml
 
-        from brctl.inventory import load_inventory
+        from brctl.load.inventory import load_inventory
 
         inv_dict = cluster.inventory(job={"process_match": "brctl-bench-rank"},
                                      python=sys.executable)

@@ -1,5 +1,5 @@
 """``python -m brctl``."""
 
-from brctl.cli import main
+from brctl.cli.app import main
 
 main()

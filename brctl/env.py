@@ -4,7 +4,7 @@ The root CLI callback builds an ``Env`` from the global options; commands ask it
 for the inventory, a transport, the probe runner and the state store, each created
 on first use and closed when the command ends (``close``): the one owner of every
 resource's lifetime. Tests build one with a fake transport and string buffers and
-pass it to ``brctl.cli.run(argv, env=...)``.
+pass it to ``brctl.cli.app.run(argv, env=...)``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from brctl.render import Output
+from brctl.render.output import Output
 
 if TYPE_CHECKING:
     from brctl.analysis.inventory import Inventory
     from brctl.core.transport import Transport
     from brctl.remote.probes import ProbeRunner
-    from brctl.remote.slurm import JobRef
+    from brctl.remote.slurm.transport import JobRef
     from brctl.state import Store
 
 
@@ -73,19 +73,19 @@ class Env:
         """The validated inventory (exit 2 with a hint when there is none).
 
         The job is on the machines it runs on now: with ``job.slurm`` the scheduler says
-        which (asked once per command, ``operations.slurm_job``); otherwise, when the daemon
+        which (asked once per command, ``operations.slurm.job``); otherwise, when the daemon
         recorded a swap in the state database, its list replaces ``job.nodes`` and one
-        warning on stderr names the swaps (``brctl.operations.membership``). ``as_listed``:
+        warning on stderr names the swaps (``brctl.operations.ledger.members``). ``as_listed``:
         the file as written, resolved with Slurm (the daemon's own commands, which read the
         record). A Slurm job that is not running is exit 3 unless ``job_may_wait`` (or
         ``as_listed``): its machines are unknown, and a stale list would be wrong.
         """
         if self._inventory is None:
-            from brctl.inventory import find_inventory, load_inventory
+            from brctl.load.inventory import find_inventory, load_inventory
 
             inv = load_inventory(find_inventory(self.inventory_path, dict(self.environ)))
             if inv.job is not None and inv.job.slurm is not None:
-                from brctl.operations.slurm_job import Slurm, resolve
+                from brctl.operations.slurm.job import Slurm, resolve
 
                 inv, _ = resolve(inv, Slurm(inv.slurm, inv.job.slurm.cluster, self.environ))
             self._inventory = inv
@@ -100,7 +100,7 @@ class Env:
                                   "are unknown", hint="brctl nodes shows the job's state; "
                                   "-w NODESET names machines without the job")
         if self._current is None:
-            from brctl.operations.membership import current_inventory
+            from brctl.operations.ledger.members import current_inventory
 
             self._current, note = current_inventory(self._inventory, self.state_dir())
             if note:
@@ -118,7 +118,7 @@ class Env:
             ref = inv.job.slurm if inv.job else None
             job: JobRef | None = None
             if ref:  # only then: brctl.remote.slurm costs a run without Slurm ~10 ms to import
-                from brctl.remote.slurm import JobRef
+                from brctl.remote.slurm.transport import JobRef
 
                 # the id this command resolved: a name asked again could find a newcomer
                 job = JobRef(inv.job.scheduler_id if inv.job and inv.job.scheduler_id else ref.job,

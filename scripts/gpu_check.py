@@ -180,7 +180,7 @@ def _probe_cost(st: Stage, runs: int = 3) -> tuple[dict[str, Any], float, float]
 
 
 def stage_health(st: Stage) -> Result:
-    from brctl.analysis.health import GPU_CHECKS
+    from brctl.analysis.health.checks import GPU_CHECKS
 
     code, doc = st.brctl("health", "-i", str(st.inventory(st.gpus)), "health")
     raw, cpu, wall = _probe_cost(st)
@@ -415,7 +415,7 @@ def stage_stacks(st: Stage) -> Result:
 
 
 def stage_dcgm(st: Stage) -> Result:
-    from brctl.analysis.diagnose_stages import parse_dcgm
+    from brctl.analysis.diagnose.stages import parse_dcgm
 
     if shutil.which("dcgmi") is None:
         return "skip", "DCGM not installed (no dcgmi on PATH)", {}

@@ -178,7 +178,7 @@ def brctl(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -
     ``transport``: run the real commands over it (a ``FakeTransport``); ``sleep``: what
     the run waits with (a fake that changes a machine between sweeps).
     """
-    from brctl.cli import run
+    from brctl.cli.app import run
     from brctl.env import Env
 
     def invoke(*args: str, env: dict[str, str] | None = None, transport: Any = None,

@@ -3,7 +3,7 @@
 The daemon records each poll interval as productive (the job made a new step
 during it) or not (down, restarting, hung, waiting for a decision). Pure
 functions here turn those intervals into the cumulative ratio, a sliding-window
-series (``brctl ettr`` and ``brctl report`` draw it; ``analysis.lost_time``
+series (``brctl ettr`` and ``brctl report`` draw it; ``analysis.report.lost_time``
 names the cause of the unproductive time). Time the daemon did not watch is not counted
 either way (it cannot know).
 """

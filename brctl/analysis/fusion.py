@@ -32,8 +32,8 @@ from dataclasses import replace
 
 from brctl.analysis.collective_analysis import CollectiveAnalysis as CollectiveAnalysis
 from brctl.analysis.collective_analysis import analyse_collectives as analyse_collectives
-from brctl.analysis.evictset import SuspectGroup, minimal_cover
-from brctl.analysis.stacks import Outlier, Round, Stack, StackAnalysis, _kinds
+from brctl.analysis.stacks.evictset import SuspectGroup, minimal_cover
+from brctl.analysis.stacks.tree import Outlier, Round, Stack, StackAnalysis, _kinds
 from brctl.analysis.topology import Topology
 from brctl.analysis.wavefront import GroupVerdict
 

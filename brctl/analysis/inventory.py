@@ -175,7 +175,7 @@ class Job:
     evict_command: Optional[Template]
     unevict_command: Optional[Template] = None
     # From the scheduler: ``nodes`` is empty until a command resolves the job
-    # (``operations.slurm_job``), which also sets ``source`` and ``state``.
+    # (``operations.slurm.job``), which also sets ``source`` and ``state``.
     slurm: Optional[SlurmJobSection] = None
     source: str = "inventory"  # where ``nodes`` came from, in words (brctl nodes shows it)
     state: Optional[str] = None  # the scheduler's state (RUNNING, PENDING, …); None: not asked

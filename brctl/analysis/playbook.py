@@ -5,7 +5,7 @@ A playbook (``playbooks/*.yaml``) names a symptom, the evidence that reveals it
 traceback, launcher exit codes, kernel Xid numbers), the stages of the ladder to run
 and the decision rules. ``parse_playbook`` validates one document loudly (file and
 key path, exit 2); ``classify`` picks the playbook that explains the evidence of a
-failed job. Pure: files are read by ``brctl.playbooks``.
+failed job. Pure: files are read by ``brctl.load.playbooks``.
 """
 
 from __future__ import annotations

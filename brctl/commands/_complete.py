@@ -27,7 +27,7 @@ def candidates(names: list[str], groups: list[str], incomplete: str) -> list[str
 
 def node_names(ctx: typer.Context, incomplete: str) -> list[str]:
     """Machine names and ``@groups`` of the inventory that complete ``incomplete``."""
-    from brctl.inventory import find_inventory, load_inventory
+    from brctl.load.inventory import find_inventory, load_inventory
 
     explicit = ctx.find_root().params.get("inventory")
     try:

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _backups(env: Env, plan_file: Optional[str]) -> dict[str, str]:
-    from brctl.operations import ckpt as ops
+    from brctl.operations.ckpt import ops
 
     inv = env.inventory()
     return ops.read_plan_file(plan_file, inv) if plan_file else ops.plan(inv).backups()
@@ -46,9 +46,9 @@ def plan_command(
     is given and marked as not meeting the rule. Exit 0 when every placement meets
     the rule, 1 when some do not.
     """
-    from brctl.commands._render_ckpt import render_plan
     from brctl.core.errors import UsageError
-    from brctl.operations import ckpt as ops
+    from brctl.operations.ckpt import ops
+    from brctl.render.ckpt import render_plan
 
     env: Env = ctx.obj
     if fmt not in ("table", "json", "yaml"):
@@ -68,8 +68,8 @@ def verify_command(
     Also gives the exact probability that k = 1..4 simultaneous random machine failures
     lose some shard. Exit 0 when no single eviction loses a shard, 1 otherwise.
     """
-    from brctl.commands._render_ckpt import render_verify
-    from brctl.operations import ckpt as ops
+    from brctl.operations.ckpt import ops
+    from brctl.render.ckpt import render_verify
 
     env: Env = ctx.obj
     result = ops.verify(env.inventory(), _backups(env, plan_file))
@@ -101,10 +101,10 @@ def backup_command(
     be reached, 4 when one was refused (an unsafe backup root, a bad name in a node's
     answer).
     """
-    from brctl.commands._render_ckpt import render_copies
     from brctl.core.errors import UsageError
     from brctl.core.nodeset import select as pick
-    from brctl.operations import ckpt as ops
+    from brctl.operations.ckpt import ops
+    from brctl.render.ckpt import render_copies
 
     env: Env = ctx.obj
     inv = env.inventory()
@@ -153,11 +153,11 @@ def restore_command(
     when no good copy exists, 3 when unreachable, 4 when refused (a live member, a
     safety rule on a node, a bad name in a node's answer).
     """
-    from brctl.commands._render_ckpt import render_copies
-    from brctl.operations import ckpt as ops
-    from brctl.operations.audit import Audit
-    from brctl.operations.daemon_state import DaemonState
-    from brctl.operations.update import who
+    from brctl.operations.ckpt import ops
+    from brctl.operations.ledger.audit import Audit
+    from brctl.operations.ledger.state import DaemonState
+    from brctl.operations.update.ops import who
+    from brctl.render.ckpt import render_copies
 
     env: Env = ctx.obj
     inv = env.inventory()

@@ -70,9 +70,9 @@ def run(
     import signal
     import threading
 
-    from brctl.commands._render_daemon import event_line, render_run
     from brctl.core.errors import UsageError
-    from brctl.operations.daemon_serve import RunOptions, serve
+    from brctl.operations.daemon.serve import RunOptions, serve
+    from brctl.render.daemon import event_line, render_run
 
     env: Env = ctx.obj
     if max_iterations is not None and max_iterations <= 0:  # --for: its callback
@@ -110,11 +110,11 @@ def rearm(
     evict); the running daemon acts again from its next poll. Nothing is recorded
     when the daemon is not halted. Exit 0.
     """
-    from brctl.commands._render_daemon import render_rearm
-    from brctl.operations.audit import Audit
-    from brctl.operations.daemon_state import DaemonState
     from brctl.operations.evict import rearm as do_rearm
-    from brctl.operations.update import who
+    from brctl.operations.ledger.audit import Audit
+    from brctl.operations.ledger.state import DaemonState
+    from brctl.operations.update.ops import who
+    from brctl.render.daemon import render_rearm
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
@@ -150,10 +150,10 @@ def status(
     """
     import time
 
-    from brctl.commands._render_daemon import StatusView, render_status, status_json
     from brctl.core.errors import UsageError
-    from brctl.operations.daemon_report import follow as follow_status
-    from brctl.operations.daemon_report import read_status
+    from brctl.operations.daemon.report import follow as follow_status
+    from brctl.operations.daemon.report import read_status
+    from brctl.render.daemon import StatusView, render_status, status_json
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)

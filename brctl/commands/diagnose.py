@@ -71,10 +71,10 @@ def diagnose_command(
     """Diagnose a stopped training job (see brctl diagnose --help)."""
     from pathlib import Path
 
-    from brctl.commands._render_diagnose import render
     from brctl.core.errors import UsageError
+    from brctl.load.playbooks import load_playbooks, playbook_dirs
     from brctl.operations.diagnose import Options, diagnose
-    from brctl.playbooks import load_playbooks, playbook_dirs
+    from brctl.render.diagnose import render
 
     env: Env = ctx.obj
     books = load_playbooks(playbook_dirs(playbooks, env.environ))

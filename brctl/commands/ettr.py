@@ -29,9 +29,9 @@ def ettr(
     (brctl report draws the same as a page). Exit 0, also when nothing has been
     recorded for the job yet (it says so).
     """
-    from brctl.commands._render_report import render_ettr
     from brctl.core.errors import UsageError
     from brctl.operations.report import ettr as compute
+    from brctl.render.report import render_ettr
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)

@@ -11,7 +11,7 @@ from brctl.commands._options import BY, EXAMPLE, node_set_text
 from brctl.env import Env
 
 if TYPE_CHECKING:
-    from brctl.operations.audit import Audit
+    from brctl.operations.ledger.audit import Audit
 
 
 
@@ -32,9 +32,9 @@ def register(app: typer.Typer) -> None:
 
 def _audit(env: Env, by: Optional[str]) -> Audit:
     """The job's audit trail (its records in ``.state``) for operator ``by``."""
-    from brctl.operations.audit import Audit
-    from brctl.operations.daemon_state import DaemonState
-    from brctl.operations.update import who
+    from brctl.operations.ledger.audit import Audit
+    from brctl.operations.ledger.state import DaemonState
+    from brctl.operations.update.ops import who
 
     inv = env.inventory(as_listed=True)
     return Audit.of(inv, DaemonState(env.store(), inv.job_key), env.state_dir(),
@@ -69,8 +69,8 @@ def evict(
     Exit 0 when done (or already quarantined), 1 when an evict_command failed, 2 for
     a name not in the inventory, 4 when a cap refused it.
     """
-    from brctl.commands._render_daemon import render_evict
     from brctl.operations.evict import evict as do_evict
+    from brctl.render.daemon import render_evict
 
     env: Env = ctx.obj
     inv, audit = env.inventory(as_listed=True), _audit(env, by)
@@ -97,8 +97,8 @@ def unevict(
     not quarantined), 1 when an unevict_command failed, 2 for a name not in the
     inventory.
     """
-    from brctl.commands._render_daemon import render_evict
     from brctl.operations.evict import unevict as do_unevict
+    from brctl.render.daemon import render_evict
 
     env: Env = ctx.obj
     inv, audit = env.inventory(as_listed=True), _audit(env, by)

@@ -64,9 +64,9 @@ def exec_command(
     """
     import sys
 
-    from brctl.commands._render_exec import render
     from brctl.core.errors import UsageError
     from brctl.operations.exec_ import command_argv, execute
+    from brctl.render.exec import render
 
     env: Env = ctx.obj
     argv = command_argv(command, shell=not argv_only)

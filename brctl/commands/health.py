@@ -40,9 +40,9 @@ def health_command(
     check failed, 3 some machine gave no answer or some check is unknown (turn a
     check off in health.checks where it cannot apply).
     """
-    from brctl.commands._render_health import render, render_changes
     from brctl.core.errors import UsageError
     from brctl.operations.health import HealthReport, sweep, sweeps
+    from brctl.render.health import render, render_changes
 
     env: Env = ctx.obj
     if count is not None and count < 1:

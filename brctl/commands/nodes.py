@@ -45,8 +45,8 @@ def nodes(
     nodeset: 'brctl nodes -f gpu1 gpu2 gpu3' prints gpu[1-3]; operators ! & ^,
     steps gpu[1-16/2] and @groups (which read the inventory) work as in -w.
     """
-    from brctl.commands._render_nodes import render, render_sets
     from brctl.operations.nodes import SetMode, describe, node_sets
+    from brctl.render.nodes import render, render_sets
 
     env: Env = ctx.obj
     modes = [m for m, on in (("fold", fold), ("expand", expand), ("count", count)) if on]

@@ -76,7 +76,6 @@ def replay_command(
     ambiguous or not_reproduced, 3 incomplete (groups could not run), 4 incomplete
     because brctl refused a machine (a safety rule).
     """
-    from brctl.commands._render_replay import render, render_plan
     from brctl.core.errors import ExitCode, UsageError
     from brctl.operations.replay import (
         BuiltinWorkload,
@@ -85,6 +84,7 @@ def replay_command(
         replay,
         replay_plan,
     )
+    from brctl.render.replay import render, render_plan
 
     env: Env = ctx.obj
     for name, value in (("--steps", steps), ("--repeat", repeat), ("--max-rounds", max_rounds)):

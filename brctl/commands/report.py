@@ -39,9 +39,9 @@ def report(
     Chromium take a picture of it (exit 2 when none is installed). Exit 0, also
     when nothing has been recorded for the job yet (the page says so).
     """
-    from brctl.commands._render_report import page, render_report
     from brctl.core.errors import UsageError
     from brctl.operations.report import write_report
+    from brctl.render.report import page, render_report
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)

@@ -70,10 +70,10 @@ def simulate(
     recorded for the job.
     """
     from brctl.commands._options import parse_duration
-    from brctl.commands._render_simulate import render_simulate
     from brctl.core.errors import UsageError
     from brctl.operations.simulate import parse_setting
     from brctl.operations.simulate import simulate as run
+    from brctl.render.simulate import render_simulate
 
     env: Env = ctx.obj
     interval = parse_duration(ckpt_interval, "--ckpt-interval")
@@ -108,8 +108,8 @@ def simulate(
                  settings=overrides,
                  sweep=parse_setting(sweep, "--sweep") if sweep else None, history_of=history_of)
     if output is not None:
-        from brctl.commands._render_simulate import simulate_page
         from brctl.operations.simulate import write_page
+        from brctl.render.simulate import simulate_page
 
         write_page(output, simulate_page(report))
     render_simulate(env.output, report)

@@ -76,11 +76,11 @@ def stacks(
     """
     from pathlib import Path
 
-    from brctl.commands._render_stacks import render
     from brctl.core.errors import UsageError
-    from brctl.operations import stacks as op
-    from brctl.operations import stacks_save
-    from brctl.operations.stacks_save_fr import save_recorder
+    from brctl.operations.stacks import ops as op
+    from brctl.operations.stacks import save as stacks_save
+    from brctl.operations.stacks.save_fr import save_recorder
+    from brctl.render.stacks import render
 
     env: Env = ctx.obj
     if from_dir is not None and save is not None:

@@ -37,9 +37,9 @@ def size(
     --daily-failure-rate all given it is a pure calculation: no inventory needed.
     JSON key: size.
     """
-    from brctl.commands._render_daemon import render_size
-    from brctl.operations.daemon_state import DaemonState
-    from brctl.operations.fleet import standby_size
+    from brctl.operations.ledger.state import DaemonState
+    from brctl.operations.standby.ops import standby_size
+    from brctl.render.daemon import render_size
 
     env: Env = ctx.obj
     if machines is not None and window is not None and daily_rate is not None:
@@ -63,9 +63,9 @@ def list_pool(ctx: typer.Context) -> int:
     Standing: checked, failed, untested (every self-check stage skipped),
     unchecked, quarantined, or in-job (swapped in by the daemon).
     """
-    from brctl.commands._render_daemon import render_pool
-    from brctl.operations.daemon_state import DaemonState
-    from brctl.operations.fleet import standby_list
+    from brctl.operations.ledger.state import DaemonState
+    from brctl.operations.standby.ops import standby_list
+    from brctl.render.daemon import render_pool
 
     env: Env = ctx.obj
     inv = env.inventory(as_listed=True)
@@ -94,8 +94,8 @@ def check(
     exits 0. On a terminal, each stage shows its machines done and left, the one it
     still waits on, and the time.
     """
-    from brctl.commands._render_daemon import render_pool
-    from brctl.operations.fleet import standby_check
+    from brctl.operations.standby.ops import standby_check
+    from brctl.render.daemon import render_pool
 
     env: Env = ctx.obj
     with env.output.stages("standby check") as track:

@@ -10,7 +10,7 @@ from brctl.commands import _options as opt
 from brctl.env import Env
 
 if TYPE_CHECKING:
-    from brctl.operations.update import UpdateContext
+    from brctl.operations.update.ops import UpdateContext
 
 app = typer.Typer(no_args_is_help=True, help="""Roll code out to the job's machines in place.
 
@@ -45,9 +45,9 @@ def _context(env: Env, select: Optional[str], exclude: Optional[str],
     """The operations' context; with ``audit``, a human's change goes to the audit trail
     (never for a dry run: that writes nothing)."""
     from brctl.core.errors import UsageError
-    from brctl.operations.audit import Audit
-    from brctl.operations.daemon_state import DaemonState
-    from brctl.operations.update import UpdateContext, who
+    from brctl.operations.ledger.audit import Audit
+    from brctl.operations.ledger.state import DaemonState
+    from brctl.operations.update.ops import UpdateContext, who
 
     inv = env.inventory()
     nodes = inv.select(select, exclude) if select or exclude else None
@@ -95,15 +95,15 @@ def push(
     did not answer (they are caught up by the next push or apply), 4 when another
     push/apply/rollback of the job is running.
     """
-    from brctl.commands._render_update import render_push
-    from brctl.operations.update import push as do_push
+    from brctl.operations.update.ops import push as do_push
+    from brctl.render.update import render_push
 
     env: Env = ctx.obj
     window_s = opt.parse_duration(window, "--window") if window is not None else None
     uctx = _context(env, select, exclude, timeout, by, audit=not dry_run)
     if dry_run:
-        from brctl.commands._render_update import render_preview
-        from brctl.operations.update_preview import preview_push
+        from brctl.operations.update.preview import preview_push
+        from brctl.render.update import render_preview
 
         preview = preview_push(uctx, src, version, urgent=urgent)
         render_preview(env.output, preview)
@@ -134,14 +134,14 @@ def apply(
     and was rolled back, 3 machines did not answer (nothing switched), 4 another
     push/apply/rollback of the job is running.
     """
-    from brctl.commands._render_update import render_switch
-    from brctl.operations.update import apply as do_apply
+    from brctl.operations.update.ops import apply as do_apply
+    from brctl.render.update import render_switch
 
     env: Env = ctx.obj
     uctx = _context(env, None, None, timeout, by, audit=not dry_run)
     if dry_run:
-        from brctl.commands._render_update import render_preview
-        from brctl.operations.update_preview import preview_apply
+        from brctl.operations.update.preview import preview_apply
+        from brctl.render.update import render_preview
 
         preview = preview_apply(uctx, if_due=if_due, restart=restart)
         render_preview(env.output, preview)
@@ -170,14 +170,14 @@ def rollback(
 
     Repeated rollbacks walk back one update each. Exit codes as for apply.
     """
-    from brctl.commands._render_update import render_switch
-    from brctl.operations.update import rollback as do_rollback
+    from brctl.operations.update.ops import rollback as do_rollback
+    from brctl.render.update import render_switch
 
     env: Env = ctx.obj
     uctx = _context(env, None, None, timeout, by, audit=not dry_run)
     if dry_run:
-        from brctl.commands._render_update import render_preview
-        from brctl.operations.update_preview import preview_rollback
+        from brctl.operations.update.preview import preview_rollback
+        from brctl.render.update import render_preview
 
         preview = preview_rollback(uctx, to=to, restart=restart)
         render_preview(env.output, preview)
@@ -201,8 +201,8 @@ def status(
 
     Exit 0 every machine is on the job's version, 1 drift, 3 machines did not answer.
     """
-    from brctl.commands._render_update import render_status
-    from brctl.operations.update import status as do_status
+    from brctl.operations.update.ops import status as do_status
+    from brctl.render.update import render_status
 
     env: Env = ctx.obj
     report = do_status(_context(env, select, exclude, timeout))
@@ -217,9 +217,9 @@ def history(
                                         help="Only the last N events."),
 ) -> int:
     """Every push, apply and rollback of the job: who, when, version, checksum, outcome."""
-    from brctl.commands._render_update import render_history
     from brctl.core.errors import ExitCode
-    from brctl.operations.update_state import history as do_history
+    from brctl.operations.update.tables import history as do_history
+    from brctl.render.update import render_history
 
     env: Env = ctx.obj
     inv = env.inventory()

@@ -2,7 +2,7 @@
 
 ``job.slurm: {job: ID}`` or ``{name: NAME}`` (optionally ``user``, ``cluster``) makes Slurm the
 source of the job's machines, state and restart count, resolved at every command
-(``operations.slurm_job``), and the job whose allocation ``connection: slurm`` runs in. The
+(``operations.slurm.job``), and the job whose allocation ``connection: slurm`` runs in. The
 top-level ``slurm:`` says where machines not listed under ``nodes:`` come from (the nodes of
 ``partition``, addressed by their NodeAddr; allocations for standbys over ``connection:
 slurm`` are made there too), where standbys come from (idle machines of that partition or of

@@ -1,7 +1,7 @@
 """Probe: run NVIDIA DCGM's diagnostic (``dcgmi diag -r LEVEL -j``) on this machine.
 
 Returns dcgmi's exit code and JSON output as they are; the controller parses them
-(``brctl.analysis.diagnose_stages.parse_dcgm``). No ``dcgmi`` on PATH → ``skipped``
+(``brctl.analysis.diagnose.stages.parse_dcgm``). No ``dcgmi`` on PATH → ``skipped``
 with that reason. Node-side, standard library.
 """
 

@@ -11,7 +11,7 @@ Used by ``brctl diagnose`` and by the daemon. Steps:
    machines still in doubt, stopping at the first stage that names faulty
    machines: ``eud`` (``dcgmi diag``), ``alltoall`` (inside each machine),
    ``allgather`` (a group of all machines, then pairs and re-pairs).
-4. Decide (``brctl.analysis.diagnose_decide.decide``) with the job's earlier
+4. Decide (``brctl.analysis.diagnose.decide.decide``) with the job's earlier
    verdicts from the state database, and record this one.
 """
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from brctl.analysis import diagnose_doc as dd
-from brctl.analysis import diagnose_stages as st
-from brctl.analysis.diagnose_decide import (
+from brctl.analysis.diagnose import doc as dd
+from brctl.analysis.diagnose import stages as st
+from brctl.analysis.diagnose.decide import (
     DecisionName,
     PastConclusion,
     StageOutcome,
@@ -173,7 +173,7 @@ def diagnose(
     Args:
         inv: the inventory (``job``, ``diagnose:`` settings).
         transport: how to reach the machines.
-        playbooks: loaded with ``brctl.playbooks.load_playbooks``.
+        playbooks: loaded with ``brctl.load.playbooks.load_playbooks``.
         options: logs directory, forced symptom, ``force``, timeout scale.
         nodes: the machines to diagnose; default the job's.
         store: the state database (earlier verdicts in, this one recorded); None: neither.

@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from brctl.analysis.daemon import Plan, refusal
+from brctl.analysis.daemon.policy import Plan, refusal
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode, InputError, RefusedError, UsageError
 from brctl.core.nodeset import fold
-from brctl.operations.audit import Audit
-from brctl.operations.daemon_state import DONE, FAILED, DaemonState
 from brctl.operations.jobadapter import HookRun, JobAdapter
+from brctl.operations.ledger.audit import Audit
+from brctl.operations.ledger.state import DONE, FAILED, DaemonState
 
 
 @dataclass(frozen=True)

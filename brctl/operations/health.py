@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union, get_args
 
-from brctl.analysis.health import (
+from brctl.analysis.health.checks import (
     FAIL,
     GPU_CHECKS,
     OK,
@@ -46,7 +46,7 @@ from brctl.analysis.health import (
     node_status,
     process_pids,
 )
-from brctl.analysis.health_doc import parse
+from brctl.analysis.health.doc import parse
 from brctl.analysis.inventory import Inventory
 from brctl.core.errors import ExitCode, exit_code_of
 from brctl.core.transport import Node, NodeState, RunResult, Transport
@@ -57,7 +57,7 @@ PROBE = "brctl.diagnostics.health_probe"
 COMPONENT = Component("health", [
     "CREATE TABLE health_samples ("
     " node TEXT PRIMARY KEY,"
-    " sample TEXT NOT NULL,"  # analysis.health.Sample as JSON
+    " sample TEXT NOT NULL,"  # analysis.health.checks.Sample as JSON
     " updated REAL NOT NULL)",
 ])
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from brctl.core.errors import ExitCode, InputError
-from brctl.resources import example
+from brctl.load.resources import example
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ from brctl.analysis.redact import redact_text
 from brctl.core.nodeset import fold
 from brctl.core.templates import render_argv
 from brctl.core.transport import Node, NodeState
-from brctl.operations.hookrun import HookRun as HookRun  # its old home: re-exported
+from brctl.operations.ledger.hookrun import HookRun as HookRun  # its old home: re-exported
 from brctl.remote.local import LocalTransport
 
 if TYPE_CHECKING:
-    from brctl.operations.slurm_hooks import SlurmHooks
-    from brctl.operations.slurm_job import SlurmJob
+    from brctl.operations.slurm.hooks import SlurmHooks
+    from brctl.operations.slurm.job import SlurmJob
 
 MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
 _OUTPUT_KEEP = 2000  # characters of a hook's output kept in the action log
@@ -81,7 +81,7 @@ def run_hook(argv: Sequence[str], timeout: float, stdin: Optional[bytes] = None)
 
 class JobAdapter:
     """Runs the job's hooks for the current machine list: the ``job.*_command`` templates,
-    else, for a ``job.slurm`` job, the built-in Slurm hooks (``operations.slurm_hooks``)."""
+    else, for a ``job.slurm`` job, the built-in Slurm hooks (``operations.slurm.hooks``)."""
 
     def __init__(self, inv: Inventory, timeout: float) -> None:
         """Args: inv: the inventory (job hooks, machine addresses); timeout: seconds per hook."""
@@ -91,8 +91,8 @@ class JobAdapter:
         self.timeout = timeout
         self.slurm: Optional[SlurmHooks] = None
         if inv.job.slurm is not None:
-            from brctl.operations.slurm_hooks import SlurmHooks
-            from brctl.operations.slurm_job import Slurm
+            from brctl.operations.slurm.hooks import SlurmHooks
+            from brctl.operations.slurm.job import Slurm
 
             wanted = inv.job.scheduler_id or str(inv.job.slurm.job or "")
             self.slurm = SlurmHooks(Slurm(inv.slurm, inv.job.slurm.cluster), wanted)

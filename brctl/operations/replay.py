@@ -1,7 +1,7 @@
 """``brctl replay``: run the dual-phase replay rounds and return the verdict.
 
-The I/O half of replay (the pure half is ``brctl/analysis/replay.py`` and
-``replay_judge.py``): a preflight ships the probe code to every machine (so no
+The I/O half of replay (the pure half is ``brctl/analysis/replay/groups.py`` and
+``replay/judge.py``): a preflight ships the probe code to every machine (so no
 group waits on another machine's first-time shipping), then ``decide`` names
 each round and every group of a round runs at once, each on its own machines:
 the built-in workload (``brctl.diagnostics.replay_workload``) or the user's
@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 from brctl.analysis.inventory import Inventory
 from brctl.analysis.jobtopo import job_topology
 from brctl.analysis.probe_doc import OPT_FINITE, malformed
-from brctl.analysis.replay import (
+from brctl.analysis.replay.groups import (
     ReplayPlan,
     RoundSpec,
     Verdict,
@@ -30,7 +30,7 @@ from brctl.analysis.replay import (
     reference_of,
     shape_of,
 )
-from brctl.analysis.replay_judge import GroupRun, JudgedGroup, JudgedRound, judge_round
+from brctl.analysis.replay.judge import GroupRun, JudgedGroup, JudgedRound, judge_round
 from brctl.core import templates
 from brctl.core.errors import ExitCode, UsageError, exit_code_of
 from brctl.core.transport import Node, NodeState, RunResult, Transport

@@ -2,7 +2,7 @@
 
 ``gather`` reads the state database (ETTR intervals, the event log, the steps'
 start times, the quarantine, the job's machines) into the pure
-``analysis.incident_report.IncidentReport``. ``write`` puts a rendered page on
+``analysis.report.incident.IncidentReport``. ``write`` puts a rendered page on
 disk atomically and, with a PNG asked for, has a headless Chromium take its
 picture (``screenshot``). The page itself is rendered by the caller (render layer).
 """
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from brctl.analysis.incident_report import Eviction, IncidentReport, incident_report, record_of
 from brctl.analysis.inventory import Inventory
-from brctl.analysis.lost_time import Cause, StepStart
+from brctl.analysis.report.incident import Eviction, IncidentReport, incident_report, record_of
+from brctl.analysis.report.lost_time import Cause, StepStart
 from brctl.core.errors import ExitCode, InputError, UsageError, exit_code_of
 from brctl.diagnostics import safefs
 from brctl.operations import safe_write
-from brctl.operations.daemon_state import SKIPPED, DaemonState
+from brctl.operations.ledger.state import SKIPPED, DaemonState
 from brctl.state import Store
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

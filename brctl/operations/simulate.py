@@ -1,6 +1,6 @@
 """Operation of ``brctl simulate``: read the mix, run the scenario (and its sweep).
 
-The simulation itself is pure (``analysis.simulate``); this reads a mix file or the
+The simulation itself is pure (``analysis.daemon.simulate``); this reads a mix file or the
 job's recorded incidents (``--mix history``) and turns a ``--sweep`` into one scenario per value.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from brctl.analysis.simulate import (
+from brctl.analysis.daemon.simulate import (
     DAY,
     RESOLUTIONS,
     SIGNALS,
@@ -26,10 +26,10 @@ from brctl.analysis.simulate import (
     history_mix,
     with_setting,
 )
-from brctl.analysis.simulate import simulate as run_scenario
+from brctl.analysis.daemon.simulate import simulate as run_scenario
 from brctl.config.daemon import DaemonSection
 from brctl.core.errors import ExitCode, InputError, UsageError
-from brctl.operations.daemon_state import DONE, DaemonState
+from brctl.operations.ledger.state import DONE, DaemonState
 from brctl.state import Store
 
 
@@ -75,7 +75,7 @@ def load_mix(name: str) -> tuple[IncidentKind, ...]:
     """
     if name == "byterobust":
         return byterobust_mix()
-    from brctl.inventory import parse_yaml, utf8_text
+    from brctl.load.inventory import parse_yaml, utf8_text
 
     try:
         raw = Path(name).read_bytes()

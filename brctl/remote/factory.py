@@ -19,7 +19,7 @@ from brctl.remote.local import LocalTransport
 from brctl.remote.threads import ArgvFor, StdinFor, run_threads
 
 if TYPE_CHECKING:
-    from brctl.remote.slurm import JobRef, SlurmTransport
+    from brctl.remote.slurm.transport import JobRef, SlurmTransport
 
 
 class RoutingTransport:
@@ -42,7 +42,7 @@ class RoutingTransport:
     def _slurm_backend(self) -> SlurmTransport:
         with self._lock:
             if self._slurm is None:
-                from brctl.remote.slurm import SlurmTransport
+                from brctl.remote.slurm.transport import SlurmTransport
 
                 job, partition, environ = self._slurm_args
                 self._slurm = SlurmTransport(job=job, partition=partition, environ=environ)
@@ -55,7 +55,7 @@ class RoutingTransport:
             return self._slurm_backend()
         with self._lock:
             if self._ssh is None:
-                from brctl.remote.ssh import SshTransport  # type: ignore[import-not-found,import-untyped,unused-ignore]
+                from brctl.remote.ssh.transport import SshTransport  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
                 self._ssh = SshTransport(connect_rate=self._connect_rate, ssh_config=self._ssh_config)
             return self._ssh

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brctl.analysis.lost_time import CAUSES
+from brctl.analysis.report.lost_time import CAUSES
 
 Schema = dict[str, Any]
 

@@ -102,7 +102,7 @@ def test_inventory_dict_and_file(ssh_cluster: SshCluster, tmp_path) -> None:  # 
 
 
 def test_inventory_loads_with_brctl(ssh_cluster: SshCluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from brctl.inventory import load_inventory
+    from brctl.load.inventory import load_inventory
 
     names = ssh_cluster.names[:2]
     inv = load_inventory(

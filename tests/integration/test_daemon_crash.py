@@ -43,7 +43,7 @@ from typing import Any, Optional
 import pytest
 import yaml
 
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 from tests.conftest import validated
 from tests.kits.cluster import scaled

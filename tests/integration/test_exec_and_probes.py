@@ -55,7 +55,7 @@ def test_exec_exit_codes_failed_and_unreachable(make_cluster: Callable[..., SshC
 
 def test_probe_ships_once_to_a_bare_python_and_reports_the_node(
         make_cluster: Callable[..., SshCluster], tmp_path: Path) -> None:
-    from brctl.inventory import load_inventory
+    from brctl.load.inventory import load_inventory
     from brctl.remote.factory import RoutingTransport
     from brctl.remote.probes import ProbeRunner
 

@@ -92,7 +92,7 @@ def _own(path: Path, uid: int) -> None:
 
 def _sysinfo(inv_path: Path) -> dict[str, Any]:
     """The sysinfo probe's results on every machine of the inventory (in-process)."""
-    from brctl.inventory import load_inventory
+    from brctl.load.inventory import load_inventory
     from brctl.remote.factory import RoutingTransport
     from brctl.remote.probes import ProbeRunner
 
@@ -167,7 +167,7 @@ def test_a_job_writable_pythonpath_entry_is_refused_or_run_as_job_user(
 
 def test_a_command_for_the_job_runs_as_job_user(make_cluster: Callable[..., SshCluster],
                                                  tmp_path: Path) -> None:
-    from brctl.inventory import load_inventory
+    from brctl.load.inventory import load_inventory
     from brctl.remote.factory import RoutingTransport
     from brctl.remote.probes import ProbeRunner
 

@@ -22,7 +22,7 @@ import pytest
 
 from brctl.core.transport import Node, NodeState
 from brctl.remote.fanout import run_all
-from brctl.remote.ssh import SshTransport
+from brctl.remote.ssh.transport import SshTransport
 from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
 from tests.integration.test_transport_faults import (

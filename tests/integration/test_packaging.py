@@ -43,9 +43,9 @@ def test_installed_wheel_finds_its_data_outside_the_checkout(wheel: Path, tmp_pa
     py = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
                     "--no-deps", str(wheel)], check=True, timeout=300, env=CLEAN_ENV)
-    code = ("from brctl.resources import data_dir; import brctl;"
+    code = ("from brctl.load.resources import data_dir; import brctl;"
             "print(brctl.__file__); print(data_dir('man')); print(data_dir('playbooks'));"
-            "from brctl.resources import example; print(example('local.yaml'))")
+            "from brctl.load.resources import example; print(example('local.yaml'))")
     proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
@@ -57,6 +57,6 @@ def test_installed_wheel_finds_its_data_outside_the_checkout(wheel: Path, tmp_pa
 
 
 def test_checkout_finds_its_data() -> None:
-    from brctl.resources import data_dir
+    from brctl.load.resources import data_dir
 
     assert data_dir("man") in (ROOT / "man", Path(sys.prefix) / "share" / "man")

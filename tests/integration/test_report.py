@@ -23,13 +23,13 @@ from typing import Any, ClassVar, Optional
 import pytest
 import yaml
 
-from brctl.analysis.daemon import Finding
-from brctl.commands._render_report import duration
-from brctl.inventory import load_inventory
-from brctl.operations.daemon import Daemon
-from brctl.operations.daemon_state import DaemonState
+from brctl.analysis.daemon.policy import Finding
+from brctl.load.inventory import load_inventory
+from brctl.operations.daemon.loop import Daemon
 from brctl.operations.jobadapter import JobAdapter
+from brctl.operations.ledger.state import DaemonState
 from brctl.operations.report import BROWSERS
+from brctl.render.report import duration
 from brctl.state import Store
 from tests.conftest import validated
 from tests.kits.cluster import scaled
@@ -299,7 +299,7 @@ def test_ettr_in_the_terminal_has_an_axis_and_the_lost_time_by_cause(tmp_path: P
 def test_simulate_page_is_the_reports_picture_rendered_by_chromium(tmp_path: Path) -> None:
     """``brctl simulate -o``: the report's chart (axis, one windowed-ETTR line per sweep
     value) and lost-time table (one per value, a row per cause), in a real browser."""
-    from brctl.analysis.simulate import CAUSES
+    from brctl.analysis.daemon.simulate import CAUSES
 
     browser = chromium()
     page = tmp_path / "sim.html"

@@ -10,9 +10,9 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from brctl.inventory import load_inventory
+from brctl.load.inventory import load_inventory
 from brctl.operations.jobadapter import JobAdapter
-from brctl.operations.slurm_job import Slurm, resolve
+from brctl.operations.slurm.job import Slurm, resolve
 from tests.kits.slurm_cluster import SlurmCluster
 
 Brctl = Callable[..., Any]

@@ -143,7 +143,7 @@ def test_a_stream_carries_bulk_bytes_through_a_single_task_srun(
     import os
 
     from brctl.core.transport import Node
-    from brctl.remote.slurm import JobRef, SlurmTransport
+    from brctl.remote.slurm.transport import JobRef, SlurmTransport
 
     transport = SlurmTransport(job=JobRef(id=job), environ=slurm_cluster.slurm_env())
     node = Node("node02", "node02", connection="slurm", connect_timeout=scaled(10))
@@ -166,7 +166,7 @@ def test_a_streams_output_is_bounded_as_over_ssh(slurm_cluster: SlurmCluster, jo
     each stream, the true totals (read to the end), and the probe document cap applies."""
     from brctl.core.transport import Node
     from brctl.remote.probes import parse_document
-    from brctl.remote.slurm import JobRef, SlurmTransport
+    from brctl.remote.slurm.transport import JobRef, SlurmTransport
 
     transport = SlurmTransport(job=JobRef(id=job), environ=slurm_cluster.slurm_env())
     node = Node("node02", "node02", connection="slurm", connect_timeout=scaled(10),
@@ -215,7 +215,7 @@ def test_cancel_ends_the_step_and_every_command_it_started(
     import threading
 
     from brctl.core.transport import Node, NodeState
-    from brctl.remote.slurm import JobRef, SlurmTransport
+    from brctl.remote.slurm.transport import JobRef, SlurmTransport
 
     transport = SlurmTransport(job=JobRef(id=job), environ=slurm_cluster.slurm_env())
     names = ("node01", "node02")

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import pytest
 
 from brctl.core.transport import Node, NodeState
-from brctl.remote import ssh_openssh
-from brctl.remote.ssh import SshTransport
+from brctl.remote.ssh import openssh as ssh_openssh
+from brctl.remote.ssh.transport import SshTransport
 from tests.integration.test_ssh_trust import _ssh_g
 from tests.kits.cluster import SshCluster, scaled
 

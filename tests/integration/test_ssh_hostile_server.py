@@ -19,7 +19,7 @@ import paramiko
 import pytest
 
 from brctl.core.transport import Node, NodeState
-from brctl.remote.ssh import SshTransport
+from brctl.remote.ssh.transport import SshTransport
 from brctl.remote.wrap import GRACE_S, SLACK_S
 
 # the give-up timer closes channels from its own thread: nothing may escape it as a traceback

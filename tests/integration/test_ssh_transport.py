@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from brctl.core.transport import Node, NodeState, RunResult
-from brctl.remote.ssh import SshTransport
-from brctl.remote.ssh_config import ACCEPTED_SUFFIX
+from brctl.remote.ssh.config import ACCEPTED_SUFFIX
+from brctl.remote.ssh.transport import SshTransport
 from tests.kits.cluster import SshCluster, _write_ed25519, scaled, silent_listener
 from tests.kits.waiting import deadline, wait_for
 

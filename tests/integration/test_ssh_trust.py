@@ -13,8 +13,8 @@ import pytest
 
 from brctl.core.transport import NodeState
 from brctl.remote.fanout import run_all
-from brctl.remote.ssh import SshTransport
-from brctl.remote.ssh_config import ACCEPTED_SUFFIX
+from brctl.remote.ssh.config import ACCEPTED_SUFFIX
+from brctl.remote.ssh.transport import SshTransport
 from tests.integration.test_ssh_transport import nodes_of
 from tests.kits.cluster import SshCluster, scaled
 

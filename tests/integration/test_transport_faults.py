@@ -24,9 +24,9 @@ import pytest
 
 from brctl.core.transport import Node, NodeState, RunResult
 from brctl.remote.local import LocalTransport
-from brctl.remote.paramiko_lite import paramiko
-from brctl.remote.ssh import SshTransport
-from brctl.remote.ssh_liveness import cannot_send
+from brctl.remote.ssh.liveness import cannot_send
+from brctl.remote.ssh.paramiko_lite import paramiko
+from brctl.remote.ssh.transport import SshTransport
 from brctl.remote.wrap import GRACE_S, SLACK_S
 from tests.integration.test_ssh_transport import MakeCluster, nodes_of
 from tests.kits.cluster import SshCluster, scaled
@@ -473,7 +473,7 @@ def peak_mib():
 _PEAK_RSS = _PEAK_MIB + """
 import os, sys, tracemalloc
 from brctl.core.transport import Node
-from brctl.remote.ssh import SshTransport
+from brctl.remote.ssh.transport import SshTransport
 node = Node(name="n", address=sys.argv[1], port=int(sys.argv[2]), identity_file=sys.argv[3],
             known_hosts=sys.argv[4], connect_timeout=float(sys.argv[5]))
 t = SshTransport(ssh_config=os.devnull)

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from brctl.inventory import load_inventory
-from brctl.operations import ckpt as ops
+from brctl.load.inventory import load_inventory
+from brctl.operations.ckpt import ops
 from brctl.remote.local import LocalTransport
 
 NODES = ["n1", "n2", "n3", "n4"]
@@ -309,7 +309,7 @@ def test_dry_runs_show_every_file_from_where_to_where_and_write_nothing(
 
 
 def test_a_hand_restore_is_in_the_audit_trail(brctl: Any, cluster: Any, tmp_path: Path) -> None:
-    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.ledger.state import DaemonState
     from brctl.state import Store
 
     inv_path, inv = cluster

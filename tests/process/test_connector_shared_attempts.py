@@ -17,8 +17,8 @@ import paramiko
 import pytest
 
 from brctl.core.transport import NodeState
-from brctl.remote.ssh_config import Endpoint
-from brctl.remote.ssh_connect import ConnectError, Connector
+from brctl.remote.ssh.config import Endpoint
+from brctl.remote.ssh.connect import ConnectError, Connector
 from tests.kits.waiting import PATIENCE, scaled, wait_event
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 
 RECORD = "import json,sys; open(sys.argv[1],'a').write(json.dumps(sys.argv[2:])+'\\n')"
@@ -139,8 +139,8 @@ def test_standby_check_with_every_stage_skipped_is_untested(brctl: Any, tmp_path
     listed = brctl("-i", inv, "--json", "standby", "list").json
     assert next(iter(listed["nodes"].values()))["status"] == "untested"
     # progress: the health sweep, then each self-check stage, each hearing s1 finish
-    from brctl.inventory import load_inventory
-    from brctl.operations.fleet import standby_check
+    from brctl.load.inventory import load_inventory
+    from brctl.operations.standby.ops import standby_check
     from brctl.remote.factory import RoutingTransport
     from brctl.remote.probes import ProbeRunner
     from tests.process.test_progress import StageRecorder
@@ -195,7 +195,7 @@ def test_daemon_run_needs_a_restart_command_unless_dry_run(brctl: Any, tmp_path:
 
 
 def test_demo_inventory_and_unit_file_are_valid() -> None:
-    from brctl.inventory import load_inventory
+    from brctl.load.inventory import load_inventory
 
     root = Path(__file__).resolve().parents[2]
     inv = load_inventory(root / "examples" / "demo.yaml")

@@ -33,12 +33,12 @@ from typing import Any, Optional
 
 import pytest
 
-from brctl.analysis.daemon import Finding
-from brctl.analysis.daemon_plan import RESUME, STEP_KINDS, Holder
-from brctl.operations.daemon import Daemon
-from brctl.operations.daemon_lease import this_holder
-from brctl.operations.daemon_state import DONE, FINAL, DaemonState
+from brctl.analysis.daemon.plan import RESUME, STEP_KINDS, Holder
+from brctl.analysis.daemon.policy import Finding
+from brctl.operations.daemon.lease import this_holder
+from brctl.operations.daemon.loop import Daemon
 from brctl.operations.jobadapter import JobAdapter, Notifier
+from brctl.operations.ledger.state import DONE, FINAL, DaemonState
 from brctl.state import Store
 from tests.process.test_daemon_loop import Clock, Killed, Script, inventory, tick
 
@@ -234,7 +234,7 @@ def test_a_live_holder_is_not_taken_over(tmp_path: Path) -> None:
         second.start()
     clock.now += 61  # expired: a holder that stopped renewing is taken over
     second.start()
-    from brctl.operations.daemon_state import LeaseLost
+    from brctl.operations.ledger.state import LeaseLost
     with pytest.raises(LeaseLost):
         tick(first, clock, script)  # the first one finds out at its next poll
 
@@ -244,8 +244,8 @@ def race(tmp_path: Path, inv: Any, pair: tuple[str, str], at: float) -> list[str
     import threading
 
     from brctl.core.errors import RefusedError
-    from brctl.operations.audit import Audit
     from brctl.operations.evict import evict
+    from brctl.operations.ledger.audit import Audit
 
     barrier = threading.Barrier(2)
     outcomes: list[str] = []

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from brctl.analysis.inventory import Inventory, from_document
-from brctl.operations.daemon_hooks import LiveHooks
-from brctl.operations.daemon_serve import RunOptions, serve
+from brctl.operations.daemon.hooks import LiveHooks
+from brctl.operations.daemon.serve import RunOptions, serve
 from brctl.remote.factory import RoutingTransport
 from brctl.state import Store
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from brctl.operations.audit import Audit
-from brctl.operations.daemon import status
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.daemon.loop import status
 from brctl.operations.evict import rearm
+from brctl.operations.ledger.audit import Audit
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 from tests.process.test_daemon_crashpoints import CrashingState, daemon, dead_holder, provoke
 from tests.process.test_daemon_loop import Clock, Killed, Script, inventory, tick

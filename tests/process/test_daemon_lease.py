@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 import pytest
 
-from brctl.analysis.daemon_plan import Holder, holder_dead
+from brctl.analysis.daemon.plan import Holder, holder_dead
 from brctl.core.errors import RefusedError
 from brctl.core.transport import Node
-from brctl.operations.daemon import Daemon
-from brctl.operations.daemon_state import DONE, DaemonState
+from brctl.operations.daemon.loop import Daemon
 from brctl.operations.jobadapter import JobAdapter, Notifier
+from brctl.operations.ledger.state import DONE, DaemonState
 from brctl.state import Store
 from tests.kits.waiting import wait_for
 from tests.process.test_daemon_crashpoints import CrashingState, dead_holder, provoke
@@ -152,7 +152,7 @@ def test_holder_dead(holder: Optional[Holder], start_now: Optional[int],
 
 
 def test_a_membership_write_of_a_lost_generation_is_refused(tmp_path: Path) -> None:
-    from brctl.operations.daemon_state import LeaseLost
+    from brctl.operations.ledger.state import LeaseLost
 
     store = Store(tmp_path / "state")
     state = DaemonState(store, "llm")
@@ -210,7 +210,7 @@ def test_a_poll_that_outlasts_the_lease_records_no_time_and_no_status(tmp_path: 
     """A poll's health sweep and log tails take their time: a daemon deposed meanwhile
     records neither its ETTR interval (the successor counts that time: it would count
     twice) nor its status summary (``brctl daemon status`` would show the wrong daemon)."""
-    from brctl.operations.daemon_state import LeaseLost
+    from brctl.operations.ledger.state import LeaseLost
 
     script, clock = Script(), Clock()
     store = Store(tmp_path / "state")

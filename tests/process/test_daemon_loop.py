@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis.daemon import Finding, ReplayOutcome
-from brctl.analysis.daemon_plan import Release
-from brctl.analysis.diagnose_decide import PastConclusion
+from brctl.analysis.daemon.plan import Release
+from brctl.analysis.daemon.policy import Finding, ReplayOutcome
+from brctl.analysis.diagnose.decide import PastConclusion
 from brctl.analysis.inventory import Inventory, from_document
 from brctl.core.errors import RefusedError
 from brctl.core.transport import Node
-from brctl.operations.daemon import Daemon
-from brctl.operations.daemon_hooks import HealthView
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.daemon.hooks import HealthView
+from brctl.operations.daemon.loop import Daemon
 from brctl.operations.jobadapter import JobAdapter, Notifier
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 
 RECORD = "import json,sys; open(sys.argv[1],'a').write(json.dumps(sys.argv[2:])+'\\n')"
@@ -237,7 +237,7 @@ def test_a_diagnose_ladder_that_raises_or_meets_garbage_never_stops_the_loop(
     import logging
 
     from brctl.operations import diagnose as ladder
-    from brctl.operations.daemon_hooks import LiveHooks
+    from brctl.operations.daemon.hooks import LiveHooks
     from brctl.remote.fake import FakeTransport, Reply
     from brctl.remote.probes import probe_call
 
@@ -266,7 +266,7 @@ def test_a_diagnose_ladder_that_raises_or_meets_garbage_never_stops_the_loop(
         raise ZeroDivisionError("a bug deep in the ladder")
 
     monkeypatch.setattr(ladder, "diagnose", broken_ladder)
-    with caplog.at_level(logging.DEBUG, logger="brctl.operations.daemon_hooks"):
+    with caplog.at_level(logging.DEBUG, logger="brctl.operations.daemon.hooks"):
         tick(daemon, clock, script, steps=0, dt=2)
         tick(daemon, clock, script, steps=0, dt=2)  # and again: no crash loop
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
@@ -488,7 +488,7 @@ def test_run_stops_on_signal_and_releases_lease(tmp_path: Path) -> None:
 
 
 def test_metrics_collector_reads_the_state(tmp_path: Path) -> None:
-    from brctl.operations.daemon_metrics import DaemonView, _Collector
+    from brctl.operations.daemon.metrics import DaemonView, _Collector
 
     script, clock = Script(), Clock()
     daemon, store = make(tmp_path, script, clock)
@@ -561,7 +561,7 @@ class Scheduler(JobAdapter):
 
 
 def test_the_schedulers_allocation_wins_and_its_own_requeues_are_said_once(tmp_path: Path) -> None:
-    from brctl.operations.slurm_job import SlurmJob
+    from brctl.operations.slurm.job import SlurmJob
 
     script, clock = Script(), Clock()
     inv = inventory(tmp_path)
@@ -593,7 +593,7 @@ def test_a_job_waiting_in_the_schedulers_queue_is_not_a_crash(tmp_path: Path) ->
     """After a requeue Slurm holds the job PENDING (BeginTime) for a while: no training
     process anywhere is the wait, not a crash; the daemon restarting it again was a second
     requeue the plan never asked for."""
-    from brctl.operations.slurm_job import SlurmJob
+    from brctl.operations.slurm.job import SlurmJob
 
     script, clock = Script(), Clock()
     inv = inventory(tmp_path)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from brctl.analysis.daemon import Plan
-from brctl.analysis.daemon_plan import PlanRecord, Release, steps_for
-from brctl.operations.daemon_state import DaemonState
+from brctl.analysis.daemon.plan import PlanRecord, Release, steps_for
+from brctl.analysis.daemon.policy import Plan
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 from tests.process.test_daemon_crashpoints import daemon, dead_holder
 from tests.process.test_daemon_loop import Clock, Script, hooks_log

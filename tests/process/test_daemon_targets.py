@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from brctl.analysis.daemon import Plan
-from brctl.analysis.daemon_plan import PlanRecord, resume_refusal
+from brctl.analysis.daemon.plan import PlanRecord, resume_refusal
+from brctl.analysis.daemon.policy import Plan
 from brctl.core.transport import Node
-from brctl.operations.audit import Audit
-from brctl.operations.daemon_state import DaemonState
 from brctl.operations.evict import evict
+from brctl.operations.ledger.audit import Audit
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 from tests.process.test_daemon_loop import Clock, Script, hooks_log, inventory, make, tick
 
@@ -149,7 +149,7 @@ def test_a_killed_hand_eviction_with_an_opaque_hook_is_flagged_and_paged(
 def test_a_killed_hand_eviction_is_drained_where_the_scheduler_shows_it(
         tmp_path: Path, monkeypatch: Any) -> None:
     from brctl.analysis.inventory import Inventory
-    from brctl.operations.daemon import Daemon
+    from brctl.operations.daemon.loop import Daemon
     from brctl.operations.jobadapter import JobAdapter
 
     drained: set[str] = set()

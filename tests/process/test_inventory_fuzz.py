@@ -4,7 +4,7 @@ Each mutation of a valid inventory is built to be invalid (a typo'd key, a wrong
 type, a value out of range, a key written twice, bytes that are not UTF-8, broken
 YAML, a bad node set, a job that does not fit its machines). Every one must exit 2,
 name the file and the line (``inv.yaml:12:``, but in an empty file), show no
-traceback: never 0, never 70. In-process through ``brctl.cli.run`` (the console
+traceback: never 0, never 70. In-process through ``brctl.cli.app.run`` (the console
 script's entry), and one case of each kind through a real ``python -m brctl``.
 """
 

@@ -107,7 +107,7 @@ def test_job_user_must_be_a_user_name(tmp_path: Path, brctl: Any) -> None:
 
 
 def test_job_user_is_set_on_every_machine(tmp_path: Path) -> None:
-    from brctl.inventory import load_inventory
+    from brctl.load.inventory import load_inventory
 
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump({"nodes": [{"name": "n[1-2]", "connection": "local"}],

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from brctl.remote import known_hosts
-from brctl.remote.known_hosts import (
+from brctl.remote.ssh import known_hosts
+from brctl.remote.ssh.known_hosts import (
     HostKeyStatus,
     KnownHostsCache,
     KnownHostsError,
@@ -399,7 +399,7 @@ def test_fingerprint_is_openssh_format() -> None:
 
 def test_ssh_config_fills_only_what_the_inventory_leaves_default(tmp_path: Path) -> None:
     from brctl.core.transport import Node
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
 
     cfg = tmp_path / "config"
     cfg.write_text(
@@ -434,7 +434,7 @@ def test_ssh_config_fills_only_what_the_inventory_leaves_default(tmp_path: Path)
 
 def test_known_hosts_files_and_alias_come_from_ssh_config(tmp_path: Path) -> None:
     from brctl.core.transport import Node
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
 
     cfg = tmp_path / "config"
     cfg.write_text("Host gpu*\n  UserKnownHostsFile /u1 /u2\n  GlobalKnownHostsFile /g1\n"
@@ -447,7 +447,7 @@ def test_known_hosts_files_and_alias_come_from_ssh_config(tmp_path: Path) -> Non
 
 def test_multi_hop_proxy_jump_is_a_chain(tmp_path: Path) -> None:
     from brctl.core.transport import Node
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
 
     t = SshTransport(ssh_config=os.devnull)
     ep = t.endpoint(Node(name="n", address="n", proxy_jump="u1@a:2201,b"))
@@ -462,7 +462,7 @@ def test_passphrase_protected_key_is_auth_without_prompt(tmp_path: Path) -> None
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from brctl.core.transport import NodeState
-    from brctl.remote.ssh_connect import ConnectError, Connector
+    from brctl.remote.ssh.connect import ConnectError, Connector
 
     path = tmp_path / "locked"
     path.write_bytes(
@@ -482,8 +482,8 @@ def test_passphrase_protected_key_is_auth_without_prompt(tmp_path: Path) -> None
 
 
 def test_rate_limiter_caps_new_connections_per_second(monkeypatch: pytest.MonkeyPatch) -> None:
-    from brctl.remote import ssh_connect
-    from brctl.remote.ssh_connect import RateLimiter
+    from brctl.remote.ssh import connect as ssh_connect
+    from brctl.remote.ssh.connect import RateLimiter
 
     class Clock:  # time as the limiter sees it: it moves only when the limiter sleeps
         now = 0.0
@@ -505,7 +505,7 @@ def test_rate_limiter_caps_new_connections_per_second(monkeypatch: pytest.Monkey
 def test_malformed_known_hosts_fails_preload_with_file_and_line(tmp_path: Path) -> None:
     from brctl.core.errors import InputError
     from brctl.core.transport import Node
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
 
     kh = tmp_path / "known_hosts"
     kh.write_text(_line("ok", K1) + "\ngarbage-line\n")
@@ -549,7 +549,7 @@ def test_user_known_hosts_files_are_expanded_as_ssh_g(tmp_path: Path) -> None:
     import subprocess
 
     from brctl.core.transport import Node
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
 
     cfg = tmp_path / "config"
     cfg.write_text("Host gpu*\n  HostName %h.fleet\n"
@@ -595,8 +595,8 @@ def test_an_unset_variable_in_user_known_hosts_file_is_exit_2_naming_it(
     the host's key unseen (and ``accept-new`` trusting whatever key came)."""
     from brctl.core.errors import ExitCode
     from brctl.core.transport import Node
-    from brctl.remote.ssh import SshTransport
-    from brctl.remote.ssh_openssh import SshConfigError
+    from brctl.remote.ssh.openssh import SshConfigError
+    from brctl.remote.ssh.transport import SshTransport
 
     monkeypatch.delenv("BRCTL_TEST_NOT_SET", raising=False)
     cfg = tmp_path / "config"

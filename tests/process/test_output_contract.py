@@ -1,6 +1,6 @@
 """The output contract (README "Use"; brctl(1), EXIT STATUS) against the CLI.
 
-Through ``brctl.cli.run`` in-process (the console script's own entry, its streams
+Through ``brctl.cli.app.run`` in-process (the console script's own entry, its streams
 captured), and through a real process where the process is what is tested
 (``python -m brctl.schemas``; pipes and terminals are in test_rendering_contract.py).
 
@@ -157,7 +157,7 @@ def test_quiet_prints_nothing_but_keeps_the_exit_code(brctl: Any, state_dir: Pat
 
 def stacks_save(tmp_path: Path, detail: str = "py-spy did not finish within 10s") -> Path:
     """A saved ``stacks --save`` directory whose rank 3 could not be dumped (exit 1)."""
-    from brctl.operations import stacks_save
+    from brctl.operations.stacks import save as stacks_save
 
     data = ROOT / "tests" / "unit" / "data" / "pyspy_dump.json"
     save = tmp_path / "save"
@@ -188,7 +188,7 @@ def stacks_save(tmp_path: Path, detail: str = "py-spy did not finish within 10s"
 ])
 def test_a_document_that_judges_says_its_exit_code_as_status(
         brctl: Any, state_dir: Path, tmp_path: Path, args: list[str], schema: str) -> None:
-    from brctl.render import STATUS_WORDS
+    from brctl.render.output import STATUS_WORDS
 
     r = brctl("--json", *[str(stacks_save(tmp_path)) if a == "SAVE" else a for a in args])
     doc = r.json

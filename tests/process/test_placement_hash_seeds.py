@@ -18,7 +18,7 @@ from tests.kits.waiting import scaled
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = """
 import json, sys
-from brctl.analysis.placement import plan_backups
+from brctl.analysis.placement.plan import plan_backups
 from brctl.analysis.topology import Topology
 out = []
 for machines, gpus, tp, pp, cp, ep, order, per_rack in json.loads(sys.argv[1]):

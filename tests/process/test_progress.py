@@ -221,7 +221,7 @@ def test_finished_stage_bars_stay_on_the_terminal_with_their_times() -> None:
 
     from rich.console import Console
 
-    from brctl.render import Output
+    from brctl.render.output import Output
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

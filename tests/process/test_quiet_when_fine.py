@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from brctl.operations.daemon import DaemonReport, PollResult
+from brctl.operations.daemon.loop import DaemonReport, PollResult
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "examples" / "local.yaml"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 from tests.conftest import local_release_world
 
@@ -208,10 +208,10 @@ def test_exec_output_through_a_pipe_is_the_nodes_bytes(tmp_path: Path) -> None:
 def test_machine_lists_are_folded_through_a_pipe(tmp_path: Path) -> None:
     import io
 
-    from brctl.commands._render_daemon import render_run
     from brctl.core.nodeset import expand, fold_in_order
-    from brctl.operations.daemon_report import DaemonReport
-    from brctl.render import Output
+    from brctl.operations.daemon.report import DaemonReport
+    from brctl.render.daemon import render_run
+    from brctl.render.output import Output
 
     # a rank layout keeps its order, folded by runs; expand reads it back alike
     order = ["n3", "n4", "n5", "n1", "gpu009", "gpu010", "x"]

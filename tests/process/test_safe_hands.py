@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 
 RECORD = "import json,sys; open(sys.argv[1],'a').write(json.dumps(sys.argv[2:])+'\\n')"

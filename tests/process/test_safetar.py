@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from brctl.diagnostics import safetar
-from brctl.operations.update_pack import pack_directory
+from brctl.operations.update.pack import pack_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 

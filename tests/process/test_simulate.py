@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from brctl import schemas
-from brctl.analysis import daemon as policy
-from brctl.analysis.simulate import (
+from brctl.analysis.daemon import policy
+from brctl.analysis.daemon.simulate import (
     BYTEROBUST_SHARES,
     DAY,
     Durations,
@@ -143,7 +143,7 @@ def test_replace_keeps_scenarios_frozen() -> None:
 
 
 def test_help_names_every_setting(brctl: Any) -> None:
-    from brctl.analysis.simulate import SWEEP_KEYS
+    from brctl.analysis.daemon.simulate import SWEEP_KEYS
 
     text = " ".join(brctl("simulate", "--help").stdout.split())
     for key in SWEEP_KEYS:
@@ -171,7 +171,7 @@ def test_cli_history_from_what_the_daemon_recorded(brctl: Any, state_dir: Path,
                                                    tmp_path: Path) -> None:
     """The real daemon loop records a GPU fault (evict) and a hang (reattempt) in a real
     SQLite database; ``--mix history`` reads them back as the mix."""
-    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.ledger.state import DaemonState
     from tests.process.test_daemon_loop import Clock, Script, make, tick
 
     inv = tmp_path / "inv.yaml"
@@ -236,7 +236,7 @@ def test_shortfall_names_the_machines_left_without_a_standby() -> None:
 
 
 def test_the_windowed_ettr_series_is_each_windows_productive_share() -> None:
-    from brctl.analysis.simulate import series
+    from brctl.analysis.daemon.simulate import series
 
     # two full days and half a third: 12 h, 24 h and 6 h productive
     assert series({0: 12 * 3600.0, 1: DAY, 2: 6 * 3600.0}, DAY, 2.5 * DAY) == (0.5, 1.0, 0.5)
@@ -301,7 +301,7 @@ def test_history_counts_an_escalation_as_one_incident(tmp_path: Path) -> None:
 
 
 def test_escalations_merge_a_crash_climbing_the_ladder_until_a_step() -> None:
-    from brctl.analysis.simulate import escalations
+    from brctl.analysis.daemon.simulate import escalations
 
     plans = [PastIncident("crash", "reattempt", 10), PastIncident("crash", "rollback", 20),
              PastIncident("crash", "reattempt", 40), PastIncident("gpu_fault", "evict", 50),

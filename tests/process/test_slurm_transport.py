@@ -18,8 +18,8 @@ import pytest
 from brctl.core.capture import Capture
 from brctl.core.transport import Node
 from brctl.diagnostics import srun_task
-from brctl.remote import slurm
-from brctl.remote.slurm_frame import Frames, payload
+from brctl.remote.slurm import transport as slurm
+from brctl.remote.slurm.frame import Frames, payload
 from brctl.remote.wrap import SYSTEM_PYTHON, wrapped
 
 NONCE = "0123456789abcdef"

@@ -10,9 +10,9 @@ import pytest
 
 from brctl.core.errors import InputError
 from brctl.core.transport import Node
-from brctl.remote import ssh_openssh
-from brctl.remote.ssh_config import EndpointResolver
-from brctl.remote.ssh_openssh import NEVER_MATCHES, SshConfigError, defer_matches, unsupported
+from brctl.remote.ssh import openssh as ssh_openssh
+from brctl.remote.ssh.config import EndpointResolver
+from brctl.remote.ssh.openssh import NEVER_MATCHES, SshConfigError, defer_matches, unsupported
 
 
 def _node(name: str, **kw: Any) -> Node:
@@ -81,7 +81,7 @@ def test_the_ssh_transport_loads_without_invoke() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, brctl.remote.ssh, paramiko.config as c\n"
+    code = ("import sys, brctl.remote.ssh.transport, paramiko.config as c\n"
             "assert 'invoke' not in sys.modules and c.invoke is None\n"
             "import invoke\n"  # anything else that wants it still gets it
             "print(invoke.__name__)\n")
@@ -108,7 +108,7 @@ def test_ssh_g_values_have_their_tokens_expanded(tmp_path: Path) -> None:
 def test_match_exec_hosts_are_resolved_concurrently(tmp_path: Path) -> None:
     """Each exec waits until another host's exec has started: only concurrent ssh -G runs all match."""
 
-    from brctl.remote.ssh import SshTransport
+    from brctl.remote.ssh.transport import SshTransport
 
     seen = tmp_path / "seen"
     seen.mkdir()

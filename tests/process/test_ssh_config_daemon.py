@@ -15,11 +15,11 @@ import pytest
 
 from brctl.analysis.inventory import Inventory, from_document
 from brctl.core.transport import NodeState
-from brctl.operations.daemon_serve import RunOptions, serve
+from brctl.operations.daemon.serve import RunOptions, serve
 from brctl.remote.factory import RoutingTransport
 from brctl.remote.fanout import run_all
 from brctl.remote.per_host import PerHost
-from brctl.remote.ssh_openssh import SshConfigError
+from brctl.remote.ssh.openssh import SshConfigError
 
 
 def _setup(tmp_path: Path) -> tuple[Inventory, RoutingTransport]:
@@ -57,7 +57,7 @@ def test_the_daemon_keeps_polling_the_other_hosts(tmp_path: Path) -> None:
 
 
 def test_in_the_daemon_s_sweep_that_host_is_unreachable_and_not_evicted(tmp_path: Path) -> None:
-    from brctl.operations.daemon_hooks import LiveHooks
+    from brctl.operations.daemon.hooks import LiveHooks
     from brctl.state import Store
 
     inv, transport = _setup(tmp_path)

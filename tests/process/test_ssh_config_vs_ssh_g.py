@@ -18,10 +18,10 @@ import pytest
 
 from brctl.core.errors import ExitCode
 from brctl.core.transport import Node
-from brctl.remote import ssh_openssh
-from brctl.remote.ssh_config import DEFAULT_USER, Endpoint, EndpointResolver
-from brctl.remote.ssh_connect import proxy_process
-from brctl.remote.ssh_openssh import SshConfigError
+from brctl.remote.ssh import openssh as ssh_openssh
+from brctl.remote.ssh.config import DEFAULT_USER, Endpoint, EndpointResolver
+from brctl.remote.ssh.connect import proxy_process
+from brctl.remote.ssh.openssh import SshConfigError
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from brctl.analysis.pyspy import PySpyFormatError, parse_dump
+from brctl.analysis.stacks.pyspy import PySpyFormatError, parse_dump
 from brctl.core.transport import Node
-from brctl.operations import stacks as op
-from brctl.operations import stacks_save
+from brctl.operations.stacks import ops as op
+from brctl.operations.stacks import save as stacks_save
 from brctl.remote.local import LocalTransport
 from brctl.remote.probes import ProbeRunner
 from tests.kits.waiting import wait_for
@@ -88,7 +88,7 @@ def _native_dump(pid: int, base: int) -> str:
 
 
 def test_native_frames_of_different_processes_cluster_together() -> None:
-    from brctl.analysis.stacks import signature
+    from brctl.analysis.stacks.tree import signature
 
     one = parse_dump(_native_dump(101, 0x7F89B6000000), 101)
     two = parse_dump(_native_dump(102, 0x7F5B7B200000), 102)

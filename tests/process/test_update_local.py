@@ -174,7 +174,7 @@ def test_hand_updates_are_in_the_audit_trail_and_announced(brctl, state_dir, loc
     import json
     import sys
 
-    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.ledger.state import DaemonState
     from brctl.state import Store
 
     doc = yaml.safe_load(local_inv.read_text())

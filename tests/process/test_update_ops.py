@@ -10,7 +10,7 @@ import pytest
 
 from brctl.analysis.inventory import from_document
 from brctl.core.errors import ExitCode, InputError
-from brctl.operations import update as up
+from brctl.operations.update import ops as up
 from brctl.remote.fake import Reply
 from brctl.remote.probes import probe_call
 from brctl.state import Store
@@ -407,7 +407,7 @@ def test_a_kill_after_the_rollback_is_recorded_leaves_version_and_history_consis
     """The job's new version and its history row are written in one transaction before
     the prune fan-out: a kill -9 during the prune leaves both, so a resumed daemon sees
     its rollback done (release_targets says v2) and never rolls back again to v1."""
-    from brctl.operations.update_state import job_state, release_targets
+    from brctl.operations.update.tables import job_state, release_targets
 
     for v in ("v1", "v2", "v3"):
         world.write(v)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from brctl.cli import run
+from brctl.cli.app import run
 from brctl.core.transport import Node, NodeState
 from brctl.env import Env
 from brctl.remote.fake import FakeTransport, Reply
-from brctl.render import Output
+from brctl.render.output import Output
 
 
 def inventory(tmp_path: Path) -> Path:
@@ -200,8 +200,8 @@ def test_the_env_leaves_a_given_transport_to_its_giver(tmp_path: Path) -> None:
 
 def test_daemon_status_follow_reads_what_is_written_between_polls(tmp_path: Path) -> None:
     from brctl.analysis.inventory import from_document
-    from brctl.operations.daemon_report import follow, read_status
-    from brctl.operations.daemon_state import DaemonState
+    from brctl.operations.daemon.report import follow, read_status
+    from brctl.operations.ledger.state import DaemonState
     from brctl.state import Store
 
     inv = from_document(yaml.safe_load(inventory(tmp_path).read_text()), "inv.yaml")

@@ -1,4 +1,4 @@
-"""brctl.cliparams: option values read without pydantic, exactly as typer reads them.
+"""brctl.cli.coercion: option values read without pydantic, exactly as typer reads them.
 
 The light coercion must answer only where typer's (pydantic's) answer is the same
 value of the same type, and hand everything else, errors included, to typer's.
@@ -17,7 +17,7 @@ from typer._click.exceptions import BadParameter
 from typer._coercion import build_runtime_param, resolve_type_descriptor
 from typer.models import OptionInfo
 
-from brctl import cliparams
+from brctl.cli import coercion as cliparams
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "examples" / "local.yaml"

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from brctl.core.errors import InputError
-from brctl.operations import stacks_save
 from brctl.operations.report import screenshot, write_atomic
+from brctl.operations.stacks import save as stacks_save
 from tests.process.test_stacks_collect import _saved_job
 
 JOB = 65534

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from brctl.analysis.daemon import (
+from brctl.analysis.daemon.policy import (
     Finding,
     Incident,
     Observation,
@@ -154,7 +154,7 @@ def test_pick_standbys_never_quarantined_or_unchecked() -> None:
 
 
 def test_plan_after_replay_evicts_only_what_replay_proved() -> None:
-    from brctl.analysis.daemon import ReplayOutcome, plan_after_replay
+    from brctl.analysis.daemon.policy import ReplayOutcome, plan_after_replay
 
     found = plan_after_replay(ReplayOutcome("found", ("n2",), (), "n2 deviates"))
     assert (found.decision, found.evict, found.restart) == ("evict", ("n2",), True)
@@ -169,7 +169,7 @@ def test_plan_after_replay_evicts_only_what_replay_proved() -> None:
 
 
 def test_standby_outcome_is_checked_only_when_a_stage_ran_and_passed() -> None:
-    from brctl.analysis.daemon import standby_outcome
+    from brctl.analysis.daemon.policy import standby_outcome
 
     no_dcgmi = ("eud", "skip", ("dcgmi not found on PATH",))
     no_torch = ("alltoall", "skip", ("torch is not installed on this machine",))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from brctl.operations.daemon_metrics import DaemonView, _Collector
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.daemon.metrics import DaemonView, _Collector
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import Store
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
-from brctl.analysis.daemon import recorded_membership
-from brctl.operations.daemon_state import DaemonState
+from brctl.analysis.daemon.policy import recorded_membership
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import DB_NAME, Store
 
 LISTED = ["n1", "n2", "n3", "n4"]

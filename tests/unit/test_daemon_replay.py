@@ -11,7 +11,7 @@ import pytest
 from brctl.analysis.inventory import from_document
 from brctl.core.schema import SchemaError
 from brctl.core.transport import Node
-from brctl.operations.daemon_hooks import LiveHooks
+from brctl.operations.daemon.hooks import LiveHooks
 from brctl.remote.fake import FakeTransport, Reply
 from brctl.state import Store
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from brctl.analysis.evictset import SuspectGroup
-from brctl.operations.daemon_hooks import _finding
+from brctl.analysis.stacks.evictset import SuspectGroup
+from brctl.operations.daemon.hooks import _finding
 
 
 def _report(evict: tuple[str, ...], suspects: tuple[SuspectGroup, ...]) -> Any:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from brctl.operations.daemon_hooks import joined_tails
+from brctl.operations.daemon.hooks import joined_tails
 
 
 def test_tails_are_joined_oldest_file_first() -> None:

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis import diagnose_stages as st
-from brctl.analysis.diagnose_decide import PastConclusion, decide
+from brctl.analysis.diagnose import stages as st
+from brctl.analysis.diagnose.decide import PastConclusion, decide
 from brctl.analysis.playbook import NodeEvidence, Playbook, classify, exception_lines
 from brctl.core.errors import InputError
+from brctl.load.playbooks import load_playbooks, playbook_dirs
 from brctl.operations.diagnose import _node_evidence
-from brctl.playbooks import load_playbooks, playbook_dirs
 from brctl.remote.probes import probe_call
 
 DATA = Path(__file__).parent / "data"
@@ -116,7 +116,7 @@ def test_playbook_search_path(tmp_path: Path) -> None:
     dirs = playbook_dirs(str(tmp_path), {"BRCTL_PLAYBOOKS": str(env_dir)},
                          builtin=lambda name: share)
     assert dirs == [share, env_dir, tmp_path]
-    from brctl.resources import data_dir
+    from brctl.load.resources import data_dir
     assert playbook_dirs(None, {}) == [data_dir("playbooks")]
     assert (playbook_dirs(None, {})[0] / "nccl.yaml").is_file()
     # Nothing shipped (a broken install): only the user's directories; none → a clear error.
@@ -323,7 +323,7 @@ def test_decision_exhaustive(on_match: str, matched: tuple[str, ...], faulty: tu
 
 def _outcome(name: str, tested: tuple[str, ...] = (), skip: tuple[str, ...] = (),
              warned: tuple[str, ...] = ()) -> Any:
-    from brctl.analysis.diagnose_decide import StageOutcome
+    from brctl.analysis.diagnose.decide import StageOutcome
     return StageOutcome(name, tested, warned, skip)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis.health import (
+from brctl.analysis.health.checks import (
     GPU_CHECKS,
     Check,
     Sample,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis.health_doc import malformed
+from brctl.analysis.health.doc import malformed
 from brctl.analysis.inventory import from_document
 from brctl.core.errors import ExitCode
 from brctl.core.transport import NodeState, RunResult

@@ -8,8 +8,8 @@ from typing import Any, get_args, get_type_hints, is_typeddict
 
 import pytest
 
-from brctl.analysis import health_doc
-from brctl.analysis.health_doc import DOCUMENT, HealthDocument, parse
+from brctl.analysis.health import doc as health_doc
+from brctl.analysis.health.doc import DOCUMENT, HealthDocument, parse
 from brctl.analysis.probe_doc import MapOf, Required
 from tests.unit.test_health_analysis import doc
 

@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from brctl.core.transport import Node, NodeState, RunResult
-from brctl.inventory import load_inventory
-from brctl.operations import ckpt_copy, ckpt_restore
+from brctl.load.inventory import load_inventory
+from brctl.operations.ckpt import copy as ckpt_copy
+from brctl.operations.ckpt import restores as ckpt_restore
 from brctl.remote.probes import ProbeResult
 
 SHA = "ab" * 32
@@ -139,7 +140,7 @@ def test_a_malformed_receive_answer_is_an_error_not_a_crash(doc: Any) -> None:
                                     {"files": [{"mtime": "late", "tail": "x"}]},
                                     {"files": [{"mtime": 1, "tail": ["x"]}]}, {"files": {}}])
 def test_the_daemons_log_tails_survive_a_malformed_answer(tmp_path: Path, answer: Any) -> None:
-    from brctl.operations.daemon_hooks import LiveHooks
+    from brctl.operations.daemon.hooks import LiveHooks
 
     doc = {"nodes": [{"name": n, "connection": "local", "gpus": 1, "python": sys.executable}
                      for n in ("n1", "n2")],
@@ -161,7 +162,7 @@ def test_the_daemons_records_take_a_node_file_name_that_is_not_utf8(tmp_path: Pa
     surrogate (JSON escapes it; Python decodes it). SQLite refuses such text: written
     raw into a step's outcome it raised out of the daemon, which re-ran the (idempotent)
     restore at every restart and crashed again."""
-    from brctl.operations.daemon_state import DONE, DaemonState
+    from brctl.operations.ledger.state import DONE, DaemonState
     from brctl.state import Store
 
     store = Store(tmp_path / "state")
@@ -277,11 +278,11 @@ BAD_STAGE_ANSWERS["allgather"] = _COLLECTIVE_BAD
 def _diagnose_cli(tmp_path: Path, bad_stage: str, bad_node: str, bad: Any) -> tuple[int, str, str]:
     """``brctl --json diagnose`` over 3 fake machines; ``bad_node`` answers ``bad`` (a
     document, or raw text) to ``bad_stage``."""
-    from brctl.cli import run
+    from brctl.cli.app import run
     from brctl.env import Env
     from brctl.remote.fake import FakeTransport, Reply
     from brctl.remote.probes import probe_call
-    from brctl.render import Output
+    from brctl.render.output import Output
 
     modules = {"brctl.diagnostics.evidence": "evidence", "brctl.diagnostics.dcgm": "eud"}
 
@@ -429,7 +430,7 @@ def _verdicts_are_plain(verdicts: Iterable[Any]) -> None:
 
 
 def test_parse_dcgm_never_raises_on_mutated_answers_or_dcgmi_json() -> None:
-    from brctl.analysis.diagnose_stages import parse_dcgm
+    from brctl.analysis.diagnose.stages import parse_dcgm
 
     tree = json.loads((Path(__file__).parent / "data" / "dcgm_diag_fail.json").read_text())
     outer = [parse_dcgm("n", doc) for doc in _mutations(1, _good_dcgm())]
@@ -474,8 +475,8 @@ def test_each_stage_survives_mutations_of_one_machines_answer(stage: str) -> Non
 
 
 def test_a_checked_collective_answer_never_raises_in_the_alltoall_judge() -> None:
-    from brctl.analysis import diagnose_doc as dd
-    from brctl.analysis.diagnose_stages import judge_alltoall
+    from brctl.analysis.diagnose import doc as dd
+    from brctl.analysis.diagnose.stages import judge_alltoall
 
     good = _good_collective("alltoall")
     fits = 0
@@ -510,7 +511,7 @@ def test_a_slurm_task_record_nested_too_deep_or_too_large_is_no_answer(body: byt
     import base64
     import hashlib
 
-    from brctl.remote.slurm_frame import Frames
+    from brctl.remote.slurm.frame import Frames
 
     nonce = "0123456789abcdef"
     text = base64.b64encode(body).decode()
@@ -529,7 +530,7 @@ def test_a_slurm_task_record_nested_too_deep_or_too_large_is_no_answer(body: byt
 @pytest.mark.parametrize("processes", [5, ["rank 0"], None, {"role": "rank"}, [[{"role": "rank"}]]])
 def test_stacks_asks_for_py_spy_only_on_an_answer_that_lists_ranks(processes: Any) -> None:
     """py_spy_missing with processes out of shape raised before the answer was checked."""
-    from brctl.operations import stacks
+    from brctl.operations.stacks import ops as stacks
 
     doc = {"py_spy_missing": True, "processes": processes, "dumps": []}
     col = stacks.collect(ScriptedRunner(lambda m, r: doc), [Node("m", "10.0.0.1")], "train")  # type: ignore[arg-type]

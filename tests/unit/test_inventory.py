@@ -9,7 +9,7 @@ import yaml
 
 from brctl.analysis.inventory import from_document
 from brctl.core.errors import InputError
-from brctl.inventory import find_inventory, load_inventory
+from brctl.load.inventory import find_inventory, load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 

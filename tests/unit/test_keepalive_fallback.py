@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brctl.remote.ssh_liveness import keepalive_with_replies
+from brctl.remote.ssh.liveness import keepalive_with_replies
 
 
 class _Bare:

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from brctl.analysis.ettr import Interval, totals
-from brctl.analysis.incident_report import Eviction, incident_report, record_of
-from brctl.analysis.lost_time import CAUSES, Record, StepStart, attribute, lost_by_cause
+from brctl.analysis.report.incident import Eviction, incident_report, record_of
+from brctl.analysis.report.lost_time import CAUSES, Record, StepStart, attribute, lost_by_cause
 
 
 def story() -> tuple[list[Interval], list[Record], list[StepStart]]:
@@ -110,7 +110,7 @@ def test_the_page_escapes_every_recorded_string() -> None:
     controls made visible, and the page's one script is the only one."""
     from html.parser import HTMLParser
 
-    from brctl.commands._render_report import page
+    from brctl.render.report import page
 
     evil = '"><script>alert(1)</script><img src=x onerror=alert(2)>\x1b]52;c;AAAA\x07'
     records = [Record(150, "crash", (f"n1{evil}",), f"gone {evil}"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from brctl.manpages import main, render_pages
+from brctl.cli.manpages import main, render_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_committed_man_pages_match_the_cli(tmp_path: Path) -> None:
     stale = [name for name, text in render_pages().items()
              if not (ROOT / "man" / name).exists() or (ROOT / "man" / name).read_text() != text]
-    assert not stale, f"stale man pages {stale}: run python -m brctl.manpages"
+    assert not stale, f"stale man pages {stale}: run python -m brctl.cli.manpages"
     assert main(["--check", str(ROOT / "man")]) == 0
 
 
@@ -37,7 +37,7 @@ def test_inventory_page_is_present() -> None:
 
 
 def test_examples_come_from_the_readmes_what_to_run_when() -> None:
-    from brctl.manpages import readme_examples, render_pages
+    from brctl.cli.manpages import readme_examples, render_pages
 
     rows = readme_examples()
     commands = {r[1] for r in rows}

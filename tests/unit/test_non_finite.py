@@ -18,12 +18,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brctl.analysis.simulate import SWEEP_KEYS
+from brctl.analysis.daemon.simulate import SWEEP_KEYS
 from brctl.core.errors import BrctlError, ExitCode, InputError, UsageError
 from brctl.core.transport import NodeState, RunResult
 from brctl.operations.simulate import load_mix, parse_setting
 from brctl.remote.probes import parse_document
-from brctl.render import json_document
+from brctl.render.output import json_document
 
 SPELLED = ("nan", "NaN", "-nan", "inf", "-inf", "Infinity", "-Infinity", "1e400", "-1e999")
 YAML_SPELLED = (".nan", ".NaN", ".inf", "-.inf", ".Inf", "1e400", "-1.0e+999")

@@ -20,13 +20,7 @@ from typing import ClassVar
 
 import pytest
 
-from brctl.analysis.placement import (
-    ConflictIndex,
-    Plan,
-    loss_probability,
-    plan_backups,
-    verify_plan,
-)
+from brctl.analysis.placement.plan import ConflictIndex, Plan, loss_probability, plan_backups, verify_plan
 from brctl.analysis.topology import KINDS, Topology
 
 
@@ -272,7 +266,7 @@ def test_loss_probability_matches_enumeration() -> None:
 def test_hitting_counts_on_dense_graphs() -> None:
     """A backup map gives at most one edge per machine, so diamonds and K4s never occur
     there; check the pattern counts on arbitrary graphs (every pattern) by enumeration."""
-    from brctl.analysis.lossprob import _hitting_counts
+    from brctl.analysis.placement.lossprob import _hitting_counts
 
     rng = random.Random(3)
     for _ in range(60):

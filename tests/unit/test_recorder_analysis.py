@@ -14,7 +14,7 @@ from typing import Any
 
 from brctl.analysis.collectives import GroupRecord, RankRecord, decode_summary
 from brctl.analysis.fusion import analyse_collectives, fuse
-from brctl.analysis.stacks import Frame, RankSample, Round, analyse
+from brctl.analysis.stacks.tree import Frame, RankSample, Round, analyse
 from brctl.analysis.topology import Topology
 from brctl.diagnostics.recorder import summarise
 

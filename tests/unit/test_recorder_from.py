@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from brctl.operations import stacks as op
-from brctl.operations import stacks_save
+from brctl.operations.stacks import ops as op
+from brctl.operations.stacks import save as stacks_save
 from tests.unit.test_recorder_analysis import load
 
 REFUSED = "py-spy may not ptrace process {pid}: run brctl's probes as root or give them " \

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from brctl.analysis.fusion import analyse_collectives
-from brctl.commands._render_stacks import collective_lines
+from brctl.render.stacks import collective_lines
 from tests.unit.test_recorder_analysis import STUCK, load, records, topo_of
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from brctl.diagnostics import release
-from brctl.operations.update_pack import pack_directory
+from brctl.operations.update.pack import pack_directory
 
 
 def call(request: dict, data: bytes = b"", via_argv: bool = True) -> tuple[int, dict]:

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from brctl.render import Output, escape, table, visible
+from brctl.render.output import Output, escape, table, visible
 
 HOSTILE = [
     "a \\[/] b", "x\\", "\\", "[/]", "[bold red]no[/]", "[link=file:///etc/passwd]x[/link]",
@@ -42,7 +42,7 @@ def test_table_cells_show_controls_escaped() -> None:
 
 
 def test_error_messages_show_controls_escaped(capsys: pytest.CaptureFixture[str]) -> None:
-    from brctl.cli import _print_error
+    from brctl.cli.app import _print_error
 
     _print_error(Output(), "node said \x1b[2J", "hint \x07")
     assert capsys.readouterr().err == "brctl: error: node said \\x1b[2J\nhint: hint \\x07\n"
@@ -74,8 +74,8 @@ def _exec_report(stdout: str, stderr: str) -> object:
 @pytest.mark.parametrize("lines", [False, True])
 @pytest.mark.parametrize("text", PLAIN_HOSTILE)
 def test_exec_output_is_printed_exactly(text: str, lines: bool) -> None:
-    from brctl.commands._render_exec import render
-    from brctl.render import Output
+    from brctl.render.exec import render
+    from brctl.render.output import Output
 
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())
     render(out, _exec_report(text + "\n", text + "\n"), lines=lines)  # type: ignore[arg-type]
@@ -87,7 +87,7 @@ def test_exec_output_is_printed_exactly(text: str, lines: bool) -> None:
 
 @pytest.mark.parametrize("text", PLAIN_HOSTILE)
 def test_warnings_and_info_show_node_text_exactly(text: str) -> None:
-    from brctl.render import Output
+    from brctl.render.output import Output
 
     out = Output(stderr=io.StringIO(), verbose=1)
     out.warn(text)
@@ -96,7 +96,7 @@ def test_warnings_and_info_show_node_text_exactly(text: str) -> None:
 
 
 def test_consoles_render_no_emoji_shortcodes() -> None:
-    from brctl.render import Output
+    from brctl.render.output import Output
 
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())
     out.console.print("[bold]:smiley:[/]")

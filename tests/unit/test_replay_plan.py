@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 
 import pytest
 
-from brctl.analysis.replay import (
+from brctl.analysis.replay.groups import (
     ReplayPlan,
     Verdict,
     decide,
@@ -23,7 +23,7 @@ from brctl.analysis.replay import (
     shape_of,
     split_jobs,
 )
-from brctl.analysis.replay_judge import GroupRun, judge_round
+from brctl.analysis.replay.judge import GroupRun, judge_round
 from brctl.analysis.topology import Topology, TopologyError, stage_of_machine
 from brctl.core.errors import UsageError
 

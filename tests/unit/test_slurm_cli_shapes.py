@@ -87,7 +87,7 @@ def test_squeue_output_is_bounded_while_it_is_read(tmp_path: Path,
 
     from brctl.config.slurm import SlurmSection
     from brctl.core.errors import IncompleteError
-    from brctl.operations import slurm_job
+    from brctl.operations.slurm import job as slurm_job
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

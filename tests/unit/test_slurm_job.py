@@ -10,9 +10,9 @@ import pytest
 
 from brctl.config.slurm import SlurmJobSection, SlurmSection
 from brctl.core.errors import IncompleteError, InputError
-from brctl.inventory import load_inventory
-from brctl.operations.slurm_hooks import drain_reason
-from brctl.operations.slurm_job import Slurm
+from brctl.load.inventory import load_inventory
+from brctl.operations.slurm.hooks import drain_reason
+from brctl.operations.slurm.job import Slurm
 from tests.unit.test_slurm_json import Canned
 
 BASE = "nodes:\n  - name: node[01-04]\n"
@@ -128,7 +128,7 @@ def test_drain_reasons_are_one_prefixed_line() -> None:
     ("RUNNING", True), ("PENDING", None), ("CONFIGURING", None),
     ("NODE_FAIL", False), ("FAILED", False), ("TIMEOUT", False), ("COMPLETED", False)])
 def test_the_jobs_slurm_state_is_the_daemons_running_signal(state: str, running: Any) -> None:
-    from brctl.operations.slurm_hooks import SlurmHooks
+    from brctl.operations.slurm.hooks import SlurmHooks
 
     slurm = _canned(_entry(3, state), hostnames="node01\n")
     assert SlurmHooks(slurm, "3").running() is running  # a job that is over: a stopped job
@@ -136,7 +136,7 @@ def test_the_jobs_slurm_state_is_the_daemons_running_signal(state: str, running:
 
 
 def test_the_daemon_reads_the_allocation_only_while_it_runs() -> None:
-    from brctl.operations.slurm_hooks import SlurmHooks
+    from brctl.operations.slurm.hooks import SlurmHooks
 
     slurm = _canned(_entry(3), _entry(4, "PENDING", restart_cnt=2))
     seen = SlurmHooks(slurm, "3").allocation()

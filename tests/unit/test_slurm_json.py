@@ -19,8 +19,8 @@ import pytest
 from brctl.config.slurm import SlurmJobSection, SlurmSection
 from brctl.core.errors import IncompleteError, InputError
 from brctl.core.nodeset import expand
-from brctl.operations.slurm_hooks import SlurmHooks
-from brctl.operations.slurm_job import Slurm
+from brctl.operations.slurm.hooks import SlurmHooks
+from brctl.operations.slurm.job import Slurm
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm"
 PARSERS = ["v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43"]

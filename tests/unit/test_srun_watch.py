@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from brctl.remote.slurm import watched
+from brctl.remote.slurm.transport import watched
 
-SOURCE = (Path(__file__).parent.parent.parent / "brctl" / "remote" / "srun_watch.py").read_text()
+SOURCE = (Path(__file__).parent.parent.parent / "brctl" / "remote" / "slurm" / "srun_watch.py").read_text()
 
 
 def _watch(fd: int, *argv: str, **kw: object) -> subprocess.Popen[bytes]:

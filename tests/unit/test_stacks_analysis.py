@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from brctl.analysis.stacks import (
+from brctl.analysis.stacks.tree import (
     Frame,
     RankSample,
     Round,
@@ -267,7 +267,7 @@ def test_expert_groups_are_candidates() -> None:
 
 @pytest.mark.parametrize("topo", TOPOLOGIES, ids=IDS)
 def test_stage_list_matches_topology(topo: Topology) -> None:
-    from brctl.analysis.stacks import stages
+    from brctl.analysis.stacks.tree import stages
 
     assert stages(topo) == [topo.coord(r, "pp") for r in range(topo.world)]
 

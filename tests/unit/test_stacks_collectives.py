@@ -7,8 +7,8 @@ from pathlib import Path
 
 from brctl.analysis.topology import Topology
 from brctl.diagnostics.recorder import summarise
-from brctl.operations.stacks_collectives import decode_captures
-from brctl.operations.stacks_types import Collection, NodeCollection, RankRead
+from brctl.operations.stacks.collectives import decode_captures
+from brctl.operations.stacks.types import Collection, NodeCollection, RankRead
 
 SKIP = Path(__file__).resolve().parents[1] / "fixtures" / "recorder" / "skip.json"
 

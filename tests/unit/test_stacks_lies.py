@@ -14,7 +14,7 @@ import time
 import pytest
 
 from brctl.core.errors import ExitCode, RemoteDataError
-from brctl.operations import stacks as op
+from brctl.operations.stacks import ops as op
 from tests.unit.test_stacks_reduced import golden_dump
 
 MACHINES = ("m1", "m2", "m3", "m4")

@@ -10,9 +10,9 @@ import pytest
 
 from brctl.core.transport import NodeState, RunResult
 from brctl.diagnostics.pyspy_frames import RAW
-from brctl.operations.stacks import read_answers
-from brctl.operations.stacks_recorder import RecorderAnswerError, recorder_fields
-from brctl.operations.stacks_types import RankRead
+from brctl.operations.stacks.ops import read_answers
+from brctl.operations.stacks.recorder import RecorderAnswerError, recorder_fields
+from brctl.operations.stacks.types import RankRead
 from brctl.remote.probes import ProbeResult
 
 
@@ -76,8 +76,8 @@ def test_the_machine_answer_carries_them() -> None:
 
 def test_save_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     from brctl.core.errors import InputError
-    from brctl.operations.stacks_save_fr import save_recorder
-    from brctl.operations.stacks_types import Collection, NodeCollection
+    from brctl.operations.stacks.save_fr import save_recorder
+    from brctl.operations.stacks.types import Collection, NodeCollection
 
     rec = RankRead(0, 10, "brctl-socket", "read")
     nc = NodeCollection("n1", "ok", None, recorder={0: rec},

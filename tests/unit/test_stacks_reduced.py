@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from brctl.analysis.pyspy import (
+from brctl.analysis.stacks.pyspy import (
     FRAMES_PER_RANK,
     FRAMES_SPARE,
     MAX_DEPTH,
@@ -20,12 +20,12 @@ from brctl.analysis.pyspy import (
     packed_stacks,
     parse_dump,
 )
-from brctl.analysis.stacks import Frame
+from brctl.analysis.stacks.tree import Frame
 from brctl.core.errors import ExitCode
 from brctl.core.transport import NodeState, RunResult
 from brctl.diagnostics.pyspy_frames import PACKED, RAW, hex_ints, main_frames, pack
 from brctl.diagnostics.stacks_probe import main_stacks
-from brctl.operations import stacks as op
+from brctl.operations.stacks import ops as op
 from brctl.remote.probes import ProbeResult, parse_document
 
 DATA = Path(__file__).parent / "data"

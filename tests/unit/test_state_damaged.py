@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from brctl.operations.daemon_state import DaemonState
+from brctl.operations.ledger.state import DaemonState
 from brctl.state import DB_NAME, Store
 from tests.process.test_daemon_cli import write_inv
 from tests.process.test_daemon_crashpoints import CrashingState, daemon, dead_holder, provoke

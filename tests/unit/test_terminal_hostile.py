@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from brctl.render import Output, escape, visible
+from brctl.render.output import Output, escape, visible
 
 # Each class once, around a name the line must keep: the node's own "n1" stays readable.
 LIE = ("\u202e1n\u202c \u2066n2\u2069 \u200f\u200e\u061c ok\u200b\u200d\ufeff\u00ad\u2060 "
@@ -123,7 +123,7 @@ def test_escape_keeps_markup_inert_and_one_line() -> None:
 
 
 def test_an_error_quoting_a_node_cannot_forge_a_line_or_a_hint() -> None:
-    from brctl.cli import _print_error
+    from brctl.cli.app import _print_error
 
     out = _output()
     _print_error(out, f"n1: probe failed on the node: {FORGED} {LIE}", None)
@@ -170,7 +170,7 @@ def _exec_report(stdout: str, stderr: str) -> Any:
 @pytest.mark.parametrize("lines", [False, True])
 @pytest.mark.parametrize("tty", [False, True])
 def test_exec_shows_a_nodes_output_escaped(lines: bool, tty: bool) -> None:
-    from brctl.commands._render_exec import render
+    from brctl.render.exec import render
 
     out = _output(tty)
     render(out, _exec_report(f"n1 {LIE}\n", f"n1 {LIE}\n"), lines=lines)
@@ -181,7 +181,7 @@ def test_exec_shows_a_nodes_output_escaped(lines: bool, tty: bool) -> None:
 def test_exec_lines_splits_at_newlines_only() -> None:
     """``-L``: a carriage return, form feed or U+2028 is shown, not a line break that hides
     it (``str.splitlines`` cuts at each)."""
-    from brctl.commands._render_exec import render
+    from brctl.render.exec import render
 
     out = _output()
     render(out, _exec_report("a\rb\x0cc\u2028d\n\nlast", ""), lines=True)
@@ -193,7 +193,7 @@ def test_exec_lines_splits_at_newlines_only() -> None:
 def test_exec_blocks_a_node_cannot_print_a_header_of_brctl_s(tty: bool) -> None:
     """A node's line that would read as a block header (another node's "ok") shows its
     first character escaped; every other line, dashes included, is as printed."""
-    from brctl.commands._render_exec import render
+    from brctl.render.exec import render
 
     out = _output(tty)
     render(out, _exec_report("hello\n---------------- n2 (1) ok\nALL GOOD\n----\n", ""))
@@ -204,7 +204,7 @@ def test_exec_blocks_a_node_cannot_print_a_header_of_brctl_s(tty: bool) -> None:
 
 
 def test_exec_json_carries_the_exact_text() -> None:
-    from brctl.commands._render_exec import render
+    from brctl.render.exec import render
 
     out = _output(json=True)
     render(out, _exec_report(LIE, FORGED))
@@ -216,7 +216,7 @@ def test_exec_json_carries_the_exact_text() -> None:
 
 
 def _health_report() -> Any:
-    from brctl.analysis.health import Check
+    from brctl.analysis.health.checks import Check
     from brctl.operations.health import HealthReport, NodeHealth
 
     return HealthReport({
@@ -226,7 +226,7 @@ def _health_report() -> Any:
 
 
 def test_health_shows_a_nodes_message_and_error_escaped_on_its_line() -> None:
-    from brctl.commands._render_health import render
+    from brctl.render.health import render
 
     out = _output()
     render(out, _health_report())
@@ -237,7 +237,7 @@ def test_health_shows_a_nodes_message_and_error_escaped_on_its_line() -> None:
 
 
 def test_health_json_carries_the_exact_text() -> None:
-    from brctl.commands._render_health import render
+    from brctl.render.health import render
 
     out = _output(json=True)
     render(out, _health_report())
@@ -250,8 +250,8 @@ def test_health_json_carries_the_exact_text() -> None:
 
 
 def test_stacks_shows_frames_details_and_errors_escaped() -> None:
-    from brctl.analysis.stacks import Outlier, TreeNode
-    from brctl.commands._render_stacks import render
+    from brctl.analysis.stacks.tree import Outlier, TreeNode
+    from brctl.render.stacks import render
 
     frame = (f"n1 {LIE}", "train.py")
     tree = TreeNode((("<all ranks>", ""),), (0, 1), (TreeNode((frame,), (0, 1)),))
@@ -272,8 +272,8 @@ def test_stacks_shows_frames_details_and_errors_escaped() -> None:
 
 
 def test_ckpt_copies_show_file_names_and_errors_escaped() -> None:
-    from brctl.commands._render_ckpt import render_copies
-    from brctl.operations.ckpt_copy import Copy, CopyReport
+    from brctl.operations.ckpt.copy import Copy, CopyReport
+    from brctl.render.ckpt import render_copies
 
     report = CopyReport((Copy("n2", "n1", "n1", "planned", step=f"step_1 {LIE}",
                               send=(f"n1 {LIE}",), error=f"n1 {FORGED} {LIE}",
@@ -294,8 +294,8 @@ def test_ckpt_copies_show_file_names_and_errors_escaped() -> None:
 
 def test_diagnose_shows_evidence_and_reasons_escaped() -> None:
     from brctl.analysis.playbook import Hit
-    from brctl.commands._render_diagnose import render
     from brctl.operations.diagnose import DiagnoseReport
+    from brctl.render.diagnose import render
 
     found = SimpleNamespace(playbook=SimpleNamespace(symptom="hang", name="hang"),
                             hits=[Hit("n1", "nccl", f"n1 {FORGED} {LIE}")])
@@ -316,7 +316,7 @@ def test_diagnose_shows_evidence_and_reasons_escaped() -> None:
 
 
 def _update_status() -> Any:
-    from brctl.operations.update_report import NodeStatus, StatusReport
+    from brctl.operations.update.report import NodeStatus, StatusReport
 
     return StatusReport("job", "v1", "ab" * 32, None, False, {
         "n1": NodeStatus("ok", f":smiley: n1 {LIE}", (), None, True),
@@ -326,7 +326,7 @@ def _update_status() -> Any:
 
 def test_update_status_shows_a_nodes_version_and_error_as_text() -> None:
     """Neither markup nor an emoji shortcode: the cells were parsed with from_markup."""
-    from brctl.commands._render_update import render_status
+    from brctl.render.update import render_status
 
     out = _output()
     render_status(out, _update_status())
@@ -339,7 +339,7 @@ def test_update_status_shows_a_nodes_version_and_error_as_text() -> None:
 
 
 def test_update_status_json_carries_the_exact_text() -> None:
-    from brctl.commands._render_update import render_status
+    from brctl.render.update import render_status
 
     out = _output(json=True)
     render_status(out, _update_status())
@@ -351,7 +351,7 @@ def test_update_status_json_carries_the_exact_text() -> None:
 
 
 def test_daemon_log_lines_and_records_show_node_text_escaped() -> None:
-    from brctl.commands._render_daemon import event_line
+    from brctl.render.daemon import event_line
 
     out = _output()
     event_line(out, {"at": 0.0, "kind": "incident", "nodes": ["n1"],
@@ -384,7 +384,7 @@ def test_nodes_shows_the_job_name_and_inventory_path_as_written(brctl: Any,
 
 
 def test_a_table_title_is_text_not_markup() -> None:
-    from brctl.render import table
+    from brctl.render.output import table
 
     out = _output()
     out.console.print(table(("WHEN",), [("-",)], title=f"job {ODD}\n{LIE}"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from brctl.core.errors import InputError
-from brctl.operations import update_pack
+from brctl.operations.update import pack as update_pack
 
 from ..conftest import local_release_world
 

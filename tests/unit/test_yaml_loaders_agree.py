@@ -1,6 +1,6 @@
 """libyaml's fast path reads every inventory text exactly as the pure-Python loader does.
 
-``brctl.inventory`` parses with libyaml where PyYAML has it (~10x faster) and falls
+``brctl.load.inventory`` parses with libyaml where PyYAML has it (~10x faster) and falls
 back to the pure loader, whose errors it reports, on any error; text with a character
 where the two were seen to disagree (``_PURE_ONLY``) goes to the pure loader alone.
 So a text must never be accepted by the fast path and refused, or read differently, by
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from brctl import inventory
+from brctl.load import inventory
 
 pytestmark = pytest.mark.skipif(inventory._FastStrictLoader is None, reason="PyYAML without libyaml")
 

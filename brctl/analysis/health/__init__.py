@@ -1,0 +1,2 @@
+"""The health checks, pure: ``checks`` judges every check of a machine's health answer,
+``doc`` declares that answer's shape."""
