@@ -1,8 +1,9 @@
 """The design's layers, enforced: every import in brctl/ (top-level and lazy) walked with ast.
 
-``ALLOWED`` is the one table of arrows (the README's "How it is built" shows the same
-rows; a test keeps them equal). A layer may import itself and the layers it lists;
-anything else fails, as does any cycle between packages or between modules.
+``ALLOWED`` is the one table of arrows and ``FOLDERS`` the one table of subsystem folders
+(``docs/architecture.md`` shows the same rows; a test keeps them equal). A layer may import
+itself and the layers it lists; anything else fails, as does any cycle between packages or
+between modules. The module cap is here too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import brctl
 
 PACKAGE = Path(brctl.__file__).resolve().parent
-README = PACKAGE.parent / "README.md"
+ARCHITECTURE = PACKAGE.parent / "docs/architecture.md"
 
 # Which layer a module belongs to: the longest matching prefix wins.
 LAYER_OF = {
@@ -29,27 +30,46 @@ LAYER_OF = {
     "brctl.remote": "remote",
     "brctl.state": "state",
     "brctl.operations": "operations",
-    "brctl.load.inventory": "operations",  # reads the inventory file
-    "brctl.load.playbooks": "operations",  # reads the playbook files
-    "brctl.load.resources": "operations",  # finds shipped data on disk
+    "brctl.load": "load",  # files in (inventory, playbooks, shipped data), typed values out
     "brctl.render": "render",
-    "brctl.commands._render": "render",
     "brctl.env": "env",
     "brctl.commands": "face",
     "brctl.cli": "face",
-    "brctl.cli.hoisting": "face",
-    "brctl.cli.coercion": "face",
-    "brctl.cli.manpages": "face",
     "brctl.__main__": "face",
     "brctl.job": "job",  # runs inside the training job: no other module of brctl travels there
 }
 
+# The subsystem folders inside the layers: each one's __init__ is its spec (a docstring only).
+FOLDERS = {
+    "brctl.cli": "face",
+    "brctl.render": "render",
+    "brctl.load": "load",
+    "brctl.operations.daemon": "operations",
+    "brctl.operations.ledger": "operations",
+    "brctl.operations.ckpt": "operations",
+    "brctl.operations.update": "operations",
+    "brctl.operations.slurm": "operations",
+    "brctl.operations.stacks": "operations",
+    "brctl.operations.standby": "operations",
+    "brctl.analysis.daemon": "analysis",
+    "brctl.analysis.diagnose": "analysis",
+    "brctl.analysis.replay": "analysis",
+    "brctl.analysis.placement": "analysis",
+    "brctl.analysis.health": "analysis",
+    "brctl.analysis.stacks": "analysis",
+    "brctl.analysis.report": "analysis",
+    "brctl.remote.ssh": "remote",
+    "brctl.remote.slurm": "remote",
+}
+
 # What each layer may import besides itself (every layer may import "root").
 ALLOWED: dict[str, frozenset[str]] = {
-    "face": frozenset({"env", "render", "operations", "core"}),
-    "env": frozenset({"render", "operations", "remote", "state", "analysis", "config", "core"}),
+    "face": frozenset({"env", "render", "operations", "load", "core"}),
+    "env": frozenset({"render", "operations", "load", "remote", "state", "analysis", "config",
+                      "core"}),
     "render": frozenset({"operations", "analysis", "config", "core"}),
-    "operations": frozenset({"analysis", "remote", "state", "config", "core", "node"}),
+    "operations": frozenset({"analysis", "load", "remote", "state", "config", "core", "node"}),
+    "load": frozenset({"analysis", "core", "node"}),
     "state": frozenset({"core"}),
     "remote": frozenset({"core", "node"}),  # probe shipping speaks the node-side protocol (isolate)
     "analysis": frozenset({"config", "core", "node"}),
@@ -71,7 +91,7 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 def layer(module: str) -> str:
     best = max((prefix for prefix in LAYER_OF if module == prefix or module.startswith(
-        prefix + ("." if not prefix.endswith("_render") else ""))), key=len)
+        prefix + ".")), key=len)
     return LAYER_OF[best]
 
 
@@ -195,24 +215,52 @@ def test_core_and_node_side_code_use_the_standard_library_only() -> None:
     assert wrong == []
 
 
-def test_the_readme_shows_the_same_arrows() -> None:
-    text = README.read_text()
+def test_the_architecture_page_shows_the_same_arrows_and_folders() -> None:
+    text = ARCHITECTURE.read_text()
     for name, allowed in ALLOWED.items():
         row = f"{name} → {', '.join(sorted(allowed)) or 'nothing'}"
-        assert row in text, f"README 'How it is built' lacks the row {row!r}"
+        assert row in text, f"docs/architecture.md lacks the row {row!r}"
+    for folder, name in FOLDERS.items():
+        row = f"| `{folder.replace('.', '/')}/` | {name} |"
+        assert row in text, f"docs/architecture.md lacks the folder row {row!r}"
+
+
+def packages() -> set[str]:
+    return {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+
+
+def test_every_subsystem_folder_is_in_the_table_with_its_layer_and_spec() -> None:
+    """A new folder is declared (``FOLDERS``, docs/architecture.md); its ``__init__`` is its
+    spec: a docstring and nothing else, so importing one module of it imports no other."""
+    layers = {prefix for prefix in LAYER_OF if prefix.count(".") == 1} - set(FOLDERS)
+    assert packages() - layers - {"brctl"} == set(FOLDERS)
+    for folder, name in FOLDERS.items():
+        assert layer(folder) == name, folder
+        body = ast.parse(MODULES[folder].read_text()).body
+        assert body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        assert len(body) == 1, f"{folder}/__init__.py holds more than its spec"
+
+
+def test_no_flat_module_carries_the_name_of_a_folder_beside_it() -> None:
+    """``operations/daemon_x.py`` beside ``operations/daemon/`` belongs in the folder."""
+    wrong = [str(path.relative_to(PACKAGE)) for folder in FOLDERS
+             for path in MODULES[folder].parent.parent.glob(
+                 f"{folder.rpartition('.')[2]}_*.py")]
+    assert wrong == []
 
 
 def test_the_walker_sees_lazy_and_relative_imports() -> None:
     """The checks above are only as good as the walker: a lazy import counts."""
-    targets = {name for name, _, top in imports("brctl.cli") if not top}
+    targets = {name for name, _, top in imports("brctl.cli.app") if not top}
     assert any(name.startswith("brctl.") for name in targets)
     assert layer("brctl.render.health") == "render"
+    assert layer("brctl.load.inventory") == "load"
     assert layer("brctl.commands.health") == "face"
     assert layer("brctl.core.errors") == "core"
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
-# Every module stays readable (operations/daemon/loop.py too, since its split into daemon_*).
+# Every module stays readable (operations/daemon/loop.py too, since its split into daemon/).
 MAX_LINES = 600
 LONG_ALLOWED: set[str] = set()
 
