@@ -255,7 +255,7 @@ def test_stacks_shows_frames_details_and_errors_escaped() -> None:
 
     frame = (f"n1 {LIE}", "train.py")
     tree = TreeNode((("<all ranks>", ""),), (0, 1), (TreeNode((frame,), (0, 1)),))
-    analysis = SimpleNamespace(tree=tree, rounds=1, suspects=(), evict=(), outliers=(
+    analysis = SimpleNamespace(tree=tree, rounds=1, suspects=(), evict=(), unread=(), collectives=None, outliers=(
         Outlier(1, "n1", 7, "stuck", 1, f"n1 {FORGED} {LIE}"),))
     report = SimpleNamespace(analysis=analysis, node_errors={"n1": f"n1 {FORGED} {LIE}"})
     out = _output()
