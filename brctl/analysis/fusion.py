@@ -57,8 +57,9 @@ def fuse(stacks: StackAnalysis, coll: CollectiveAnalysis, topo: Topology, last: 
     """
     samples = {s.rank: s for s in last.samples}
     comm = tuple(_communicator(v, topo) for v in coll.communicator)
-    blamed: dict[int, str] = {c.rank: c.text for c in coll.culprits if c.corroborated
-                              or _elsewhere(samples[c.rank].stack if c.rank in samples else None)}
+    # Only a culprit its own record backs: a stack outside any collective is what a healthy
+    # rank between two collectives shows too, so with it one lying machine could evict a peer.
+    blamed: dict[int, str] = {c.rank: c.text for c in coll.culprits if c.corroborated}
     for late in coll.late:
         if late.victim_of is None and late.trusted:  # two machines' clocks alone: listed only
             blamed.setdefault(late.rank, f"rank {late.rank} arrived last in {late.late_in} of the "
@@ -94,11 +95,6 @@ def fuse(stacks: StackAnalysis, coll: CollectiveAnalysis, topo: Topology, last: 
                                    for r in topo.group_ranks(g.kind, gid)))
     return replace(stacks, outliers=tuple(outliers), suspects=suspects + comm, evict=evict,
                    collectives=coll)
-
-
-def _elsewhere(stack: Stack | None) -> bool:
-    """The rank's own stack backs a lone machine's word: read, and not in a collective."""
-    return bool(stack) and not any("torch/distributed/" in f.file for f in stack or ())
 
 
 def _holds(g: SuspectGroup, rank: int, topo: Topology) -> bool:

@@ -376,3 +376,33 @@ def test_one_rank_cannot_pick_the_side_of_a_cycle() -> None:
     dp["time_created_ns"] = world["time_created_ns"] + 10**6
     coll = analyse_collectives([records(doc)], topo_of(doc), stuck_after=STUCK)
     assert {(c.rank, c.why) for c in coll.culprits} == {(1, "cycle"), (3, "cycle")}
+
+
+def test_one_machine_s_word_and_a_stack_outside_collectives_evict_no_one() -> None:
+    """Review #20: m0 claims its ranks have waited 2 minutes in the next collective while
+    m1's ranks, honest and healthy, sit between two collectives (all completed), where a
+    py-spy stack shows no torch.distributed frame. Such a stack is what every healthy rank
+    shows too, so it must not back the lone machine's word: nothing is evicted."""
+    from brctl.analysis.collectives import Pending
+
+    doc = load("healthy")
+    topo = topo_of(doc)
+    out = {}
+    for r, rec in records(doc).items():
+        groups = {}
+        for name, g in rec.groups.items():
+            if topo.machine_of(r) == "m1":
+                g = g._replace(pending=None, last_completed=g.last_enqueued)
+            else:
+                seq = g.last_enqueued + 1
+                g = g._replace(last_enqueued=seq, pending=Pending(
+                    seq, "all_reduce", ((4,),), ("float",), rec.clock_ns - 120 * 10**9, None))
+            groups[name] = g
+        out[r] = rec._replace(groups=groups)
+    coll = analyse_collectives([out], topo)
+    forward = (Frame("<module>", "train.py", 1), Frame("step", "train.py", 40),
+               Frame("forward", "model.py", 120))
+    rnd = Round(tuple(RankSample(r, topo.machine_of(r), 100 + r, forward, None)
+                      for r in range(topo.world)))
+    fused = fuse(analyse([rnd], topo), coll, topo, rnd)
+    assert fused.evict == ()
