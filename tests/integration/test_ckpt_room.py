@@ -23,7 +23,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import pytest
 
 from brctl.diagnostics import ckptfiles, ckptmove, ckptspace
+from tests.kits.waiting import wait_for
 from tests.process.test_ckpt_local import make_step, write_inventory
 
 
@@ -184,10 +184,11 @@ def test_a_killed_receive_of_an_older_step_does_not_block_the_next_backup(
         assert proc.stdin is not None
         proc.stdin.write(data[:5 << 20])
         proc.stdin.flush()
-        deadline = time.monotonic() + 30  # until most of it is on the peer
-        while sum(os.path.getsize(p) for p in _partials(peer)) < 4 << 20:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.02)
+        def most_arrived() -> bool:  # most of it is on the peer, the receive still running
+            assert proc.poll() is None, "the receive ended before the kill"
+            return sum(os.path.getsize(p) for p in _partials(peer)) >= 4 << 20
+
+        wait_for(most_arrived, "4 MiB of the step on the peer", 30, every=0.02)
     finally:
         proc.kill()
         proc.wait()

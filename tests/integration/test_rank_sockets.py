@@ -27,6 +27,7 @@ import pytest
 
 from brctl.diagnostics.stacks_probe import collect
 from tests.kits.cluster import scaled
+from tests.kits.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -115,11 +116,8 @@ MODES = {0: "good", 1: "huge", 2: "deep", 3: "types", 4: "silent", 5: None, 6: N
 
 
 def _wait(paths: list[Path], timeout: float) -> None:
-    deadline = time.monotonic() + scaled(timeout)
-    while not all(p.exists() for p in paths):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"sockets not served: {[str(p) for p in paths if not p.exists()]}")
-        time.sleep(0.05)
+    wait_for(lambda: all(p.exists() for p in paths), f"sockets served: {[str(p) for p in paths]}",
+             timeout, every=0.05)
 
 
 @pytest.fixture

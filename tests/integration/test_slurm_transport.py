@@ -20,6 +20,7 @@ import yaml
 
 from tests.kits.cluster import scaled
 from tests.kits.slurm_cluster import SlurmCluster
+from tests.kits.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -296,11 +297,11 @@ def test_srun_does_not_outlive_brctl(slurm_cluster: SlurmCluster, job: str, tmp_
         env={**slurm_cluster.slurm_env(), "SLURM_CONF": str(slurm_cluster.conf)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + scaled(30)
-        while not all(slurm_cluster.node_pids(n, "sleep 599") for n in names):
+        def started() -> bool:
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the commands never started"
-            time.sleep(0.1)
+            return all(slurm_cluster.node_pids(n, "sleep 599") for n in names)
+
+        wait_for(started, "the commands to start on every node", 30, every=0.1)
         below = _descendants(proc.pid)  # the watchers and their sruns
         assert below
         proc.send_signal(how)
@@ -308,11 +309,9 @@ def test_srun_does_not_outlive_brctl(slurm_cluster: SlurmCluster, job: str, tmp_
         if how != signal.SIGKILL:
             assert proc.returncode == 130 and b"interrupted" in err, err
         # srun gone before its 600 s timeout: < 30 s x $BRCTL_TIMEOUT_SCALE
-        deadline = time.monotonic() + scaled(30)
-        while any(_alive(p) for p in below) or any(slurm_cluster.node_pids(n, "sleep 599")
-                                                    for n in names):
-            assert time.monotonic() < deadline, "an srun or a command outlived brctl"
-            time.sleep(0.1)
+        wait_for(lambda: not any(_alive(p) for p in below) and not any(
+            slurm_cluster.node_pids(n, "sleep 599") for n in names),
+            "every srun and command gone after brctl", 30, every=0.1)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.frjob import start_frjob
-from tests.kits.cluster import SshCluster, scaled
+from tests.kits.cluster import SshCluster
+from tests.kits.frjob import start_frjob
 from tests.kits.trainjob import TAG
+from tests.kits.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -82,13 +83,7 @@ def _assert_rank7_named(code: int, doc: dict[str, Any], main_thread: bool) -> No
 
 
 def _wait_log(job: Any, rank: int, text: str, timeout: float = 120) -> None:
-    import time
-
-    deadline = time.monotonic() + scaled(timeout)
-    while text not in job.log(rank):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {rank} never logged {text!r}: {job.log(rank)[-300:]}")
-        time.sleep(0.2)
+    wait_for(lambda: text in job.log(rank), f"rank {rank} to log {text!r}", timeout, every=0.2)
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 SITE = next(p for p in sys.path if p.endswith("site-packages") and "torch" in os.listdir(p))
 
 FR_SCRIPT = r'''
-"""brctl's flight-recorder test job (see tests/integration/frjob.py)."""
+"""brctl's flight-recorder test job (see tests/kits/frjob.py)."""
 import os, subprocess, sys, time
 
 
